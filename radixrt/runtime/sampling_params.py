@@ -1,0 +1,105 @@
+"""Per-request sampling parameters (SGLang names), validated once at the edge.
+
+Every bad value raises ValueError naming the parameter, so the HTTP layer can turn it
+into a 400 and the Engine into an exception, and the scheduler never sees it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_N = 16
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 128
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: whole vocabulary
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    seed: int | None = None
+    n: int = 1
+    # constrained decoding: at most one of these
+    regex: str | None = None
+    json_schema: str | None = None  # a JSON string, as SGLang takes it
+    choices: list[str] | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> "SamplingParams":
+        d = dict(d or {})
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown sampling parameter(s): {', '.join(unknown)}")
+        if isinstance(d.get("stop"), str):
+            d["stop"] = [d["stop"]]
+        if d.get("stop") is None:
+            d.pop("stop", None)
+        if d.get("stop_token_ids") is None:
+            d.pop("stop_token_ids", None)
+        p = cls(**d)
+        p.validate()
+        return p
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def needs_penalties(self) -> bool:
+        return self.frequency_penalty != 0.0 or self.presence_penalty != 0.0 or self.repetition_penalty != 1.0
+
+    def validate(self) -> None:
+        def need(cond: bool, name: str, what: str) -> None:
+            if not cond:
+                raise ValueError(f"sampling parameter {name} {what}, got {getattr(self, name)!r}")
+
+        def is_int(x: Any) -> bool:
+            return isinstance(x, int) and not isinstance(x, bool)
+
+        def is_num(x: Any) -> bool:
+            return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x  # rejects NaN
+
+        need(is_int(self.max_new_tokens) and self.max_new_tokens >= 0, "max_new_tokens", "must be an int >= 0")
+        need(is_int(self.min_new_tokens) and 0 <= self.min_new_tokens, "min_new_tokens", "must be an int >= 0")
+        need(is_num(self.temperature) and 0.0 <= self.temperature <= 100.0, "temperature", "must be in [0, 100]")
+        need(is_num(self.top_p) and 0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]")
+        need(is_int(self.top_k) and (self.top_k == -1 or self.top_k >= 1), "top_k", "must be -1 or >= 1")
+        need(is_num(self.min_p) and 0.0 <= self.min_p <= 1.0, "min_p", "must be in [0, 1]")
+        need(is_num(self.frequency_penalty) and -2.0 <= self.frequency_penalty <= 2.0,
+             "frequency_penalty", "must be in [-2, 2]")
+        need(is_num(self.presence_penalty) and -2.0 <= self.presence_penalty <= 2.0,
+             "presence_penalty", "must be in [-2, 2]")
+        need(is_num(self.repetition_penalty) and 0.0 < self.repetition_penalty <= 10.0,
+             "repetition_penalty", "must be in (0, 10]")
+        need(isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop)
+             and len(self.stop) <= 16, "stop", "must be a string or a list of at most 16 non-empty strings")
+        need(isinstance(self.stop_token_ids, list) and all(is_int(t) and t >= 0 for t in self.stop_token_ids),
+             "stop_token_ids", "must be a list of non-negative ints")
+        need(isinstance(self.ignore_eos, bool), "ignore_eos", "must be a bool")
+        need(isinstance(self.skip_special_tokens, bool), "skip_special_tokens", "must be a bool")
+        need(self.seed is None or (is_int(self.seed) and 0 <= self.seed < 2**63), "seed", "must be an int >= 0")
+        need(is_int(self.n) and 1 <= self.n <= MAX_N, "n", f"must be an int in [1, {MAX_N}]")
+        need(self.regex is None or isinstance(self.regex, str), "regex", "must be a string")
+        need(self.json_schema is None or isinstance(self.json_schema, str), "json_schema",
+             "must be a JSON string")
+        need(self.choices is None or (isinstance(self.choices, list) and self.choices
+                                      and all(isinstance(c, str) for c in self.choices)),
+             "choices", "must be a non-empty list of strings")
+        constraints = [k for k in ("regex", "json_schema", "choices") if getattr(self, k) is not None]
+        if len(constraints) > 1:
+            raise ValueError(f"sampling parameters {' and '.join(constraints)} cannot be combined")
