@@ -1,0 +1,244 @@
+"""Batched next-token sampling: masks, penalties, temperature/top-k/top-p/min-p, seeds, logprobs.
+
+The model runner calls `sample` once per step with one logits row per request that needs a
+next token. Order of work, per row (what HF `generate` and the OpenAI API do):
+
+  1. constrained-decoding mask and `block_ids` -> -inf          (before everything else)
+  2. repetition_penalty on prompt+output tokens (HF), then frequency/presence on output tokens (OpenAI)
+  3. greedy rows (temperature 0 or top_k 1): argmax
+  4. sampled rows: softmax(logits / temperature); keep top_k; keep the top_p nucleus of what is
+     left (renormalised, as HF's warpers chain); drop tokens below min_p * max prob; draw with the
+     exponential race argmax(probs / Exp(1) noise), which needs no renormalisation or cumsum search.
+
+Logprobs are log_softmax of the RAW logits (before mask, penalties, temperature), as SGLang reports
+them by default. Everything stays on the logits' device; the only host sync is one `.tolist()` of
+the chosen ids (plus the logprob tensors when a row asked for them).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from radixrt.runtime.sampling_params import SamplingParams
+
+_MASK64 = (1 << 64) - 1
+
+
+@dataclass
+class SampleRow:
+    params: SamplingParams
+    output_ids: list[int]               # generated so far (penalties, seeded draws)
+    prompt_ids: list[int]               # repetition_penalty covers prompt + output tokens, as HF does
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+    block_ids: list[int] | None = None  # ids that must not be sampled this step (EOS before min_new_tokens, ...)
+
+
+@dataclass
+class SampleResult:
+    next_ids: list[int]
+    # Both are None when no row asked; otherwise one entry per row, None for rows that did not ask
+    # (a row asks with return_logprob or top_logprobs_num > 0). top_logprobs entries are
+    # [(logprob, token_id), ...] sorted by logprob descending, top_logprobs_num long.
+    logprobs: list[float | None] | None
+    top_logprobs: list[list[tuple[float, int]] | None] | None
+
+
+def sample(logits: torch.Tensor, rows: list[SampleRow], allowed_mask: torch.Tensor | None = None) -> SampleResult:
+    """logits: [B, V] float32, never modified. allowed_mask: optional [B, V] bool, True = allowed."""
+    assert logits.dim() == 2 and logits.shape[0] == len(rows), (tuple(logits.shape), len(rows))
+    num_rows, vocab_size = logits.shape
+    raw = logits if logits.dtype == torch.float32 else logits.float()
+    lp_rows = [i for i, r in enumerate(rows) if r.return_logprob or r.top_logprobs_num > 0]
+    has_mask = allowed_mask is not None or any(r.block_ids for r in rows)
+
+    x = apply_masks(raw, rows, allowed_mask) if has_mask else raw  # out of place: raw stays raw
+    x = apply_penalties(x, rows, in_place=x is not raw)
+
+    sampled_rows = [i for i, r in enumerate(rows) if not r.params.is_greedy]
+    if not sampled_rows and not has_mask:
+        next_ids = x.argmax(dim=-1)  # the common case: one kernel, nothing else
+    else:
+        # max gives the greedy ids and, in the same pass, the rows left with no allowed token.
+        max_vals, next_ids = x.max(dim=-1)
+        if sampled_rows:
+            if len(sampled_rows) == num_rows:
+                next_ids = _sample_rows(x, rows)
+            else:
+                sel = _index_tensor(sampled_rows, x.device)
+                picked = _sample_rows(x.index_select(0, sel), [rows[i] for i in sampled_rows])
+                next_ids.index_copy_(0, sel, picked)
+        if has_mask:  # flag fully masked rows as -1 so the check costs no extra sync
+            next_ids = torch.where(max_vals > float("-inf"), next_ids, -1)
+
+    next_list = next_ids.tolist()
+    if has_mask:
+        bad = [i for i, t in enumerate(next_list) if t < 0]
+        assert not bad, f"sampler: rows {bad} have no allowed token (grammar mask and block_ids exclude all)"
+    if not lp_rows:
+        return SampleResult(next_list, None, None)
+    logprobs, top_logprobs = _logprobs(raw, rows, lp_rows, next_ids)
+    return SampleResult(next_list, logprobs, top_logprobs)
+
+
+def apply_masks(logits: torch.Tensor, rows: list[SampleRow], allowed_mask: torch.Tensor | None) -> torch.Tensor:
+    """A new tensor with disallowed (mask False) and blocked ids set to -inf."""
+    if allowed_mask is not None:
+        assert allowed_mask.shape == logits.shape and allowed_mask.dtype == torch.bool, \
+            (tuple(allowed_mask.shape), allowed_mask.dtype)
+        out = torch.where(allowed_mask, logits, float("-inf"))
+    else:
+        out = logits.clone()
+    vocab_size = logits.shape[1]
+    flat_idx = [i * vocab_size + t for i, r in enumerate(rows) if r.block_ids for t in r.block_ids]
+    if flat_idx:
+        assert all(0 <= t < vocab_size for r in rows if r.block_ids for t in r.block_ids), "block id out of range"
+        out.view(-1).index_fill_(0, _index_tensor(flat_idx, logits.device), float("-inf"))
+    return out
+
+
+def apply_penalties(logits: torch.Tensor, rows: list[SampleRow], in_place: bool = False) -> torch.Tensor:
+    """repetition_penalty (HF: seen logit > 0 is divided, else multiplied) over prompt+output tokens,
+    then logit -= frequency_penalty * count + presence_penalty * (count > 0) over output tokens (OpenAI).
+
+    Scatter ops on the flat (row * V + token) indices of the rows that have penalties, so the cost is
+    the number of tokens, not B * V. Duplicate indices are fine: index_put_ writes the same value
+    computed from the pre-update logit for every duplicate, and index_add_ adds one -frequency each.
+    Returns `logits` itself when nothing applies; otherwise a modified copy unless in_place.
+    """
+    rep_rows = [i for i, r in enumerate(rows) if r.params.repetition_penalty != 1.0]
+    out_rows = [i for i, r in enumerate(rows) if r.output_ids and
+                (r.params.frequency_penalty != 0.0 or r.params.presence_penalty != 0.0)]
+    if not rep_rows and not out_rows:
+        return logits
+    out = logits if in_place else logits.clone()
+    flat = out.view(-1)
+    vocab_size = logits.shape[1]
+    if rep_rows:
+        idx, pen = _flat_indices(rep_rows, [rows[i].prompt_ids + rows[i].output_ids for i in rep_rows],
+                                 [[rows[i].params.repetition_penalty] for i in rep_rows], vocab_size, out.device)
+        vals = flat[idx]
+        flat[idx] = torch.where(vals > 0, vals / pen[0], vals * pen[0])
+    if out_rows:
+        idx, pen = _flat_indices(out_rows, [rows[i].output_ids for i in out_rows],
+                                 [[rows[i].params.presence_penalty, rows[i].params.frequency_penalty]
+                                  for i in out_rows], vocab_size, out.device)
+        flat[idx] = flat[idx] - pen[0]
+        flat.index_add_(0, idx, -pen[1])
+    return out
+
+
+def _flat_indices(row_ids: list[int], token_lists: list[list[int]], row_values: list[list[float]],
+                  vocab_size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat indices row * V + token for every token of every row, and each row's values repeated per
+    token ([num_values, N]). Built on the CPU, one copy each to the device."""
+    lens = torch.tensor([len(t) for t in token_lists])
+    tokens = torch.tensor([t for ts in token_lists for t in ts], dtype=torch.int64)
+    assert tokens.numel() == 0 or (int(tokens.min()) >= 0 and int(tokens.max()) < vocab_size), "token id out of range"
+    flat = torch.tensor(row_ids, dtype=torch.int64).repeat_interleave(lens) * vocab_size + tokens
+    values = torch.tensor(row_values, dtype=torch.float32).repeat_interleave(lens, dim=0).T  # [num_values, N]
+    return flat.to(device, non_blocking=True), values.contiguous().to(device, non_blocking=True)
+
+
+def _sample_rows(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+    """Draw one id per row from [S, V] logits of non-greedy rows; returns [S] int64 ids."""
+    num_rows, vocab_size = logits.shape
+    device = logits.device
+    params = [r.params for r in rows]
+    top_ks = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
+    use_top_k = any(k < vocab_size for k in top_ks)
+    use_top_p = any(p.top_p < 1.0 for p in params)
+    use_min_p = any(p.min_p > 0.0 for p in params)
+    # one host->device copy for all per-row parameters: [4, S]
+    table = torch.tensor([[p.temperature for p in params], top_ks,
+                          [p.top_p if p.top_p < 1.0 else float("inf") for p in params],  # inf: keep all, no rounding
+                          [p.min_p for p in params]], dtype=torch.float32).to(device, non_blocking=True)
+    temperature, top_k, top_p, min_p = table[0:1].T, table[1:2].T, table[2:3].T, table[3:4].T  # each [S, 1]
+
+    if any(p.temperature != 1.0 for p in params):
+        logits = logits / temperature
+    probs = torch.softmax(logits, dim=-1)
+    seeded = [(i, r.params.seed, len(r.output_ids)) for i, r in enumerate(rows) if r.params.seed is not None]
+
+    if not use_top_k and not use_top_p:
+        if use_min_p:
+            probs = probs.masked_fill(probs < probs.amax(dim=-1, keepdim=True) * min_p, 0.0)
+        noise = _noise(num_rows, vocab_size, vocab_size, seeded, None, device)
+        return (probs / noise).argmax(dim=-1)
+
+    # Sorted (descending) view. When every row has a top_k, topk(max k) is enough: the rest of
+    # the vocabulary is dropped for every row anyway.
+    if all(k < vocab_size for k in top_ks):
+        probs_sorted, sort_idx = probs.topk(max(top_ks), dim=-1, sorted=True)
+    else:
+        probs_sorted, sort_idx = probs.sort(dim=-1, descending=True)
+    width = probs_sorted.shape[1]
+    if use_top_k:
+        position = torch.arange(width, device=device, dtype=torch.float32)
+        probs_sorted = probs_sorted.masked_fill(position >= top_k, 0.0)
+    if use_top_p:
+        # keep a token while the mass before it is within top_p of the top-k mass (HF renormalises
+        # after top-k before top-p); the first token always stays.
+        cum = probs_sorted.cumsum(dim=-1)
+        probs_sorted = probs_sorted.masked_fill(cum - probs_sorted > top_p * cum[:, -1:], 0.0)
+    if use_min_p:
+        probs_sorted = probs_sorted.masked_fill(probs_sorted < probs_sorted[:, :1] * min_p, 0.0)
+    noise = _noise(num_rows, width, vocab_size, seeded, sort_idx, device)
+    choice = (probs_sorted / noise).argmax(dim=-1, keepdim=True)
+    return sort_idx.gather(1, choice).squeeze(1)
+
+
+def _noise(num_rows: int, width: int, vocab_size: int, seeded: list[tuple[int, int, int]],
+           sort_idx: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+    """Exp(1) noise [S, width] for the race argmax(probs / noise).
+
+    Unseeded rows share the default generator in one batched draw. A seeded row draws a full
+    vocabulary of noise, in vocabulary order, from a generator seeded by (seed, step), then takes
+    it in its own sorted order: its token depends on nothing else in the batch (not on the batch's
+    max top_k nor on which rows force a full sort) and is redrawn identically after preemption.
+    """
+    noise = torch.empty(num_rows, width, device=device).exponential_()
+    for i, seed, step in seeded:
+        gen = torch.Generator(device=device)
+        gen.manual_seed(_mix_seed(seed, step))
+        row_noise = torch.empty(vocab_size, device=device).exponential_(generator=gen)
+        noise[i] = row_noise if sort_idx is None else row_noise[sort_idx[i]]
+    # exponential_ may return exactly 0; p / 0 would be inf (or NaN for p = 0) and win the race
+    return noise.clamp_min_(torch.finfo(torch.float32).tiny)
+
+
+def _mix_seed(seed: int, step: int) -> int:
+    """splitmix64 of (seed, step): nearby seeds and steps give unrelated generator states."""
+    z = (seed * 0x9E3779B97F4A7C15 + step + 1) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) & ((1 << 63) - 1)
+
+
+def _index_tensor(values: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64).to(device, non_blocking=True)
+
+
+def _logprobs(raw: torch.Tensor, rows: list[SampleRow], lp_rows: list[int], next_ids: torch.Tensor
+              ) -> tuple[list[float | None], list[list[tuple[float, int]] | None]]:
+    """log_softmax of the raw logits at the chosen ids, and the top-n (logprob, id) pairs."""
+    if len(lp_rows) == len(rows):
+        lp, chosen = torch.log_softmax(raw, dim=-1), next_ids
+    else:
+        sel = _index_tensor(lp_rows, raw.device)
+        lp, chosen = torch.log_softmax(raw.index_select(0, sel), dim=-1), next_ids.index_select(0, sel)
+    chosen_lp = lp.gather(1, chosen.unsqueeze(1)).squeeze(1).tolist()
+    num_top = max(rows[i].top_logprobs_num for i in lp_rows)
+    top_vals: list[list[float]] = []
+    top_ids: list[list[int]] = []
+    if num_top > 0:
+        vals, ids = lp.topk(min(num_top, lp.shape[1]), dim=-1, sorted=True)
+        top_vals, top_ids = vals.tolist(), ids.tolist()
+    logprobs: list[float | None] = [None] * len(rows)
+    top_logprobs: list[list[tuple[float, int]] | None] = [None] * len(rows)
+    for j, i in enumerate(lp_rows):
+        logprobs[i] = chosen_lp[j]
+        n = rows[i].top_logprobs_num
+        top_logprobs[i] = list(zip(top_vals[j][:n], top_ids[j][:n])) if n > 0 else []
+    return logprobs, top_logprobs
