@@ -1,0 +1,271 @@
+"""RadixCache: hand-written cases, then a hypothesis state machine against a naive model.
+
+The naive model is a dict {cached whole-page prefix (tuple of tokens): last access stamp};
+a radix tree with page size P holds exactly a prefix-closed set of such prefixes, one page each.
+Every page carries a fake "content": the token prefix whose KV a real forward would have
+written there, so a match that returns the wrong page is caught.
+"""
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from radixrt.runtime.page_pool import PageAllocator
+from radixrt.runtime.radix_cache import RadixCache
+from radixrt.runtime.req import Req
+from radixrt.runtime.sampling_params import SamplingParams
+
+
+def make(num_pages=64, page_size=1, disable=False):
+    alloc = PageAllocator(num_pages, page_size)
+    return alloc, RadixCache(alloc, page_size, disable=disable)
+
+
+def put(alloc, cache, ids):
+    """Insert ids (whole pages) with fresh pages, freeing duplicates as a caller must."""
+    pages = alloc.alloc(len(ids) // cache.page_size)
+    present = cache.insert(ids, pages)
+    alloc.free(pages[:present // cache.page_size])
+    return pages, present
+
+
+def depth(node):
+    n = 0
+    while node.parent is not None:
+        n, node = n + len(node.key), node.parent
+    return n
+
+
+def assert_partition(alloc, cache, held=()):
+    free, tree, held = alloc.free_page_set(), cache.all_page_ids(), list(held)
+    assert len(free) + len(tree) + len(held) == alloc.num_pages
+    assert free | set(tree) | set(held) == set(range(alloc.num_pages))
+
+
+def test_edge_split():
+    alloc, cache = make()
+    pages, _ = put(alloc, cache, [1, 2, 3, 4, 5])
+    got, node = cache.match_prefix([1, 2, 3, 9])
+    assert got == pages[:3] and node.key == [1, 2, 3] and depth(node) == 3
+    assert [c.key for c in node.children.values()] == [[4, 5]]
+    assert list(cache.root.children.values()) == [node]
+    cache.check_integrity()
+    assert cache.match_prefix([1, 2, 3, 4, 5, 6])[0] == pages
+    assert cache.match_prefix([2, 1])[0] == []
+
+
+@pytest.mark.parametrize("page_size", [4, 16])
+def test_page_aligned_matching(page_size):
+    P = page_size
+    alloc, cache = make(page_size=P)
+    ids = list(range(100, 100 + 3 * P))
+    pages, _ = put(alloc, cache, ids)
+    assert cache.match_prefix(ids)[0] == pages
+    assert cache.match_prefix(ids + [7])[0] == pages
+    assert cache.match_prefix(ids[:2 * P + P - 1])[0] == pages[:2], "a partial page never matches"
+    diverge = ids[:P + 2] + [0] * (2 * P)  # differs inside the second page
+    got, node = cache.match_prefix(diverge)
+    assert got == pages[:1] and depth(node) == P
+    assert cache.match_prefix([0] + ids[1:])[0] == []
+    assert cache.match_prefix(ids[:P - 1])[0] == []
+    cache.check_integrity()
+    # inserting the diverging sequence shares exactly one page
+    _, present = put(alloc, cache, diverge[:3 * P])
+    assert present == P and cache.total_pages() == 5
+    cache.check_integrity()
+
+
+def test_insert_needs_whole_pages():
+    alloc, cache = make(page_size=4)
+    with pytest.raises(ValueError):
+        cache.insert([1, 2, 3, 4, 5], alloc.alloc(1))
+
+
+def test_lru_order():
+    alloc, cache = make(page_size=2)
+    a, _ = put(alloc, cache, [1, 1])
+    b, _ = put(alloc, cache, [2, 2])
+    c, _ = put(alloc, cache, [3, 3])
+    cache.match_prefix([1, 1])  # a is now the most recent
+    assert cache.evict(1) == 1 and sorted(cache.all_page_ids()) == sorted(a + c)
+    assert set(b) <= alloc.free_page_set()
+    assert cache.evict(1) == 1 and cache.all_page_ids() == a
+    assert cache.match_prefix([1, 1, 5])[0] == a
+    assert cache.evict(5) == 1 and cache.total_pages() == 0
+    assert cache.evict(5) == 0
+
+
+def test_locked_never_evicted():
+    alloc, cache = make()
+    a, _ = put(alloc, cache, [1, 2, 3])
+    put(alloc, cache, [7, 8])
+    _, node = cache.match_prefix([1, 2, 3])
+    cache.inc_lock_ref(node)
+    cache.inc_lock_ref(node)
+    assert cache.protected_pages == 3 and cache.evictable_pages == 2
+    assert cache.evict(100) == 2
+    assert cache.match_prefix([1, 2, 3])[0] == a
+    assert not cache.reset(), "flush refused while locked"
+    cache.dec_lock_ref(node)
+    assert cache.evict(100) == 0, "still locked once"
+    cache.dec_lock_ref(node)
+    assert cache.protected_pages == 0 and cache.evictable_pages == 3
+    cache.check_integrity()
+    assert cache.evict(1) == 3 and alloc.num_free == alloc.num_pages
+
+
+def test_lock_on_prefix_protects_path_only():
+    alloc, cache = make()
+    put(alloc, cache, [1, 2, 3, 4])
+    _, node = cache.match_prefix([1, 2, 9])  # splits [1,2 | 3,4]
+    cache.inc_lock_ref(node)
+    assert cache.protected_pages == 2 and cache.evictable_pages == 2
+    assert cache.evict(10) == 2 and cache.match_prefix([1, 2, 3, 4])[0] != []
+    cache.check_integrity()
+    cache.dec_lock_ref(node)
+
+
+def test_parent_evictable_after_last_child():
+    alloc, cache = make()
+    put(alloc, cache, [1, 2, 3])
+    put(alloc, cache, [1, 2, 4])  # [1,2] -> {[3], [4]}
+    assert cache.evict(1) == 1
+    assert len(cache.match_prefix([1, 2, 3])[0]) == 2, "older leaf [3] went first"
+    assert len(cache.match_prefix([1, 2, 4])[0]) == 3
+    assert cache.evict(1) == 1, "[4] goes, not its parent"
+    assert len(cache.match_prefix([1, 2])[0]) == 2
+    assert cache.evict(1) == 2, "the parent is now a leaf and goes whole"
+    assert cache.total_pages() == 0 and alloc.num_free == alloc.num_pages
+
+
+def test_duplicate_insert_count():
+    alloc, cache = make(page_size=2)
+    first, present = put(alloc, cache, [1, 2, 3, 4, 5, 6])
+    assert present == 0
+    _, present = put(alloc, cache, [1, 2, 3, 4, 5, 6])
+    assert present == 6 and cache.match_prefix([1, 2, 3, 4, 5, 6])[0] == first, "tree keeps its own pages"
+    _, present = put(alloc, cache, [1, 2, 3, 4])
+    assert present == 4
+    more, present = put(alloc, cache, [1, 2, 3, 4, 5, 6, 7, 8])
+    assert present == 6 and cache.match_prefix([1, 2, 3, 4, 5, 6, 7, 8])[0] == first + more[3:]
+    assert cache.total_pages() == 4
+    assert_partition(alloc, cache)
+    cache.check_integrity()
+
+
+def test_disable_mode():
+    alloc, cache = make(page_size=2, disable=True)
+    pages = alloc.alloc(2)
+    assert cache.insert([1, 2, 3, 4], pages) == 4, "disabled: caller frees everything as duplicates"
+    alloc.free(pages)
+    assert cache.match_prefix([1, 2, 3, 4]) == ([], cache.root)
+    req = new_req([1, 2, 3], alloc.alloc(3), kv_len=3)
+    cache.cache_unfinished_req(req, req.fill_ids)
+    assert req.cached_len == 0 and len(req.page_ids) == 3
+    cache.cache_finished_req(req, req.fill_ids)
+    assert req.page_ids == [] and alloc.num_free == alloc.num_pages
+    assert cache.total_pages() == 0 and cache.evict(3) == 0 and cache.reset()
+
+
+def new_req(ids, page_ids, kv_len, cached_len=0, last_node=None):
+    req = Req("r", ids, SamplingParams())
+    req.page_ids, req.kv_len, req.cached_len, req.last_node = list(page_ids), kv_len, cached_len, last_node
+    return req
+
+
+def test_cache_finished_req_accounting():
+    P = 4
+    alloc, cache = make(num_pages=16, page_size=P)
+    ids = list(range(10))
+    r1 = new_req(ids, alloc.alloc(4), kv_len=10)  # 2 full pages, 1 partial, 1 unused
+    r2 = new_req(ids[:8] + [50, 51, 52], alloc.alloc(3), kv_len=11)  # same 8 tokens, computed alone
+    r1_pages, r2_pages = list(r1.page_ids), list(r2.page_ids)
+    assert_partition(alloc, cache, r1.page_ids + r2.page_ids)
+    cache.cache_finished_req(r1, r1.fill_ids)
+    assert (r1.page_ids, r1.kv_len, r1.cached_len, r1.last_node) == ([], 0, 0, None)
+    assert cache.match_prefix(ids)[0] == r1_pages[:2]
+    assert alloc.free_page_set() >= set(r1_pages[2:])
+    cache.cache_finished_req(r2, r2.fill_ids)
+    assert set(r2_pages[:2]) <= alloc.free_page_set(), "duplicates of cached pages are freed"
+    assert cache.total_pages() == 2 and alloc.num_free == 14
+    assert_partition(alloc, cache)
+    # a req that borrowed the prefix: borrowed pages stay in the tree, its lock is released
+    pages, node = cache.match_prefix(ids[:8] + [60, 61, 62, 63, 64])
+    cache.inc_lock_ref(node)
+    r3 = new_req(ids[:8] + [60, 61, 62, 63, 64], pages + alloc.alloc(2), kv_len=13, cached_len=8, last_node=node)
+    own = r3.page_ids[2:]
+    assert cache.protected_pages == 2
+    with pytest.raises(ValueError):
+        cache.cache_finished_req(r3, r3.fill_ids[:12])
+    cache.cache_finished_req(r3, r3.fill_ids)
+    assert cache.protected_pages == 0 and cache.total_pages() == 3
+    assert cache.match_prefix(r3.origin_input_ids)[0] == pages + own[:1]
+    assert own[1] in alloc.free_page_set()
+    assert_partition(alloc, cache)
+    cache.check_integrity()
+
+
+def test_cache_unfinished_req():
+    P = 2
+    alloc, cache = make(num_pages=16, page_size=P)
+    ids = [1, 2, 3, 4, 5]
+    r1 = new_req(ids, alloc.alloc(3), kv_len=5)
+    r2 = new_req(ids, alloc.alloc(3), kv_len=5)  # same prompt, prefilled concurrently
+    r1_pages, r2_pages = list(r1.page_ids), list(r2.page_ids)
+    cache.cache_unfinished_req(r1, r1.fill_ids)
+    assert r1.cached_len == 4 and r1.page_ids == r1_pages and depth(r1.last_node) == 4
+    assert cache.protected_pages == 2 and cache.evictable_pages == 0
+    cache.cache_unfinished_req(r2, r2.fill_ids)
+    assert r2.cached_len == 4 and r2.page_ids == r1_pages[:2] + r2_pages[2:], "now borrows the tree's pages"
+    assert set(r2_pages[:2]) <= alloc.free_page_set()
+    assert r1.last_node.lock_ref == 2
+    assert_partition(alloc, cache, r1.page_ids[2:] + r2.page_ids[2:])
+    # r1 decodes 3 more tokens into its partial page and a new one, then is cached again
+    r1.output_ids = [6, 7, 8]
+    r1.page_ids += alloc.alloc(1)
+    r1.kv_len = 8
+    old_last = r1.last_node
+    cache.cache_unfinished_req(r1, r1.fill_ids)
+    assert r1.cached_len == 8 and depth(r1.last_node) == 8
+    assert old_last.lock_ref == 2 and r1.last_node.lock_ref == 1, "lock moved down, r2 keeps its own"
+    assert cache.protected_pages == 4
+    assert_partition(alloc, cache, r1.page_ids[4:] + r2.page_ids[2:])
+    cache.check_integrity()
+    cache.cache_finished_req(r1, r1.fill_ids)
+    cache.cache_finished_req(r2, r2.fill_ids)
+    assert cache.protected_pages == 0 and cache.total_pages() == 4
+    assert_partition(alloc, cache)
+    cache.check_integrity()
+    assert cache.reset() and alloc.num_free == alloc.num_pages and cache.total_pages() == 0
+
+
+def test_reset_keeps_root_and_pretty_print():
+    alloc, cache = make(page_size=2)
+    put(alloc, cache, [1, 2, 3, 4])
+    root = cache.root
+    assert "[1, 2, 3, 4]" in cache.pretty_print()
+    assert cache.reset() and cache.root is root and alloc.num_free == alloc.num_pages
+    cache.check_integrity()
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@given(page_size=st.sampled_from([1, 2, 4]),
+       seqs=st.lists(st.lists(st.integers(0, 2), max_size=12), max_size=8),
+       queries=st.lists(st.lists(st.integers(0, 2), max_size=12), max_size=8))
+def test_match_equals_longest_common_prefix_of_inserted(page_size, seqs, queries):
+    """Without eviction, a match is the longest whole-page common prefix with any inserted sequence."""
+    alloc, cache = make(num_pages=128, page_size=page_size)
+    for s in seqs:
+        put(alloc, cache, s[:len(s) // page_size * page_size])
+    for q in queries:
+        best = 0
+        for s in seqs:
+            s = s[:len(s) // page_size * page_size]
+            n = 0
+            while n < min(len(s), len(q)) and s[n] == q[n]:
+                n += 1
+            best = max(best, n - n % page_size)
+        pages, node = cache.match_prefix(q)
+        assert len(pages) * page_size == best == depth(node)
+        cache.check_integrity()
+    assert_partition(alloc, cache)
