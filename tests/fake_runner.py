@@ -1,0 +1,88 @@
+"""A model runner without a model, for testing the scheduler, radix cache and pool.
+
+Its "KV" per slot records which token sat at which position. Before every forward it
+checks that each request's prefix slots hold exactly that request's tokens (so a wrong
+page, a stale cache entry or an overwritten shared page shows up at once), and its
+next token is a pure function of the token sequence read back from that KV. The truth
+for a whole request is `reference_output`, computed from the token ids alone.
+"""
+from __future__ import annotations
+
+from radixrt.runtime.plan import ItemResult, PlanItem
+
+
+def next_token(seq: list[int], vocab: int) -> int:
+    h = 0
+    for t in seq[-8:]:
+        h = (h * 1_000_003 + t + 7) % 2_147_483_647
+    return (h + len(seq)) % vocab
+
+
+def reference_output(prompt: list[int], max_new_tokens: int, vocab: int, eos: int | None) -> list[int]:
+    seq, out = list(prompt), []
+    while len(out) < max_new_tokens:
+        t = next_token(seq, vocab)
+        out.append(t)
+        seq.append(t)
+        if t == eos:
+            break
+    return out
+
+
+class FakeTokenizer:
+    eos_token_id = 0
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(ord("a") + t % 26) for t in ids if not (skip_special_tokens and t == 0))
+
+    def encode(self, text, add_special_tokens=False):
+        return [ord(c) - ord("a") + 1 for c in text]
+
+
+class FakeRunner:
+    def __init__(self, num_pages: int, page_size: int = 1, vocab_size: int = 50, eos: int | None = 0,
+                 context_length: int = 4096, max_rows: int = 16):
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.vocab_size = vocab_size
+        self.eos_token_ids = [] if eos is None else [eos]
+        self.context_length = context_length
+        self.max_rows = max_rows
+        self.tokenizer = FakeTokenizer()
+        self.model_path = "fake"
+        self.kv: dict[int, tuple[int, int]] = {}     # slot -> (position, token)
+        self.table: dict[int, dict[int, int]] = {}   # row -> position -> slot
+        self.num_forwards = 0
+        self.forward_tokens = 0
+
+    def run(self, plan: list[PlanItem]) -> list[ItemResult]:
+        self.num_forwards += 1
+        rows = [it.req.table_row for it in plan]
+        assert len(set(rows)) == len(rows), "a table row twice in one batch"
+        written: set[int] = set()
+        results = []
+        for it in plan:
+            req, end = it.req, it.prefix_len + len(it.new_ids)
+            row = self.table.setdefault(req.table_row, {})
+            for k, pos in enumerate(range(it.write_start, end)):
+                row[pos] = it.slots[k]
+            fill = req.fill_ids
+            assert fill[it.prefix_len:end] == it.new_ids, "new_ids are not the next tokens"
+            seq = []
+            for pos in range(it.prefix_len):
+                got = self.kv.get(row[pos])
+                assert got == (pos, fill[pos]), f"{req}: slot {row[pos]} of position {pos} holds {got}"
+                seq.append(got[1])
+            for pos in range(it.prefix_len, end):
+                slot = row[pos]
+                assert slot not in written, "two tokens written to one slot in a step"
+                written.add(slot)
+                self.kv[slot] = (pos, fill[pos])
+                seq.append(fill[pos])
+            self.forward_tokens += len(it.new_ids)
+            res = ItemResult()
+            if it.sample:
+                res.next_id = next_token(seq, self.vocab_size)
+                res.logprob = -1.0
+            results.append(res)
+        return results
