@@ -87,3 +87,50 @@ class BatchTokenOut:
 @message
 class SchedulerInfo:
     info: dict[str, Any]
+
+
+# --- serving runtime (server / scheduler process / detokenizer), added by the serving issue ---
+
+@message
+class DetokenizeReq:
+    """Scheduler process -> detokenizer, sent on the same socket before any TokenOut of rid (so it
+    always arrives first): what the detokenizer needs to turn that request's ids into text."""
+    rid: str
+    stop: list[str] = field(default_factory=list)
+    skip_special_tokens: bool = True
+
+
+@message
+class BatchTextOut:
+    """Detokenizer -> tokenizer manager: TokenOut dicts, each with a "text" delta added (and
+    finished_reason set once the request is done, stop strings already trimmed from the text)."""
+    outputs: list[dict[str, Any]]
+
+
+@message
+class FlushCacheOut:
+    success: bool
+
+
+@message
+class HealthCheckReq:
+    probe_id: int
+
+
+@message
+class HealthCheckOut:
+    probe_id: int
+
+
+@message
+class ProcessReady:
+    """A child process finished starting (scheduler: model loaded; info holds model_info and server_info)."""
+    name: str
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@message
+class ProcessFailed:
+    """A child process could not start; error is the reason (a traceback's last line)."""
+    name: str
+    error: str
