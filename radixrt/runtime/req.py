@@ -35,6 +35,7 @@ class Req:
         self.cached_len = 0
         self.last_node: Any = None  # radix node locked on our behalf
         self.table_row: int | None = None  # row of the req->slot table while running
+        self.table_stale = False  # page_ids changed under the row (shared with the tree): rewrite it
 
         # progress and results
         self.prefix_hit_len = 0  # cached tokens on first admission (reported as cached_tokens)

@@ -150,8 +150,9 @@ class Scheduler:
             if req.table_row is None:
                 continue
             pos = req.kv_len
-            items.append(PlanItem(req, [req.output_ids[-1]], pos, slots_of(req.page_ids, pos, pos + 1, self.page_size),
-                                  pos, None, True))
+            start = self._write_start(req)
+            items.append(PlanItem(req, [req.output_ids[-1]], pos, slots_of(req.page_ids, start, pos + 1, self.page_size),
+                                  start, None, True))
         return items
 
     def _plan_extends(self) -> list[PlanItem]:
@@ -163,7 +164,7 @@ class Scheduler:
                 continue
             target = min(req.seq_len, req.kv_len + budget)
             if self._grow(req, target):
-                items.append(self._extend_item(req, target, write_start=req.kv_len))
+                items.append(self._extend_item(req, target, write_start=self._write_start(req)))
                 budget -= target - req.kv_len
                 inflight.append(req.fill_ids)
         if budget > 0 and self.waiting:
@@ -233,6 +234,21 @@ class Scheduler:
                         slots_of(req.page_ids, write_start, target, self.page_size), write_start,
                         logits_start, target == req.seq_len)
 
+    @staticmethod
+    def _write_start(req: Req) -> int:
+        """First position whose slot goes into the req's table row this step."""
+        if req.table_stale:
+            req.table_stale = False
+            return 0
+        return req.kv_len
+
+    def _share(self, req: Req) -> None:
+        """Put req's computed whole pages into the tree so waiting requests can match them."""
+        before = req.page_ids[:]
+        self.tree.cache_unfinished_req(req, req.fill_ids[:req.kv_len])
+        if req.page_ids != before:  # our duplicates were swapped for the tree's pages
+            req.table_stale = True
+
     def _grow(self, req: Req, num_tokens: int) -> bool:
         """Make req's pages cover num_tokens positions, evicting from the tree if needed."""
         need = self.allocator.pages_for(num_tokens) - len(req.page_ids)
@@ -259,11 +275,10 @@ class Scheduler:
                         req.input_top_logprobs.append([])
                 req.input_logprobs.extend(list(x) for x in res.prompt_logprobs)
                 req.input_top_logprobs.extend(res.prompt_top_logprobs or [[] for _ in res.prompt_logprobs])
+            if res.next_id is None or not req.output_ids:
+                self._share(req)  # a finished chunk, or the whole prompt
             if res.next_id is None:
-                self.tree.cache_unfinished_req(req, req.fill_ids[:req.kv_len])  # share the chunk done so far
                 continue
-            if not req.output_ids:
-                self.tree.cache_unfinished_req(req, req.fill_ids[:req.kv_len])  # the whole prompt, for sharing
             reason = apply_sampled_token(req, res, self.eos_ids, self.tokenizer)
             if reason is not None:
                 self._finish(req, reason)

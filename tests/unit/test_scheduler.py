@@ -1,0 +1,201 @@
+"""Scheduler behaviour on a fake runner whose outputs are a pure function of the tokens.
+
+Truth: `reference_output` computed from token ids alone; the fake runner also asserts that
+every prefix slot it reads holds that request's own token (see tests/fake_runner.py).
+"""
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fake_runner import FakeRunner, reference_output
+from radixrt.runtime.config import ServerConfig
+from radixrt.runtime.messages import TokenizedGenerateReq
+from radixrt.runtime.scheduler import Scheduler
+
+VOCAB = 50
+
+
+def make(page_size=1, num_tokens=400, chunk=32, disable=False, max_running=16, eos=0):
+    cfg = ServerConfig(page_size=page_size, chunked_prefill_size=chunk, disable_radix_cache=disable,
+                       max_running_requests=max_running)
+    return Scheduler(cfg, FakeRunner(num_pages=num_tokens // page_size, page_size=page_size, vocab_size=VOCAB,
+                                     eos=eos, max_rows=max_running + 1))
+
+
+def submit(s, rid, prompt, **params):
+    params.setdefault("max_new_tokens", 16)
+    return s.add_request(TokenizedGenerateReq(rid=rid, input_ids=prompt, sampling_params=params))
+
+
+def drain(s, outs=None, max_steps=10_000):
+    outs = {} if outs is None else outs
+    for _ in range(max_steps):
+        if not s.has_work():
+            return outs
+        for o in s.step():
+            outs.setdefault(o.rid, []).append(o)
+        s.check_integrity()
+    raise AssertionError("scheduler did not finish")
+
+
+def ids(outs, rid):
+    return [t for o in outs[rid] for t in o.new_ids]
+
+
+def assert_all_pages_back(s):
+    assert s.flush_cache()
+    s.check_integrity()
+    assert s.allocator.num_free == s.allocator.num_pages
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+@pytest.mark.parametrize("num_tokens", [2000, 256])
+@pytest.mark.parametrize("disable", [False, True])
+def test_outputs_match_reference_under_sharing_chunking_and_preemption(page_size, num_tokens, disable):
+    rng = random.Random(page_size * 7 + num_tokens)
+    s = make(page_size, num_tokens, chunk=48, disable=disable)
+    shared = [rng.randrange(1, VOCAB) for _ in range(60)]
+    prompts = {}
+    for i in range(14):
+        p = (shared if i % 3 else []) + [rng.randrange(1, VOCAB) for _ in range(rng.randrange(1, 40))]
+        prompts[str(i)] = p
+        submit(s, str(i), p, max_new_tokens=24)
+    outs = drain(s)
+    for rid, p in prompts.items():
+        assert ids(outs, rid) == reference_output(p, 24, VOCAB, 0), rid
+        assert outs[rid][-1].finished_reason["type"] in ("stop", "length")
+    assert_all_pages_back(s)
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_preemption_when_decode_outgrows_the_pool_leaves_outputs_unchanged(page_size):
+    rng = random.Random(3)
+    s = make(page_size, num_tokens=160, chunk=64)
+    prompts = {str(i): [rng.randrange(1, VOCAB) for _ in range(20)] for i in range(8)}
+    for rid, p in prompts.items():
+        submit(s, rid, p, max_new_tokens=60, ignore_eos=True)
+    outs = drain(s)
+    assert s.stats.num_preemptions > 0, "the small pool should have forced preemption"
+    for rid, p in prompts.items():
+        assert ids(outs, rid) == reference_output(p, 60, VOCAB, None)  # ignore_eos: no stop at token 0
+    assert_all_pages_back(s)
+
+
+def test_in_batch_prefix_sharing_computes_shared_prefix_once():
+    s = make(page_size=1, num_tokens=4000, chunk=512)
+    rng = random.Random(1)
+    shared = [rng.randrange(1, VOCAB) for _ in range(200)]
+    for i in range(10):
+        submit(s, str(i), shared + [rng.randrange(1, VOCAB) for _ in range(5)], max_new_tokens=1)
+    drain(s)
+    # one request prefills 205 tokens, the other nine only their 5-token tails (+ the last shared token)
+    assert s.runner.forward_tokens <= 205 + 9 * 6, s.runner.forward_tokens
+    assert s.server_info()["cached_tokens"] >= 9 * 199
+
+
+def test_prefix_reuse_across_requests_reports_cached_tokens():
+    s = make(page_size=4, num_tokens=1000)
+    p = list(range(1, 41))
+    submit(s, "a", p, max_new_tokens=4)
+    first = drain(s)
+    submit(s, "b", p + [3, 4, 5], max_new_tokens=4)
+    second = drain(s)
+    assert first["a"][-1].cached_tokens == 0
+    assert second["b"][-1].cached_tokens == 40  # page aligned: 40 is a multiple of 4
+    assert ids(second, "b") == reference_output(p + [3, 4, 5], 4, VOCAB, 0)
+
+
+def test_abort_frees_pages_at_once():
+    s = make(num_tokens=500)
+    submit(s, "x", list(range(1, 30)), max_new_tokens=200, ignore_eos=True)
+    submit(s, "y", list(range(5, 30)), max_new_tokens=200, ignore_eos=True)
+    for _ in range(5):
+        s.step()
+    outs = s.abort("x")
+    assert outs[-1].finished_reason["type"] == "abort"
+    s.check_integrity()
+    outs = s.abort("y")
+    assert not s.running and not s.waiting
+    assert_all_pages_back(s)
+
+
+def test_finish_reasons_stop_ids_length_and_ignore_eos():
+    s = make(eos=None)
+    p = [1, 2, 3]
+    ref = reference_output(p, 30, VOCAB, None)
+    submit(s, "len", p, max_new_tokens=5)
+    submit(s, "stopid", p, max_new_tokens=30, stop_token_ids=[ref[3]])
+    outs = drain(s)
+    assert outs["len"][-1].finished_reason == {"type": "length", "length": 5}
+    assert ids(outs, "stopid") == ref[:ref.index(ref[3]) + 1]
+    assert outs["stopid"][-1].finished_reason == {"type": "stop", "matched": ref[3]}
+
+
+def test_stop_string_finishes_request():
+    s = make(eos=None)
+    p = [1, 2, 3]
+    ref = reference_output(p, 30, VOCAB, None)
+    text = s.tokenizer.decode(ref)
+    stop = text[6:8]
+    submit(s, "s", p, max_new_tokens=30, stop=[stop])
+    outs = drain(s)
+    got = s.tokenizer.decode(ids(outs, "s"))
+    assert outs["s"][-1].finished_reason == {"type": "stop", "matched": stop}
+    assert got.find(stop) == len(got) - len(stop) == text.find(stop)
+
+
+@pytest.mark.parametrize("prompt,params,needle", [
+    ([], {}, "empty"),
+    ([1, 2, VOCAB + 5], {}, "input_ids"),
+    (list(range(1, 40)) * 3, {"max_new_tokens": 400}, "can never run"),
+    ([1, 2], {"temperature": -1}, "temperature"),
+    ([1, 2], {"bogus": 1}, "bogus"),
+])
+def test_bad_requests_are_answered_not_raised(prompt, params, needle):
+    s = make(num_tokens=200)
+    outs = submit(s, "bad", prompt, **params)
+    assert outs[0].finished_reason["type"] == "abort" and needle in outs[0].error
+    assert not s.has_work()
+    s.check_integrity()
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(page_size=st.sampled_from([1, 2, 4, 16]), pool_pages=st.integers(8, 80), chunk_pages=st.integers(1, 6),
+       seed=st.integers(0, 10_000), num_reqs=st.integers(1, 24), disable=st.booleans())
+def test_fuzz_random_arrivals_aborts_and_sizes(page_size, pool_pages, chunk_pages, seed, num_reqs, disable):
+    rng = random.Random(seed)
+    pool_tokens = pool_pages * 16
+    s = make(page_size, pool_tokens, chunk=page_size * chunk_pages, disable=disable, max_running=6)
+    bases = [[rng.randrange(1, VOCAB) for _ in range(rng.randrange(1, 40))] for _ in range(3)]
+    pending, prompts, aborted, outs = [], {}, set(), {}
+    for i in range(num_reqs):
+        p = rng.choice(bases)[: rng.randrange(1, 40)] + [rng.randrange(1, VOCAB) for _ in range(rng.randrange(0, 12))]
+        max_new = rng.randrange(1, 20)
+        pending.append((rng.randrange(0, 30), str(i), p, max_new))
+    step = 0
+    while pending or s.has_work():
+        for item in [x for x in pending if x[0] <= step]:
+            pending.remove(item)
+            _, rid, p, max_new = item
+            prompts[rid] = (p, max_new)
+            for o in submit(s, rid, p, max_new_tokens=max_new):
+                outs.setdefault(o.rid, []).append(o)
+        if s.has_work() and rng.random() < 0.05:
+            rid = rng.choice(list(prompts))
+            aborted.add(rid)
+            for o in s.abort(rid):
+                outs.setdefault(o.rid, []).append(o)
+        for o in s.step():
+            outs.setdefault(o.rid, []).append(o)
+        s.check_integrity()
+        step += 1
+        assert step < 5000, "no progress"
+    for rid, (p, max_new) in prompts.items():
+        assert outs[rid][-1].finished_reason is not None, f"request {rid} lost"
+        if len(p) + max_new > pool_tokens:
+            assert outs[rid][-1].finished_reason["type"] == "abort"
+        elif rid not in aborted:
+            assert ids(outs, rid) == reference_output(p, max_new, VOCAB, 0)
+    assert_all_pages_back(s)
