@@ -1,0 +1,102 @@
+"""Split-KV decode attention over the paged KV pool (one query token per request).
+
+Stage 1: program (request b, kv head, head block, split s) reads KV positions
+`[s * chunk_len[b], min((s+1) * chunk_len[b], L_b))` of request b through the flat slot list
+`kv_indices[kv_indptr[b]:kv_indptr[b+1]]` and writes, for each q head of its GQA group, the
+chunk's normalised partial output and its log-sum-exp (base 2).
+Stage 2: program (b, q head) merges the `num_splits[b]` partials by their log-sum-exps.
+
+Splitting the KV axis is what keeps a small decode batch with long contexts from running on a
+handful of SMs; the split counts are chosen on the host (see attention_triton.plan_decode_splits).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# Finite "minus infinity" for running maxima: exp2(-inf - M_INIT) is 0, never NaN.
+M_INIT: tl.constexpr = -1.0e30
+
+
+@triton.jit
+def _decode_stage1(
+    Q, K_cache, V_cache, kv_indptr, kv_indices, num_splits, chunk_lens,
+    Part_out, Part_lse, sm_scale_log2,
+    stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh,
+    stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    if split >= tl.load(num_splits + b):
+        return
+
+    kv_start = tl.load(kv_indptr + b)
+    seq_len = tl.load(kv_indptr + b + 1) - kv_start
+    chunk_len = tl.load(chunk_lens + b)
+    lo = split * chunk_len
+    hi = tl.minimum(lo + chunk_len, seq_len)
+
+    offs_g = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    q_heads = kv_head * GROUP + offs_g
+    mask_h = offs_g < GROUP
+    mask_d = offs_d < HEAD_DIM
+
+    q = tl.load(Q + b * stride_qt + q_heads[:, None] * stride_qh + offs_d[None, :],
+                mask=mask_h[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_H, BLOCK_D]
+    if DOT_FP32:
+        q = q.to(tl.float32)
+
+    m_i = tl.full([BLOCK_H], M_INIT, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    for start in range(lo, hi, BLOCK_N):
+        pos = start + offs_n
+        mask_n = pos < hi
+        slot = tl.load(kv_indices + kv_start + pos, mask=mask_n, other=0).to(tl.int64)
+        k = tl.load(K_cache + slot[:, None] * stride_ks + kv_head * stride_kh + offs_d[None, :],
+                    mask=mask_n[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
+        v = tl.load(V_cache + slot[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :],
+                    mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+        if DOT_FP32:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale_log2  # [BLOCK_H, BLOCK_N]
+        s = tl.where(mask_n[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+
+    # A split is never empty (the host makes chunk_len * (num_splits - 1) < L), so l_i > 0.
+    out_mask = mask_h[:, None] & mask_d[None, :]
+    tl.store(Part_out + b * stride_pb + q_heads[:, None] * stride_ph + split * stride_ps + offs_d[None, :],
+             acc / l_i[:, None], mask=out_mask)
+    tl.store(Part_lse + b * stride_lb + q_heads * stride_lh + split, m_i + tl.log2(l_i), mask=mask_h)
+
+
+@triton.jit
+def _decode_stage2(
+    Part_out, Part_lse, num_splits, Out,
+    stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ot, stride_oh,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_s = offs_s < tl.load(num_splits + b)
+    mask_d = offs_d < HEAD_DIM
+    lse = tl.load(Part_lse + b * stride_lb + h * stride_lh + offs_s, mask=mask_s, other=float("-inf"))
+    w = tl.exp2(lse - tl.max(lse, 0))  # [BLOCK_S]; split 0 always exists, so the max is finite
+    part = tl.load(Part_out + b * stride_pb + h * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :],
+                   mask=mask_s[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_S, BLOCK_D]
+    out = tl.sum(part * w[:, None], 0) / tl.sum(w, 0)
+    tl.store(Out + b * stride_ot + h * stride_oh + offs_d, out.to(Out.dtype.element_ty), mask=mask_d)

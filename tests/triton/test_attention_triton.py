@@ -1,0 +1,167 @@
+"""Triton attention kernels (interpreted on CPU) against the per-request torch reference.
+
+Every case builds a real ForwardBatch over randomly placed pages (so slots are arbitrary),
+runs TritonAttentionBackend, and compares the output with reference_attention on the cache
+the test itself updated. Shapes are small: the interpreter runs each program in Python.
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from radixrt.kernels.attention_triton import TritonAttentionBackend, plan_decode_splits
+from radixrt.runtime.forward_batch import BatchItem, ForwardBatch, build_forward_batch
+
+TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-3, 2e-3), torch.bfloat16: (8e-3, 1.6e-2)}  # (atol, rtol)
+
+
+def reference_attention(q, k_cache, v_cache, fb: ForwardBatch, scale):
+    # TEMPORARY private copy until radixrt.kernels.attention_torch.reference_attention lands.
+    out = torch.empty(q.shape, dtype=torch.float32)
+    group = q.shape[1] // k_cache.shape[1]
+    for b in range(fb.batch_size):
+        lo, hi = int(fb.qo_indptr[b]), int(fb.qo_indptr[b + 1])
+        seq_len, prefix_len = fb.seq_lens_list[b], int(fb.prefix_lens[b])
+        slots = fb.req_to_slot[fb.req_rows[b], :seq_len]
+        k = k_cache[slots].float().repeat_interleave(group, 1)  # [L, Hq, D]
+        v = v_cache[slots].float().repeat_interleave(group, 1)
+        s = torch.einsum("thd,lhd->htl", q[lo:hi].float(), k) * scale
+        visible = torch.arange(seq_len)[None, :] <= (prefix_len + torch.arange(hi - lo))[:, None]
+        s = s.masked_fill(~visible, float("-inf"))
+        out[lo:hi] = torch.einsum("htl,lhd->thd", s.softmax(-1), v)
+    return out.to(q.dtype)
+
+
+def make_case(prefix_lens, extend_lens, num_q_heads, num_kv_heads, head_dim, page_size, dtype, seed,
+              share_prefix=False):
+    """Random pages/caches/q/k/v for requests (prefix_len, extend_len); decode ones (1 new token) first."""
+    gen = random.Random(seed)
+    torch.manual_seed(seed)
+    pages_needed = [-(-(p + e) // page_size) for p, e in zip(prefix_lens, extend_lens)]
+    num_pages = sum(pages_needed) + 3
+    free = list(range(num_pages))
+    gen.shuffle(free)  # pages (hence slots) in arbitrary order
+    req_to_slot = torch.zeros((len(prefix_lens) + 2, 256), dtype=torch.int64)
+    items, page_lists = [], []
+    for i, (p, e) in enumerate(zip(prefix_lens, extend_lens)):
+        pages = [free.pop() for _ in range(pages_needed[i])]
+        if share_prefix and i > 0 and p >= page_size:
+            # radix-cache style: reuse request 0's full prefix pages read-only
+            num_shared = min(p, prefix_lens[0]) // page_size
+            pages[:num_shared] = page_lists[0][:num_shared]
+        page_lists.append(pages)
+        slots = [pages[j // page_size] * page_size + j % page_size for j in range(p + e)]
+        new_ids = [gen.randrange(100) for _ in range(e)]
+        items.append(BatchItem(row=i + 1, new_ids=new_ids, prefix_len=p, slots=slots, write_start=0))
+    fb = build_forward_batch(items, req_to_slot)
+    num_slots = num_pages * page_size
+    k_cache = torch.randn(num_slots, num_kv_heads, head_dim).to(dtype)
+    v_cache = torch.randn(num_slots, num_kv_heads, head_dim).to(dtype)
+    t = fb.num_tokens
+    q = torch.randn(t, num_q_heads, head_dim).to(dtype)
+    # k, v as views of one fused projection, like the model's qkv split (non-contiguous rows)
+    kv = torch.randn(t, 2, num_kv_heads, head_dim).to(dtype)
+    return fb, q, kv[:, 0], kv[:, 1], k_cache, v_cache
+
+
+def run_and_check(prefix_lens, extend_lens, hq, hkv, d, page_size, dtype, seed=0, backend_kwargs=None, **kw):
+    fb, q, k, v, k_cache, v_cache = make_case(prefix_lens, extend_lens, hq, hkv, d, page_size, dtype, seed, **kw)
+    scale = d ** -0.5
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    want_k[fb.out_slots] = k
+    want_v[fb.out_slots] = v
+    expected = reference_attention(q, want_k, want_v, fb, scale)
+    backend = TritonAttentionBackend(hq, hkv, d, **(backend_kwargs or {}))
+    backend.init_forward_metadata(fb)
+    out = backend.forward(q, k, v, k_cache, v_cache, fb, scale)
+    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v), "new K/V not stored at out_slots"
+    assert out.shape == q.shape and out.dtype == dtype
+    assert torch.isfinite(out.float()).all()
+    # reference and kernel each round once to dtype: allow ~2 ulps of it
+    atol, rtol = TOL[dtype]
+    torch.testing.assert_close(out.float(), expected.float(), atol=atol, rtol=rtol)
+    return fb
+
+
+MHA, GQA3, GQA4 = (2, 2, 64), (9, 3, 64), (8, 2, 128)  # MHA, SmolLM2's 3:1 GQA, 4:1 at head_dim 128
+F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
+FORCE_SPLITS = dict(min_split_len=16, target_programs=64, max_kv_splits=8)
+
+
+def cases(*combos):
+    """Hand-picked (heads, page_size, dtype) combos: every value of each axis, not the full product."""
+    return pytest.mark.parametrize("heads,page_size,dtype", combos,
+                                   ids=[f"h{h[0]}x{h[1]}d{h[2]}-p{p}-{str(d)[6:]}" for h, p, d in combos])
+
+
+@cases((MHA, 1, F32), (MHA, 16, BF16), (MHA, 16, F16), (GQA3, 16, F32), (GQA3, 1, BF16), (GQA3, 1, F16),
+       (GQA4, 1, F32), (GQA4, 16, BF16), (GQA4, 1, F16))
+def test_decode(heads, page_size, dtype):
+    # contexts 2 (first decode after a one-token prompt) .. 70, one split each at default settings
+    fb = run_and_check([1, 16, 33, 69], [1] * 4, *heads, page_size, dtype, seed=page_size)
+    assert fb.num_decode == 4 and fb.attn_meta.max_splits == 1
+
+
+@cases((GQA3, 1, F32), (GQA3, 16, BF16), (GQA4, 16, F32), (GQA4, 1, F16))
+def test_decode_split_kv(heads, page_size, dtype):
+    # very different lengths; the long ones are split across several programs and merged by LSE
+    fb = run_and_check([3, 150, 47, 200], [1] * 4, *heads, page_size, dtype, seed=7, backend_kwargs=FORCE_SPLITS)
+    splits = fb.attn_meta.num_splits.tolist()
+    assert splits[0] == 1 and max(splits) > 2, splits
+
+
+@cases((MHA, 1, F32), (MHA, 16, F16), (GQA3, 16, F32), (GQA3, 1, BF16), (GQA4, 1, F32), (GQA4, 16, BF16),
+       (GQA4, 1, F16))
+def test_extend(heads, page_size, dtype):
+    # empty prefix + single-token prompt, empty prefix + long, page-aligned prefix, odd everything
+    run_and_check([0, 0, 16, 21, 3], [1, 37, 18, 5, 50], *heads, page_size, dtype, seed=11 + page_size)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_extend_shared_prefix_pages(page_size):
+    # several requests read the same (radix-cached) prefix slots
+    run_and_check([32, 32, 40], [3, 17, 9], 9, 3, 64, page_size, torch.float32, seed=3, share_prefix=True)
+
+
+@cases((MHA, 16, F16), (GQA3, 1, F32), (GQA3, 16, BF16), (GQA4, 16, F32))
+def test_mixed_decode_and_extend(heads, page_size, dtype):
+    # decodes (one split and several) followed by chunked-prefill-like extends in one forward
+    fb = run_and_check([90, 1, 7, 0, 40, 64], [1, 1, 1, 23, 1, 16], *heads, page_size, dtype, seed=5,
+                       backend_kwargs=FORCE_SPLITS)
+    # the 1-token extend after a 0-prefix extend stays an extend
+    assert fb.num_decode == 3 and fb.attn_meta.num_extend == 3
+
+
+def test_metadata_is_per_forward_and_reused_across_layers():
+    # two "layers" share one init_forward_metadata; each stores into its own cache
+    fb, q, k, v, k_cache, v_cache = make_case([20, 0], [1, 9], 4, 2, 64, 1, torch.float32, seed=2)
+    backend = TritonAttentionBackend(4, 2, 64)
+    backend.init_forward_metadata(fb)
+    meta = fb.attn_meta
+    out0 = backend.forward(q, k, v, k_cache, v_cache, fb, 0.125)
+    k1, v1 = k_cache.clone(), v_cache.clone()
+    out1 = backend.forward(q * 2, k, v, k1, v1, fb, 0.125)
+    assert fb.attn_meta is meta
+    assert torch.allclose(out0, reference_attention(q, k_cache, v_cache, fb, 0.125), atol=1e-4)
+    assert torch.allclose(out1, reference_attention(q * 2, k1, v1, fb, 0.125), atol=1e-4)
+
+
+def test_plan_decode_splits_balances_and_never_leaves_a_split_empty():
+    lens = [1, 2, 16, 17, 100, 1000, 4096, 5]
+    splits, chunks = plan_decode_splits(lens, num_kv_heads=2, target_programs=64, max_splits=8,
+                                        min_split_len=16, align=16)
+    for seq_len, n, c in zip(lens, splits, chunks):
+        assert 1 <= n <= 8 and c % 16 == 0 and c * (n - 1) < seq_len <= c * n
+    assert splits[lens.index(4096)] == 8 and splits[0] == 1
+    # a big batch of long requests fills the device without splitting
+    splits, _ = plan_decode_splits([4096] * 64, 8, 528, 16, 128, 64)
+    assert splits == [1] * 64
+
+
+def test_bad_head_config_is_value_error():
+    with pytest.raises(ValueError, match="multiple"):
+        TritonAttentionBackend(9, 2, 64)
+    with pytest.raises(ValueError, match="head_dim"):
+        TritonAttentionBackend(2, 2, 8)
