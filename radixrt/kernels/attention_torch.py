@@ -1,0 +1,193 @@
+"""Torch-native paged attention (the CPU default) and the per-request reference it is tested against.
+
+Layout (see forward_batch.py): q/k/v rows are the flat token axis T, decode requests first.
+The KV of request b lives in pool slots `req_to_slot[req_rows[b], :seq_lens[b]]`; its new
+tokens sit at positions prefix_lens[b] .. seq_lens[b]-1 and see every key up to their own position.
+
+The backend pads each group (decode, extend) into dense [B, L] index matrices once per forward
+(`init_forward_metadata`), so each layer is a handful of gathers and one SDPA call per group,
+never a Python loop over requests.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from radixrt.runtime.forward_batch import ForwardBatch
+
+
+def reference_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, fb: ForwardBatch,
+                        scale: float) -> torch.Tensor:
+    """The simplest truth: a loop over requests, explicit GQA expansion, float32 softmax.
+
+    q: [T, Hq, D]; k_cache/v_cache: [num_slots, Hkv, D] with this step's K/V already written.
+    Returns [T, Hq, D] in q's dtype.
+    """
+    num_q_heads, num_kv_heads = q.shape[1], k_cache.shape[1]
+    assert num_q_heads % num_kv_heads == 0, (num_q_heads, num_kv_heads)
+    group = num_q_heads // num_kv_heads
+    out = torch.empty_like(q)
+    qo_indptr = fb.qo_indptr.tolist()
+    for b in range(fb.batch_size):
+        seq_len, extend_len = fb.seq_lens_list[b], fb.extend_lens_list[b]
+        prefix_len = seq_len - extend_len
+        slots = fb.req_to_slot[int(fb.req_rows[b]), :seq_len]
+        k = k_cache[slots].float().repeat_interleave(group, dim=1)  # [L, Hq, D]: q head h reads kv head h // group
+        v = v_cache[slots].float().repeat_interleave(group, dim=1)
+        qb = q[qo_indptr[b]:qo_indptr[b + 1]].float()  # [E, Hq, D]
+        scores = torch.einsum("qhd,khd->hqk", qb, k) * scale  # [Hq, E, L]
+        q_pos = torch.arange(prefix_len, seq_len, device=q.device)
+        k_pos = torch.arange(seq_len, device=q.device)
+        scores = scores.masked_fill(k_pos[None, None, :] > q_pos[None, :, None], float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        out[qo_indptr[b]:qo_indptr[b + 1]] = torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
+    return out
+
+
+@dataclass
+class _DecodeMeta:
+    num_reqs: int
+    kv_len: int                    # Ld: longest KV in the group
+    kv_idx: torch.Tensor           # [Bd * Ld] pool slots (padding points at a valid slot, masked)
+    mask: torch.Tensor | None      # [Bd, 1, 1, Ld] bool, None when every request has length Ld
+
+
+@dataclass
+class _ExtendMeta:
+    num_reqs: int
+    q_start: int                   # first row of the group in T
+    q_len: int                     # Lq: longest extend in the group
+    kv_len: int                    # Lk: longest KV in the group
+    kv_idx: torch.Tensor | None    # [Be * Lk] pool slots; None: attend to the new k/v directly
+    q_idx: torch.Tensor | None     # [Be * Lq] rows of T to pad q into; None: no padding needed
+    unpad_idx: torch.Tensor | None # [Te] rows of the padded [Be * Lq] output that are real tokens
+    mask: torch.Tensor | None      # [Be, 1, Lq, Lk] bool; None: plain causal (is_causal)
+
+
+@dataclass
+class TorchAttentionMeta:
+    decode: _DecodeMeta | None
+    extend: _ExtendMeta | None
+    k_buf: torch.Tensor | None = None  # gather workspaces reused by every layer of this forward
+    v_buf: torch.Tensor | None = None
+
+
+class TorchAttentionBackend:
+    def __init__(self, num_q_heads: int, num_kv_heads: int, head_dim: int):
+        if num_q_heads % num_kv_heads:
+            raise ValueError(f"num_q_heads {num_q_heads} must be a multiple of num_kv_heads {num_kv_heads}")
+        self.num_q_heads = num_q_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.group = num_q_heads // num_kv_heads
+
+    def init_forward_metadata(self, fb: ForwardBatch) -> None:
+        num_decode = fb.num_decode
+        decode = self._decode_meta(fb) if num_decode else None
+        extend = self._extend_meta(fb) if fb.batch_size > num_decode else None
+        fb.attn_meta = TorchAttentionMeta(decode, extend)
+
+    def _decode_meta(self, fb: ForwardBatch) -> _DecodeMeta:
+        nd = fb.num_decode
+        seq_lens = fb.seq_lens_list[:nd]
+        kv_len = max(seq_lens)
+        k_pos = torch.arange(kv_len, device=fb.req_to_slot.device)
+        kv_idx = fb.req_to_slot[fb.req_rows[:nd], :kv_len]  # [Bd, Ld]
+        mask = None
+        if min(seq_lens) != kv_len:
+            valid = k_pos[None, :] < fb.seq_lens[:nd, None]  # [Bd, Ld]
+            kv_idx = kv_idx.masked_fill(~valid, 0)  # stale table entries past seq_len: any in-range slot
+            mask = valid[:, None, None, :]
+        return _DecodeMeta(nd, kv_len, kv_idx.reshape(-1), mask)
+
+    def _extend_meta(self, fb: ForwardBatch) -> _ExtendMeta:
+        nd = fb.num_decode
+        device = fb.req_to_slot.device
+        seq_lens = fb.seq_lens_list[nd:]
+        extend_lens = fb.extend_lens_list[nd:]
+        num_reqs = len(seq_lens)
+        q_len, kv_len = max(extend_lens), max(seq_lens)
+        q_start = nd  # each decode request owns exactly one row of T
+        if num_reqs == 1 and seq_lens[0] == extend_lens[0]:
+            # a fresh prompt: the new k/v are the whole KV, causal mask without materializing it
+            return _ExtendMeta(1, q_start, q_len, kv_len, None, None, None, None)
+        rows = fb.req_rows[nd:]
+        prefix_lens = fb.prefix_lens[nd:, None]
+        seq_lens_t = fb.seq_lens[nd:, None]
+        q_pos = torch.arange(q_len, device=device)[None, :]  # [1, Lq]
+        k_pos = torch.arange(kv_len, device=device)[None, :]  # [1, Lk]
+        kv_valid = k_pos < seq_lens_t  # [Be, Lk]
+        kv_idx = fb.req_to_slot[rows, :kv_len].masked_fill(~kv_valid, 0)
+        # key j is visible to new token i when j <= prefix + i; padded query rows (i >= extend_len)
+        # still see every real key, so no softmax row is empty (no NaNs), and they are dropped anyway.
+        mask = (k_pos[:, None, :] <= (prefix_lens + q_pos)[:, :, None]) & kv_valid[:, None, :]  # [Be, Lq, Lk]
+        q_idx = unpad_idx = None
+        if num_reqs > 1:
+            extend_lens_t = fb.extend_lens[nd:, None]
+            q_valid = q_pos < extend_lens_t  # [Be, Lq]
+            q_starts = fb.qo_indptr[nd:-1, None] - q_start  # rows relative to the group's first row
+            q_idx = torch.where(q_valid, q_starts + q_pos, q_starts).reshape(-1)
+            # the real tokens, in padded row-major order, are exactly T's order
+            unpad_idx = torch.nonzero(q_valid.reshape(-1)).squeeze(1)
+        return _ExtendMeta(num_reqs, q_start, q_len, kv_len, kv_idx.reshape(-1), q_idx, unpad_idx, mask[:, None])
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor, fb: ForwardBatch, scale: float) -> torch.Tensor:
+        """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]. Writes k/v into the caches at fb.out_slots first."""
+        meta: TorchAttentionMeta = fb.attn_meta
+        k_cache.index_copy_(0, fb.out_slots, k)
+        v_cache.index_copy_(0, fb.out_slots, v)
+        if meta.k_buf is None:
+            size = max(meta.decode.num_reqs * meta.decode.kv_len if meta.decode else 0,
+                       meta.extend.num_reqs * meta.extend.kv_len if meta.extend and meta.extend.kv_idx is not None
+                       else 0)
+            meta.k_buf = k_cache.new_empty((size, self.num_kv_heads, self.head_dim))
+            meta.v_buf = torch.empty_like(meta.k_buf)
+        out_decode = out_extend = None
+        if meta.decode is not None:
+            out_decode = self._decode(q[:meta.decode.num_reqs], k_cache, v_cache, meta, scale)
+        if meta.extend is not None:
+            e = meta.extend
+            out_extend = self._extend(q[e.q_start:], k[e.q_start:], v[e.q_start:], k_cache, v_cache, meta, scale)
+        if out_extend is None:
+            return out_decode
+        if out_decode is None:
+            return out_extend
+        return torch.cat((out_decode, out_extend), dim=0)
+
+    def _gather(self, k_cache, v_cache, meta: TorchAttentionMeta, idx: torch.Tensor, num_reqs: int, kv_len: int):
+        n = idx.shape[0]
+        k = torch.index_select(k_cache, 0, idx, out=meta.k_buf[:n])
+        v = torch.index_select(v_cache, 0, idx, out=meta.v_buf[:n])
+        shape = (num_reqs, kv_len, self.num_kv_heads, self.head_dim)
+        return k.view(shape).transpose(1, 2), v.view(shape).transpose(1, 2)  # [B, Hkv, L, D] views
+
+    def _decode(self, q, k_cache, v_cache, meta: TorchAttentionMeta, scale: float) -> torch.Tensor:
+        d = meta.decode
+        k, v = self._gather(k_cache, v_cache, meta, d.kv_idx, d.num_reqs, d.kv_len)
+        # GQA without repeating K/V: the `group` q heads sharing a kv head act as `group` query rows
+        qg = q.reshape(d.num_reqs, self.num_kv_heads, self.group, self.head_dim)  # [Bd, Hkv, G, D]
+        out = F.scaled_dot_product_attention(qg, k, v, attn_mask=d.mask, scale=scale)
+        return out.reshape(d.num_reqs, self.num_q_heads, self.head_dim)  # (Hkv, G) flattens to q head order
+
+    def _extend(self, q, k_new, v_new, k_cache, v_cache, meta: TorchAttentionMeta, scale: float) -> torch.Tensor:
+        e = meta.extend
+        if e.kv_idx is None:  # one fresh prompt
+            out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k_new.transpose(0, 1)[None],
+                                                 v_new.transpose(0, 1)[None], is_causal=True, scale=scale,
+                                                 enable_gqa=self.group > 1)
+            return out[0].transpose(0, 1)  # [Te, Hq, D]
+        k, v = self._gather(k_cache, v_cache, meta, e.kv_idx, e.num_reqs, e.kv_len)
+        if e.q_idx is None:
+            qp = q.transpose(0, 1)[None]  # [1, Hq, Te, D]
+        else:
+            qp = torch.index_select(q, 0, e.q_idx).view(e.num_reqs, e.q_len, self.num_q_heads, self.head_dim)
+            qp = qp.transpose(1, 2)  # [Be, Hq, Lq, D]
+        out = F.scaled_dot_product_attention(qp, k, v, attn_mask=e.mask, scale=scale, enable_gqa=self.group > 1)
+        out = out.transpose(1, 2)  # [Be, Lq, Hq, D]
+        if e.unpad_idx is None:
+            return out[0]
+        return torch.index_select(out.reshape(e.num_reqs * e.q_len, self.num_q_heads, self.head_dim), 0,
+                                  e.unpad_idx)
