@@ -7,9 +7,10 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.overrides import TorchFunctionMode
 
-from radixrt.runtime.sampler import SampleRow, apply_penalties, sample
+from radixrt.runtime import sampler
+from radixrt.runtime.sampler import SampleRow, apply_penalties, sample, truncated_probs
 from radixrt.runtime.sampling_params import SamplingParams
 
 
@@ -91,13 +92,16 @@ def test_greedy_is_argmax_and_top_k_one_is_greedy():
     assert sample(logits, rows).next_ids == list(np.argmax(logits.numpy(), axis=1))
 
 
-class OpLog(TorchDispatchMode):
+class OpLog(TorchFunctionMode):
+    """Records every torch call made (tensor metadata reads aside)."""
     def __init__(self):
         super().__init__()
         self.ops: list[str] = []
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(str(func.overloadpacket.__name__))
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", str(func))
+        if name not in ("dim", "__get__", "size"):
+            self.ops.append(name)
         return func(*args, **(kwargs or {}))
 
 
@@ -106,7 +110,7 @@ def test_all_greedy_batch_is_one_argmax_call():
     rows = [row(temperature=0.0, seed=i, stop_token_ids=[2]) for i in range(64)]
     with OpLog() as log:
         ids = sample(logits, rows).next_ids
-    assert log.ops == ["argmax"], log.ops
+    assert log.ops == ["argmax", "tolist"], log.ops
     assert ids == list(np.argmax(logits.numpy(), axis=1))
 
 
@@ -155,9 +159,17 @@ def test_row_without_allowed_token_is_a_bug():
 
 # ---------------------------------------------------------------- distributions
 
+@pytest.fixture(params=["inverse_cdf", "race"])
+def draw(request, monkeypatch):
+    """Both draws: inverse CDF (the CPU default) and the exponential race (the GPU default)."""
+    monkeypatch.setattr(sampler, "_use_race", lambda device: request.param == "race")
+    return request.param
+
+
 def draw_counts(logits_row: torch.Tensor, configs: list[dict], num_draws: int, torch_seed: int) -> list[np.ndarray]:
     """num_draws draws per config, all configs interleaved in ONE batched call (per-row params)."""
-    rows = [row(**configs[i % len(configs)]) for i in range(num_draws * len(configs))]
+    shared = [SampleRow(SamplingParams(**c), [], []) for c in configs]  # rows are read-only: share them
+    rows = shared * num_draws
     torch.manual_seed(torch_seed)
     ids = np.array(sample(logits_row.expand(len(rows), -1), rows).next_ids)
     vocab_size = logits_row.shape[0]
@@ -171,7 +183,7 @@ UNSORTED_PATH = [dict(temperature=0.6), dict(min_p=0.2), dict(temperature=1.5, m
 
 
 @pytest.mark.parametrize("configs", [SORT_PATH, TOPK_PATH, UNSORTED_PATH], ids=["sort", "topk", "unsorted"])
-def test_empirical_frequencies_match_numpy(configs):
+def test_empirical_frequencies_match_numpy(configs, draw):
     logits = rand_logits(1, 16, 5, scale=1.2)[0]
     for cfg, counts in zip(configs, draw_counts(logits, configs, 6000, torch_seed=6)):
         expected = np_expected(logits.numpy(), **cfg)
@@ -180,10 +192,32 @@ def test_empirical_frequencies_match_numpy(configs):
             assert chi2_pvalue(counts, np_expected(logits.numpy(), cfg.get("temperature", 1.0))) < 1e-6, cfg
 
 
-def test_chi2_rejects_a_wrong_temperature():
+def test_chi2_rejects_a_wrong_temperature(draw):
     logits = rand_logits(1, 16, 5, scale=1.2)[0]
     [counts] = draw_counts(logits, [dict(temperature=0.7)], 6000, torch_seed=7)
     assert chi2_pvalue(counts, np_expected(logits.numpy(), temperature=0.85)) < 1e-6
+
+
+def test_truncation_matches_numpy_on_a_large_vocabulary(monkeypatch):
+    """The kept set and weights, exactly, for V = 8192: on the CPU a top_p row without top_k is
+    cut from 1024 candidates when its nucleus closes inside them, else from a full sort."""
+    widths = []
+    real = sampler._sorted_prefix
+    monkeypatch.setattr(sampler, "_sorted_prefix", lambda *a: widths.append(real(*a).shape[1]) or real(*a))
+    vocab_size = 8192
+    configs = [dict(top_p=0.9), dict(top_p=0.6, temperature=0.5), dict(top_k=40, top_p=0.8),
+               dict(top_k=900, min_p=0.002), dict(min_p=0.05, temperature=0.8), dict(temperature=1.1)]
+    for scale, want_widths in ((6.0, [1024]), (0.5, [vocab_size])):  # peaked: nucleus fits; flat: it doesn't
+        widths.clear()
+        logits = rand_logits(len(configs), vocab_size, 16, scale=scale)
+        got = truncated_probs(logits, [row(**c) for c in configs]).numpy()
+        assert widths == want_widths
+        for i, cfg in enumerate(configs):
+            want = np_expected(logits[i].numpy(), **cfg)
+            np.testing.assert_array_equal(got[i] > 0, want > 0, err_msg=str(cfg))
+            np.testing.assert_allclose(got[i] / got[i].sum(), want, rtol=1e-4, atol=1e-8, err_msg=str(cfg))
+            if cfg != dict(temperature=1.1):
+                assert 0 < (want > 0).sum() < vocab_size, cfg  # something was cut
 
 
 # ---------------------------------------------------------------- seeds
@@ -195,7 +229,7 @@ OTHERS = [dict(), dict(temperature=0.0), dict(top_k=200), dict(top_k=7, top_p=0.
           dict(temperature=0.3, frequency_penalty=1.0)]
 
 
-def test_seeded_row_is_independent_of_batch_and_global_rng():
+def test_seeded_row_is_independent_of_batch_and_global_rng(draw):
     vocab_size = 1000
     logits = rand_logits(1, vocab_size, 8, scale=0.7)
     rng = np.random.default_rng(9)
@@ -217,7 +251,7 @@ def test_seeded_row_is_independent_of_batch_and_global_rng():
         assert len(steps) > 3 and len(seeds) > 3, (steps, seeds)
 
 
-def test_seeded_draws_follow_the_distribution():
+def test_seeded_draws_follow_the_distribution(draw):
     logits = rand_logits(1, 16, 10, scale=1.2)[0]
     configs = [dict(temperature=0.8), dict(top_k=6, top_p=0.85)]
     for cfg in configs:
