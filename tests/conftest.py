@@ -1,0 +1,108 @@
+"""Shared fixtures: the real default model (session-scoped), a tiny Llama config, and a paged-pool driver.
+
+Tests under tests/integration/ are auto-marked `integration` (they need the real default model).
+"""
+from __future__ import annotations
+
+import pathlib
+import random
+
+import pytest
+import torch
+
+from radixrt.runtime.forward_batch import BatchItem, build_forward_batch
+from radixrt.runtime.page_pool import KVCache, ReqToSlotTable, slots_of
+
+_INTEGRATION_DIR = pathlib.Path(__file__).parent / "integration"
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if _INTEGRATION_DIR in pathlib.Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> pathlib.Path:
+    from radixrt.runtime.weights import resolve_model
+    return resolve_model(None)
+
+
+@pytest.fixture(scope="session")
+def hf_model(model_dir):
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, local_files_only=True)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def tokenizer(model_dir):
+    from radixrt.runtime.weights import load_tokenizer
+    return load_tokenizer(model_dir)
+
+
+@pytest.fixture
+def tiny_llama_config():
+    from transformers import LlamaConfig
+    return LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                       rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False,
+                       bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+
+class PagedDriver:
+    """Runs a model over the paged pool the way the runner does: pages from a shuffled free list
+    (so each request's slots are scattered), one build_forward_batch per step, decode items first."""
+
+    def __init__(self, model, attn, num_pages: int = 256, page_size: int = 1, max_rows: int = 32,
+                 max_context: int | None = None, seed: int = 0):
+        self.model, self.attn, self.page_size = model, attn, page_size
+        self.kv = KVCache(model.num_layers, num_pages * page_size, model.num_kv_heads, model.head_dim,
+                          model.dtype, model.device)
+        self.table = ReqToSlotTable(max_rows, max_context or model.max_context, model.device)
+        self.free_pages = list(range(num_pages))
+        random.Random(seed).shuffle(self.free_pages)
+        self.reqs: dict[str, dict] = {}
+
+    def step(self, feeds: list[tuple[str, list[int], bool]]) -> dict[str, torch.Tensor]:
+        """feeds: (request name, new token ids, want logits for every new token). Returns logits per name:
+        [len(new_ids), vocab] when all were wanted, else [1, vocab] for the last token."""
+        is_decode = [len(ids) == 1 and not all_rows and self.reqs.get(name, {}).get("kv_len", 0) > 0
+                     for name, ids, all_rows in feeds]
+        order = [f for f, d in zip(feeds, is_decode) if d] + [f for f, d in zip(feeds, is_decode) if not d]
+        items = []
+        for name, ids, all_rows in order:
+            if name not in self.reqs:
+                self.reqs[name] = {"row": self.table.alloc_row(), "pages": [], "kv_len": 0}
+            req = self.reqs[name]
+            prefix_len = req["kv_len"]
+            seq_len = prefix_len + len(ids)
+            while len(req["pages"]) * self.page_size < seq_len:
+                req["pages"].append(self.free_pages.pop())
+            items.append(BatchItem(row=req["row"], new_ids=list(ids), prefix_len=prefix_len,
+                                   slots=slots_of(req["pages"], prefix_len, seq_len, self.page_size),
+                                   write_start=prefix_len, logits_start=0 if all_rows else None))
+            req["kv_len"] = seq_len
+        fb = build_forward_batch(items, self.table.table, self.model.device)
+        with torch.inference_mode():
+            self.attn.init_forward_metadata(fb)
+            logits = self.model.forward(fb, self.kv, self.attn)
+        assert logits.shape == (fb.logits_rows.shape[0], self.model.vocab_size) and logits.dtype == torch.float32
+        out, row = {}, 0
+        for name, ids, all_rows in order:
+            n = len(ids) if all_rows else 1
+            out[name] = logits[row:row + n]
+            row += n
+        assert row == logits.shape[0]
+        return out
+
+    def release(self, name: str) -> None:
+        req = self.reqs.pop(name)
+        self.free_pages.extend(req["pages"])
+        self.table.free_row(req["row"])
+
+
+@pytest.fixture
+def paged_driver():
+    """The PagedDriver class (fixtures cannot be imported from conftest as a module)."""
+    return PagedDriver

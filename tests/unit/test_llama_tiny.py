@@ -1,0 +1,148 @@
+"""Our Llama-family forward over the paged pool vs transformers' own model (random tiny weights).
+
+The truth for every row is HF's logits of the whole sequence at that position (teacher forcing),
+so chunked prefill, cached prefixes and mixed decode/extend batches must all reproduce it.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixrt.kernels.attention_torch import TorchAttentionBackend
+from radixrt.runtime.models.llama import LlamaForCausalLM
+
+ATOL, RTOL = 1e-5, 1e-5
+
+
+def tiny_config(kind: str, base):
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+    common = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6)
+    if kind == "llama":
+        return base
+    if kind == "llama_tied_llama3_rope_mha":
+        return LlamaConfig(**{**common, "num_key_value_heads": 4}, tie_word_embeddings=True,
+                           rope_parameters={"rope_type": "llama3", "rope_theta": 50000.0, "factor": 8.0,
+                                            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                            "original_max_position_embeddings": 32})
+    if kind == "qwen2_bias":
+        return Qwen2Config(**common, tie_word_embeddings=False)
+    if kind == "qwen3_qk_norm":
+        return Qwen3Config(**{**common, "num_attention_heads": 6}, head_dim=16, tie_word_embeddings=True)
+    raise AssertionError(kind)
+
+
+def build(config, dtype=torch.float32, seed: int = 0):
+    from transformers import AutoModelForCausalLM
+    torch.manual_seed(seed)
+    hf = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
+    with torch.no_grad():  # well away from init values: norms != 1, biases != 0, sharp-ish logits
+        for name, p in hf.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+            else:
+                p.normal_(0.0, 0.15)
+    hf = hf.to(dtype).eval()
+    ours = LlamaForCausalLM(config, dtype, "cpu")
+    ours.load_weights(hf.state_dict())
+    attn = TorchAttentionBackend(ours.num_q_heads, ours.num_kv_heads, ours.head_dim)
+    return hf, ours, attn
+
+
+def hf_logits(hf, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return hf(torch.tensor([ids])).logits[0].float()  # [L, vocab]
+
+
+KINDS = ["llama", "llama_tied_llama3_rope_mha", "qwen2_bias", "qwen3_qk_norm"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_full_prefill_and_chunked_prefill(kind, page_size, tiny_llama_config, paged_driver):
+    config = tiny_config(kind, tiny_llama_config)
+    hf, ours, attn = build(config)
+    assert ours.max_context == 256 and ours.vocab_size == 128
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 128, (45,), generator=gen).tolist()
+    expected = hf_logits(hf, ids)
+
+    driver = paged_driver(ours, attn, num_pages=150, page_size=page_size, seed=2)
+    full = driver.step([("a", ids, True)])["a"]
+    torch.testing.assert_close(full, expected, atol=ATOL, rtol=RTOL)
+    # same prompt in two chunks: the second extends the first's cached KV
+    first = driver.step([("b", ids[:19], True)])["b"]
+    second = driver.step([("b", ids[19:], True)])["b"]
+    torch.testing.assert_close(torch.cat((first, second)), expected, atol=ATOL, rtol=RTOL)
+    # last-token-only logits are the last row
+    last = driver.step([("c", ids, False)])["c"]
+    torch.testing.assert_close(last, expected[-1:], atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_mixed_decode_and_extend_batches(kind, tiny_llama_config, paged_driver):
+    """Three teacher-forced sequences of different lengths; decodes of some share steps with chunked
+    prefills of others, requests come and go, and pages are scattered (page_size 4)."""
+    config = tiny_config(kind, tiny_llama_config)
+    hf, ours, attn = build(config, seed=3)
+    gen = torch.Generator().manual_seed(4)
+    seqs = {name: torch.randint(0, 128, (n,), generator=gen).tolist() for name, n in
+            (("a", 30), ("b", 47), ("c", 12))}
+    expected = {name: hf_logits(hf, s) for name, s in seqs.items()}
+    driver = paged_driver(ours, attn, num_pages=40, page_size=4, seed=5)
+    fed = {name: 0 for name in seqs}
+    checked = {name: 0 for name in seqs}
+
+    def run(feeds):
+        out = driver.step([(name, seqs[name][fed[name]:fed[name] + n], False) for name, n in feeds])
+        for name, n in feeds:
+            fed[name] += n
+            torch.testing.assert_close(out[name][0], expected[name][fed[name] - 1], atol=ATOL, rtol=RTOL,
+                                       msg=lambda m: f"{name} at position {fed[name] - 1}: {m}")
+            checked[name] += 1
+
+    run([("a", 20)])                          # a: prefill
+    run([("a", 1), ("b", 16)])                # a decodes while b prefills its first chunk
+    run([("a", 1), ("b", 16), ("c", 1)])      # c: single-token prompt, alongside a decode and b's chunk
+    for _ in range(3):
+        run([("a", 1), ("c", 1)])             # two decodes of different lengths
+    run([("b", 9), ("c", 1), ("a", 1)])       # b's last chunk, listed first (driver puts decodes first)
+    driver.release("a")
+    for _ in range(6):
+        run([("b", 1), ("c", 1)])
+    run([("c", 1)])
+    assert fed["b"] == len(seqs["b"]) and fed["c"] == 12 and checked["b"] == 9
+
+
+def test_bfloat16_tracks_hf_bfloat16(tiny_llama_config, paged_driver):
+    hf, ours, attn = build(tiny_llama_config, dtype=torch.bfloat16, seed=6)
+    ids = torch.randint(0, 128, (33,), generator=torch.Generator().manual_seed(7)).tolist()
+    expected = hf_logits(hf, ids)
+    driver = paged_driver(ours, attn, num_pages=64, page_size=16)
+    got = torch.cat((driver.step([("a", ids[:20], True)])["a"], driver.step([("a", ids[20:], True)])["a"]))
+    assert got.dtype == torch.float32
+    # bf16 rounding differs a little (fused matmuls, SDPA); the distribution must stay the same
+    torch.testing.assert_close(got, expected, atol=0.15, rtol=0.05)
+    assert (got.argmax(-1) == expected.argmax(-1)).float().mean() > 0.9
+
+
+def test_bad_checkpoints_are_rejected(tiny_llama_config):
+    hf, ours, _ = build(tiny_llama_config)
+    sd = hf.state_dict()
+    missing = {k: v for k, v in sd.items() if k != "model.layers.1.mlp.up_proj.weight"}
+    with pytest.raises(ValueError, match="up_proj"):
+        LlamaForCausalLM(tiny_llama_config).load_weights(missing)
+    with pytest.raises(ValueError, match="unexpected weights"):
+        LlamaForCausalLM(tiny_llama_config).load_weights({**sd, "model.layers.0.mlp.extra.weight": sd["lm_head.weight"]})
+    wrong = dict(sd)
+    wrong["model.layers.0.self_attn.o_proj.weight"] = torch.zeros(3, 3)
+    with pytest.raises(ValueError, match="o_proj"):
+        LlamaForCausalLM(tiny_llama_config).load_weights(wrong)
+
+
+def test_unsupported_rope_type_is_rejected(tiny_llama_config):
+    from transformers import LlamaConfig
+    config = LlamaConfig(**{**tiny_llama_config.to_dict(),
+                            "rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}})
+    with pytest.raises(ValueError, match="rope type"):
+        LlamaForCausalLM(config)
