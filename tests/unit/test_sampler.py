@@ -192,6 +192,24 @@ def test_empirical_frequencies_match_numpy(configs, draw):
             assert chi2_pvalue(counts, np_expected(logits.numpy(), cfg.get("temperature", 1.0))) < 1e-6, cfg
 
 
+def test_draw_across_chunk_edges_and_masks(draw):
+    """Mass on tokens at the edges of the inverse CDF's 256-token chunks, in the padded last chunk,
+    next to masked tokens; a 0.002-mass tail spread over the rest."""
+    vocab_size, num_draws = 1000, 20000
+    hot = [0, 1, 254, 255, 256, 257, 511, 512, 700, 767, 768, 998, 999]
+    logits = torch.full((vocab_size,), -9.0)
+    logits[hot] = torch.from_numpy(np.random.default_rng(17).normal(0, 1, len(hot)).astype(np.float32))
+    allowed = torch.ones(vocab_size, dtype=torch.bool)
+    allowed[[1, 256, 700, 998, 3, 300]] = False
+    torch.manual_seed(18)
+    ids = sample(logits.expand(num_draws, -1), [row()] * num_draws, allowed.expand(num_draws, -1)).next_ids
+    counts = np.bincount(ids, minlength=vocab_size)
+    expected = np_softmax(np.where(allowed.numpy(), logits.numpy().astype(np.float64), -np.inf))
+    assert chi2_pvalue(counts, expected) > 1e-4, counts[hot]
+    tail = np.setdiff1d(np.arange(vocab_size), hot)
+    assert abs(counts[tail].sum() - expected[tail].sum() * num_draws) < 5 * math.sqrt(expected[tail].sum() * num_draws)
+
+
 def test_chi2_rejects_a_wrong_temperature(draw):
     logits = rand_logits(1, 16, 5, scale=1.2)[0]
     [counts] = draw_counts(logits, [dict(temperature=0.7)], 6000, torch_seed=7)
