@@ -10,8 +10,6 @@ semantics: the text ends right before the first stop string).
 from __future__ import annotations
 
 import logging
-import os
-import signal
 from typing import Any
 
 import zmq
@@ -145,34 +143,10 @@ class DetokenizerManager:
         return BatchTextOut(outputs=outputs)
 
 
-def set_parent_death_signal() -> None:
-    """Ask Linux to SIGTERM this process when its parent dies (no orphans even after a SIGKILL)."""
-    try:
-        import ctypes
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:  # not Linux: the ppid check in the loops still catches it
-        pass
-
-
-class StopFlag:
-    """Turns SIGTERM into a flag the process loop checks; SIGINT is left to the parent (it stops us)."""
-
-    def __init__(self) -> None:
-        self.stop = False
-        self.parent_pid = os.getppid()
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, self._on_term)
-
-    def _on_term(self, signum: int, frame: Any) -> None:
-        self.stop = True
-
-    def should_stop(self) -> bool:
-        return self.stop or os.getppid() != self.parent_pid
-
-
 def run_detokenizer_process(model_path: str, in_path: str, out_path: str, log_level: str = "info") -> None:
     """Entry point of the detokenizer process (spawned): PULL token deltas, PUSH text deltas."""
+    from radixrt.runtime.launch import StopFlag, set_parent_death_signal
+
     set_parent_death_signal()
     flag = StopFlag()
     logging.basicConfig(level=log_level.upper(), format="[detokenizer] %(levelname)s %(message)s")
@@ -190,6 +164,7 @@ def run_detokenizer_process(model_path: str, in_path: str, out_path: str, log_le
             push.send(messages.encode(ProcessFailed(name="detokenizer", error=f"{type(e).__name__}: {e}")))
             raise SystemExit(1)
         push.send(messages.encode(ProcessReady(name="detokenizer")))
+        flag.enter_loop()
         while not flag.should_stop():
             if not pull.poll(200):
                 continue
@@ -204,3 +179,4 @@ def run_detokenizer_process(model_path: str, in_path: str, out_path: str, log_le
         pull.close(linger=0)
         push.close(linger=500)
         ctx.term()
+    flag.exit_now()

@@ -1,0 +1,92 @@
+"""A scheduler without a model, following the Scheduler contract, for serving-layer tests.
+
+`radixrt serve --scheduler-class server_fake_scheduler:FakeScheduler` (with this directory on
+PYTHONPATH) serves it. Its output is the prompt echoed back token by token (so tests know the
+exact text), one token per request per step, with a short sleep standing in for the forward.
+A prompt that contains "CRASH" makes the process die on its next step (watchdog tests).
+"""
+from __future__ import annotations
+
+import os
+import time
+
+from radixrt.runtime.messages import TokenizedGenerateReq, TokenOut
+from radixrt.runtime.sampling_params import SamplingParams
+
+STEP_SECONDS = 0.01
+NUM_PAGES = 512
+
+
+class FakeScheduler:
+    def __init__(self, config):
+        from radixrt.runtime.weights import load_tokenizer
+
+        self.config = config
+        self.tokenizer = load_tokenizer(config.model_path)
+        self.context_len = 1024
+        self.model_info = {"model_path": config.model_path, "context_length": self.context_len,
+                           "vocab_size": len(self.tokenizer), "eos_token_ids": [self.tokenizer.eos_token_id],
+                           "is_generation": True}
+        self.running: dict[str, dict] = {}
+        self.num_finished = 0
+        self.crash = False
+
+    def _out(self, r: dict, new_ids: list[int], reason: dict | None, error: str | None = None) -> TokenOut:
+        return TokenOut(rid=r["rid"], new_ids=new_ids, finished_reason=reason, prompt_tokens=len(r["input_ids"]),
+                        completion_tokens=len(r["out"]), error=error,
+                        output_logprobs=[[-0.5, t] for t in new_ids] if r["logprob"] else [],
+                        output_top_logprobs=[[[-0.5, t]] for t in new_ids] if r["logprob"] else [])
+
+    def add_request(self, msg: TokenizedGenerateReq) -> list[TokenOut]:
+        sp = SamplingParams.from_dict(msg.sampling_params)
+        r = {"rid": msg.rid, "input_ids": msg.input_ids, "sp": sp, "out": [], "stream": msg.stream,
+             "sent": 0, "logprob": msg.return_logprob}
+        if len(msg.input_ids) + sp.max_new_tokens > NUM_PAGES:
+            return [self._out(r, [], {"type": "abort", "message": "too long"}, error="too long for the pool")]
+        if "CRASH" in self.tokenizer.decode(msg.input_ids):
+            self.crash = True
+        self.running[msg.rid] = r
+        return []
+
+    def abort(self, rid: str) -> list[TokenOut]:
+        r = self.running.pop(rid, None)
+        return [] if r is None else [self._out(r, [], {"type": "abort", "message": "aborted"})]
+
+    def has_work(self) -> bool:
+        return bool(self.running)
+
+    def step(self) -> list[TokenOut]:
+        if self.crash:
+            os._exit(3)
+        time.sleep(STEP_SECONDS)
+        outs = []
+        for rid, r in list(self.running.items()):
+            tok = r["input_ids"][len(r["out"]) % len(r["input_ids"])]
+            r["out"].append(tok)
+            reason = None
+            text = self.tokenizer.decode(r["out"])
+            hits = [s for s in r["sp"].stop if s in text]
+            if hits:
+                reason = {"type": "stop", "matched": hits[0]}
+            elif len(r["out"]) >= r["sp"].max_new_tokens:
+                reason = {"type": "length", "length": len(r["out"])}
+            if reason is not None:
+                del self.running[rid]
+                self.num_finished += 1
+            if reason is not None or r["stream"]:
+                outs.append(self._out(r, r["out"][r["sent"]:], reason))
+                r["sent"] = len(r["out"])
+        return outs
+
+    def flush_cache(self) -> bool:
+        return not self.running
+
+    def server_info(self) -> dict:
+        used = sum(len(r["input_ids"]) + len(r["out"]) for r in self.running.values())
+        return {"kv_pages_total": NUM_PAGES, "kv_pages_free": NUM_PAGES - used, "kv_pages_evictable": 0,
+                "page_size": 1, "max_total_tokens": NUM_PAGES, "num_running": len(self.running), "num_waiting": 0,
+                "num_preemptions": 0, "cache_hit_rate": 0.0, "num_requests_finished": self.num_finished,
+                "pid": os.getpid()}
+
+    def check_integrity(self) -> None:
+        pass
