@@ -83,6 +83,23 @@ def plan_decode_splits(seq_lens: list[int], num_kv_heads: int, target_programs: 
     return num_splits, chunk_lens
 
 
+def extend_launch_config(head_dim: int, dtype: torch.dtype, capability: tuple[int, int] | None
+                         ) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) of the extend kernel; capability None = interpreter.
+
+    Untuned guesses in SGLang's spirit; fp32 (exact ieee dots) gets smaller tiles so its shared
+    memory fits on every sm80+ part.
+    """
+    if capability is None:
+        return 16, 16, 1, 1
+    num_warps = 4 if head_dim <= 64 else 8
+    if dtype == torch.float32:
+        return 64, 32, num_warps, 1
+    if capability[0] >= 8:
+        return 128, 64, num_warps, 1
+    return 64, 64, num_warps, 1
+
+
 class TritonAttentionBackend:
     """Paged attention with Triton kernels; GQA by head grouping; any page size (slots are arbitrary)."""
 
@@ -103,17 +120,11 @@ class TritonAttentionBackend:
         self.target_programs = target_programs
         self.block_d = triton.next_power_of_2(head_dim)
         self.block_h = max(16, triton.next_power_of_2(self.group))  # tl.dot needs >= 16 rows
-        interp = _interpreting()
         # Small tiles under the interpreter so short test sequences still cross tile borders.
-        self.decode_block_n = 16 if interp else 64
-        self.ext_block_m, self.ext_block_n = (16, 16) if interp else self._extend_tiles()
-        self.ext_num_warps = 4 if head_dim <= 64 else 8
+        self.decode_block_n = 16 if _interpreting() else 64
 
-    @staticmethod
-    def _extend_tiles() -> tuple[int, int]:
-        if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 8:
-            return 128, 64
-        return 64, 64
+    def _capability(self, device: torch.device) -> tuple[int, int] | None:
+        return None if _interpreting() else torch.cuda.get_device_capability(device)
 
     def _target_programs(self, device: torch.device) -> int:
         if self.target_programs is not None:
@@ -186,18 +197,20 @@ class TritonAttentionBackend:
         _decode_stage2[(nd, self.num_q_heads)](
             po, pl, meta.num_splits, out,
             po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1), out.stride(0), out.stride(1),
-            HEAD_DIM=self.head_dim, BLOCK_D=self.block_d, BLOCK_S=triton.next_power_of_2(meta.max_splits),
+            HEAD_DIM=self.head_dim, BLOCK_D=self.block_d, BLOCK_S=max(2, triton.next_power_of_2(meta.max_splits)),
             num_warps=4,
         )
 
     def _extend(self, q, k, v, k_cache, v_cache, out, meta: TritonAttnMeta, sm_scale_log2, dot_fp32, precision):
-        num_tiles = math.ceil(meta.max_extend_len / self.ext_block_m)
+        block_m, block_n, num_warps, num_stages = extend_launch_config(
+            self.head_dim, q.dtype, self._capability(q.device))
+        num_tiles = math.ceil(meta.max_extend_len / block_m)
         _extend_kernel[(meta.num_extend, self.num_q_heads, num_tiles)](
             q, k, v, k_cache, v_cache, out,
             meta.ext_qo_indptr, meta.prefix_indptr, meta.prefix_indices, sm_scale_log2,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
             GROUP=self.group, HEAD_DIM=self.head_dim, BLOCK_D=self.block_d,
-            BLOCK_M=self.ext_block_m, BLOCK_N=self.ext_block_n, DOT_FP32=dot_fp32, PRECISION=precision,
-            num_warps=self.ext_num_warps, num_stages=1,
+            BLOCK_M=block_m, BLOCK_N=block_n, DOT_FP32=dot_fp32, PRECISION=precision,
+            num_warps=num_warps, num_stages=num_stages,
         )

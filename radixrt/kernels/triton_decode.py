@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 # Finite "minus infinity" for running maxima: exp2(-inf - M_INIT) is 0, never NaN.
-M_INIT: tl.constexpr = -1.0e30
+M_INIT = tl.constexpr(-1.0e30)
 
 
 @triton.jit

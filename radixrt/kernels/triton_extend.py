@@ -14,7 +14,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-M_INIT: tl.constexpr = -1.0e30  # finite, so fully masked tiles give exp2(-inf - M_INIT) = 0, not NaN
+M_INIT = tl.constexpr(-1.0e30)  # finite, so fully masked tiles give exp2(-inf - M_INIT) = 0, not NaN
 
 
 @triton.jit
