@@ -29,6 +29,7 @@ class FakeScheduler:
                            "is_generation": True}
         self.running: dict[str, dict] = {}
         self.num_finished = 0
+        self.num_added = 0  # every request that reached the scheduler
         self.crash = False
 
     def _out(self, r: dict, new_ids: list[int], reason: dict | None, error: str | None = None) -> TokenOut:
@@ -38,6 +39,7 @@ class FakeScheduler:
                         output_top_logprobs=[[[-0.5, t]] for t in new_ids] if r["logprob"] else [])
 
     def add_request(self, msg: TokenizedGenerateReq) -> list[TokenOut]:
+        self.num_added += 1
         sp = SamplingParams.from_dict(msg.sampling_params)
         r = {"rid": msg.rid, "input_ids": msg.input_ids, "sp": sp, "out": [], "stream": msg.stream,
              "sent": 0, "logprob": msg.return_logprob}
@@ -86,6 +88,7 @@ class FakeScheduler:
         return {"kv_pages_total": NUM_PAGES, "kv_pages_free": NUM_PAGES - used, "kv_pages_evictable": 0,
                 "page_size": 1, "max_total_tokens": NUM_PAGES, "num_running": len(self.running), "num_waiting": 0,
                 "num_preemptions": 0, "cache_hit_rate": 0.0, "num_requests_finished": self.num_finished,
+                "num_added": self.num_added,
                 "pid": os.getpid()}
 
     def check_integrity(self) -> None:

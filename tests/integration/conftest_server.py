@@ -1,0 +1,84 @@
+"""A really launched `radixrt serve` for tests: a subprocess on a free port, waited on until /health
+answers, with its temp dir (where its ipc sockets live) under the test's tmp path so a test can
+check that nothing is left behind."""
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import psutil
+
+STARTUP_TIMEOUT_S = 420  # model load is 10-40 s alone; several parallel test sessions slow it a lot
+HERE = pathlib.Path(__file__).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    def __init__(self, args: list[str], tmp_dir: pathlib.Path, fake_scheduler: bool = False):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.tmp_dir = pathlib.Path(tmp_dir)
+        self.tmp_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = self.tmp_dir / "server.log"
+        env = {**os.environ, "TMPDIR": str(self.tmp_dir), "PYTHONUNBUFFERED": "1"}
+        cmd = [sys.executable, "-m", "radixrt.cli", "serve", "--port", str(self.port), *args]
+        if fake_scheduler:
+            env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
+            cmd += ["--scheduler-class", "server_fake_scheduler:FakeScheduler"]
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        self.ps = psutil.Process(self.proc.pid)
+        self._wait_healthy()
+        self.child_pids = [c.pid for c in self.ps.children(recursive=True)]
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode} while starting:\n{self.log()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.stop(signal.SIGKILL)
+        raise TimeoutError(f"server not healthy after {STARTUP_TIMEOUT_S} s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-6000:]
+
+    def ipc_leftovers(self) -> list[str]:
+        return [str(p) for p in self.tmp_dir.glob("radixrt-ipc-*")]
+
+    def alive_pids(self) -> list[int]:
+        return [p for p in [self.proc.pid, *self.child_pids] if psutil.pid_exists(p)
+                and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                for pid in self.alive_pids():  # only our own processes, by pid
+                    os.kill(pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self._log.close()
+        return self.proc.returncode
+
+
+def sse_events(lines: list[str]) -> list[str]:
+    """The data payloads of an SSE body, in order."""
+    return [line[len("data: "):] for line in lines if line.startswith("data: ")]
