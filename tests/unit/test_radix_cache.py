@@ -269,3 +269,229 @@ def test_match_equals_longest_common_prefix_of_inserted(page_size, seqs, queries
         assert len(pages) * page_size == best == depth(node)
         cache.check_integrity()
     assert_partition(alloc, cache)
+
+
+# ---- state machine against a naive model -------------------------------------------
+
+def chunk(kind, P):
+    """Page-sized token runs that collide often: three differ only in their last token."""
+    return [3] * P if kind == 3 else [0] * (P - 1) + [kind]
+
+
+SEQS = st.tuples(st.lists(st.integers(0, 3), max_size=5), st.lists(st.integers(0, 1), max_size=3))
+
+
+class RadixMachine(RuleBasedStateMachine):
+    @initialize(page_size=st.sampled_from([1, 2, 4]), num_pages=st.integers(6, 24))
+    def setup(self, page_size, num_pages):
+        self.P = page_size
+        self.alloc, self.cache = make(num_pages, page_size)
+        self.content = {}  # page id -> token prefix whose KV it holds
+        self.model = {}  # cached whole-page prefix -> stamp of its last match/insert
+        self.clock = 0
+        self.locks = []  # (node, locked prefix) from raw lock rules
+        self.reqs = []
+
+    # -- helpers
+    def tokens(self, seq):
+        ids = [t for kind in seq[0] for t in chunk(kind, self.P)]
+        return ids + seq[1][:self.P - 1]
+
+    def aligned(self, ids):
+        return ids[:len(ids) - len(ids) % self.P]
+
+    def model_match(self, ids):
+        n = 0
+        while n + self.P <= len(ids) and tuple(ids[:n + self.P]) in self.model:
+            n += self.P
+        return n
+
+    def touch(self, ids, n):
+        self.clock += 1
+        for end in range(self.P, n + 1, self.P):
+            self.model[tuple(ids[:end])] = self.clock
+
+    def write(self, page_ids, ids, first_page):
+        for i, p in enumerate(page_ids, start=first_page):
+            self.content[p] = tuple(ids[:min((i + 1) * self.P, len(ids))])
+
+    def check_pages(self, page_ids, ids):
+        for i, p in enumerate(page_ids):
+            assert self.content[p] == tuple(ids[:(i + 1) * self.P]), "page holds other tokens' KV"
+
+    def locked(self):
+        held = [prefix for _, prefix in self.locks]
+        held += [tuple(r.fill_ids[:r.cached_len]) for r in self.reqs]
+        return {h[:end] for h in held for end in range(self.P, len(h) + 1, self.P)}
+
+    def tree(self):
+        """{prefix: page} read straight from the nodes."""
+        out, stack = {}, [(c, ()) for c in self.cache.root.children.values()]
+        while stack:
+            node, above = stack.pop()
+            for j, p in enumerate(node.value):
+                out[above + tuple(node.key[:(j + 1) * self.P])] = p
+            stack += [(c, above + tuple(node.key)) for c in node.children.values()]
+        return out
+
+    def take(self, n):
+        pages = self.alloc.alloc(n)
+        if pages is None:
+            self.evict(n - self.alloc.num_free)
+            pages = self.alloc.alloc(n)
+        return pages
+
+    # -- rules
+    @rule(num_pages=st.integers(0, 8))
+    def evict(self, num_pages):
+        before, num_evictable = dict(self.model), self.cache.evictable_pages
+        num_freed = self.cache.evict(num_pages)
+        after = set(self.tree())
+        removed = set(before) - after
+        assert after <= set(before) and num_freed == len(removed)
+        assert min(num_pages, num_evictable) <= num_freed <= num_evictable
+        locked = self.locked()
+        assert not removed & locked, "evicted a locked page"
+        if removed:  # LRU: nothing evicted is newer than a surviving unlocked leaf
+            parents = {p[:-self.P] for p in after}
+            leaves = [p for p in after if p not in parents and p not in locked]
+            assert all(before[p] >= max(before[r] for r in removed) for p in leaves)
+        self.model = {p: before[p] for p in after}
+
+    @rule(seq=SEQS)
+    def insert(self, seq):
+        ids = self.aligned(self.tokens(seq))
+        pages = self.take(len(ids) // self.P)
+        if pages is None:
+            return
+        self.write(pages, ids, 0)
+        expected = self.model_match(ids)
+        present = self.cache.insert(ids, pages)
+        assert present == expected
+        self.alloc.free(pages[:present // self.P])
+        self.touch(ids, len(ids))
+
+    def match(self, ids):
+        expected = self.model_match(ids)
+        pages, node = self.cache.match_prefix(ids)
+        assert len(pages) * self.P == expected == depth(node)
+        self.check_pages(pages, ids)
+        self.touch(ids, expected)
+        return pages, node
+
+    @rule(seq=SEQS)
+    def match_only(self, seq):
+        self.match(self.tokens(seq))
+
+    @precondition(lambda self: len(self.locks) < 4)
+    @rule(seq=SEQS)
+    def lock(self, seq):
+        ids = self.tokens(seq)
+        pages, node = self.match(ids)
+        self.cache.inc_lock_ref(node)
+        self.locks.append((node, tuple(ids[:len(pages) * self.P])))
+
+    @precondition(lambda self: self.locks)
+    @rule(data=st.data())
+    def unlock(self, data):
+        node, _ = self.locks.pop(data.draw(st.integers(0, len(self.locks) - 1)))
+        self.cache.dec_lock_ref(node)
+
+    @rule(go=st.integers(0, 1))
+    def reset(self, go):
+        if go:  # flush rarely, so trees grow deep enough to split and evict
+            return
+        assert self.cache.reset() == (not self.locked())
+        if not self.locked():
+            self.model = {}
+
+    @precondition(lambda self: len(self.reqs) < 4)
+    @rule(seq=SEQS, num_extra=st.integers(0, 1))
+    def start_req(self, seq, num_extra):
+        ids = self.tokens(seq)
+        pages, node = self.match(ids)
+        self.cache.inc_lock_ref(node)  # before allocating: eviction must not take our prefix
+        own = self.take(-(-len(ids) // self.P) - len(pages) + num_extra)
+        if own is None:
+            self.cache.dec_lock_ref(node)
+            return
+        self.write(own[:len(own) - num_extra], ids, len(pages))
+        req = Req(f"r{self.clock}", ids, SamplingParams())
+        req.page_ids, req.kv_len, req.cached_len, req.last_node = pages + own, len(ids), len(pages) * self.P, node
+        self.reqs.append(req)
+
+    @precondition(lambda self: self.reqs)
+    @rule(data=st.data(), more=st.lists(st.integers(0, 3), min_size=1, max_size=4))
+    def extend_req(self, data, more):
+        req = self.reqs[data.draw(st.integers(0, len(self.reqs) - 1))]
+        ids = req.fill_ids + more
+        num_needed = -(-len(ids) // self.P) - len(req.page_ids)
+        if num_needed > 0:
+            own = self.take(num_needed)
+            if own is None:
+                return
+            req.page_ids += own
+        req.output_ids += more
+        first_own = req.cached_len // self.P
+        self.write(req.page_ids[first_own:-(-len(ids) // self.P)], ids, first_own)
+        req.kv_len = len(ids)
+
+    @precondition(lambda self: self.reqs)
+    @rule(data=st.data())
+    def cache_unfinished(self, data):
+        req = self.reqs[data.draw(st.integers(0, len(self.reqs) - 1))]
+        ids = req.fill_ids[:req.kv_len]
+        aligned = self.aligned(ids)
+        self.cache.cache_unfinished_req(req, ids)
+        assert req.cached_len == len(aligned) == depth(req.last_node)
+        self.check_pages(req.page_ids[:len(aligned) // self.P], ids)
+        self.touch(ids, len(aligned))  # the insert
+        self.touch(ids, len(aligned))  # the match that finds the tree's pages
+
+    @precondition(lambda self: self.reqs)
+    @rule(data=st.data())
+    def finish_req(self, data):
+        req = self.reqs.pop(data.draw(st.integers(0, len(self.reqs) - 1)))
+        ids = req.fill_ids[:req.kv_len]
+        self.cache.cache_finished_req(req, ids)
+        assert (req.page_ids, req.kv_len, req.cached_len, req.last_node) == ([], 0, 0, None)
+        self.touch(ids, len(self.aligned(ids)))
+
+    # -- after every step
+    @invariant()
+    def consistent(self):
+        self.cache.check_integrity()
+        tree = self.tree()
+        assert set(tree) == set(self.model)
+        for prefix, page in tree.items():
+            assert self.content[page] == prefix
+        own = [p for r in self.reqs for p in r.page_ids[r.cached_len // self.P:]]
+        free = self.alloc.free_page_set()
+        assert len(free) + len(tree) + len(own) == self.alloc.num_pages, "a page leaked or is held twice"
+        assert free | set(tree.values()) | set(own) == set(range(self.alloc.num_pages))
+        for r in self.reqs:
+            fill = r.fill_ids
+            assert r.page_ids[:r.cached_len // self.P] == [
+                tree[tuple(fill[:end])] for end in range(self.P, r.cached_len + 1, self.P)]
+            assert len(r.page_ids) >= -(-r.kv_len // self.P)
+        locked = self.locked()
+        assert self.cache.protected_pages == len(locked)
+        assert self.cache.evictable_pages == len(tree) - len(locked)
+
+    def teardown(self):
+        if not hasattr(self, "cache"):
+            return
+        for node, _ in self.locks:
+            self.cache.dec_lock_ref(node)
+        for r in self.reqs:
+            self.cache.cache_finished_req(r, r.fill_ids[:r.kv_len])
+        self.cache.check_integrity()
+        assert self.cache.protected_pages == 0
+        assert all(n.lock_ref == 0 for n in self.cache._nodes()), "locks return to zero"
+        assert self.cache.reset() and self.alloc.num_free == self.alloc.num_pages
+
+
+TestRadixMachine = RadixMachine.TestCase
+TestRadixMachine.settings = settings(max_examples=120, stateful_step_count=40, deadline=None,
+                                     derandomize=True, database=None,
+                                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
