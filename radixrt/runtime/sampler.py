@@ -7,8 +7,12 @@ next token. Order of work, per row (what HF `generate` and the OpenAI API do):
   2. repetition_penalty on prompt+output tokens (HF), then frequency/presence on output tokens (OpenAI)
   3. greedy rows (temperature 0 or top_k 1): argmax
   4. sampled rows: softmax(logits / temperature); keep top_k; keep the top_p nucleus of what is
-     left (renormalised, as HF's warpers chain); drop tokens below min_p * max prob; draw with the
-     exponential race argmax(probs / Exp(1) noise), which needs no renormalisation or cumsum search.
+     left (renormalised, as HF's warpers chain); drop tokens below min_p * max prob; draw. The draw
+     is the exponential race argmax(probs / Exp(1)) on a GPU and a two-level inverse CDF on a CPU
+     (same distribution; a CPU makes exponential noise slowly).
+
+Seeds: a row with `params.seed` draws from a generator seeded by (seed, len(output_ids)), so its
+token does not depend on the batch, the global RNG, or a preemption in between (same device).
 
 Logprobs are log_softmax of the RAW logits (before mask, penalties, temperature), as SGLang reports
 them by default. Everything stays on the logits' device; the only host sync is one `.tolist()` of
@@ -49,7 +53,9 @@ def sample(logits: torch.Tensor, rows: list[SampleRow], allowed_mask: torch.Tens
     """logits: [B, V] float32, never modified. allowed_mask: optional [B, V] bool, True = allowed."""
     assert logits.dim() == 2 and logits.shape[0] == len(rows), (tuple(logits.shape), len(rows))
     num_rows, vocab_size = logits.shape
-    raw = logits if logits.dtype == torch.float32 else logits.float()
+    raw = logits
+    if raw.dtype != torch.float32 or not raw.is_contiguous():  # flat (row * V + id) views need both
+        raw = raw.float().contiguous()
     lp_rows = [i for i, r in enumerate(rows) if r.return_logprob or r.top_logprobs_num > 0]
     has_mask = allowed_mask is not None or any(r.block_ids for r in rows)
 
@@ -109,8 +115,8 @@ def apply_penalties(logits: torch.Tensor, rows: list[SampleRow], in_place: bool 
                 (r.params.frequency_penalty != 0.0 or r.params.presence_penalty != 0.0)]
     if not rep_rows and not out_rows:
         return logits
-    out = logits if in_place else logits.clone()
-    flat = out.view(-1)
+    out = logits if in_place else logits.clone(memory_format=torch.contiguous_format)
+    flat = out.view(-1)  # [B * V]; in_place callers pass a contiguous tensor
     vocab_size = logits.shape[1]
     if rep_rows:
         idx, pen = _flat_indices(rep_rows, [rows[i].prompt_ids + rows[i].output_ids for i in rep_rows],
@@ -227,7 +233,8 @@ def _draw_race(probs: torch.Tensor, seeded: list[tuple[int, int, int]]) -> torch
     num_rows, vocab_size = probs.shape
     noise = torch.empty_like(probs).exponential_()
     for i, seed, step in seeded:
-        noise[i] = torch.empty(vocab_size, device=probs.device).exponential_(generator=_generator(seed, step, probs.device))
+        gen = _generator(seed, step, probs.device)
+        noise[i] = torch.empty(vocab_size, device=probs.device).exponential_(generator=gen)
     # exponential_ may return exactly 0; p / 0 would be inf (or NaN for p = 0) and win the race
     return (probs / noise.clamp_min_(torch.finfo(torch.float32).tiny)).argmax(dim=-1)
 
@@ -253,7 +260,8 @@ def _draw_inverse_cdf(probs: torch.Tensor, seeded: list[tuple[int, int, int]]) -
     # first chunk whose cumsum passes target; it grew there, so it holds a token with p > 0
     chunk_idx = torch.searchsorted(chunk_cum, target, right=True).clamp_max_(chunk_cum.shape[1] - 1)  # [S, 1]
     before = chunk_cum.gather(1, (chunk_idx - 1).clamp_min(0)) * (chunk_idx > 0)
-    inner = chunks.gather(1, chunk_idx.unsqueeze(2).expand(-1, 1, _CDF_CHUNK)).squeeze(1).cumsum(-1, dtype=torch.float64)
+    chunk = chunks.gather(1, chunk_idx.unsqueeze(2).expand(-1, 1, _CDF_CHUNK)).squeeze(1)  # [S, CHUNK]
+    inner = chunk.cumsum(dim=-1, dtype=torch.float64)
     inner_total = inner[:, -1:]
     # clamp into [0, inner_total): rounding between the two levels can never reach a p = 0 token
     inner_target = torch.minimum((target - before).clamp_min_(0.0), torch.nextafter(inner_total, before * 0))
