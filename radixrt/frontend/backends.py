@@ -31,6 +31,17 @@ def _check(result: dict) -> dict:
     return result
 
 
+def _prompt_logprobs(result: dict, ids: list[int], start: int) -> list[tuple]:
+    """The (logprob, token_id, text) entries of ids[start:], checked against what was sent."""
+    entries = [tuple(e) for e in _check(result)["meta_info"]["input_token_logprobs"]]
+    if start == 0 and len(entries) == len(ids) - 1:
+        entries.insert(0, (None, ids[0], None))  # a runtime may omit position 0 (it has no logprob)
+    if [e[1] for e in entries] != ids[start:]:
+        raise BackendError(f"the runtime's prompt logprobs cover other tokens than were sent "
+                           f"(got {len(entries)} entries for {len(ids) - start} tokens)")
+    return entries
+
+
 def _common_prefix_len(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     i = 0
@@ -131,18 +142,14 @@ class Backend:
             self._cache_ids(prefix_ids[:shared], program_id)
         results = self._generate(input_ids=full_ids, sampling_params={"max_new_tokens": 0, "temperature": 0.0},
                                  return_logprob=True, logprob_start_len=shared, program_id=program_id)
-        cond = []
-        for ids, start, result in zip(full_ids, starts, results):
-            entries = [tuple(e) for e in _check(result)["meta_info"]["input_token_logprobs"]]
-            own = entries[start - shared:]
-            assert [e[1] for e in own] == ids[start:], "runtime logprobs cover other tokens than were sent"
-            cond.append(own)
+        cond = [_prompt_logprobs(result, ids, shared)[start - shared:]
+                for ids, start, result in zip(full_ids, starts, results)]
         uncond = None
         if unconditional:
             own_ids = [ids[start:] for ids, start in zip(full_ids, starts)]
             results = self._generate(input_ids=own_ids, sampling_params={"max_new_tokens": 0, "temperature": 0.0},
                                      return_logprob=True, logprob_start_len=0, program_id=program_id)
-            uncond = [[tuple(e) for e in _check(r)["meta_info"]["input_token_logprobs"]] for r in results]
+            uncond = [_prompt_logprobs(r, ids, 0) for ids, r in zip(own_ids, results)]
         return cond, uncond
 
     def _cache_ids(self, ids: list[int], program_id: str | None) -> None:
@@ -159,10 +166,10 @@ class Backend:
         cond = [[tuple(e) for e in _check(r)["meta_info"]["input_token_logprobs"]] for r in results]
         uncond = None
         if unconditional:
-            results = self._generate(input_ids=[[e[1] for e in c] for c in cond],
-                                     sampling_params={"max_new_tokens": 0, "temperature": 0.0},
+            own_ids = [[e[1] for e in c] for c in cond]
+            results = self._generate(input_ids=own_ids, sampling_params={"max_new_tokens": 0, "temperature": 0.0},
                                      return_logprob=True, logprob_start_len=0, program_id=program_id)
-            uncond = [[tuple(e) for e in _check(r)["meta_info"]["input_token_logprobs"]] for r in results]
+            uncond = [_prompt_logprobs(r, ids, 0) for ids, r in zip(own_ids, results)]
         return cond, uncond
 
     def flush_cache(self) -> bool:

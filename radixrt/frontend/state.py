@@ -112,7 +112,9 @@ class ProgramState:
         return self.stream_executor.program.program_id
 
     def __repr__(self) -> str:
-        return f"ProgramState({self.text()!r})"
+        exe = self.stream_executor
+        status = "failed" if exe.error_ is not None else "finished" if exe.is_finished else "running"
+        return f"<ProgramState {status} {exe.text_[-200:]!r}>"
 
     # ---- streaming -----------------------------------------------------------------------
     def text_iter(self, var_name: str | None = None) -> Iterator[str]:

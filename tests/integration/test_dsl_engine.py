@@ -1,0 +1,147 @@
+"""DSL programs on the real default model through the in-process Engine: every
+primitive, greedy output equal to transformers', and fork's prefix computed once."""
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+from dsl_shared import Recorder, engine_backend, hf_greedy
+
+import radixrt as sgl
+
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                           "rank": {"type": "integer", "minimum": 1, "maximum": 9}},
+          "required": ["city", "rank"], "additionalProperties": False}
+
+
+@sgl.function
+def every_primitive(s, topic):
+    s += sgl.system("You are a terse assistant.")
+    with s.user():
+        s += "Name one fact about " + topic + "."
+    s += sgl.assistant(sgl.gen("fact", max_tokens=12, stop="."))
+    s += sgl.user("Pick a number from 1 to 9.")
+    s += sgl.assistant(sgl.gen_int("number", max_tokens=4))
+    s += sgl.user("Give a code like AB-12.")
+    s += sgl.assistant(sgl.gen("code", max_tokens=8, regex=r"[A-Z]{2}-[0-9]{2}"))
+    s += sgl.user("Answer in JSON with a city and a rank.")
+    s += sgl.assistant(sgl.gen("record", max_tokens=40, json_schema=SCHEMA))
+    s += sgl.user("Is " + topic + " alive?")
+    s += sgl.assistant(sgl.select("alive", choices=["yes", "no"]))
+    forks = s.fork(2)
+    forks += lambda i: sgl.user(f"Give a {'short' if i == 0 else 'long'} name for it.")
+    forks += sgl.assistant(sgl.gen("name", max_tokens=6))
+    forks.join()
+    with s.var_scope("closing"):
+        s += sgl.user("Thanks!") + sgl.assistant(sgl.gen("bye", max_tokens=6))
+
+
+def check_every_primitive(state) -> None:
+    assert state["fact"] and "." not in state["fact"]
+    int(state["number"])
+    assert len(state["code"]) == 5 and state["code"][2] == "-"
+    jsonschema.validate(json.loads(state["record"]), SCHEMA)
+    assert state["alive"] in ("yes", "no")
+    assert isinstance(state["name"], list) and len(state["name"]) == 2
+    assert state["closing"].endswith(state["bye"] + "<|im_end|>\n")
+    roles = [m["role"] for m in state.messages()]
+    assert roles[:3] == ["system", "user", "assistant"] and roles.count("user") == 6
+
+
+def test_every_primitive_on_the_engine_is_deterministic_at_temperature_zero():
+    be = engine_backend()
+    first = every_primitive.run(topic="a cat", backend=be, temperature=0)
+    check_every_primitive(first)
+    second = every_primitive.run(topic="a cat", backend=be, temperature=0)
+    assert second.text() == first.text() and second["name"] == first["name"]
+
+
+def test_gen_equals_transformers_greedy_token_for_token():
+    be = engine_backend()
+
+    @sgl.function
+    def ask(s):
+        s += sgl.user("Write one sentence about the sea.")
+        s += sgl.assistant(sgl.gen("answer", max_tokens=24))
+
+    state = ask.run(backend=be, temperature=0)
+    prompt = state.text()[:len(state.text()) - len(state["answer"] + "<|im_end|>\n")]
+    ids = be.tokenize(prompt)
+    truth = hf_greedy(ids, 24)
+    text = be.engine.tokenizer.decode(truth, skip_special_tokens=True)
+    assert state["answer"] == text
+
+
+def test_fork_computes_the_shared_prefix_once():
+    be = engine_backend()
+    be.flush_cache()
+    prefix = ("Here is a long shared context that every branch reads. " * 6).strip() + "\n"
+    num_prefix = len(be.tokenize(prefix))
+
+    @sgl.function
+    def branches(s):
+        s += prefix
+        forks = s.fork(4)
+        forks += lambda i: f"Branch {i}:"
+        forks += sgl.gen("out", max_tokens=4)
+        forks.join()
+
+    before = be.get_server_info()
+    state = branches.run(backend=be, temperature=0)
+    after = be.get_server_info()
+    outs = state["out"]
+    assert len(outs) == 4
+    # each branch's request found the whole prefix in the cache ...
+    program_metas = [exe.meta_info["out"] for exe in state.stream_executor.program.executors[1:]]
+    assert all(m["cached_tokens"] >= num_prefix for m in program_metas), program_metas
+    # ... and across the whole program the prefix's tokens were computed exactly once
+    computed = (after["prompt_tokens"] - before["prompt_tokens"]) - (after["cached_tokens"] - before["cached_tokens"])
+    branch_new = sum(m["prompt_tokens"] - m["cached_tokens"] for m in program_metas)
+    assert computed == num_prefix + branch_new, (computed, num_prefix, branch_new)
+
+
+def test_streaming_on_the_engine_matches_the_blocking_run():
+    be = engine_backend()
+
+    @sgl.function
+    def ask(s):
+        s += sgl.user("Count from one to five in words.")
+        s += sgl.assistant(sgl.gen("answer", max_tokens=16))
+
+    blocking = ask.run(backend=be, temperature=0)
+    streamed = ask.run(backend=be, temperature=0, stream=True)
+    pieces = list(streamed.text_iter("answer"))
+    assert "".join(pieces) == blocking["answer"] and len(pieces) > 1
+
+
+def test_run_batch_on_the_engine_precaches_the_common_prefix():
+    be = engine_backend()
+    be.flush_cache()
+    instructions = "Classify the sentiment of each review as positive or negative. Be careful. " * 3
+
+    @sgl.function
+    def classify(s, review):
+        s += instructions + "\nReview: " + review + "\nSentiment: "
+        s += sgl.select("label", choices=["positive", "negative"])
+
+    reviews = ["I loved it.", "Terrible, never again.", "Great value!", "It broke in a day."]
+    with Recorder(be) as rec:
+        states = classify.run_batch([{"review": r} for r in reviews], backend=be, temperature=0)
+    assert all(st["label"] in ("positive", "negative") for st in states)
+    (first_payload, _), *rest = rec.calls
+    assert first_payload["prompt"] == instructions + "\nReview: "  # traced, cached before the batch
+    num_instr = len(be.tokenize(instructions))
+    # every later request found at least the instructions in the cache
+    assert all(m["cached_tokens"] >= num_instr for _, metas in rest for m in metas)
+
+
+def test_a_failing_gen_on_the_engine_names_the_program_line():
+    be = engine_backend()
+
+    @sgl.function
+    def bad(s):
+        s += "x" + sgl.gen("y", max_tokens=10**7)  # TOO_LONG
+
+    with pytest.raises(sgl.ProgramError, match="TOO_LONG"):
+        bad.run(backend=be)
