@@ -309,5 +309,11 @@ class GrammarBackend:
                 threading.Thread(target=self._run, args=(key, future), name="grammar-compile", daemon=True).start()
         return GrammarFuture(self, kind, future, deadline)
 
+    def shutdown(self) -> None:
+        """Forget cached grammars. Compile threads are daemons: they finish or die with the process."""
+        with self._lock:
+            self._cache.clear()
+            self._regex_cache.clear()
+
     def _new_state(self, compiled: CompiledGrammar) -> GrammarState:
         return GrammarState(compiled, self.eos_token_ids, self.vocab_size, self.num_words, self.enable_jump_forward)

@@ -1,5 +1,5 @@
 """JSON-schema normalisation before regex generation: resolve $ref, merge allOf, fold draft-4
-forms, `nullable` and simple `not`, and answer "does this literal satisfy that schema".
+forms and simple `not`, and answer "does this literal satisfy that schema".
 
 normalize() returns a dict whose top level has no $ref / allOf / not (children are left as
 they are and normalised when the compiler reaches them), or False for the empty language.
@@ -109,7 +109,8 @@ class Resolver:
 
 
 def _fold_forms(s: dict) -> dict:
-    """Draft-4 boolean exclusives, tuple `items`, OpenAPI `nullable`, const -> enum."""
+    """Draft-4 boolean exclusives, tuple `items`, const -> enum. (OpenAPI's `nullable` is not JSON
+    schema: validators ignore it, so null is not generated for it.)"""
     s = dict(s)
     for key, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
         if isinstance(s.get(key), bool):
@@ -121,9 +122,6 @@ def _fold_forms(s: dict) -> dict:
             s["items"] = s.pop("additionalItems")
     else:
         s.pop("additionalItems", None)  # without tuple items it has no effect
-    if s.pop("nullable", False) is True and "type" in s:
-        t = s["type"]
-        s["type"] = list(dict.fromkeys((t if isinstance(t, list) else [t]) + ["null"]))
     if "const" in s:
         const = s.pop("const")
         s["enum"] = [v for v in s.get("enum", [const]) if canonical(v) == canonical(const)]
@@ -187,7 +185,8 @@ def merge(parts: list[dict]) -> dict | bool:
                 if name in out.get("required", []):
                     return False
                 continue
-            props[name] = {"allOf": [sub] + [e for e in extra if e is not True]} if extra else sub
+            extra = [e for e in extra if e is not True and e != {}]
+            props[name] = {"allOf": [sub] + extra} if extra else sub
         out["properties"] = props
     if types is not None:
         if not types:
@@ -216,7 +215,7 @@ def normalize(schema: Any, resolver: Resolver, refs: tuple[str, ...], max_depth:
     s = _fold_forms(schema)
     if "$ref" in s:
         ref = s.pop("$ref")
-        if refs.count(ref) >= max_depth:
+        if ref in refs and len(refs) - len(set(refs)) >= max_depth:
             return False, refs  # recursion cut: the consumer drops optional parts, or fails
         refs = refs + (ref,)
         target = resolver.resolve(ref)

@@ -15,6 +15,7 @@ from radixrt.runtime import grammar_regex as R
 from radixrt.runtime.grammar_regex import GrammarError, alt, escape
 
 MAX_LEADING_OPTIONAL = 16  # first-present choices spelled out when no property is required
+LEADING_OPTIONAL_BUDGET = 100_000  # regex chars those choices may cost; fewer choices past it
 
 
 def _matches(pattern: str, name: str) -> bool:
@@ -52,8 +53,13 @@ def _closed_body(entries: list[tuple[str, bool]], ws: str, non_empty: bool) -> s
             else:
                 out.append(f"{sep}{rx}" if req else f"(?:{sep}{rx})?")
         return "".join(out)
-    firsts = []  # all optional: choose the first present property, then optional followers
-    for i, (rx, _) in enumerate(entries[:MAX_LEADING_OPTIONAL]):
+    # All optional: choose the first present property, then optional followers. Spelling out n
+    # choices costs ~n copies of the entries, so big objects offer fewer: the first present
+    # property is then one of the first k (a subset of the valid objects).
+    total = sum(len(rx) + 2 * len(sep) + 6 for rx, _ in entries)
+    k = max(1, min(MAX_LEADING_OPTIONAL, LEADING_OPTIONAL_BUDGET // max(total, 1)))
+    firsts = []
+    for i, (rx, _) in enumerate(entries[:k]):
         firsts.append(rx + "".join(f"(?:{sep}{e})?" for e, _ in entries[i + 1:]))
     body = alt(firsts)
     return body if non_empty else f"(?:{body})?"
@@ -70,7 +76,7 @@ def object_regex(c, s: dict, refs: tuple[str, ...]) -> str | None:
     min_p, max_p = s.get("minProperties", 0), s.get("maxProperties")
     if not props and not required and addl is not False:
         return _map_regex(c, s, refs, addl, patterns, min_p, max_p)
-    if not props and not required and patterns:
+    if not props and not required and patterns:  # additionalProperties: false, keys from patterns
         return _map_regex(c, s, refs, False, patterns, min_p, max_p)
 
     deps, schema_deps = _dependencies(s)
@@ -129,12 +135,14 @@ def _map_regex(c, s: dict, refs, addl: Any, patterns: dict, min_p: int, max_p: i
         if key is None:
             return f"\\{{{ws}\\}}" if min_p == 0 else None
     if patterns:
-        if addl is not False or len(patterns) > 1 or "propertyNames" in s:
-            raise GrammarError("patternProperties on an object without declared properties is only "
-                               "supported as its single key pattern with additionalProperties: false")
-        (pat, sub), = patterns.items()
-        key = c.value({"type": "string", "pattern": pat}, refs)
-        value = c.value(sub, refs)
+        # Only keys spelled by some pattern: such a key must satisfy every pattern it matches,
+        # so its value satisfies all pattern schemas at once (a subset; undeclared keys that
+        # match no pattern are never written, whatever additionalProperties says).
+        if "propertyNames" in s:
+            raise GrammarError("patternProperties together with propertyNames cannot be enforced")
+        value = c.value({"allOf": list(patterns.values())}, refs)
+        keys = [c.value({"type": "string", "pattern": pat}, refs) for pat in patterns]
+        key = alt([k for k in keys if k is not None])
     else:
         value = c.value(addl, refs)
     if min_p > 1:

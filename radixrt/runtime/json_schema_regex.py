@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from typing import Any
 
 from radixrt.runtime import grammar_regex as R
@@ -28,17 +27,19 @@ from radixrt.runtime.grammar_regex import GrammarError, alt, escape
 from radixrt.runtime.grammar_schema_norm import (ANNOTATIONS, MAX_BRANCHES, TYPES, Resolver, canonical,
                                                  literal_type, make_literal_checker, normalize, schema_types)
 from radixrt.runtime.grammar_schema_objects import array_regex, object_regex
+from radixrt.runtime.grammar_schema_oneof import check_one_of
 
 _REJECTED = {"if": "if/then/else", "then": "if/then/else", "else": "if/then/else", "contains": "contains",
              "minContains": "contains", "maxContains": "contains", "dependentSchemas": "dependentSchemas",
              "unevaluatedProperties": "unevaluatedProperties", "unevaluatedItems": "unevaluatedItems",
              "$dynamicRef": "$dynamicRef", "$recursiveRef": "$recursiveRef"}
 MAX_ENUM_MULTIPLES = 256
+MAX_REGEX_CHARS = 500_000
 
 
 class SchemaCompiler:
     def __init__(self, root: Any, whitespace: str = R.WHITESPACE, max_recursion_depth: int = 3,
-                 generic_depth: int = 2):
+                 generic_depth: int = 1):
         self.root = root
         self.ws = whitespace
         self.resolver = Resolver(root)
@@ -46,6 +47,7 @@ class SchemaCompiler:
         self.generic_depth = generic_depth
         self._check = None
         self._generic: dict[int, str] = {}
+        self._memo: dict[tuple, tuple[Any, str | None]] = {}
 
     def regex(self) -> str:
         rx = self.value(self.root, ())
@@ -74,8 +76,23 @@ class SchemaCompiler:
                 self._generic[depth] = alt([prim, arr, obj])
         return self._generic[depth]
 
+    def normalized(self, schema: Any, refs: tuple[str, ...]) -> dict | bool:
+        return normalize(schema, self.resolver, refs, self.max_depth)[0]
+
     # -- dispatch --------------------------------------------------------------------------------
     def value(self, schema: Any, refs: tuple[str, ...]) -> str | None:
+        """Regex for `schema` (None: it admits no value we can generate)."""
+        key = (id(schema), refs)
+        hit = self._memo.get(key)
+        if hit is None:
+            rx = self._value(schema, refs)
+            if rx is not None and len(rx) > MAX_REGEX_CHARS:
+                raise GrammarError(f"the schema expands to a regex of more than {MAX_REGEX_CHARS} chars "
+                                   "(deep recursion or very large alternatives)")
+            hit = self._memo[key] = (schema, rx)  # holding `schema` keeps its id from being reused
+        return hit[1]
+
+    def _value(self, schema: Any, refs: tuple[str, ...]) -> str | None:
         s, refs = normalize(schema, self.resolver, refs, self.max_depth)
         if s is False:
             return None
@@ -119,44 +136,11 @@ class SchemaCompiler:
         if len(branches) > MAX_BRANCHES:
             raise GrammarError(f"{comb} with more than {MAX_BRANCHES} branches")
         if comb == "oneOf" and len(branches) > 1:
-            self._check_disjoint(branches, refs)
+            overlap = check_one_of(self, branches, refs)
+            if overlap is not None:
+                raise GrammarError(f"oneOf branches {overlap[0]} and {overlap[1]} may both match one value, "
+                                   "so 'exactly one' cannot be enforced")
         return alt([rx for rx in (self.value(b, refs) for b in branches) if rx is not None])
-
-    def _check_disjoint(self, branches: list, refs: tuple[str, ...]) -> None:
-        """oneOf = anyOf only if no generated value matches two branches: prove it or reject."""
-        norm = [normalize(b, self.resolver, refs, self.max_depth)[0] for b in branches]
-        for i, a in enumerate(norm):
-            for j, b in enumerate(norm):
-                if i != j and a is not False and b is not False and not self._excludes(a, b):
-                    raise GrammarError(f"oneOf branches {i} and {j} may both match one value, "
-                                       "so 'exactly one' cannot be enforced")
-
-    def _excludes(self, a: dict, b: dict) -> bool:
-        """True if no value generated for `a` validates against `b`."""
-        if "enum" in a:
-            return not any(self.check_literal(v, b) for v in a["enum"])
-        if any(k in a for k in ("anyOf", "oneOf")):
-            return False
-        ta, tb = schema_types(a), schema_types(b)
-        if ta is not None and tb is not None and "type" in b:
-            accepted = set(tb) | ({"integer"} if "number" in tb else set())
-            if not (set(ta) & accepted):
-                return True
-        if ta != {"object"} or not a.get("properties") or "object" not in (tb or {"object"}):
-            return False
-        a_props, a_req = a.get("properties", {}), a.get("required", [])
-        if any(k not in a_props and k not in a_req for k in b.get("required", [])):
-            return True  # b needs a key that a never generates (a is generated closed)
-        for k in a_req:
-            sub = a_props.get(k)
-            if isinstance(sub, dict) and ("enum" in sub or "const" in sub) and k in b.get("properties", {}):
-                values = sub.get("enum", [sub.get("const")]) if "enum" in sub else [sub["const"]]
-                if not any(self.check_literal(v, b["properties"][k]) for v in values):
-                    return True
-            if b.get("additionalProperties") is False and k not in b.get("properties", {}) and not any(
-                    re.search(p, k) for p in b.get("patternProperties", {})):
-                return True
-        return False
 
     def _enum(self, s: dict) -> str | None:
         rest = {k: v for k, v in s.items() if k != "enum" and k not in ANNOTATIONS}
