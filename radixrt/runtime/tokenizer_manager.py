@@ -134,6 +134,7 @@ class TokenizerManager:
                 if msg.name == "scheduler":
                     self.model_info = msg.info["model_info"]
                     self.startup_server_info = msg.info["server_info"]
+        self._grammar = await asyncio.to_thread(self._make_grammar_backend)  # ~0.5 s: walks the vocabulary
         self._recv_task = asyncio.create_task(self._recv_loop())
 
     async def close(self) -> None:
@@ -228,17 +229,18 @@ class TokenizerManager:
                 self._validate_constraint(kind, spec)
         return sp
 
+    def _make_grammar_backend(self) -> Any:
+        """For the synchronous 400 check of regex / json_schema (a bad one never reaches the scheduler)."""
+        try:
+            from radixrt.runtime.grammar import GrammarBackend
+        except ImportError:
+            return None  # then the scheduler refuses a bad constraint itself (an abort with the error)
+        return GrammarBackend(self.tokenizer, int(self.model_info["vocab_size"]), list(self.model_info["eos_token_ids"]),
+                              cache_size=self.config.grammar_cache_size)
+
     def _validate_constraint(self, kind: str, spec: Any) -> None:
         if self._grammar is None:
-            try:
-                from radixrt.runtime.grammar import GrammarBackend
-            except ImportError:
-                return  # no grammar support yet: the scheduler answers with an abort instead
-            self._grammar = GrammarBackend(self.tokenizer, int(self.model_info["vocab_size"]),
-                                           list(self.model_info["eos_token_ids"]),
-                                           cache_size=self.config.grammar_cache_size,
-                                           compile_timeout=self.config.grammar_compile_timeout,
-                                           enable_jump_forward=self.config.enable_jump_forward)
+            return
         try:
             self._grammar.validate(kind, spec)
         except ValueError as e:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import time
 
@@ -124,6 +125,23 @@ def test_greedy_http_equals_engine(server):
         assert h["meta_info"]["finish_reason"] == e["meta_info"]["finish_reason"]
 
 
+def test_constrained_decoding_through_http(server, client):
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                               "age": {"type": "integer", "minimum": 0, "maximum": 150}},
+              "required": ["name", "age"], "additionalProperties": False}
+    r = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "Describe a person as JSON."}],
+        max_tokens=100, temperature=0, response_format={"type": "json_schema", "json_schema": {"name": "person",
+                                                                                               "schema": schema}})
+    assert r.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+    g = post(server, "/generate", {"text": "My four-digit PIN is", "sampling_params": {
+        "max_new_tokens": 8, "temperature": 0, "regex": "[0-9]{4}"}}).json()
+    assert re.fullmatch("[0-9]{4}", g["text"]), g
+
+
 def bad_requests(server) -> list[tuple[str, str, object]]:
     user = [{"role": "user", "content": "hi"}]
     chat = {"model": "SmolLM2-135M-Instruct", "messages": user, "max_tokens": 4}
@@ -147,6 +165,9 @@ def bad_requests(server) -> list[tuple[str, str, object]]:
         ("POST", "/v1/chat/completions", {**chat, "frobnicate": True}),
         ("POST", "/v1/chat/completions", b'{"model": "x", "messages": [{"role": "user", "content": "\xff\xfe"}]}'),
         ("POST", "/v1/chat/completions", b'{"messages": ' + b'[{"role": "user", "content": "' + b"a" * 1_100_000 + b'"}]}'),
+        ("POST", "/v1/chat/completions", {**chat, "response_format": {"type": "xml"}}),
+        ("POST", "/v1/chat/completions", {**chat, "response_format": {"type": "json_schema", "json_schema": {
+            "name": "x", "schema": {"type": "frob"}}}}),
         ("POST", "/v1/completions", {"model": "SmolLM2-135M-Instruct", "prompt": ""}),
         ("POST", "/v1/completions", {"model": "SmolLM2-135M-Instruct", "prompt": "x", "logprobs": 50}),
         ("POST", "/generate", {"text": "x", "input_ids": [1, 2]}),
