@@ -34,7 +34,7 @@ class TritonAttnMeta:
     # decode: request b's KV slots are decode_kv_indices[decode_kv_indptr[b]:decode_kv_indptr[b+1]]
     decode_kv_indptr: torch.Tensor   # [num_decode+1] int64
     decode_kv_indices: torch.Tensor  # [sum decode seq_lens] int64
-    num_splits: torch.Tensor         # [num_decode] int32
+    num_splits: torch.Tensor         # [num_decode] int64
     chunk_lens: torch.Tensor         # [num_decode] int64 KV positions per split
     max_splits: int
     part_out: torch.Tensor           # [num_decode, Hq, max_splits, D] fp32 scratch, shared by all layers
@@ -46,10 +46,14 @@ class TritonAttnMeta:
     max_extend_len: int
 
 
-def flat_slots(req_to_slot: torch.Tensor, rows: torch.Tensor, lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(indptr [B+1], slots of positions 0..lens[b]-1 of each row, concatenated) without a host sync."""
+def flat_slots(req_to_slot: torch.Tensor, rows: torch.Tensor, lens_t: torch.Tensor, lens: list[int]
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(indptr [B+1], slots of positions 0..lens[b]-1 of each row, concatenated).
+
+    lens_t is lens on the device (from the ForwardBatch); the python copy sizes the outputs, so
+    there is no host sync and no extra upload.
+    """
     device = req_to_slot.device
-    lens_t = torch.tensor(lens, dtype=torch.int64, device=device)
     indptr = torch.zeros(len(lens) + 1, dtype=torch.int64, device=device)
     total = sum(lens)
     if total == 0:
@@ -139,17 +143,17 @@ class TritonAttentionBackend:
         nd = fb.num_decode
         ne = fb.batch_size - nd
         decode_lens = fb.seq_lens_list[:nd]
-        decode_indptr, decode_indices = flat_slots(fb.req_to_slot, fb.req_rows[:nd], decode_lens)
+        decode_indptr, decode_indices = flat_slots(fb.req_to_slot, fb.req_rows[:nd], fb.seq_lens[:nd], decode_lens)
         splits, chunks = plan_decode_splits(decode_lens, self.num_kv_heads, self._target_programs(device),
                                             self.max_kv_splits, self.min_split_len, self.decode_block_n)
         max_splits = max(splits, default=1)
         prefix_lens = [s - e for s, e in zip(fb.seq_lens_list[nd:], fb.extend_lens_list[nd:])]
-        prefix_indptr, prefix_indices = flat_slots(fb.req_to_slot, fb.req_rows[nd:], prefix_lens)
+        prefix_indptr, prefix_indices = flat_slots(fb.req_to_slot, fb.req_rows[nd:], fb.prefix_lens[nd:], prefix_lens)
+        plan = torch.tensor([splits, chunks], dtype=torch.int64).to(device, non_blocking=True)  # one upload
         fb.attn_meta = TritonAttnMeta(
             num_decode=nd, num_extend=ne,
             decode_kv_indptr=decode_indptr, decode_kv_indices=decode_indices,
-            num_splits=torch.tensor(splits, dtype=torch.int32, device=device),
-            chunk_lens=torch.tensor(chunks, dtype=torch.int64, device=device),
+            num_splits=plan[0], chunk_lens=plan[1],
             max_splits=max_splits,
             part_out=torch.empty((nd, self.num_q_heads, max_splits, self.head_dim), dtype=torch.float32, device=device),
             part_lse=torch.empty((nd, self.num_q_heads, max_splits), dtype=torch.float32, device=device),

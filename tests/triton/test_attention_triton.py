@@ -163,12 +163,12 @@ from radixrt.kernels.attention_triton import TritonAttentionBackend, extend_laun
 dtype, head_dim = getattr(torch, sys.argv[1]), int(sys.argv[2])
 elem = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
 precision = "ieee" if dtype == torch.float32 else "tf32"
-int_ptrs = {"kv_indptr", "kv_indices", "chunk_lens", "qo_indptr", "prefix_indptr", "prefix_indices"}
+int_ptrs = {"kv_indptr", "kv_indices", "chunk_lens", "num_splits", "qo_indptr", "prefix_indptr", "prefix_indices"}
 
 def compile_kernel(fn, constexprs, num_warps, num_stages):
     sig = {n: "constexpr" if n in constexprs else "i32" if n.startswith("stride_")
            else "fp32" if n == "sm_scale_log2" else "*i64" if n in int_ptrs
-           else "*i32" if n == "num_splits" else "*fp32" if n.startswith("Part_") else "*" + elem
+           else "*fp32" if n.startswith("Part_") else "*" + elem
            for n in fn.arg_names}
     k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs), target=GPUTarget("cuda", 90, 32),
                        options=dict(num_warps=num_warps, num_stages=num_stages))
