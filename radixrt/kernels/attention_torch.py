@@ -46,12 +46,18 @@ def reference_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     return out
 
 
+def _additive(visible: torch.Tensor, device) -> torch.Tensor:
+    """0 / -inf float mask: SDPA would otherwise convert a bool mask again in every layer.
+    Made float32 here; the first layer casts it to the model dtype once."""
+    return torch.zeros(visible.shape, device=device).masked_fill_(~visible, float("-inf"))
+
+
 @dataclass
 class _DecodeMeta:
     num_reqs: int
     kv_len: int                    # Ld: longest KV in the group
     kv_idx: torch.Tensor           # [Bd * Ld] pool slots (padding points at a valid slot, masked)
-    mask: torch.Tensor | None      # [Bd, 1, 1, Ld] bool, None when every request has length Ld
+    mask: torch.Tensor | None      # [Bd, 1, 1, Ld] additive, None when every request has length Ld
 
 
 @dataclass
@@ -63,7 +69,7 @@ class _ExtendMeta:
     kv_idx: torch.Tensor | None    # [Be * Lk] pool slots; None: attend to the new k/v directly
     q_idx: torch.Tensor | None     # [Be * Lq] rows of T to pad q into; None: no padding needed
     unpad_idx: torch.Tensor | None # [Te] rows of the padded [Be * Lq] output that are real tokens
-    mask: torch.Tensor | None      # [Be, 1, Lq, Lk] bool; None: plain causal (is_causal)
+    mask: torch.Tensor | None      # [Be, 1, Lq, Lk] additive; None: plain causal (is_causal)
 
 
 @dataclass
@@ -99,7 +105,7 @@ class TorchAttentionBackend:
         if min(seq_lens) != kv_len:
             valid = k_pos[None, :] < fb.seq_lens[:nd, None]  # [Bd, Ld]
             kv_idx = kv_idx.masked_fill(~valid, 0)  # stale table entries past seq_len: any in-range slot
-            mask = valid[:, None, None, :]
+            mask = _additive(valid[:, None, None, :], fb.req_to_slot.device)
         return _DecodeMeta(nd, kv_len, kv_idx.reshape(-1), mask)
 
     def _extend_meta(self, fb: ForwardBatch) -> _ExtendMeta:
@@ -131,7 +137,8 @@ class TorchAttentionBackend:
             q_idx = torch.where(q_valid, q_starts + q_pos, q_starts).reshape(-1)
             # the real tokens, in padded row-major order, are exactly T's order
             unpad_idx = torch.nonzero(q_valid.reshape(-1)).squeeze(1)
-        return _ExtendMeta(num_reqs, q_start, q_len, kv_len, kv_idx.reshape(-1), q_idx, unpad_idx, mask[:, None])
+        return _ExtendMeta(num_reqs, q_start, q_len, kv_len, kv_idx.reshape(-1), q_idx, unpad_idx,
+                           _additive(mask[:, None], device))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, fb: ForwardBatch, scale: float) -> torch.Tensor:
@@ -169,6 +176,8 @@ class TorchAttentionBackend:
         k, v = self._gather(k_cache, v_cache, meta, d.kv_idx, d.num_reqs, d.kv_len)
         # GQA without repeating K/V: the `group` q heads sharing a kv head act as `group` query rows
         qg = q.reshape(d.num_reqs, self.num_kv_heads, self.group, self.head_dim)  # [Bd, Hkv, G, D]
+        if d.mask is not None and d.mask.dtype != q.dtype:
+            d.mask = d.mask.to(q.dtype)
         out = F.scaled_dot_product_attention(qg, k, v, attn_mask=d.mask, scale=scale)
         return out.reshape(d.num_reqs, self.num_q_heads, self.head_dim)  # (Hkv, G) flattens to q head order
 
@@ -185,6 +194,8 @@ class TorchAttentionBackend:
         else:
             qp = torch.index_select(q, 0, e.q_idx).view(e.num_reqs, e.q_len, self.num_q_heads, self.head_dim)
             qp = qp.transpose(1, 2)  # [Be, Hq, Lq, D]
+        if e.mask.dtype != q.dtype:
+            e.mask = e.mask.to(q.dtype)
         out = F.scaled_dot_product_attention(qp, k, v, attn_mask=e.mask, scale=scale, enable_gqa=self.group > 1)
         out = out.transpose(1, 2)  # [Be, Lq, Hq, D]
         if e.unpad_idx is None:
