@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 
@@ -33,6 +34,8 @@ def make_attention_backend(name: str | None, device: torch.device, num_q_heads: 
                            head_dim: int):
     name = name or ("triton" if device.type == "cuda" else "torch")
     if name == "triton":
+        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError("attention_backend='triton' needs a CUDA device (or TRITON_INTERPRET=1 for tests)")
         from radixrt.kernels.attention_triton import TritonAttentionBackend
         return TritonAttentionBackend(num_q_heads, num_kv_heads, head_dim)
     from radixrt.kernels.attention_torch import TorchAttentionBackend
