@@ -33,7 +33,12 @@ class Program:
     def pin(self, text: str) -> Any:
         """Keep `text`'s KV in the radix cache until unpin; plain caching if unsupported."""
         if getattr(self.backend, "supports_pin", False):
-            handle = self.backend.pin_prefix(text, program_id=self.program_id)
+            try:
+                handle = self.backend.pin_prefix(text, program_id=self.program_id)
+            except (ConnectionError, PermissionError):
+                raise
+            except Exception:  # a runtime may refuse a pin (e.g. it would hold too much memory)
+                handle = None
             if handle is not None:
                 with self.lock:
                     self.pins[handle] = None

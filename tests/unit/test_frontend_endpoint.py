@@ -172,11 +172,21 @@ def test_api_key_is_sent_and_a_wrong_one_is_a_clear_error():
 
 
 def test_runtime_command_line_is_built_from_server_config_fields():
-    cmd = server_command(free_port(), None, {"page_size": 16, "disable_radix_cache": True,
-                                             "enable_jump_forward": False, "log_level": "error"})
+    cmd = server_command(free_port(), None, {"page_size": 16, "disable_radix_cache": True, "log_level": "error"})
     assert cmd[1:4] == ["-m", "radixrt.cli", "serve"]
     assert "--page-size" in cmd and cmd[cmd.index("--page-size") + 1] == "16"
     assert "--disable-radix-cache" in cmd and "--enable-jump-forward" not in cmd
+    # the parser the server itself uses reads the flags back to the same config
+    import argparse
+
+    from radixrt.runtime.config import ServerConfig
+
+    parser = argparse.ArgumentParser()
+    ServerConfig.add_cli_args(parser)
+    config = ServerConfig.from_cli_args(parser.parse_args(cmd[4:]))
+    assert config.page_size == 16 and config.disable_radix_cache and config.log_level == "error"
+    with pytest.raises(ValueError, match="enable_jump_forward"):
+        server_command(1, None, {"enable_jump_forward": False})
     with pytest.raises(ValueError, match="not_a_flag"):
         server_command(1, None, {"not_a_flag": 1})
 

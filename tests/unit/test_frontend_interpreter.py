@@ -371,3 +371,21 @@ def test_many_threads_share_one_backend():
     for t in threads:
         t.join()
     assert results == {i: f" w{i}" for i in range(16)}
+
+
+def test_a_refused_pin_falls_back_to_plain_prefix_caching():
+    class Refusing(FakeBackend):
+        def pin_prefix(self, text, program_id=None):
+            raise ValueError("pin would hold too much of the KV pool")
+
+    be = Refusing()
+
+    @sgl.function
+    def prog(s):
+        s += "shared prefix"
+        f = s.fork(2)
+        f += sgl.gen("x", max_tokens=1)
+        f.join()
+
+    prog.run(backend=be)
+    assert be.log[0]["prompt"] == "shared prefix" and be.log[0]["sampling"] == {"max_new_tokens": 0}
