@@ -17,7 +17,8 @@ from typing import Any
 
 from radixrt.frontend import ir
 from radixrt.frontend.errors import CallSite, ProgramError, _is_internal
-from radixrt.frontend.interpreter import Program, StreamExecutor
+from radixrt.frontend.interpreter import StreamExecutor
+from radixrt.frontend.program import Program
 from radixrt.frontend.state import ProgramState
 from radixrt.frontend.tracer import trace_program
 
