@@ -32,7 +32,14 @@ class SchedulerStats:
             self.num_aborted += 1
 
     def server_info(self, s: "Scheduler") -> dict:
+        try:
+            self.check_integrity(s)
+            integrity = None
+        except AssertionError as e:
+            integrity = str(e) or "integrity check failed"
         return {
+            "integrity_ok": integrity is None,
+            "integrity_error": integrity,
             "kv_pages_total": s.allocator.num_pages,
             "kv_pages_free": s.allocator.num_free,
             "kv_pages_evictable": s.tree.evictable_pages,
