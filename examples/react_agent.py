@@ -32,12 +32,23 @@ def calculate(expression: str) -> str:
 
 TOOLS = {"lookup": lookup, "calculate": calculate}
 
+# One worked example: a small model follows the format far better with it.
+DEMO = ("Question: How many people live in Paris, in thousands?\n"
+        "Thought 1: I should look up the population of Paris.\n"
+        "Action 1: lookup[paris]\n"
+        "Observation 1: " + FACTS["paris"] + "\n"
+        "Thought 2: 2.1 million is 2.1 * 1000 thousand.\n"
+        "Action 2: calculate[2.1 * 1000]\n"
+        "Observation 2: 2100.0\n"
+        "Thought 3: I have the answer.\n"
+        "Action 3: finish[2100 thousand]\n\n")
+
 
 @sgl.function
 def agent(s, question, max_steps=3):
     s += ("Answer the question by thinking and using tools.\n"
           "Tools: lookup[topic] finds a fact, calculate[expression] does arithmetic, finish[answer] answers.\n\n"
-          "Question: " + question + "\n")
+          + DEMO + "Question: " + question + "\n")
     for step in range(max_steps):
         s += f"Thought {step + 1}:" + sgl.gen(f"thought_{step}", max_tokens=32, stop="\n") + "\n"
         s += f"Action {step + 1}: " + sgl.select(f"tool_{step}", choices=["lookup", "calculate", "finish"])
