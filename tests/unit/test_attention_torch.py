@@ -7,7 +7,8 @@ import zlib
 import pytest
 import torch
 
-from radixrt.kernels.attention_torch import TorchAttentionBackend, reference_attention
+from radixrt.kernels.attention_torch import (CASCADE_MIN_SHARED_LEN, TorchAttentionBackend, _attend_lse,
+                                            _attend_lse_matmul, reference_attention)
 from radixrt.runtime.forward_batch import BatchItem, build_forward_batch
 from radixrt.runtime.page_pool import slots_of
 
@@ -16,35 +17,43 @@ NUM_KV_HEADS = 2
 
 
 def make_batch(rng: random.Random, decode_lens: list[int], extends: list[tuple[int, int]], page_size: int,
-               max_rows: int = 16, max_context: int = 512):
+               max_rows: int = 16, max_context: int = 512, shared_lens: list[int] | None = None):
     """decode_lens: KV length before each decode step; extends: (prefix_len, extend_len) per request.
+    shared_lens: per request (decode first), how many leading positions use one common run of pages, as
+    when requests borrow the same radix-cache prefix; the rest of a request's positions use its own pages.
 
-    Every request gets pages drawn at random from a shuffled pool, so its slots are scattered.
+    Pages are drawn at random from a shuffled pool, so slots are scattered.
     Returns (fb, num_slots). The table starts filled with junk (stale) slots to catch reads past seq_len.
     """
     specs = [(n, 1) for n in decode_lens] + list(extends)
-    num_pages = sum(-(-(p + e) // page_size) for p, e in specs) + 3
+    shared_lens = shared_lens or [0] * len(specs)
+    assert len(shared_lens) == len(specs)
+    pages_of = lambda n: -(-n // page_size)  # noqa: E731
+    num_pages = sum(pages_of(p + e - sh) for (p, e), sh in zip(specs, shared_lens)) + pages_of(max(shared_lens)) + 3
     free_pages = list(range(num_pages))
     rng.shuffle(free_pages)
     num_slots = num_pages * page_size
+    common = slots_of([free_pages.pop() for _ in range(pages_of(max(shared_lens)))], 0, max(shared_lens), page_size)
     table = torch.randint(0, num_slots, (max_rows, max_context), dtype=torch.int64)
     rows = rng.sample(range(max_rows), len(specs))
     items = []
-    for row, (prefix_len, extend_len) in zip(rows, specs):
+    for row, (prefix_len, extend_len), shared_len in zip(rows, specs, shared_lens):
         seq_len = prefix_len + extend_len
-        pages = [free_pages.pop() for _ in range(-(-seq_len // page_size))]
+        assert shared_len <= seq_len
+        pages = [free_pages.pop() for _ in range(pages_of(seq_len - shared_len))]
+        slots = common[:shared_len] + slots_of(pages, 0, seq_len - shared_len, page_size)
         # the prefix part of the table was written by earlier steps; this step writes from a random point
         write_start = rng.randint(0, prefix_len)
-        table[row, :write_start] = torch.tensor(slots_of(pages, 0, write_start, page_size), dtype=torch.int64)
+        table[row, :write_start] = torch.tensor(slots[:write_start], dtype=torch.int64)
         items.append(BatchItem(row=row, new_ids=[rng.randrange(100) for _ in range(extend_len)],
-                               prefix_len=prefix_len, slots=slots_of(pages, write_start, seq_len, page_size),
-                               write_start=write_start))
+                               prefix_len=prefix_len, slots=slots[write_start:], write_start=write_start))
     fb = build_forward_batch(items, table)
     assert fb.num_decode == len(decode_lens)
+    assert len(set(fb.out_slots.tolist())) == fb.num_tokens, "two requests write one slot: a broken test batch"
     return fb, num_slots
 
 
-def run_both(fb, num_slots: int, num_q_heads: int, dtype=torch.float32, seed: int = 0):
+def run_both(fb, num_slots: int, num_q_heads: int, dtype=torch.float32, seed: int = 0, **backend_kw):
     g = torch.Generator().manual_seed(seed)
     T = fb.num_tokens
     q = torch.randn(T, num_q_heads, HEAD_DIM, generator=g).to(dtype)
@@ -58,7 +67,8 @@ def run_both(fb, num_slots: int, num_q_heads: int, dtype=torch.float32, seed: in
     scale = HEAD_DIM ** -0.5
     expected = reference_attention(q, ref_k, ref_v, fb, scale)
 
-    backend = TorchAttentionBackend(num_q_heads, NUM_KV_HEADS, HEAD_DIM)
+    backend = TorchAttentionBackend(num_q_heads, NUM_KV_HEADS, HEAD_DIM, **backend_kw)
+    fb.attn_meta = None
     backend.init_forward_metadata(fb)
     out = backend.forward(q, k, v, k_cache, v_cache, fb, scale)
     assert torch.equal(k_cache, ref_k) and torch.equal(v_cache, ref_v), "new K/V not written at out_slots"
@@ -105,6 +115,110 @@ def test_random_batches(seed):
     fb, num_slots = make_batch(rng, decode_lens, extends, page_size)
     out, _, expected = run_both(fb, num_slots, rng.choice([1, 3, 4]) * NUM_KV_HEADS, seed=seed)
     torch.testing.assert_close(out, expected, atol=2e-5, rtol=1e-5)
+
+
+# (decode_lens, extends, shared_lens per request, expected cascade length of (decode, extend) group)
+SHARED_SCENARIOS = {
+    "decode_long_shared": ([100, 130, 97, 101, 250], [], [96] * 5, (96, None)),
+    "decode_equal_lens": ([70, 70, 70], [], [64] * 3, (64, None)),
+    "decode_page_unaligned": ([300, 310, 305, 301, 330, 400], [], [299] * 6, (299, None)),
+    "decode_below_threshold": ([60, 80, 45], [], [20] * 3, (None, None)),
+    # the second request's whole prefix (40) lies inside what the others share (100): S stops at 40
+    "decode_one_short_prefix": ([120, 40, 150, 110], [], [100, 40, 100, 100], (40, None)),
+    "decode_short_prefix_below_threshold": ([120, 20, 150], [], [100, 20, 100], (None, None)),
+    "extends_shared": ([], [(64, 5), (80, 17), (70, 1)], [64] * 3, (None, 64)),
+    # the second extend writes positions 40..69 into slots the others read as cached prefix this step
+    "extend_new_tokens_inside_shared": ([90, 72], [(70, 5), (40, 30), (75, 2)], [70] * 5, (70, 40)),
+    "mixed_both_shared": ([50, 61, 45], [(48, 9), (45, 1), (100, 20)], [45, 45, 45, 48, 45, 48], (45, 45)),
+    "fresh_prompt_beside_shared": ([64, 64], [(0, 30), (60, 4), (60, 8)], [60, 60, 0, 60, 60], (60, None)),
+    "single_request_groups": ([200], [(150, 3)], [150, 150], (None, None)),
+}
+
+
+def cascade_lens(fb) -> tuple[int | None, int | None]:
+    meta = fb.attn_meta
+    return tuple(g.shared.kv_len if g is not None and g.shared is not None else None
+                 for g in (meta.decode, meta.extend))
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("group", [1, 3, 4])
+@pytest.mark.parametrize("scenario", list(SHARED_SCENARIOS))
+def test_shared_prefix_matches_reference(scenario, group, page_size):
+    decode_lens, extends, shared_lens, expected_lens = SHARED_SCENARIOS[scenario]
+    rng = random.Random(zlib.crc32(f"shared/{scenario}/{group}/{page_size}".encode()))
+    fb, num_slots = make_batch(rng, decode_lens, extends, page_size, shared_lens=shared_lens)
+    out, out2, expected = run_both(fb, num_slots, group * NUM_KV_HEADS, seed=rng.randrange(1000))
+    assert cascade_lens(fb) == expected_lens
+    torch.testing.assert_close(out, expected, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(out2, expected, atol=2e-5, rtol=1e-5)
+
+
+SHARED_SEED_BASE = 5000  # seeds whose batches take the cascade in both groups, in one, and in neither
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_shared_batches(seed):
+    rng = random.Random(SHARED_SEED_BASE + seed)
+    common_len = rng.choice([0, rng.randint(1, 40), rng.randint(30, 150), rng.randint(30, 150)])
+    decode_lens = [rng.randint(common_len + 1, common_len + 40) for _ in range(rng.randint(0, 5))]
+    extends = [(rng.choice([rng.randint(0, common_len + 20), common_len + rng.randint(0, 20)]), rng.randint(2, 30))
+               for _ in range(rng.randint(0, 4))]
+    if not decode_lens and not extends:
+        extends = [(common_len + 3, 2)]
+    # decodes share all of the common run; an extend takes part of it, its new tokens at most once inside
+    shared_lens = [common_len] * len(decode_lens)
+    writer_used = False
+    for prefix_len, extend_len in extends:
+        shared = min(common_len, prefix_len + extend_len)
+        if shared > prefix_len:
+            shared = prefix_len if writer_used else shared
+            writer_used = True
+        shared_lens.append(rng.choice([shared, shared, rng.randint(0, shared)]))
+    fb, num_slots = make_batch(rng, decode_lens, extends, rng.choice([1, 2, 16]), shared_lens=shared_lens)
+    out, _, expected = run_both(fb, num_slots, rng.choice([1, 3, 4]) * NUM_KV_HEADS, seed=seed)
+    torch.testing.assert_close(out, expected, atol=2e-5, rtol=1e-5)
+
+
+def test_cascade_off_and_threshold():
+    """min_shared_len=None keeps the padded path; the threshold is inclusive; results agree either way."""
+    rng = random.Random(3)
+    n = CASCADE_MIN_SHARED_LEN
+    fb, num_slots = make_batch(rng, [n + 5, n + 9], [(n, 4), (n + 2, 6)], 16, shared_lens=[n] * 4)
+    out_on, _, expected = run_both(fb, num_slots, 3 * NUM_KV_HEADS)
+    assert cascade_lens(fb) == (n, n)
+    out_off, _, _ = run_both(fb, num_slots, 3 * NUM_KV_HEADS, min_shared_len=None)
+    assert cascade_lens(fb) == (None, None)
+    _, _, _ = run_both(fb, num_slots, 3 * NUM_KV_HEADS, min_shared_len=n + 1)
+    assert cascade_lens(fb) == (None, None)
+    torch.testing.assert_close(out_on, expected, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(out_off, expected, atol=2e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="min_shared_len"):
+        TorchAttentionBackend(6, 2, 16, min_shared_len=0)
+
+
+def test_attend_lse_matmul_matches_cpu_kernel():
+    """The non-CPU fallback against the CPU flash kernel: GQA, a padding mask, output and log-sum-exp."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(3, 8, 5, 16, generator=g)
+    k, v = torch.randn(3, 2, 11, 16, generator=g), torch.randn(3, 2, 11, 16, generator=g)
+    mask = torch.zeros(3, 1, 5, 11)
+    mask[1, :, :, 7:] = float("-inf")
+    mask[2, :, 2:, :3] = float("-inf")
+    for m in (None, mask):
+        out, lse = _attend_lse(q, k, v, m, 0.25)
+        out_ref, lse_ref = _attend_lse_matmul(q, k, v, m, 0.25)
+        assert lse.shape == (3, 8, 5) and lse.dtype == torch.float32
+        torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(lse, lse_ref, atol=1e-5, rtol=1e-5)
+
+
+def test_bfloat16_cascade_close_to_reference():
+    rng = random.Random(8)
+    fb, num_slots = make_batch(rng, [80, 95, 70], [(72, 9), (66, 4)], 16, shared_lens=[64] * 5)
+    out, _, expected = run_both(fb, num_slots, 3 * NUM_KV_HEADS, dtype=torch.bfloat16)
+    assert cascade_lens(fb) == (64, 64) and out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), expected.float(), atol=2e-2, rtol=2e-2)
 
 
 def test_bfloat16_close_to_reference():
