@@ -85,6 +85,33 @@ def served_model_name(model_path: str | None) -> str:
     return name[:-5] if name.lower().endswith(".gguf") else name
 
 
+async def wait_for_children(pull: Any, procs: dict[str, Any], timeout: float) -> dict[str, dict]:
+    """Wait until every child reported ready on pull (an asyncio zmq socket); their info by name.
+    Fails fast when one reports a failure or exits while starting."""
+    import time
+
+    from radixrt.runtime import messages
+    from radixrt.runtime.messages import ProcessFailed, ProcessReady
+
+    deadline = time.monotonic() + timeout
+    info: dict[str, dict] = {}
+    while len(info) < len(procs):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{', '.join(sorted(set(procs) - set(info)))} not ready after {timeout:.0f} s")
+        if not await pull.poll(500):
+            for name, proc in procs.items():
+                if not proc.is_alive():
+                    raise RuntimeError(f"the {name} process exited with code {proc.exitcode} while starting")
+            continue
+        msg = messages.decode(await pull.recv())
+        if isinstance(msg, ProcessFailed):
+            raise RuntimeError(f"the {msg.name} process failed to start: {msg.error}")
+        if isinstance(msg, ProcessReady):
+            logger.info("%s process ready", msg.name)
+            info[msg.name] = msg.info
+    return info
+
+
 def stop_processes(procs: dict[str, Any]) -> None:
     for p in procs.values():
         if p.is_alive():

@@ -21,9 +21,10 @@ import zmq.asyncio
 
 from radixrt.runtime import messages
 from radixrt.runtime.config import ServerConfig
+from radixrt.runtime.launch import wait_for_children
 from radixrt.runtime.messages import (
     AbortReq, BatchTextOut, FlushCacheOut, FlushCacheReq, GetServerInfoReq, HealthCheckOut, HealthCheckReq,
-    ProcessFailed, ProcessReady, SchedulerInfo, TokenizedGenerateReq)
+    SchedulerInfo, TokenizedGenerateReq)
 from radixrt.runtime.metrics import ServerMetrics
 from radixrt.runtime.protocol import APIError, from_value_error
 from radixrt.runtime.sampling_params import MAX_TOP_LOGPROBS, SamplingParams
@@ -115,25 +116,9 @@ class TokenizerManager:
         self._push = self._ctx.socket(zmq.PUSH)
         self._push.setsockopt(zmq.SNDHWM, 0)
         self._push.connect(self.scheduler_path)
-        deadline = time.monotonic() + timeout
-        pending = set(procs)
-        while pending:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{', '.join(sorted(pending))} not ready after {timeout:.0f} s")
-            if not await self._pull.poll(500):
-                for name, proc in procs.items():
-                    if not proc.is_alive():
-                        raise RuntimeError(f"the {name} process exited with code {proc.exitcode} while starting")
-                continue
-            msg = messages.decode(await self._pull.recv())
-            if isinstance(msg, ProcessFailed):
-                raise RuntimeError(f"the {msg.name} process failed to start: {msg.error}")
-            if isinstance(msg, ProcessReady):
-                logger.info("%s process ready", msg.name)
-                pending.discard(msg.name)
-                if msg.name == "scheduler":
-                    self.model_info = msg.info["model_info"]
-                    self.startup_server_info = msg.info["server_info"]
+        info = await wait_for_children(self._pull, procs, timeout)
+        self.model_info = info["scheduler"]["model_info"]
+        self.startup_server_info = info["scheduler"]["server_info"]
         self._grammar = await asyncio.to_thread(self._make_grammar_backend)  # ~0.5 s: walks the vocabulary
         self._recv_task = asyncio.create_task(self._recv_loop())
 
