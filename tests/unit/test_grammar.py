@@ -1,0 +1,258 @@
+"""GrammarBackend on the default model's real tokenizer: byte-exact vocabulary, masks sized to the
+logits, EOS exactly at accepting states, random token walks judged by `re` / `jsonschema` and by
+the tokenizer's own decode, the compile timeout, the cache, and jump-forward == plain greedy.
+"""
+from __future__ import annotations
+
+import json
+import random
+import re
+import time
+
+import pytest
+import torch
+
+from radixrt.runtime.grammar import GrammarBackend, GrammarError, fill_masks
+from radixrt.runtime.grammar_vocab import special_token_ids, token_bytes_map
+from test_json_schema_regex import SUITE, validator
+
+EXTRA_IDS = 64  # logits wider than the tokenizer, as when the embedding is padded
+
+
+@pytest.fixture(scope="module")
+def vocab_size(tokenizer):
+    return len(tokenizer) + EXTRA_IDS
+
+
+@pytest.fixture(scope="module")
+def backend(tokenizer, vocab_size):
+    return GrammarBackend(tokenizer, vocab_size, [tokenizer.eos_token_id], compile_timeout=120.0)
+
+
+@pytest.fixture(scope="module")
+def id_bytes(tokenizer, vocab_size):
+    return {i: b for b, ids in token_bytes_map(tokenizer, vocab_size).items() for i in ids}
+
+
+def compiled(backend, kind, spec, timeout=120.0):
+    fut = backend.request(kind, spec)
+    start = time.monotonic()
+    while not fut.done():
+        assert time.monotonic() - start < timeout
+        time.sleep(0.005)
+    return fut.result()
+
+
+_DIST: dict[int, tuple[dict, dict[int, int]]] = {}
+
+
+def distances(compiled) -> tuple[dict, dict[int, int]]:
+    """(transitions, tokens-to-a-final-state) for every state of a compiled index (reverse BFS)."""
+    if id(compiled) not in _DIST:
+        trans = compiled.index.get_transitions()
+        rev: dict[int, set[int]] = {}
+        for s, m in trans.items():
+            for d in m.values():
+                rev.setdefault(d, set()).add(s)
+        dist = {f: 0 for f in compiled.index.get_final_states()}
+        frontier = list(dist)
+        while frontier:
+            nxt = []
+            for d in frontier:
+                for s in rev.get(d, ()):
+                    if s not in dist:
+                        dist[s] = dist[d] + 1
+                        nxt.append(s)
+            frontier = nxt
+        _DIST[id(compiled)] = trans, dist
+    return _DIST[id(compiled)]
+
+
+def walk(state, rng, vocab_size, eos_ids, max_tokens=40):
+    """Random allowed tokens (checked against the mask) until the grammar ends; past max_tokens
+    head for the nearest final state and end there."""
+    (trans, dist), out = distances(state.compiled), []
+    while not state.is_terminated():
+        mask = fill_masks([state], vocab_size, "cpu")[0]
+        allowed = mask.nonzero().flatten().tolist()
+        assert allowed, "no allowed token in a non-terminated state"
+        eos_ok = [t for t in allowed if t in eos_ids]
+        assert bool(eos_ok) == state.is_final()
+        if eos_ok and (len(out) > max_tokens or rng.random() < 0.1):
+            state.accept(eos_ok[0])
+            break
+        if len(out) > max_tokens:
+            moves = [(t, d) for t, d in trans[state.guide.get_state()].items() if t not in eos_ids]
+            best = min(dist[d] for _, d in moves)
+            tok = rng.choice([t for t, d in moves if dist[d] == best])
+        else:
+            tok = rng.choice([t for t in allowed if t not in eos_ids])
+        state.accept(tok)
+        out.append(tok)
+    return out
+
+
+def test_vocabulary_bytes_are_exact(tokenizer, id_bytes, vocab_size):
+    text = "Hello, world! café naïve 日本語テキスト 😀🎉 tabs\tand\nnewlines {\"k\": [1, 2.5e-3]}"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert b"".join(id_bytes[i] for i in ids) == text.encode()
+    specials = special_token_ids(tokenizer)
+    assert tokenizer.eos_token_id in specials and not specials & set(id_bytes)
+    assert len(id_bytes) == len(tokenizer) - len(specials)
+    for i in random.Random(0).sample(sorted(id_bytes), 2000):  # single tokens that decode to whole chars
+        s = tokenizer.decode([i])
+        if "\ufffd" not in s:
+            assert id_bytes[i] == s.encode(), i
+
+
+def test_masks_width_eos_and_unconstrained_rows(backend, tokenizer, vocab_size):
+    eos = tokenizer.eos_token_id
+    a, b = compiled(backend, "regex", "ab?"), compiled(backend, "regex", "[0-9]+")
+    assert fill_masks([None, None], vocab_size, "cpu") is None
+    masks = fill_masks([a, None, b], vocab_size, "cpu")
+    assert masks.shape == (3, vocab_size) and masks.dtype == torch.bool
+    assert masks[1].all() and not masks[0, len(tokenizer):].any() and not masks[0, eos] and not masks[2, eos]
+    row = torch.zeros(vocab_size, dtype=torch.bool)
+    a.fill_mask(row)
+    assert torch.equal(row, masks[0])
+    assert set(row.nonzero().flatten().tolist()) == set(a.compiled.index.get_allowed_tokens(a.guide.get_state()))
+    a.accept(tokenizer.convert_tokens_to_ids("a"))
+    a.fill_mask(row)
+    assert row[eos] and a.is_final() and not a.is_terminated()  # "a" matches, "ab" may follow
+    with pytest.raises(GrammarError):
+        a.accept(tokenizer.convert_tokens_to_ids("c"))
+    with pytest.raises(GrammarError):
+        b.accept(eos)  # nothing matched yet
+    a.accept(eos)
+    assert a.is_terminated()
+    with pytest.raises(GrammarError):
+        a.accept(tokenizer.convert_tokens_to_ids("b"))
+
+
+REGEXES = [r"[0-9]{3}-[0-9]{4}", r"(yes|no|maybe)", r"[a-z]+@[a-z]+\.(com|org)", r"-?[0-9]{1,4}(\.[0-9]{1,2})?",
+           r"(café|日本語|😀)+!?", r"\{\"n\": [0-9]\}", r"[A-Z][a-z ]{0,12}\."]
+
+
+@pytest.mark.parametrize("regex", REGEXES)
+def test_regex_walks_fullmatch(backend, tokenizer, vocab_size, id_bytes, regex):
+    eos_ids = {tokenizer.eos_token_id}
+    rng = random.Random(regex)
+    for _ in range(5):
+        ids = walk(compiled(backend, "regex", regex), rng, vocab_size, eos_ids)
+        text = b"".join(id_bytes[i] for i in ids).decode("utf-8")
+        assert re.fullmatch(regex, text), (regex, text)
+        assert tokenizer.decode(ids) == text
+
+
+@pytest.mark.parametrize("name", ["nested", "formats", "unicode_keys", "oneof_discriminated", "number_bounds"])
+def test_schema_walks_token_level(backend, tokenizer, vocab_size, name):
+    schema = SUITE[name][0]
+    check = validator(schema)
+    rng = random.Random(name)
+    for _ in range(4):
+        ids = walk(compiled(backend, "json_schema", json.dumps(schema)), rng, vocab_size, {tokenizer.eos_token_id})
+        value = json.loads(tokenizer.decode(ids))
+        assert check.is_valid(value), (name, tokenizer.decode(ids))
+
+
+def test_choices_multibyte(backend, tokenizer, vocab_size):
+    choices = ["café au lait", "日本語", "😀 emoji", "plain"]
+    rng = random.Random(1)
+    seen = set()
+    for _ in range(12):
+        ids = walk(compiled(backend, "choices", choices), rng, vocab_size, {tokenizer.eos_token_id})
+        seen.add(tokenizer.decode(ids))
+    assert seen <= set(choices) and len(seen) >= 2
+
+
+def test_bad_specs_fail_fast(backend):
+    start = time.perf_counter()
+    for kind, spec, word in [("regex", "(?=a)b", "lookahead"), ("json_schema", "{not json", "not valid JSON"),
+                             ("json_schema", {"type": "array", "uniqueItems": True}, "uniqueItems"),
+                             ("choices", [], "choices"), ("grammar", "x", "kind")]:
+        with pytest.raises(GrammarError, match=word):
+            backend.validate(kind, spec)
+        fut = backend.request(kind, spec)  # request never raises: the future carries the error
+        deadline = time.monotonic() + 30
+        while not fut.done():
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        with pytest.raises(GrammarError):
+            fut.result()
+    assert time.perf_counter() - start < 10
+    with pytest.raises(GrammarError, match="regex"):  # Rust syntax error, found by the compiler
+        compiled(backend, "regex", "a{")
+
+
+class TinyTokenizer:
+    """Four letters and a special token: enough to compile an exponential DFA slowly."""
+    all_special_ids = [0]
+    added_tokens_decoder: dict = {}
+
+    def get_vocab(self):
+        return {"<eos>": 0, "a": 1, "b": 2, "ab": 3, "ba": 4}
+
+
+def test_compile_timeout_fails_request_without_hanging():
+    backend = GrammarBackend(TinyTokenizer(), 5, [0], compile_timeout=0.1)
+    slow = "(a|b)*a(a|b){14}"  # 2^15 DFA states: about a second
+    start = time.monotonic()
+    fut = backend.request("regex", slow)
+    assert time.monotonic() - start < 0.05  # request never blocks
+    while not fut.done():
+        time.sleep(0.005)
+    assert time.monotonic() - start < 1.0
+    with pytest.raises(GrammarError, match="longer than"):
+        fut.result()
+    fast = backend.request("regex", "ab")  # the backend keeps serving others meanwhile
+    while not fast.done():
+        time.sleep(0.005)
+    assert fast.result().compiled.index is not None
+
+
+def test_cache_shares_compiled_grammars(backend):
+    spec = {"type": "object", "properties": {"cache_probe": {"type": "boolean"}}, "required": ["cache_probe"]}
+    f1, f2 = backend.request("json_schema", spec), backend.request("json_schema", json.dumps(spec))
+    s1 = compiled(backend, "json_schema", spec)
+    assert f1._future is f2._future  # one compilation for both
+    f3 = backend.request("json_schema", spec)
+    assert f3.done() and f3.result().compiled is s1.compiled
+    assert f3.result() is not s1  # but each request has its own state
+
+
+def fake_logits(history: list[int], vocab_size: int) -> torch.Tensor:
+    """A deterministic stand-in for a model: scores depend on the whole history."""
+    gen = torch.Generator().manual_seed(hash(tuple(history)) & 0x7FFFFFFF)
+    return torch.randn(vocab_size, generator=gen)
+
+
+def greedy(backend, spec, vocab_size, eos, jump: bool, prefix: list[int], max_new_tokens=60):
+    state = compiled(backend, "json_schema", spec)
+    state.enable_jump_forward = jump
+    out, num_forced = [], 0
+    while len(out) < max_new_tokens and not state.is_terminated():
+        logits = fake_logits(prefix + out, vocab_size).masked_fill(~fill_masks([state], vocab_size, "cpu")[0], float("-inf"))
+        tok = int(logits.argmax())
+        state.accept(tok)
+        out.append(tok)
+        if tok == eos:
+            break
+        forced = state.jump_forward(max_new_tokens - len(out))
+        out += forced
+        num_forced += len(forced)
+    return out, num_forced
+
+
+def test_jump_forward_equals_plain_greedy(backend, tokenizer, vocab_size):
+    spec = {"type": "object", "properties": {
+        "classification_label_explanation": {"enum": ["positive_sentiment_detected", "negative_sentiment_detected"]},
+        "confidence": {"type": "integer", "minimum": 0, "maximum": 100}}, "required": ["classification_label_explanation", "confidence"]}
+    eos = tokenizer.eos_token_id
+    total_forced = 0
+    for prefix in ([], [5], [7, 9], [11]):  # different "prompts"
+        on, num_forced = greedy(backend, spec, vocab_size, eos, jump=True, prefix=prefix)
+        off, _ = greedy(backend, spec, vocab_size, eos, jump=False, prefix=prefix)
+        assert on == off
+        total_forced += num_forced
+        json.loads(tokenizer.decode([t for t in on if t != eos]))
+    assert total_forced > 0  # jump-forward did fire, so the equality is meaningful
