@@ -5,8 +5,8 @@ The KV of request b lives in pool slots `req_to_slot[req_rows[b], :seq_lens[b]]`
 tokens sit at positions prefix_lens[b] .. seq_lens[b]-1 and see every key up to their own position.
 
 The backend pads each group (decode, extend) into dense [B, L] index matrices once per forward
-(`init_forward_metadata`), so each layer is a handful of gathers and one SDPA call per group,
-never a Python loop over requests.
+(`init_forward_metadata`), so each layer is a handful of gathers and one SDPA call per group
+(two and a merge for a cascade), never a Python loop over requests.
 
 Cascade: when every request of a group reads the same pool slots for its first S positions (a
 radix-cache prefix they all borrow) and no request has new tokens there, the group's shared K/V
@@ -52,9 +52,11 @@ def reference_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     return out
 
 
-# Below this many shared positions the extra attention call and the merge cost more than the
-# gather they save (benchmarks/bench_attention_cpu.py).
+# The cascade's second attention call and merge cost a fixed ~0.1-0.2 ms a layer on one core; it
+# pays off once the K/V it spares re-reading, (B - 1) * S * Hkv * D, is above about 512 positions at
+# SmolLM2's 3 x 64 (benchmarks/bench_attention_cpu.py). Short shared runs are not worth the merge.
 CASCADE_MIN_SHARED_LEN = 32
+CASCADE_MIN_SAVED_KV = 512 * 3 * 64
 
 
 def _attend_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float):
@@ -82,11 +84,12 @@ def _attend_lse_matmul(q, k, v, mask, scale):
     return out.to(q.dtype), lse.view(b, num_q_heads, q_len)
 
 
-def _merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor) -> torch.Tensor:
+def _merge(out_own: torch.Tensor, lse_own: torch.Tensor, out_shared: torch.Tensor, lse_shared: torch.Tensor
+           ) -> torch.Tensor:
     """Softmax attention over two disjoint key sets -> attention over their union, in float32.
-    out [N, Hq, D], lse [N, Hq]; returns out_a's dtype."""
-    weight_a = torch.sigmoid(lse_a - lse_b)  # exp(lse_a) / (exp(lse_a) + exp(lse_b)), no overflow
-    return torch.lerp(out_b.float(), out_a.float(), weight_a[..., None]).to(out_a.dtype)
+    out [..., D], lse [...]; the result has out_own's dtype and (contiguous) layout."""
+    weight_shared = torch.sigmoid(lse_shared - lse_own)  # e^lse_shared / (e^lse_own + e^lse_shared), no overflow
+    return torch.lerp(out_own.float(), out_shared.float(), weight_shared[..., None]).to(out_own.dtype)
 
 
 def _additive(visible: torch.Tensor, device) -> torch.Tensor:
@@ -134,17 +137,21 @@ class TorchAttentionMeta:
 
 class TorchAttentionBackend:
     def __init__(self, num_q_heads: int, num_kv_heads: int, head_dim: int,
-                 min_shared_len: int | None = CASCADE_MIN_SHARED_LEN):
-        """min_shared_len: shortest shared prefix that takes the cascade path; None turns it off."""
+                 min_shared_len: int | None = CASCADE_MIN_SHARED_LEN, min_saved_kv: int = CASCADE_MIN_SAVED_KV):
+        """The cascade is taken for a group whose shared prefix S >= min_shared_len and whose
+        (num_reqs - 1) * S * num_kv_heads * head_dim >= min_saved_kv; min_shared_len None: never."""
         if num_q_heads % num_kv_heads:
             raise ValueError(f"num_q_heads {num_q_heads} must be a multiple of num_kv_heads {num_kv_heads}")
         if min_shared_len is not None and min_shared_len < 1:
             raise ValueError(f"min_shared_len must be >= 1 or None, got {min_shared_len}")
+        if min_saved_kv < 0:
+            raise ValueError(f"min_saved_kv must be >= 0, got {min_saved_kv}")
         self.num_q_heads = num_q_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.group = num_q_heads // num_kv_heads
         self.min_shared_len = min_shared_len
+        self.min_saved_kv = min_saved_kv
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         num_decode = fb.num_decode
@@ -155,12 +162,17 @@ class TorchAttentionBackend:
     def _shared_prefix(self, table: torch.Tensor, max_len: int) -> _SharedPrefix | None:
         """table [B, L]: a group's slots by position; max_len: its shortest prefix_len, so that every
         new token comes after the shared part (which then needs no mask)."""
-        if self.min_shared_len is None or table.shape[0] < 2 or max_len < self.min_shared_len:
+        num_reqs = table.shape[0]
+        if self.min_shared_len is None or num_reqs < 2:
+            return None
+        saved_per_pos = (num_reqs - 1) * self.num_kv_heads * self.head_dim  # K elements not re-read per position
+        min_len = max(self.min_shared_len, -(-self.min_saved_kv // saved_per_pos))
+        if max_len < min_len:
             return None
         head = table[:, :max_len]
         same = (head == head[:1]).all(dim=0)  # [max_len]: column holds one slot in every request
         shared_len = int(same.int().cumprod(0).sum())  # leading run of such columns (one sync per group)
-        if shared_len < self.min_shared_len:
+        if shared_len < min_len:
             return None
         return _SharedPrefix(shared_len, head[0, :shared_len].contiguous())
 
@@ -247,10 +259,16 @@ class TorchAttentionBackend:
 
     def _attend_shared(self, q, k_cache, v_cache, meta: TorchAttentionMeta, shared: _SharedPrefix, scale: float):
         """All of a group's query rows q [N, Hq, D] against its shared prefix, which precedes every one of
-        them: no mask. Gathers into the workspace's first S rows. -> (out [N, Hq, D], lse [N, Hq])."""
+        them: no mask. Gathers into the workspace's first S rows.
+        -> (out [N, Hkv, G, D], lse [N, Hkv, G]) strided views."""
         k, v = self._gather(k_cache, v_cache, meta, shared.kv_idx, 1, shared.kv_len)  # [1, Hkv, S, D]
-        out, lse = _attend_lse(q.transpose(0, 1)[None], k, v, None, scale)  # [1, Hq, N, D], [1, Hq, N]
-        return out[0].transpose(0, 1), lse[0].transpose(0, 1)
+        n = q.shape[0]
+        # the G q heads of a kv head become N * G rows against it: each K/V block is packed once, not G
+        # times (3x faster than q heads as heads in bf16 at small N)
+        qg = q.view(n, self.num_kv_heads, self.group, self.head_dim).transpose(0, 1)  # [Hkv, N, G, D]
+        out, lse = _attend_lse(qg.reshape(1, self.num_kv_heads, n * self.group, self.head_dim), k, v, None, scale)
+        out = out.view(self.num_kv_heads, n, self.group, self.head_dim).transpose(0, 1)
+        return out, lse.view(self.num_kv_heads, n, self.group).transpose(0, 1)
 
     def _decode(self, q, k_cache, v_cache, meta: TorchAttentionMeta, scale: float) -> torch.Tensor:
         d = meta.decode
@@ -264,8 +282,7 @@ class TorchAttentionBackend:
         if d.shared is None:
             return F.scaled_dot_product_attention(qg, k, v, attn_mask=d.mask, scale=scale).reshape(shape)
         out, lse = _attend_lse(qg, k, v, d.mask, scale)  # [Bd, Hkv, G, D], [Bd, Hkv, G]
-        out_shared, lse_shared = self._attend_shared(q, k_cache, v_cache, meta, d.shared, scale)
-        return _merge(out.reshape(shape), lse.reshape(shape[:2]), out_shared, lse_shared)
+        return _merge(out, lse, *self._attend_shared(q, k_cache, v_cache, meta, d.shared, scale)).reshape(shape)
 
     def _extend(self, q, k_new, v_new, k_cache, v_cache, meta: TorchAttentionMeta, scale: float) -> torch.Tensor:
         e = meta.extend
@@ -287,8 +304,11 @@ class TorchAttentionBackend:
             out = F.scaled_dot_product_attention(qp, k, v, attn_mask=e.mask, scale=scale, enable_gqa=self.group > 1)
             return self._unpad(out, e)
         out, lse = _attend_lse(qp, k, v, e.mask, scale)  # [Be, Hq, Lq, D], [Be, Hq, Lq]
-        out_shared, lse_shared = self._attend_shared(q, k_cache, v_cache, meta, e.shared, scale)
-        return _merge(self._unpad(out, e), self._unpad(lse[..., None], e)[..., 0], out_shared, lse_shared)
+        grouped = (-1, self.num_kv_heads, self.group)  # [Te, Hq, ...] -> [Te, Hkv, G, ...]
+        out = self._unpad(out, e).reshape(*grouped, self.head_dim)
+        lse = self._unpad(lse[..., None], e).reshape(grouped)
+        out = _merge(out, lse, *self._attend_shared(q, k_cache, v_cache, meta, e.shared, scale))
+        return out.reshape(-1, self.num_q_heads, self.head_dim)
 
     def _unpad(self, out: torch.Tensor, e: _ExtendMeta) -> torch.Tensor:
         """[Be, H, Lq, X] padded per-request rows -> [Te, H, X] rows of T."""

@@ -7,6 +7,7 @@ import zlib
 import pytest
 import torch
 
+from radixrt.kernels import attention_torch
 from radixrt.kernels.attention_torch import (CASCADE_MIN_SHARED_LEN, TorchAttentionBackend, _attend_lse,
                                             _attend_lse_matmul, reference_attention)
 from radixrt.runtime.forward_batch import BatchItem, build_forward_batch
@@ -148,7 +149,7 @@ def test_shared_prefix_matches_reference(scenario, group, page_size):
     decode_lens, extends, shared_lens, expected_lens = SHARED_SCENARIOS[scenario]
     rng = random.Random(zlib.crc32(f"shared/{scenario}/{group}/{page_size}".encode()))
     fb, num_slots = make_batch(rng, decode_lens, extends, page_size, shared_lens=shared_lens)
-    out, out2, expected = run_both(fb, num_slots, group * NUM_KV_HEADS, seed=rng.randrange(1000))
+    out, out2, expected = run_both(fb, num_slots, group * NUM_KV_HEADS, seed=rng.randrange(1000), min_saved_kv=0)
     assert cascade_lens(fb) == expected_lens
     torch.testing.assert_close(out, expected, atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(out2, expected, atol=2e-5, rtol=1e-5)
@@ -176,7 +177,7 @@ def test_random_shared_batches(seed):
             writer_used = True
         shared_lens.append(rng.choice([shared, shared, rng.randint(0, shared)]))
     fb, num_slots = make_batch(rng, decode_lens, extends, rng.choice([1, 2, 16]), shared_lens=shared_lens)
-    out, _, expected = run_both(fb, num_slots, rng.choice([1, 3, 4]) * NUM_KV_HEADS, seed=seed)
+    out, _, expected = run_both(fb, num_slots, rng.choice([1, 3, 4]) * NUM_KV_HEADS, seed=seed, min_saved_kv=0)
     torch.testing.assert_close(out, expected, atol=2e-5, rtol=1e-5)
 
 
@@ -185,16 +186,32 @@ def test_cascade_off_and_threshold():
     rng = random.Random(3)
     n = CASCADE_MIN_SHARED_LEN
     fb, num_slots = make_batch(rng, [n + 5, n + 9], [(n, 4), (n + 2, 6)], 16, shared_lens=[n] * 4)
-    out_on, _, expected = run_both(fb, num_slots, 3 * NUM_KV_HEADS)
+    out_on, _, expected = run_both(fb, num_slots, 3 * NUM_KV_HEADS, min_saved_kv=0)
     assert cascade_lens(fb) == (n, n)
-    out_off, _, _ = run_both(fb, num_slots, 3 * NUM_KV_HEADS, min_shared_len=None)
+    out_off, _, _ = run_both(fb, num_slots, 3 * NUM_KV_HEADS, min_shared_len=None, min_saved_kv=0)
     assert cascade_lens(fb) == (None, None)
-    _, _, _ = run_both(fb, num_slots, 3 * NUM_KV_HEADS, min_shared_len=n + 1)
+    run_both(fb, num_slots, 3 * NUM_KV_HEADS, min_shared_len=n + 1, min_saved_kv=0)
+    assert cascade_lens(fb) == (None, None)
+    saved = 1 * n * NUM_KV_HEADS * HEAD_DIM  # per group: (2 requests - 1) x n shared positions
+    run_both(fb, num_slots, 3 * NUM_KV_HEADS, min_saved_kv=saved)
+    assert cascade_lens(fb) == (n, n)
+    run_both(fb, num_slots, 3 * NUM_KV_HEADS, min_saved_kv=saved + 1)
     assert cascade_lens(fb) == (None, None)
     torch.testing.assert_close(out_on, expected, atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(out_off, expected, atol=2e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="min_shared_len"):
         TorchAttentionBackend(6, 2, 16, min_shared_len=0)
+
+
+def test_default_thresholds_take_cascade_where_it_pays():
+    """Defaults on the SmolLM2 attention shape: the few-shot decode batch (16 x 600 shared) takes the
+    cascade; two requests sharing 64 positions or 16 sharing 32 do not (they measured slower)."""
+    backend = TorchAttentionBackend(9, 3, 64)
+    for num_reqs, shared_len, expected in ((16, 600, 600), (2, 64, None), (16, 32, None), (2, 600, 600)):
+        fb, _ = make_batch(random.Random(num_reqs), [shared_len + 40] * num_reqs, [], 16,
+                           max_rows=num_reqs, max_context=shared_len + 41, shared_lens=[shared_len] * num_reqs)
+        backend.init_forward_metadata(fb)
+        assert cascade_lens(fb) == (expected, None), (num_reqs, shared_len)
 
 
 def test_attend_lse_matmul_matches_cpu_kernel():
@@ -213,10 +230,20 @@ def test_attend_lse_matmul_matches_cpu_kernel():
         torch.testing.assert_close(lse, lse_ref, atol=1e-5, rtol=1e-5)
 
 
+def test_cascade_with_matmul_fallback(monkeypatch):
+    """The whole cascade through the explicit-matmul path that devices without the CPU kernel take."""
+    monkeypatch.setattr(attention_torch, "_attend_lse", _attend_lse_matmul)
+    decode_lens, extends, shared_lens, expected_lens = SHARED_SCENARIOS["mixed_both_shared"]
+    fb, num_slots = make_batch(random.Random(5), decode_lens, extends, 16, shared_lens=shared_lens)
+    out, _, expected = run_both(fb, num_slots, 3 * NUM_KV_HEADS, min_saved_kv=0)
+    assert cascade_lens(fb) == expected_lens
+    torch.testing.assert_close(out, expected, atol=2e-5, rtol=1e-5)
+
+
 def test_bfloat16_cascade_close_to_reference():
     rng = random.Random(8)
     fb, num_slots = make_batch(rng, [80, 95, 70], [(72, 9), (66, 4)], 16, shared_lens=[64] * 5)
-    out, _, expected = run_both(fb, num_slots, 3 * NUM_KV_HEADS, dtype=torch.bfloat16)
+    out, _, expected = run_both(fb, num_slots, 3 * NUM_KV_HEADS, dtype=torch.bfloat16, min_saved_kv=0)
     assert cascade_lens(fb) == (64, 64) and out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), expected.float(), atol=2e-2, rtol=2e-2)
 
