@@ -44,25 +44,42 @@ from radixrt.runtime.json_schema_regex import choices_regex, json_object_regex, 
 __all__ = ["GrammarError", "GrammarBackend", "GrammarFuture", "GrammarState", "fill_masks", "KINDS"]
 KINDS = ("regex", "json_schema", "choices", "json_object")
 JSON_OBJECT_DEPTH = 2  # nesting levels of a response_format json_object (outer object included)
+HEAVY_STATE_TOKENS = 2048  # states allowing more tokens than this keep their mask row cached
 
 
 class CompiledGrammar:
     """One Index shared by every request with the same (kind, spec), plus per-state facts."""
 
-    def __init__(self, index: Index, eos_id: int, description: str):
+    def __init__(self, index: Index, eos_id: int, description: str, num_words: int):
         self.index = index
         self.eos_id = eos_id
         self.description = description
-        self._facts: dict[int, tuple[int, bool]] = {}  # state -> (forced token or -1, has non-EOS token)
+        self.num_words = num_words
+        self._facts: dict[int, tuple[int, bool, int]] = {}  # state -> (forced token or -1, has non-EOS, count)
+        self._rows: dict[int, torch.Tensor] = {}  # bitmask of states with many allowed tokens
 
-    def facts(self, state: int) -> tuple[int, bool]:
+    def facts(self, state: int) -> tuple[int, bool, int]:
         f = self._facts.get(state)
         if f is None:
             allowed = self.index.get_allowed_tokens(state) or []
             non_eos = [t for t in allowed if t != self.eos_id]
             forced = non_eos[0] if len(allowed) == 1 and len(non_eos) == 1 else -1
-            f = self._facts[state] = (forced, bool(non_eos))
+            f = self._facts[state] = (forced, bool(non_eos), len(allowed))
         return f
+
+    def write_bits(self, state: int, guide: Guide, words: torch.Tensor) -> None:
+        """outlines-core walks a state's whole transition map to write its mask (~100 µs for the
+        ~49k tokens allowed inside a JSON string); such states recur step after step, so their
+        rows are kept and copied (a few KB) instead."""
+        if self.facts(state)[2] < HEAVY_STATE_TOKENS:
+            guide.write_mask_into(words.data_ptr(), words.numel(), 4)
+            return
+        row = self._rows.get(state)
+        if row is None:
+            row = torch.zeros(words.numel(), dtype=torch.int32)
+            guide.write_mask_into(row.data_ptr(), row.numel(), 4)
+            self._rows[state] = row
+        words.copy_(row)
 
 
 class GrammarState:
@@ -88,11 +105,14 @@ class GrammarState:
         if self._eos_accepted:
             words.zero_()
             return
-        self.guide.write_mask_into(words.data_ptr(), words.numel(), 4)
+        self.compiled.write_bits(self.guide.get_state(), self.guide, words)
 
     def fill_mask(self, mask_row: torch.Tensor) -> None:
         mask = fill_masks([self], mask_row.shape[-1], mask_row.device)
-        mask_row.copy_(mask[0])
+        if mask_row.device.type == "cpu" and mask_row.is_contiguous():
+            np.copyto(mask_row.numpy(), mask[0].numpy())
+        else:
+            mask_row.copy_(mask[0])
 
     def accept(self, token_id: int) -> None:
         if self._eos_accepted:
@@ -127,7 +147,8 @@ class GrammarState:
 
 
 def fill_masks(states: list[GrammarState | None], vocab_size: int, device: Any) -> torch.Tensor | None:
-    """[B, vocab_size] bool: True where allowed; rows of None (unconstrained) are all True."""
+    """[B, vocab_size] bool: True where allowed; rows of None (unconstrained) are all True.
+    On the CPU the result is a view into the unpacked bits (row stride a multiple of 32)."""
     live = [s for s in states if s is not None]
     if not live:
         return None
@@ -148,13 +169,15 @@ def fill_masks(states: list[GrammarState | None], vocab_size: int, device: Any) 
         # vocabulary) also gets EOS so that sampling never sees an all -inf row
         if s.guide.is_finished() or not words_np[i].any():
             extra_eos += [(i, e) for e in s.eos_token_ids if e < vocab_size]
-    if device.type == "cpu":
-        bits = np.unpackbits(words_np.view(np.uint8), axis=1, bitorder="little")
-        mask = torch.from_numpy(bits.view(np.bool_))[:, :vocab_size]
-    else:  # ship 32x fewer bytes, unpack on the device
-        w = words.to(device, non_blocking=True)
-        shifts = torch.arange(32, dtype=torch.int32, device=device)
-        mask = ((w.unsqueeze(-1) >> shifts) & 1).bool().view(len(states), -1)[:, :vocab_size]
+    if device.type == "cpu":  # numpy: no intra-op thread pool spun up for a few KB of work
+        bits = np.unpackbits(words_np.view(np.uint8), axis=1, bitorder="little").view(np.bool_)[:, :vocab_size]
+        for row, col in extra_eos:
+            bits[row, col] = True
+        return torch.from_numpy(bits)
+    # ship 32x fewer bytes, unpack on the device
+    w = words.to(device, non_blocking=True)
+    shifts = torch.arange(32, dtype=torch.int32, device=device)
+    mask = ((w.unsqueeze(-1) >> shifts) & 1).bool().view(len(states), -1)[:, :vocab_size]
     if extra_eos:
         rows, cols = zip(*extra_eos)
         mask[torch.tensor(rows, device=device), torch.tensor(cols, device=device)] = True
@@ -266,7 +289,7 @@ class GrammarBackend:
             if len(msg) > 300:
                 msg = msg[:150] + " ... " + msg[-150:]
             raise GrammarError(f"cannot compile the {key[0]} grammar: {msg}") from None
-        return CompiledGrammar(index, self._fsm_eos, f"{key[0]} grammar")
+        return CompiledGrammar(index, self._fsm_eos, f"{key[0]} grammar", self.num_words)
 
     def _run(self, key: tuple, future: Future) -> None:
         try:

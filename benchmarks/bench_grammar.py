@@ -1,0 +1,233 @@
+"""Constrained decoding benchmark: JSONSchemaBench coverage, compile time, per-step mask cost.
+
+    python benchmarks/bench_grammar.py [--limit N] [--timeout 5] [--data DIR]
+
+Part 1, coverage on the MaskBench sample (/work/shared/data/jsonschemabench, 619 schemas): each
+schema runs in a forked child (so a compile that overruns the timeout can be killed): schema ->
+regex (or a GrammarError naming what we refuse), outlines-core Index over the default model's
+vocabulary, then every test instance, serialised compactly, is tokenised and walked through
+the index. Counted: schemas compiled within the timeout; valid instances accepted; invalid
+instances rejected (an accepted invalid instance would be a soundness bug); schemas "passing"
+in the MaskBench sense (compiled and every instance judged right). Valid instances that we
+reject are mostly our chosen subsets (declaration key order, no undeclared keys, bounded
+whitespace), not errors.
+
+Part 2, cost per schema size: compile time, and per decoding step the mask cost per request:
+outlines-core writing the bitmask (`write_mask_into`) and our whole fill_mask (bitmask + unpack
+to a bool row), p50/p99 in µs over random walks.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import multiprocessing as mp
+import os
+import random
+import re
+import statistics
+import sys
+import time
+from collections import Counter
+
+import torch
+
+from radixrt.runtime.grammar import GrammarBackend, GrammarError, fill_masks
+from radixrt.runtime.weights import load_tokenizer, resolve_model
+
+PUBLISHED = {"llguidance": 8909, "xgrammar": 8122, "outlines": 7050}  # of 11,306 MaskBench schemas
+MASKBENCH_TOTAL = 11306
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+def _child(backend: GrammarBackend, tokenizer, path: str, conn) -> None:
+    data = json.load(open(path))
+    key = None
+    try:
+        t0 = time.perf_counter()
+        key = backend._key("json_schema", data["schema"])
+        backend._regex_for(key)
+        t1 = time.perf_counter()
+    except GrammarError as e:
+        conn.send({"status": "rejected", "reason": str(e)})
+        return
+    conn.send({"status": "converted", "convert_s": t1 - t0})
+    try:
+        compiled = backend._compile(key)
+    except GrammarError as e:
+        conn.send({"status": "compile_error", "reason": str(e)})
+        return
+    conn.send({"status": "compiled", "compile_s": time.perf_counter() - t1})
+    results, write_us = [], []
+    buf = torch.zeros(backend.num_words, dtype=torch.int32)
+    for test in data["tests"]:
+        text = json.dumps(test["data"], ensure_ascii=False, separators=(",", ":"))
+        state = backend._new_state(compiled)
+        ok = True
+        for tok in tokenizer.encode(text, add_special_tokens=False):
+            t = time.perf_counter()
+            state.guide.write_mask_into(buf.data_ptr(), buf.numel(), 4)
+            write_us.append((time.perf_counter() - t) * 1e6)
+            try:
+                state.accept(tok)
+            except GrammarError:
+                ok = False
+                break
+        results.append((bool(test["valid"]), ok and state.is_final(), text[:160]))
+    conn.send({"status": "done", "results": results, "write_us": write_us})
+
+
+def coverage(backend, tokenizer, files: list[str], timeout: float) -> None:
+    ctx = mp.get_context("fork")
+    status, reasons = Counter(), Counter()
+    compile_s, write_us, unsound = [], [], []
+    valid = [0, 0]
+    invalid = [0, 0]
+    passing = 0
+    for n, path in enumerate(files):
+        recv, send = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_child, args=(backend, tokenizer, path, send), daemon=True)
+        proc.start()
+        msg, final = None, "timeout"
+        deadline = time.monotonic() + 60
+        while recv.poll(max(0.0, deadline - time.monotonic())):
+            msg = recv.recv()
+            final = msg["status"]
+            if final == "converted":
+                deadline = time.monotonic() + timeout  # the compile budget starts after conversion
+            elif final == "compiled":
+                deadline = time.monotonic() + 300
+            elif final in ("rejected", "compile_error", "done"):
+                break
+        if proc.is_alive():
+            proc.kill()
+        proc.join()
+        if final in ("converted", "timeout"):
+            final = "timeout"
+        status[final if final != "done" else "compiled"] += 1
+        if final in ("rejected", "compile_error"):
+            reasons[re.sub(r"'[^']*'|\d+", "…", msg["reason"])[:90]] += 1
+        if final == "done":
+            write_us += msg["write_us"]
+            ok = True
+            for is_valid, accepted, text in msg["results"]:
+                bucket = valid if is_valid else invalid
+                bucket[0] += accepted == is_valid
+                bucket[1] += 1
+                ok &= accepted == is_valid
+                if accepted and not is_valid:
+                    unsound.append((os.path.basename(path), text))
+            passing += ok
+        if final in ("done", "compiled") and msg and "compile_s" in msg:
+            compile_s.append(msg["compile_s"])
+        if (n + 1) % 50 == 0:
+            print(f"  ... {n + 1}/{len(files)}", file=sys.stderr, flush=True)
+    total = len(files)
+    compiled = status["compiled"]
+    print(f"\n== JSONSchemaBench / MaskBench sample: {total} schemas, compile timeout {timeout:g} s ==")
+    print(f"rejected with a named reason: {status['rejected']}   compile errors: {status['compile_error']}   "
+          f"timeouts: {status['timeout']}")
+    print(f"compiled within {timeout:g} s: {compiled}/{total} = {compiled / total:.1%}")
+    print(f"passing (compiled, every valid accepted and invalid rejected): {passing}/{total} = {passing / total:.1%}")
+    for name, count in PUBLISHED.items():
+        print(f"  published {name:>10}: {count}/{MASKBENCH_TOTAL} = {count / MASKBENCH_TOTAL:.1%} (full set, not this sample)")
+    print(f"valid instances accepted:   {valid[0]}/{valid[1]}  (compact serialisation; rejections are chosen subsets)")
+    print(f"invalid instances rejected: {invalid[0]}/{invalid[1]}  (soundness; accepted invalid = bug)")
+    for name, text in unsound[:10]:
+        print(f"  UNSOUND {name}: {text}")
+    if compile_s:
+        print(f"compile time (compiled ones): p50 {pct(compile_s, .5):.2f} s  p90 {pct(compile_s, .9):.2f} s  "
+              f"max {max(compile_s):.2f} s")
+    if write_us:
+        print(f"write_mask_into per step: p50 {pct(write_us, .5):.1f} µs  p99 {pct(write_us, .99):.1f} µs "
+              f"({len(write_us)} steps)")
+    print("top reasons for refusing a schema:")
+    for reason, count in reasons.most_common(12):
+        print(f"  {count:4d}  {reason}")
+
+
+SIZES = {
+    "small": {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer", "minimum": 0}},
+              "required": ["name", "age"]},
+    "medium": {"type": "object", "properties": {
+        "id": {"type": "string", "format": "uuid"}, "created": {"type": "string", "format": "date-time"},
+        "status": {"enum": ["open", "closed", "pending"]}, "score": {"type": "number", "minimum": 0, "maximum": 1},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 5},
+        "owner": {"type": "object", "properties": {"email": {"type": "string", "format": "email"},
+                                                   "name": {"type": "string"}}, "required": ["email"]}},
+        "required": ["id", "status", "owner"]},
+    "large": {"$defs": {"address": {"type": "object", "properties": {
+        "street": {"type": "string"}, "city": {"type": "string"}, "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
+        "country": {"enum": ["US", "CA", "MX", "FR", "DE", "JP"]}}, "required": ["street", "city", "country"]},
+        "person": {"type": "object", "properties": {
+            "first": {"type": "string"}, "last": {"type": "string"}, "born": {"type": "string", "format": "date"},
+            "phones": {"type": "array", "items": {"type": "string", "pattern": "^\\+?[0-9 -]{7,15}$"}, "maxItems": 3},
+            "home": {"$ref": "#/$defs/address"}, "work": {"$ref": "#/$defs/address"}}, "required": ["first", "last"]}},
+        "type": "object", "properties": {"customer": {"$ref": "#/$defs/person"}, "contacts": {"type": "array",
+                                         "items": {"$ref": "#/$defs/person"}, "maxItems": 4},
+                                         "notes": {"type": "string", "maxLength": 200}, "vip": {"type": "boolean"}},
+        "required": ["customer"]},
+}
+
+
+def step_costs(backend, vocab_size: int, walks: int = 20, steps: int = 150) -> None:
+    print("\n== compile time and mask cost per step, per request (µs) ==")
+    print(f"{'schema':>8} {'regex chars':>11} {'compile s':>9} {'write p50':>9} {'p99':>7} "
+          f"{'fill_mask p50':>13} {'p99':>7} {'batch32/req p50':>15}")
+    rng = random.Random(0)
+    buf = torch.zeros(backend.num_words, dtype=torch.int32)
+    row = torch.zeros(vocab_size, dtype=torch.bool)
+    for name, schema in SIZES.items():
+        key = backend._key("json_schema", schema)
+        rx = backend._regex_for(key)
+        t = time.perf_counter()
+        compiled = backend._compile(key)
+        compile_s = time.perf_counter() - t
+        write_us, fill_us, batch_us = [], [], []
+        for _ in range(walks):
+            state = backend._new_state(compiled)
+            for _ in range(steps):
+                if state.is_terminated():
+                    break
+                t = time.perf_counter()
+                state.guide.write_mask_into(buf.data_ptr(), buf.numel(), 4)
+                write_us.append((time.perf_counter() - t) * 1e6)
+                t = time.perf_counter()
+                state.fill_mask(row)
+                fill_us.append((time.perf_counter() - t) * 1e6)
+                allowed = [i for i in row.nonzero().flatten().tolist() if i not in backend.eos_token_ids]
+                if not allowed:
+                    break
+                state.accept(rng.choice(allowed[:64]))
+        states = [backend._new_state(compiled) for _ in range(32)]
+        for _ in range(20):
+            t = time.perf_counter()
+            fill_masks(states, vocab_size, "cpu")
+            batch_us.append((time.perf_counter() - t) * 1e6 / len(states))
+        print(f"{name:>8} {len(rx):>11} {compile_s:>9.2f} {pct(write_us, .5):>9.1f} {pct(write_us, .99):>7.1f} "
+              f"{pct(fill_us, .5):>13.1f} {pct(fill_us, .99):>7.1f} {statistics.median(batch_us):>15.1f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", default="/work/shared/data/jsonschemabench/maskbench")
+    ap.add_argument("--limit", type=int, default=None, help="first N schemas (sorted by name)")
+    ap.add_argument("--timeout", type=float, default=5.0, help="compile budget per schema, seconds")
+    ap.add_argument("--skip-coverage", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    tokenizer = load_tokenizer(resolve_model(None))
+    vocab_size = len(tokenizer)
+    backend = GrammarBackend(tokenizer, vocab_size, [tokenizer.eos_token_id], compile_timeout=args.timeout)
+    step_costs(backend, vocab_size)
+    if not args.skip_coverage:
+        files = sorted(glob.glob(os.path.join(args.data, "*.json")))[: args.limit]
+        coverage(backend, tokenizer, files, args.timeout)
+
+
+if __name__ == "__main__":
+    main()
