@@ -135,9 +135,9 @@ class OpenAIRoutes:
             raise APIError("echo together with logprobs is not supported", param="echo")
         p = req.prompt
         if isinstance(p, str):
-            prompts = [self.tm.encode(p)]
+            prompts = await self.tm.encode([p])
         elif p and all(isinstance(x, str) for x in p):
-            prompts = [self.tm.encode(x) for x in p]
+            prompts = await self.tm.encode(list(p))
         elif p and all(isinstance(x, int) for x in p):
             prompts = [list(p)]
         else:
@@ -169,7 +169,7 @@ class OpenAIRoutes:
                 "usage": self.usage(results, prompt_tokens)}
 
     # ---------------------------------------------------------------- /v1/chat/completions
-    def chat_prompt(self, req: ChatCompletionRequest) -> list[int]:
+    async def chat_prompt(self, req: ChatCompletionRequest) -> list[int]:
         msgs = [{"role": m.role, "content": m.text()} for m in req.messages]
         if req.continue_final_message and msgs[-1]["role"] != "assistant":
             raise APIError("continue_final_message needs the last message to be from the assistant", param="messages")
@@ -179,7 +179,7 @@ class OpenAIRoutes:
                 continue_final_message=req.continue_final_message)
         except Exception as e:  # the template itself refuses (e.g. roles out of order)
             raise APIError(f"the chat template rejected the messages: {e}", param="messages") from None
-        return self.tm.encode(text)
+        return (await self.tm.encode([text]))[0]
 
     async def chat(self, request: Request) -> Any:
         req: ChatCompletionRequest = parse_body(
@@ -190,7 +190,7 @@ class OpenAIRoutes:
         if req.top_logprobs and not req.logprobs:
             raise APIError("top_logprobs needs logprobs to be true", param="top_logprobs")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        handle, results, prompt_tokens = self._prepare(req, [self.chat_prompt(req)], max_tokens, req.logprobs,
+        handle, results, prompt_tokens = self._prepare(req, [await self.chat_prompt(req)], max_tokens, req.logprobs,
                                                        req.top_logprobs or 0)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         base = {"id": rid, "created": created, "model": self.model_name}

@@ -121,7 +121,7 @@ def create_app(tm: TokenizerManager, served_model_name: str, metrics: ServerMetr
             raise APIError("give exactly one of text and input_ids", param="text")
         if req.text is not None:
             batch = isinstance(req.text, list)
-            prompts = [tm.encode(t) for t in (req.text if batch else [req.text])]
+            prompts = await tm.encode(req.text if batch else [req.text])
         else:
             batch = bool(req.input_ids) and isinstance(req.input_ids[0], list)
             prompts = req.input_ids if batch else [req.input_ids]

@@ -200,8 +200,12 @@ class TokenizerManager:
         if self.dead_reason is not None:
             raise APIError(f"the server is shutting down: {self.dead_reason}", 503, "server_error")
 
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
+    async def encode(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of each text (no special tokens added, as the Engine does). Long inputs are
+        tokenized on a worker thread so one huge prompt does not stall every other stream."""
+        def run() -> list[list[int]]:
+            return [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
+        return run() if sum(len(t) for t in texts) < 20_000 else await asyncio.to_thread(run)
 
     def validate_sampling(self, params: dict[str, Any] | None) -> SamplingParams:
         try:

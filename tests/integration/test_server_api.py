@@ -65,6 +65,9 @@ def test_chat_stream_equals_nonstream_and_uses_chat_template(server, client, tok
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
     assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+    short = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=messages, temperature=0,
+                                           max_completion_tokens=3)
+    assert short.usage.completion_tokens == 3 and text.startswith(short.choices[0].message.content)
 
 
 def test_completions_stop_logprobs_and_n(server, client):
