@@ -4,7 +4,8 @@ The main process runs uvicorn + the tokenizer manager; the scheduler and the det
 spawned ("spawn": torch and fork do not mix) and joined by ZeroMQ ipc:// sockets in a private
 temp dir (mode 0700). Start-up waits for both children to report ready. A watchdog notices a
 dead child: in-flight requests fail at once, /health turns 503, the server exits non-zero.
-Ctrl-C / SIGTERM stop everything; no process or socket file outlives the server.
+Ctrl-C / SIGTERM stop admitting, let running requests finish (at most DRAIN_TIMEOUT_S), then stop
+everything; no process or socket file outlives the server.
 """
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ logger = logging.getLogger("radixrt.server")
 
 WATCHDOG_INTERVAL_S = 0.25
 STOP_TIMEOUT_S = 5.0
+# SIGTERM: uvicorn stops accepting, then waits this long for running requests to finish before
+# cancelling them (a generation of a few hundred tokens on a CPU takes tens of seconds).
+DRAIN_TIMEOUT_S = 30.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,7 +186,7 @@ async def _serve(config: Any, ipc: IpcPaths, procs: dict[str, Any], name: str) -
         app = create_app(tm, name)
         server = uvicorn.Server(uvicorn.Config(
             app, host=config.host, port=config.port, log_level=config.log_level,
-            access_log=config.log_level == "debug", timeout_graceful_shutdown=5, lifespan="off"))
+            access_log=config.log_level == "debug", timeout_graceful_shutdown=DRAIN_TIMEOUT_S, lifespan="off"))
         failed: list[str] = []
         watchdog = asyncio.create_task(_watchdog(tm, procs, server, failed))
         logger.info("serving %s on http://%s:%d", name, config.host, config.port)
