@@ -141,7 +141,8 @@ def test_a_failing_gen_on_the_engine_names_the_program_line():
 
     @sgl.function
     def bad(s):
-        s += "x" + sgl.gen("y", max_tokens=10**7)  # TOO_LONG
+        s += "x" + sgl.gen("y", max_tokens=4, temperature=-1.0)  # BAD_TEMPERATURE
 
-    with pytest.raises(sgl.ProgramError, match="TOO_LONG"):
+    with pytest.raises(sgl.ProgramError, match="BAD_TEMPERATURE") as info:
         bad.run(backend=be)
+    assert "temperature" in str(info.value)
