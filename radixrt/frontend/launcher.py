@@ -44,10 +44,7 @@ def server_command(port: int, model_path: str | None, server_args: dict[str, Any
     for name, value in args.items():
         flag = "--" + name.replace("_", "-")
         if fields[name].type in ("bool", bool):
-            if not value and fields[name].default:
-                raise ValueError(f"{name}=False cannot be passed to `radixrt serve` (its flag only turns it on)")
-            if value:
-                cmd.append(flag)
+            cmd.append(flag if value else "--no-" + flag[2:])  # BooleanOptionalAction flags
         elif value is not None:
             cmd += [flag, str(value)]
     return cmd

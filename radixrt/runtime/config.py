@@ -65,8 +65,8 @@ class ServerConfig:
         for f in dataclasses.fields(cls):
             flag = "--" + f.name.replace("_", "-")
             help_text = f.metadata.get("help", "")
-            if f.type in ("bool", bool):
-                parser.add_argument(flag, action="store_true", default=f.default, help=help_text)
+            if f.type in ("bool", bool):  # --flag / --no-flag, so True defaults can be turned off
+                parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text)
                 continue
             kind = {"int": int, "float": float}.get(str(f.type).split(" |")[0], str)
             parser.add_argument(flag, type=kind, default=f.default, help=help_text,

@@ -91,6 +91,24 @@ class Engine:
         out = [r[0] if len(r) == 1 else r for r in results]
         return out[0] if single else out
 
+    def pin_prefix(self, prompt: str | None = None, input_ids: list[int] | None = None,
+                   program_id: str | None = None, ttl_s: float = 600.0) -> str | None:
+        """Compute the prompt's KV and keep it pinned in the radix cache until `unpin(handle)`
+        (or ttl_s passes). Returns the handle, or None when the runtime refused the pin."""
+        _, ids_list = self._tokenize(prompt, input_ids)
+        if not (isinstance(ttl_s, (int, float)) and ttl_s > 0):
+            raise ValueError(f"ttl_s must be a positive number, got {ttl_s!r}")
+        msg = TokenizedGenerateReq(rid=f"{self._prefix}-pin-{next(self._ids)}", input_ids=list(ids_list[0]),
+                                   sampling_params={"max_new_tokens": 0}, program_id=program_id,
+                                   arrival_time=time.time(), pin_ttl_s=float(ttl_s))
+        self._run([msg])
+        reason = self._result(msg)["meta_info"]["finish_reason"] or {}
+        return msg.rid if reason.get("pinned") else None
+
+    def unpin(self, handle: str) -> bool:
+        with self._lock:
+            return self.scheduler.unpin(handle)
+
     def flush_cache(self) -> bool:
         with self._lock:
             return self.scheduler.flush_cache()

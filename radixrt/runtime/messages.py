@@ -44,6 +44,7 @@ class TokenizedGenerateReq:
     stream: bool = False
     program_id: str | None = None
     arrival_time: float = 0.0
+    pin_ttl_s: float | None = None  # keep the prompt pinned in the cache after it finishes (handle = rid)
 
 
 @message
@@ -134,3 +135,8 @@ class ProcessFailed:
     """A child process could not start; error is the reason (a traceback's last line)."""
     name: str
     error: str
+
+
+@message
+class UnpinReq:
+    handle: str

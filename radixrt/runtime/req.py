@@ -27,6 +27,7 @@ class Req:
         self.top_logprobs_num = top_logprobs_num
         self.stream = stream
         self.program_id = program_id
+        self.pin_ttl_s: float | None = None  # pin the prompt in the tree when finished
         self.arrival_time = time.time() if arrival_time is None else arrival_time
 
         # memory

@@ -17,6 +17,18 @@ def abort_reason(message: str) -> dict:
     return {"type": "abort", "message": message}
 
 
+def apply_prompt_logprobs(req: Req, item_prefix_len: int, res: ItemResult) -> None:
+    """Accumulate the prompt logprobs a step scored (the first prompt token has none)."""
+    if req.input_logprobs is None and item_prefix_len <= max(req.logprob_start_len - 1, 0):
+        req.input_logprobs, req.input_top_logprobs = [], []
+        if req.logprob_start_len == 0:
+            req.input_logprobs.append([None, req.origin_input_ids[0]])
+            req.input_top_logprobs.append([])
+    if res.prompt_logprobs:
+        req.input_logprobs.extend(list(x) for x in res.prompt_logprobs)
+        req.input_top_logprobs.extend(res.prompt_top_logprobs or [[] for _ in res.prompt_logprobs])
+
+
 def apply_sampled_token(req: Req, res: ItemResult, eos_ids: set[int], tokenizer) -> dict | None:
     """Append the sampled token (and any jump-forward run); return a finish reason or None."""
     sp = req.sampling

@@ -15,7 +15,8 @@ from radixrt.runtime.page_pool import PageAllocator, slots_of
 from radixrt.runtime.plan import ItemResult, PlanItem
 from radixrt.runtime.radix_cache import RadixCache
 from radixrt.runtime.req import Req
-from radixrt.runtime.req_finish import apply_sampled_token, abort_reason
+from radixrt.runtime.pins import PinTable
+from radixrt.runtime.req_finish import abort_reason, apply_prompt_logprobs, apply_sampled_token
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.scheduler_stats import SchedulerStats
 
@@ -40,6 +41,7 @@ class Scheduler:
         self.running: list[Req] = []
         self._free_rows = list(range(runner.max_rows - 1, -1, -1))
         self._outbox: list[TokenOut] = []
+        self.pins = PinTable(self.tree, self.pool_tokens)
         self.stats = SchedulerStats()
         self.grammar_backend = None
         self.model_info = {
@@ -62,6 +64,7 @@ class Scheduler:
                   logprob_start_len=msg.logprob_start_len if msg.return_logprob else -1,
                   top_logprobs_num=msg.top_logprobs_num, stream=msg.stream, program_id=msg.program_id,
                   arrival_time=msg.arrival_time or None)
+        req.pin_ttl_s = msg.pin_ttl_s
         constraint = self._constraint(sampling)
         if constraint is not None:
             req.grammar_future = self._grammar().request(*constraint)
@@ -117,6 +120,7 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def step(self) -> list[TokenOut]:
+        self.pins.expire()
         self._collect_grammars()
         plan = self._plan()
         if plan:
@@ -267,17 +271,14 @@ class Scheduler:
         for item, res in zip(plan, results):
             req = item.req
             req.kv_len = item.prefix_len + len(item.new_ids)
-            if res.prompt_logprobs is not None:
-                if req.input_logprobs is None:
-                    req.input_logprobs, req.input_top_logprobs = [], []
-                    if req.logprob_start_len == 0:
-                        req.input_logprobs.append([None, req.origin_input_ids[0]])
-                        req.input_top_logprobs.append([])
-                req.input_logprobs.extend(list(x) for x in res.prompt_logprobs)
-                req.input_top_logprobs.extend(res.prompt_top_logprobs or [[] for _ in res.prompt_logprobs])
+            if item.logits_start is not None:
+                apply_prompt_logprobs(req, item.prefix_len, res)
             if res.next_id is None or not req.output_ids:
                 self._share(req)  # a finished chunk, or the whole prompt
             if res.next_id is None:
+                continue
+            if req.sampling.max_new_tokens == 0:  # prefill only (cache warm-up, prompt scoring)
+                self._finish(req, {"type": "length", "length": 0})
                 continue
             reason = apply_sampled_token(req, res, self.eos_ids, self.tokenizer)
             if reason is not None:
@@ -286,9 +287,12 @@ class Scheduler:
                 self._emit(req)
 
     def _finish(self, req: Req, reason: dict) -> None:
-        req.finished_reason = reason
+        pin_ids = req.fill_ids[:req.kv_len] if req.pin_ttl_s is not None and req.table_row is not None else None
         if req.table_row is not None:
             self._release(req)
+        if pin_ids is not None and reason["type"] != "abort":
+            reason = {**reason, "pinned": self.pins.pin(req.rid, pin_ids, req.pin_ttl_s)}
+        req.finished_reason = reason
         self.stats.on_finish(req)
         self._emit(req)
 
@@ -342,6 +346,9 @@ class Scheduler:
         return out
 
     # ---------------------------------------------------------------- admin
+    def unpin(self, handle: str) -> bool:
+        return self.pins.unpin(handle)
+
     def flush_cache(self) -> bool:
         if self.running:
             return False

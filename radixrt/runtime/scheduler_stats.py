@@ -49,6 +49,8 @@ class SchedulerStats:
             "num_running": len(s.running),
             "num_waiting": len(s.waiting),
             "num_preemptions": self.num_preemptions,
+            "num_pins": len(s.pins),
+            "num_pinned_tokens": s.pins.num_pinned_tokens,
             "num_requests_admitted": self.num_admitted,
             "num_requests_finished": self.num_finished,
             "num_requests_aborted": self.num_aborted,
@@ -81,7 +83,7 @@ class SchedulerStats:
         assert len(free) + len(tree_pages) + len(owned) == s.allocator.num_pages == len(all_pages), (
             f"pages leaked or shared: free {len(free)} + tree {len(tree_pages)} + owned {len(owned)} "
             f"!= {s.allocator.num_pages} (distinct {len(all_pages)})")
-        if not s.running:
-            assert s.tree.protected_pages == 0, "locks remain with nothing running"
+        if not s.running and not len(s.pins):
+            assert s.tree.protected_pages == 0, "locks remain with nothing running or pinned"
         rows = [r.table_row for r in s.running]
         assert len(set(rows)) == len(rows) and not set(rows) & set(s._free_rows), "table rows shared"

@@ -185,8 +185,10 @@ def test_runtime_command_line_is_built_from_server_config_fields():
     ServerConfig.add_cli_args(parser)
     config = ServerConfig.from_cli_args(parser.parse_args(cmd[4:]))
     assert config.page_size == 16 and config.disable_radix_cache and config.log_level == "error"
-    with pytest.raises(ValueError, match="enable_jump_forward"):
-        server_command(1, None, {"enable_jump_forward": False})
+    # a field that defaults to True can be turned off on the command line
+    off = server_command(1, None, {"enable_jump_forward": False})
+    assert "--no-enable-jump-forward" in off
+    assert not ServerConfig.from_cli_args(parser.parse_args(off[4:])).enable_jump_forward
     with pytest.raises(ValueError, match="not_a_flag"):
         server_command(1, None, {"not_a_flag": 1})
 

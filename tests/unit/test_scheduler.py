@@ -199,3 +199,40 @@ def test_fuzz_random_arrivals_aborts_and_sizes(page_size, pool_pages, chunk_page
         elif rid not in aborted:
             assert ids(outs, rid) == reference_output(p, max_new, VOCAB, 0)
     assert_all_pages_back(s)
+
+
+def test_max_new_tokens_zero_prefills_only_and_caches_the_prompt():
+    s = make()
+    p = list(range(1, 30))
+    submit(s, "warm", p, max_new_tokens=0)
+    outs = drain(s)
+    assert ids(outs, "warm") == [] and outs["warm"][-1].finished_reason == {"type": "length", "length": 0}
+    submit(s, "use", p + [5], max_new_tokens=3)
+    outs = drain(s)
+    assert outs["use"][-1].cached_tokens == len(p)
+    assert ids(outs, "use") == reference_output(p + [5], 3, VOCAB, 0)
+
+
+def test_pins_hold_a_prefix_against_eviction_until_unpinned_or_expired():
+    s = make(page_size=1, num_tokens=120)
+    p = [7] * 5 + list(range(1, 40))
+    s.add_request(TokenizedGenerateReq(rid="pin", input_ids=p, sampling_params={"max_new_tokens": 0}, pin_ttl_s=60))
+    outs = drain(s)
+    assert outs["pin"][-1].finished_reason["pinned"] is True
+    assert s.server_info()["num_pinned_tokens"] >= len(p) - 1
+    # fill the pool with unrelated work: the pinned prefix must survive
+    for i in range(6):
+        submit(s, f"x{i}", [(i * 7 + k) % 40 + 10 for k in range(30)], max_new_tokens=20, ignore_eos=True)
+    drain(s)
+    submit(s, "use", p + [3], max_new_tokens=2)
+    outs = drain(s)
+    assert outs["use"][-1].cached_tokens >= len(p) - 1
+    assert not s.flush_cache(), "a pinned prefix is locked: flush must refuse"
+    assert s.unpin("pin") and not s.unpin("pin")
+    assert_all_pages_back(s)
+    # expiry: a pin whose ttl passed is released on the next step
+    s.add_request(TokenizedGenerateReq(rid="short", input_ids=p, sampling_params={"max_new_tokens": 0}, pin_ttl_s=1e-6))
+    drain(s)
+    s.step()
+    assert s.server_info()["num_pins"] == 0
+    assert_all_pages_back(s)
