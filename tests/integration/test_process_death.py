@@ -20,7 +20,8 @@ from conftest_server import ServerProcess, sse_events
 
 MODEL = "SmolLM2-135M-Instruct"
 FAIL_DEADLINE_S = 10.0
-BODY = {"text": "Count slowly from one to one thousand:", "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}}
+BODY = {"text": "Count slowly from one to one thousand:",
+        "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}}
 slowest: list[float] = []
 
 
