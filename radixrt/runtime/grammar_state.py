@@ -1,0 +1,166 @@
+"""Per-request grammar state and batched token masks.
+
+Masks: outlines-core writes a 32-bit-word bitmask straight into our buffer (no Python lists
+of ids); fill_masks unpacks the words of the whole batch at once. The outlines vocabulary
+holds one EOS id; every id of `eos_token_ids` is allowed exactly when the FSM is in a final
+state. Ids past the tokenizer (vocab_size may exceed len(tokenizer)) are never allowed.
+
+Jump-forward is token-level only: while the current state allows exactly one token (and is
+not final, so EOS is not an option), that token is appended without running the model.
+Under greedy decoding the model would have picked that same token (the mask leaves it the
+only finite logit), so output with jump-forward on equals output with it off, token for
+token. A string-level jump (SGLang's: take the forced *string*, e.g. `{"name": "`, and
+retokenize it) cannot promise that: the canonical tokenization of the forced string can
+differ from the split the model would choose token by token (`{"` + `name` vs `{` + `"name`),
+and the model's later tokens depend on that split. We keep the equality and give up the
+longer jumps; in byte-level BPE vocabularies forced single tokens occur mostly inside
+long keys and after partial enum values.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from outlines_core import Guide, Index
+
+from radixrt.runtime.grammar_regex import GrammarError
+
+HEAVY_STATE_TOKENS = 2048  # states allowing more tokens than this keep their mask row cached
+
+
+class CompiledGrammar:
+    """One Index shared by every request with the same (kind, spec), plus per-state facts."""
+
+    def __init__(self, index: Index, eos_id: int, description: str, num_words: int):
+        self.index = index
+        self.eos_id = eos_id
+        self.description = description
+        self.num_words = num_words
+        self._facts: dict[int, tuple[int, bool, int]] = {}  # state -> (forced token or -1, has non-EOS, count)
+        self._rows: dict[int, torch.Tensor] = {}  # bitmask of states with many allowed tokens
+
+    def facts(self, state: int) -> tuple[int, bool, int]:
+        f = self._facts.get(state)
+        if f is None:
+            allowed = self.index.get_allowed_tokens(state) or []
+            non_eos = [t for t in allowed if t != self.eos_id]
+            forced = non_eos[0] if len(allowed) == 1 and len(non_eos) == 1 else -1
+            f = self._facts[state] = (forced, bool(non_eos), len(allowed))
+        return f
+
+    def write_bits(self, state: int, guide: Guide, words: torch.Tensor) -> None:
+        """outlines-core walks a state's whole transition map to write its mask (~100 µs for the
+        ~49k tokens allowed inside a JSON string); such states recur step after step, so their
+        rows are kept and copied (a few KB) instead."""
+        if self.facts(state)[2] < HEAVY_STATE_TOKENS:
+            guide.write_mask_into(words.data_ptr(), words.numel(), 4)
+            return
+        row = self._rows.get(state)
+        if row is None:
+            row = torch.zeros(words.numel(), dtype=torch.int32)
+            guide.write_mask_into(row.data_ptr(), row.numel(), 4)
+            self._rows[state] = row
+        words.copy_(row)
+
+
+class GrammarState:
+    """Per-request FSM position. Used only by the scheduler thread."""
+
+    def __init__(self, compiled: CompiledGrammar, eos_token_ids: list[int], vocab_size: int, num_words: int,
+                 enable_jump_forward: bool):
+        self.compiled = compiled
+        self.guide = Guide(compiled.index, max_rollback=0)
+        self.eos_token_ids = eos_token_ids
+        self.vocab_size = vocab_size
+        self.num_words = num_words
+        self.enable_jump_forward = enable_jump_forward
+        self._eos_accepted = False
+
+    def is_final(self) -> bool:
+        """The text so far is a complete match: EOS is allowed now."""
+        return self.guide.is_finished()
+
+    def write_bits(self, words: torch.Tensor) -> None:
+        """Write this state's allowed ids into one contiguous CPU int32 row of num_words words."""
+        assert words.dtype == torch.int32 and words.is_contiguous() and words.numel() >= self.num_words
+        if self._eos_accepted:
+            words.zero_()
+            return
+        self.compiled.write_bits(self.guide.get_state(), self.guide, words)
+
+    def fill_mask(self, mask_row: torch.Tensor) -> None:
+        mask = fill_masks([self], mask_row.shape[-1], mask_row.device)
+        if mask_row.device.type == "cpu" and mask_row.is_contiguous():
+            np.copyto(mask_row.numpy(), mask[0].numpy())
+        else:
+            mask_row.copy_(mask[0])
+
+    def accept(self, token_id: int) -> None:
+        if self._eos_accepted:
+            raise GrammarError(f"token {token_id} after the grammar already ended")
+        if token_id in self.eos_token_ids:
+            if not self.guide.is_finished():
+                raise GrammarError(f"EOS token {token_id} before the {self.compiled.description} is complete")
+            self._eos_accepted = True
+            return
+        try:
+            self.guide.advance(token_id, return_tokens=False)
+        except ValueError:
+            raise GrammarError(f"token {token_id} is not allowed by the {self.compiled.description} here") from None
+
+    def is_terminated(self) -> bool:
+        if self._eos_accepted:
+            return True
+        return self.guide.is_finished() and not self.compiled.facts(self.guide.get_state())[1]
+
+    def jump_forward(self, max_tokens: int | None = None) -> list[int]:
+        """Forced token chain from here (accepted into the state); [] when disabled or none."""
+        out: list[int] = []
+        if not self.enable_jump_forward or self._eos_accepted:
+            return out
+        while max_tokens is None or len(out) < max_tokens:
+            forced = self.compiled.facts(self.guide.get_state())[0]
+            if forced < 0:
+                break
+            self.guide.advance(forced, return_tokens=False)
+            out.append(forced)
+        return out
+
+
+def fill_masks(states: list[GrammarState | None], vocab_size: int, device: Any) -> torch.Tensor | None:
+    """[B, vocab_size] bool: True where allowed; rows of None (unconstrained) are all True.
+    On the CPU the result is a view into the unpacked bits (row stride a multiple of 32)."""
+    live = [s for s in states if s is not None]
+    if not live:
+        return None
+    num_words = max(s.num_words for s in live)
+    assert num_words * 32 >= vocab_size
+    device = torch.device(device)
+    pin = device.type == "cuda"
+    words = torch.full((len(states), num_words), -1, dtype=torch.int32, pin_memory=pin)
+    words_np = words.numpy()
+    extra_eos: list[tuple[int, int]] = []
+    for i, s in enumerate(states):
+        if s is None:
+            continue
+        s.write_bits(words[i])
+        if s._eos_accepted:
+            continue
+        # final: every EOS id is allowed; a row with no way on (impossible with a byte-complete
+        # vocabulary) also gets EOS so that sampling never sees an all -inf row
+        if s.guide.is_finished() or not words_np[i].any():
+            extra_eos += [(i, e) for e in s.eos_token_ids if e < vocab_size]
+    if device.type == "cpu":  # numpy: no intra-op thread pool spun up for a few KB of work
+        bits = np.unpackbits(words_np.view(np.uint8), axis=1, bitorder="little").view(np.bool_)[:, :vocab_size]
+        for row, col in extra_eos:
+            bits[row, col] = True
+        return torch.from_numpy(bits)
+    # ship 32x fewer bytes, unpack on the device
+    w = words.to(device, non_blocking=True)
+    shifts = torch.arange(32, dtype=torch.int32, device=device)
+    mask = ((w.unsqueeze(-1) >> shifts) & 1).bool().view(len(states), -1)[:, :vocab_size]
+    if extra_eos:
+        rows, cols = zip(*extra_eos)
+        mask[torch.tensor(rows, device=device), torch.tensor(cols, device=device)] = True
+    return mask
