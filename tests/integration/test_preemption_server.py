@@ -19,9 +19,9 @@ PAGE_SIZE = 16
 NUM_REQUESTS = 24
 MAX_NEW = 40
 SP = {"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True}
+ANIMALS, THINGS = ("cat", "dog", "fox", "owl", "bear", "crow"), ("rain", "maps", "soup", "bells")
 PROMPTS = [f"Story {i}: once upon a time, a {animal} who loved {thing} went to the"
-           for i, (animal, thing) in enumerate(
-               [(a, t) for a in ("cat", "dog", "fox", "owl", "bear", "crow") for t in ("rain", "maps", "soup", "bells")])]
+           for i, (animal, thing) in enumerate([(a, t) for a in ANIMALS for t in THINGS])]
 
 
 @pytest.fixture(scope="module")
