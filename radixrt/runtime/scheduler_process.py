@@ -19,7 +19,7 @@ from radixrt.runtime import messages
 from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.launch import StopFlag, set_parent_death_signal
 from radixrt.runtime.messages import (
-    AbortReq, BatchTokenOut, DetokenizeReq, FlushCacheOut, FlushCacheReq, GetServerInfoReq, HealthCheckOut,
+    AbortReq, UnpinReq, BatchTokenOut, DetokenizeReq, FlushCacheOut, FlushCacheReq, GetServerInfoReq, HealthCheckOut,
     HealthCheckReq, ProcessFailed, ProcessReady, SchedulerInfo, TokenizedGenerateReq, TokenOut)
 
 logger = logging.getLogger(__name__)
@@ -62,6 +62,8 @@ class SchedulerLoop:
             self.to_tokenizer.send(messages.encode(HealthCheckOut(probe_id=msg.probe_id)))
         elif isinstance(msg, GetServerInfoReq):
             self.to_tokenizer.send(messages.encode(SchedulerInfo(info=s.server_info())))
+        elif isinstance(msg, UnpinReq):
+            s.unpin(msg.handle)
         elif isinstance(msg, FlushCacheReq):
             self.to_tokenizer.send(messages.encode(FlushCacheOut(success=bool(s.flush_cache()))))
         else:

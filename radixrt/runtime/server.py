@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from radixrt.runtime.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from radixrt.runtime.openai_api import SSE_HEADERS, add_openai_routes
+from radixrt.runtime.pin_routes import add_pin_routes
 from radixrt.runtime.protocol import (
     SSE_DONE, APIError, ClientGone, GenerateRequest, SequenceResult, error_body, parse_body, read_body, sse,
     until_disconnect)
@@ -25,7 +26,7 @@ from radixrt.runtime.tokenizer_manager import RequestHandle, TokenizerManager
 logger = logging.getLogger(__name__)
 
 _ROUTES = {"/generate", "/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/get_model_info",
-           "/get_server_info", "/flush_cache", "/metrics"}
+           "/get_server_info", "/flush_cache", "/metrics", "/pin_prefix", "/unpin"}
 
 
 class GateMiddleware:
@@ -198,6 +199,7 @@ def create_app(tm: TokenizerManager, served_model_name: str, metrics: ServerMetr
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     add_openai_routes(app, tm, served_model_name)
+    add_pin_routes(app, tm)
     app.add_middleware(GateMiddleware, api_key=config.api_key, metrics=metrics)
     return app
 

@@ -136,6 +136,10 @@ class TokenizerManager:
     def _send(self, msg: Any) -> None:
         self._push.send(messages.encode(msg))
 
+    def send_admin(self, msg: Any) -> None:
+        """A one-way message to the scheduler (e.g. UnpinReq)."""
+        self._send(msg)
+
     async def _recv_loop(self) -> None:
         while True:
             msg = messages.decode(await self._pull.recv())
