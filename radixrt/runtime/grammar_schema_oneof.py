@@ -2,8 +2,9 @@
 
 A regex alternation admits a value that satisfies several branches, which oneOf forbids. We
 prove, pair by pair, that every value generated for branch A fails branch B (as a validator):
-disjoint types, a literal set that B rejects, a key B requires that A never writes, a
-required key whose values B's rule for it rejects (recursively), property counts B refuses.
+disjoint types, a literal set that B rejects, a key B requires that A never writes or writes
+only with values B rejects (recursively), a key A always writes with values B rejects,
+property counts B refuses.
 When no proof is found the schema is rejected rather than risking a doubly-matching value.
 """
 from __future__ import annotations
@@ -70,25 +71,34 @@ def excludes(c, a, b, refs, depth: int) -> bool:
         literal_types = {literal_type(v) for v in b["enum"]}
         if not generated & (literal_types | ({"number"} if "integer" in literal_types else set())):
             return True
-    if generated != {"object"} or not (a.get("properties") or a.get("required")):
+    if generated != {"object"}:
         return False
     return _objects_exclude(c, a, b, refs, depth)
 
 
 def _objects_exclude(c, a: dict, b: dict, refs, depth: int) -> bool:
     a_props, a_req = a.get("properties") or {}, a.get("required") or []
-    written = set(a_props) | set(a_req)  # a is generated closed: these are the only keys it writes
-    if any(k not in written for k in b.get("required") or []):
-        return True
-    if "maxProperties" in b and len(set(a_req)) > b["maxProperties"]:
-        return True
-    if "minProperties" in b and len(written) < b["minProperties"]:
-        return True
-    for key in a_req:
-        rule = _rule_for(b, key)
-        if rule is True or rule == {}:
-            continue
-        a_value = a_props[key] if key in a_props else _rule_for(a, key)
-        if excludes(c, c.normalized(a_value, refs), c.normalized(rule, refs), refs, depth + 1):
+    is_map = not a_props and not a_req and a.get("additionalProperties", True) is not False
+    # a closed object writes only these keys; a map may write any key
+    written = None if is_map else set(a_props) | set(a_req)
+    if written is not None:
+        if "maxProperties" in b and len(set(a_req)) > b["maxProperties"]:
             return True
-    return False
+        if "minProperties" in b and len(written) < b["minProperties"]:
+            return True
+
+    def value_excluded(key: str) -> bool:
+        rule = _rule_for(b, key)
+        if rule is False:
+            return True
+        if rule is True or rule == {}:
+            return False
+        a_value = a_props[key] if key in a_props else _rule_for(a, key)
+        return excludes(c, c.normalized(a_value, refs), c.normalized(rule, refs), refs, depth + 1)
+
+    # a key b requires: either a never writes it, or whatever a writes there b rejects
+    for key in b.get("required") or []:
+        if (written is not None and key not in written) or value_excluded(key):
+            return True
+    # a key a always writes whose values b rejects
+    return any(value_excluded(key) for key in a_req)
