@@ -215,6 +215,10 @@ SUITE = {
         {"type": "object", "properties": {"kind": {"const": "circle"}, "r": {"type": "number", "minimum": 0}}, "required": ["kind", "r"]},
         {"type": "object", "properties": {"kind": {"const": "square"}, "side": {"type": "integer"}}, "required": ["kind", "side"]}]},
         ['{"kind":"circle","r":0.5}', '{"kind":"square","side":2}'], ['{"kind":"circle","side":2}', '{"kind":"square","r":1}']),
+    "oneof_map_or_object": ({"oneOf": [
+        {"type": "object", "additionalProperties": {"type": "boolean", "enum": [False]}, "minProperties": 1, "maxProperties": 1},
+        {"type": "object", "properties": {"type": {"type": "string", "maxLength": 5}}, "required": ["type"]}]},
+        ['{"x":false}', '{"type":false}', '{"type":"git"}'], ['{"type":1}', "{}", '{"x":false,"y":false}']),
     "oneof_types": ({"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}, ['"a"', '["a"]'], ["1"]),
     "allof_merge": ({"allOf": [{"type": "object", "properties": {"a": {"type": "integer", "minimum": 5}}, "required": ["a"]},
                                {"properties": {"a": {"maximum": 7}, "b": {"type": "boolean"}}}]},
