@@ -12,6 +12,7 @@ in a DFA: GrammarError names them.
 from __future__ import annotations
 
 import re
+import warnings
 import re._constants as C
 import re._parser as sre_parse
 
@@ -29,7 +30,9 @@ _UNSUPPORTED = {C.ASSERT: "lookahead/lookbehind", C.ASSERT_NOT: "negative lookar
 
 def _parse(pattern: str, what: str) -> sre_parse.SubPattern:
     try:
-        return sre_parse.parse(pattern)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            return sre_parse.parse(pattern)
     except (re.error, OverflowError, RecursionError) as e:
         raise GrammarError(f"invalid {what} {pattern!r}: {e}") from None
 
@@ -161,13 +164,21 @@ def pattern_to_regex(pattern: str) -> tuple[str, int, int | None]:
     return rx, lo, (None if hi >= C.MAXREPEAT else hi)
 
 
+_RUST_ONLY = re.compile(r"\\[pP][{A-Za-z]|\\x\{|&&|--|~~|\[\[:|\(\?<[A-Za-z]")
+
+
 def check_user_regex(regex: str) -> None:
-    """Reject regexes that use constructs a DFA cannot run; syntax Python cannot parse
-    (Rust-only forms like \\p{L}) is left for the compiler to judge."""
+    """Reject bad syntax and constructs a DFA cannot run. Python's parser judges the syntax
+    unless the regex uses Rust-only forms (\\p{L}, \\x{..}, class set operations, (?<name>..)),
+    which are left for the compiler."""
     try:
-        parsed = sre_parse.parse(regex)
-    except (re.error, OverflowError, RecursionError):
-        return
+        with warnings.catch_warnings():  # "possible set intersection": Rust syntax, fine here
+            warnings.simplefilter("ignore", FutureWarning)
+            parsed = sre_parse.parse(regex)
+    except (re.error, OverflowError, RecursionError) as e:
+        if _RUST_ONLY.search(regex):
+            return
+        raise GrammarError(f"invalid regex {regex!r}: {e}") from None
 
     def walk(items) -> None:
         for op, av in items:

@@ -166,7 +166,11 @@ def test_user_regex_checks():
     for bad in (r"(?=a)b", r"(a)\1", r"\bword"):
         with pytest.raises(GrammarError):
             check_user_regex(bad)
-    check_user_regex(r"\p{L}+")  # Rust-only syntax is left to the compiler
+    for bad in ("a(", "[a-", "*a", "a{2,1}"):
+        with pytest.raises(GrammarError, match="invalid regex"):
+            check_user_regex(bad)
+    for ok in (r"\p{L}+", r"[a-z&&[^x]]+", r"\x{e9}", r"(?<year>[0-9]{4})"):  # Rust-only syntax: for the compiler
+        check_user_regex(ok)
     check_user_regex(r"[a-z]+@[a-z]+\.com")
 
 
