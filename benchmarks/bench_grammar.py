@@ -44,6 +44,11 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
+def category(path: str) -> str:
+    name = os.path.basename(path)
+    return re.split(r"---|_", name)[0] if "---" in name else name.split("_")[0]
+
+
 def _child(backend: GrammarBackend, tokenizer, path: str, conn) -> None:
     data = json.load(open(path))
     key = None
@@ -88,7 +93,9 @@ def coverage(backend, tokenizer, files: list[str], timeout: float) -> None:
     valid = [0, 0]
     invalid = [0, 0]
     passing = 0
+    per_cat: dict[str, list[int]] = {}
     for n, path in enumerate(files):
+        per_cat.setdefault(category(path), [0, 0, 0])
         recv, send = ctx.Pipe(duplex=False)
         proc = ctx.Process(target=_child, args=(backend, tokenizer, path, send), daemon=True)
         proc.start()
@@ -101,6 +108,7 @@ def coverage(backend, tokenizer, files: list[str], timeout: float) -> None:
                 deadline = time.monotonic() + timeout  # the compile budget starts after conversion
             elif final == "compiled":
                 deadline = time.monotonic() + 300
+                compile_s.append(msg["compile_s"])
             elif final in ("rejected", "compile_error", "done"):
                 break
         if proc.is_alive():
@@ -111,9 +119,9 @@ def coverage(backend, tokenizer, files: list[str], timeout: float) -> None:
         status[final if final != "done" else "compiled"] += 1
         if final in ("rejected", "compile_error"):
             reasons[re.sub(r"'[^']*'|\d+", "…", msg["reason"])[:90]] += 1
+        ok = True
         if final == "done":
             write_us += msg["write_us"]
-            ok = True
             for is_valid, accepted, text in msg["results"]:
                 bucket = valid if is_valid else invalid
                 bucket[0] += accepted == is_valid
@@ -122,8 +130,10 @@ def coverage(backend, tokenizer, files: list[str], timeout: float) -> None:
                 if accepted and not is_valid:
                     unsound.append((os.path.basename(path), text))
             passing += ok
-        if final in ("done", "compiled") and msg and "compile_s" in msg:
-            compile_s.append(msg["compile_s"])
+        cat = category(path)
+        per_cat[cat][0] += 1
+        per_cat[cat][1] += final == "done"
+        per_cat[cat][2] += final == "done" and ok
         if (n + 1) % 50 == 0:
             print(f"  ... {n + 1}/{len(files)}", file=sys.stderr, flush=True)
     total = len(files)
@@ -145,6 +155,9 @@ def coverage(backend, tokenizer, files: list[str], timeout: float) -> None:
     if write_us:
         print(f"write_mask_into per step: p50 {pct(write_us, .5):.1f} µs  p99 {pct(write_us, .99):.1f} µs "
               f"({len(write_us)} steps)")
+    print("per category (schemas / compiled / passing):")
+    for cat, (num, num_compiled, num_passing) in sorted(per_cat.items()):
+        print(f"  {cat:>16} {num:4d} {num_compiled:4d} {num_passing:4d}")
     print("top reasons for refusing a schema:")
     for reason, count in reasons.most_common(12):
         print(f"  {count:4d}  {reason}")
@@ -175,9 +188,11 @@ SIZES = {
 
 
 def step_costs(backend, vocab_size: int, walks: int = 20, steps: int = 150) -> None:
-    print("\n== compile time and mask cost per step, per request (µs) ==")
-    print(f"{'schema':>8} {'regex chars':>11} {'compile s':>9} {'write p50':>9} {'p99':>7} "
-          f"{'fill_mask p50':>13} {'p99':>7} {'batch32/req p50':>15}")
+    print("\n== compile time and mask cost per decoding step, per request (µs) ==")
+    print("write: outlines-core write_mask_into alone; fill: our fill_mask (bitmask + unpack to a bool row),")
+    print("first visit of each state (cold) and the same walk replayed (warm); batch32: fill_masks of 32 rows / 32")
+    print(f"{'schema':>8} {'regex':>6} {'compile s':>9} {'write p50':>9} {'p99':>6} {'cold p50':>8} {'p99':>6} "
+          f"{'warm p50':>8} {'p99':>6} {'batch32':>7}")
     rng = random.Random(0)
     buf = torch.zeros(backend.num_words, dtype=torch.int32)
     row = torch.zeros(vocab_size, dtype=torch.bool)
@@ -187,29 +202,39 @@ def step_costs(backend, vocab_size: int, walks: int = 20, steps: int = 150) -> N
         t = time.perf_counter()
         compiled = backend._compile(key)
         compile_s = time.perf_counter() - t
-        write_us, fill_us, batch_us = [], [], []
+        write_us, cold_us, warm_us, batch_us, paths = [], [], [], [], []
         for _ in range(walks):
-            state = backend._new_state(compiled)
+            state, path = backend._new_state(compiled), []
             for _ in range(steps):
                 if state.is_terminated():
                     break
                 t = time.perf_counter()
-                state.guide.write_mask_into(buf.data_ptr(), buf.numel(), 4)
-                write_us.append((time.perf_counter() - t) * 1e6)
-                t = time.perf_counter()
                 state.fill_mask(row)
-                fill_us.append((time.perf_counter() - t) * 1e6)
+                cold_us.append((time.perf_counter() - t) * 1e6)
                 allowed = [i for i in row.nonzero().flatten().tolist() if i not in backend.eos_token_ids]
                 if not allowed:
                     break
-                state.accept(rng.choice(allowed[:64]))
+                path.append(rng.choice(allowed[:64]))
+                state.accept(path[-1])
+            paths.append(path)
+        for path in paths:
+            state = backend._new_state(compiled)
+            for tok in path:
+                t = time.perf_counter()
+                state.fill_mask(row)
+                warm_us.append((time.perf_counter() - t) * 1e6)
+                t = time.perf_counter()
+                state.guide.write_mask_into(buf.data_ptr(), buf.numel(), 4)
+                write_us.append((time.perf_counter() - t) * 1e6)
+                state.accept(tok)
         states = [backend._new_state(compiled) for _ in range(32)]
         for _ in range(20):
             t = time.perf_counter()
             fill_masks(states, vocab_size, "cpu")
             batch_us.append((time.perf_counter() - t) * 1e6 / len(states))
-        print(f"{name:>8} {len(rx):>11} {compile_s:>9.2f} {pct(write_us, .5):>9.1f} {pct(write_us, .99):>7.1f} "
-              f"{pct(fill_us, .5):>13.1f} {pct(fill_us, .99):>7.1f} {statistics.median(batch_us):>15.1f}")
+        print(f"{name:>8} {len(rx):>6} {compile_s:>9.2f} {pct(write_us, .5):>9.1f} {pct(write_us, .99):>6.0f} "
+              f"{pct(cold_us, .5):>8.1f} {pct(cold_us, .99):>6.0f} {pct(warm_us, .5):>8.1f} {pct(warm_us, .99):>6.0f} "
+              f"{statistics.median(batch_us):>7.1f}")
 
 
 def main() -> None:
