@@ -168,6 +168,8 @@ def merge(parts: list[dict]) -> dict | bool:
             elif key == "enum":
                 keep = {canonical(v) for v in value}
                 out[key] = [v for v in out[key] if canonical(v) in keep]
+            elif key == "not":  # not A and not B = not (A or B)
+                out[key] = {"anyOf": [out[key], value]}
             elif key in ("items", "additionalProperties", "propertyNames", "contains"):
                 out[key] = {"allOf": [out[key], value]}
             elif key in ("properties", "patternProperties"):
@@ -203,9 +205,14 @@ def _extra_rule(part: dict, name: str) -> Any:
     return part.get("additionalProperties", True)
 
 
-def normalize(schema: Any, resolver: Resolver, refs: tuple[str, ...], max_depth: int
+def normalize(schema: Any, resolver: Resolver, refs: tuple[str, ...], max_depth: int, defer_not: bool = False
               ) -> tuple[dict | bool, tuple[str, ...]]:
-    """(normalised schema or False, the $ref chain including refs expanded here)."""
+    """(normalised schema or False, the $ref chain including refs expanded here).
+
+    `not` is kept when the schema is a finite literal set (enum/const): the compiler then keeps
+    exactly the literals that fail the negated schema. Otherwise only type negations are
+    enforced; allOf parts defer theirs until the parts are merged (a sibling may bring an enum).
+    """
     if schema is True:
         return {}, refs
     if schema is False:
@@ -224,7 +231,7 @@ def normalize(schema: Any, resolver: Resolver, refs: tuple[str, ...], max_depth:
     if "allOf" in s:
         parts = []
         for sub in s.pop("allOf") + [s]:
-            n, refs = normalize(sub, resolver, refs, max_depth)
+            n, refs = normalize(sub, resolver, refs, max_depth, defer_not=True)
             if n is False:
                 return False, refs
             parts.append(n)
@@ -238,7 +245,7 @@ def normalize(schema: Any, resolver: Resolver, refs: tuple[str, ...], max_depth:
         s = merge(parts)
         if s is False:
             return False, refs
-    if "not" in s:
+    if "not" in s and not defer_not and "enum" not in s:
         s = _apply_not(s)
     return s, refs
 

@@ -346,3 +346,16 @@ def test_json_object_and_choices():
     assert all(fsm.fullmatch(c) for c in choices) and not fsm.fullmatch("yesno") and not fsm.fullmatch("abbc")
     with pytest.raises(GrammarError):
         choices_regex([])
+
+
+def test_not_filters_literal_sets():
+    """`not` of any shape is exact on a finite literal set: literals matching it are dropped."""
+    cases = [({"allOf": [{"enum": [1, 8, 12, 16, "x"]}, {"not": {"multipleOf": 4}}]}, ["1"], ["8", "12", "16", '"x"']),
+             ({"enum": [{"a": 1}, {"b": 2}], "not": {"required": ["a"]}}, ['{"b":2}'], ['{"a":1}']),
+             ({"allOf": [{"enum": ["ab", "ba"]}, {"not": {"pattern": "^a"}}, {"not": {"const": "zz"}}]}, ['"ba"'], ['"ab"'])]
+    for schema, accept, reject in cases:
+        fsm = ByteFSM(schema_to_regex(schema))
+        assert all(fsm.fullmatch(t) for t in accept) and not any(fsm.fullmatch(t) for t in reject)
+        assert all(validator(schema).is_valid(json.loads(t)) for t in accept)
+    with pytest.raises(GrammarError, match="not"):
+        schema_to_regex({"type": "integer", "not": {"multipleOf": 4}})
