@@ -13,8 +13,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from radixrt.runtime.protocol import (
-    SSE_DONE, APIError, ChatCompletionRequest, CompletionRequest, SequenceResult, error_body, parse_body, read_body,
-    sampling_dict, sse, until_disconnect)
+    SSE_DONE, APIError, ChatCompletionRequest, collect_results, CompletionRequest, SequenceResult, error_body, parse_body, read_body,
+    sampling_dict, sse)
 from radixrt.runtime.tokenizer_manager import RequestHandle, TokenizerManager
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -86,15 +86,7 @@ class OpenAIRoutes:
                 "prompt_tokens_details": {"cached_tokens": sum(r.cached_tokens for r in results)}}
 
     async def run(self, request: Request, handle: RequestHandle, results: list[SequenceResult]) -> None:
-        async def collect() -> None:
-            async for idx, out in handle:
-                results[idx].add(out)
-                if results[idx].finished:
-                    results[idx].raise_error()
-        try:
-            await until_disconnect(request, collect())
-        finally:
-            handle.close()
+        await collect_results(request, handle, results)
 
     async def stream(self, handle: RequestHandle, results: list[SequenceResult], first: list[bytes],
                      chunk: Any, usage_chunk: Any) -> AsyncIterator[bytes]:

@@ -12,7 +12,7 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from radixrt.runtime.messages import UnpinReq
-from radixrt.runtime.protocol import APIError, SequenceResult, parse_body, read_body, until_disconnect
+from radixrt.runtime.protocol import APIError, SequenceResult, collect_results, parse_body, read_body
 
 
 class PinPrefixRequest(BaseModel):
@@ -42,16 +42,7 @@ def add_pin_routes(app: FastAPI, tm: Any) -> None:
         reqs[0].pin_ttl_s = req.ttl_s
         handle = tm.generate(reqs)
         res = SequenceResult(reqs[0].rid)
-
-        async def collect() -> None:
-            async for _, out in handle:
-                res.add(out)
-                if res.finished:
-                    res.raise_error()
-        try:
-            await until_disconnect(request, collect())
-        finally:
-            handle.close()
+        await collect_results(request, handle, [res])
         pinned = bool((res.finished_reason or {}).get("pinned"))
         return {"handle": reqs[0].rid if pinned else None, "prompt_tokens": res.prompt_tokens,
                 "cached_tokens": res.cached_tokens}

@@ -295,3 +295,16 @@ class SequenceResult:
             raise APIError(self.error or "the server failed", 503, "server_error")
         if self.error:
             raise APIError(self.error, 400)
+
+
+async def collect_results(request: Any, handle: Any, results: list["SequenceResult"]) -> None:
+    """Accumulate a non-streamed request's deltas until every sequence finished (or the client left)."""
+    async def collect() -> None:
+        async for idx, out in handle:
+            results[idx].add(out)
+            if results[idx].finished:
+                results[idx].raise_error()
+    try:
+        await until_disconnect(request, collect())
+    finally:
+        handle.close()

@@ -19,8 +19,7 @@ from radixrt.runtime.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from radixrt.runtime.openai_api import SSE_HEADERS, add_openai_routes
 from radixrt.runtime.pin_routes import add_pin_routes
 from radixrt.runtime.protocol import (
-    SSE_DONE, APIError, ClientGone, GenerateRequest, SequenceResult, error_body, parse_body, read_body, sse,
-    until_disconnect)
+    SSE_DONE, APIError, ClientGone, GenerateRequest, collect_results, SequenceResult, error_body, parse_body, read_body, sse)
 from radixrt.runtime.tokenizer_manager import RequestHandle, TokenizerManager
 
 logger = logging.getLogger(__name__)
@@ -152,15 +151,7 @@ def create_app(tm: TokenizerManager, served_model_name: str, metrics: ServerMetr
             return StreamingResponse(_stream_generate(handle, results, output), media_type="text/event-stream",
                                      headers=SSE_HEADERS)
 
-        async def collect() -> None:
-            async for idx, out in handle:
-                results[idx].add(out)
-                if results[idx].finished:
-                    results[idx].raise_error()
-        try:
-            await until_disconnect(request, collect())
-        finally:
-            handle.close()
+        await collect_results(request, handle, results)
         outs = [output(i) for i in range(len(results))]
         return outs if many else outs[0]
 
