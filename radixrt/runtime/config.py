@@ -31,7 +31,7 @@ class ServerConfig:
                                          ("torch", "triton"))
     schedule_policy: str = _opt("lpm", "lpm (longest cached prefix first) or fcfs", ("lpm", "fcfs"))
     random_seed: int = _opt(0, "seed for requests that give none")
-    enable_jump_forward: bool = _opt(True, "append forced grammar continuations without sampling")
+    enable_jump_forward: bool = _opt(True, "feed the text a grammar forces as a draft the model verifies in one forward")
     grammar_compile_timeout: float = _opt(10.0, "seconds a regex/schema may take to compile")
     grammar_cache_size: int = _opt(256, "compiled grammars kept (LRU)")
     host: str = _opt("127.0.0.1", "HTTP bind address (loopback by default)")

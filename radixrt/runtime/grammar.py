@@ -7,10 +7,10 @@ on). Compiled indexes are shared through a bounded LRU keyed by (kind, spec); a 
 outlives `compile_timeout` fails its request with GrammarError (the thread may finish later and
 fill the cache; a daemon thread never blocks interpreter exit).
 
-Jump-forward appends forced *tokens* only (a state that allows exactly one token), so greedy
-output is the same token for token with it on or off; a string-level jump (forced text,
-retokenized) cannot promise that, see grammar_state.py, which also holds the per-request
-state and the batched masks.
+Jump-forward drafts the text the grammar forces (`{"` -> `name"`), tokenized canonically, and
+the model verifies the draft in the same forward as the request's next token (grammar_draft.py):
+output is exactly what decoding token by token gives, greedy or sampled. grammar_state.py holds
+the per-request state and the batched masks.
 
 Known limit of outlines-core 0.2.14: its index drops a token whose last-but-one byte ends a
 match while the token itself does not (regex-automata reports matches one byte late), e.g.
@@ -31,6 +31,7 @@ from outlines_core import Index, Vocabulary
 
 from radixrt.runtime.grammar_pattern import check_user_regex
 from radixrt.runtime.grammar_regex import GrammarError
+from radixrt.runtime.grammar_draft import Drafter, VocabBytes
 from radixrt.runtime.grammar_state import CompiledGrammar, GrammarState, fill_masks
 from radixrt.runtime.grammar_vocab import token_bytes_map
 from radixrt.runtime.json_schema_regex import choices_regex, json_object_regex, schema_to_regex
@@ -70,7 +71,6 @@ class GrammarBackend:
         self.eos_token_ids = sorted({int(e) for e in eos_token_ids})
         self.cache_size = cache_size
         self.compile_timeout = compile_timeout
-        self.enable_jump_forward = enable_jump_forward
         token_map = token_bytes_map(tokenizer, vocab_size)
         for e in self.eos_token_ids:  # EOS is the grammar's to allow, never a spelled token
             for ids in token_map.values():
@@ -82,6 +82,7 @@ class GrammarBackend:
         self._vocab = Vocabulary(self._fsm_eos, token_map)
         max_id = max([self._fsm_eos, vocab_size - 1] + [max(ids) for ids in token_map.values()])
         self.num_words = (max_id + 1 + 31) // 32
+        self.drafter = Drafter(tokenizer, VocabBytes(token_map, max_id + 1)) if enable_jump_forward else None
         self._lock = threading.Lock()
         self._cache: collections.OrderedDict[tuple, CompiledGrammar | GrammarError] = collections.OrderedDict()
         self._pending: dict[tuple, Future] = {}
@@ -195,4 +196,4 @@ class GrammarBackend:
             self._regex_cache.clear()
 
     def _new_state(self, compiled: CompiledGrammar) -> GrammarState:
-        return GrammarState(compiled, self.eos_token_ids, self.vocab_size, self.num_words, self.enable_jump_forward)
+        return GrammarState(compiled, self.eos_token_ids, self.vocab_size, self.num_words, self.drafter)

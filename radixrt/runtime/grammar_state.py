@@ -5,16 +5,9 @@ of ids); fill_masks unpacks the words of the whole batch at once. The outlines v
 holds one EOS id; every id of `eos_token_ids` is allowed exactly when the FSM is in a final
 state. Ids past the tokenizer (vocab_size may exceed len(tokenizer)) are never allowed.
 
-Jump-forward is token-level only: while the current state allows exactly one token (and is
-not final, so EOS is not an option), that token is appended without running the model.
-Under greedy decoding the model would have picked that same token (the mask leaves it the
-only finite logit), so output with jump-forward on equals output with it off, token for
-token. A string-level jump (SGLang's: take the forced *string*, e.g. `{"name": "`, and
-retokenize it) cannot promise that: the canonical tokenization of the forced string can
-differ from the split the model would choose token by token (`{"` + `name` vs `{` + `"name`),
-and the model's later tokens depend on that split. We keep the equality and give up the
-longer jumps; in byte-level BPE vocabularies forced single tokens occur mostly inside
-long keys and after partial enum values.
+Jump-forward: `draft()` gives the tokens the grammar forces from here (grammar_draft.py);
+the scheduler feeds them for the model to verify, and `StateMask` writes the mask of each
+state along the draft so that every verified position is masked as one-by-one decoding is.
 """
 from __future__ import annotations
 
@@ -24,6 +17,7 @@ import numpy as np
 import torch
 from outlines_core import Guide, Index
 
+from radixrt.runtime.grammar_draft import Drafter
 from radixrt.runtime.grammar_regex import GrammarError
 
 HEAVY_STATE_TOKENS = 2048  # states allowing more tokens than this keep their mask row cached
@@ -37,23 +31,33 @@ class CompiledGrammar:
         self.eos_id = eos_id
         self.description = description
         self.num_words = num_words
-        self._facts: dict[int, tuple[int, bool, int]] = {}  # state -> (forced token or -1, has non-EOS, count)
-        self._rows: dict[int, torch.Tensor] = {}  # bitmask of states with many allowed tokens
+        self._facts: dict[int, tuple[bool, int]] = {}  # state -> (has non-EOS, number allowed)
+        self._rows: dict[int, torch.Tensor] = {}  # bitmask rows: states with many allowed tokens, draft states
+        # jump-forward caches, filled by grammar_draft.Drafter
+        self.forced_byte: dict[int, int] = {}
+        self.drafts: dict[int, tuple[list[int], list[int]]] = {}
 
-    def facts(self, state: int) -> tuple[int, bool, int]:
+    def facts(self, state: int) -> tuple[bool, int]:
         f = self._facts.get(state)
         if f is None:
             allowed = self.index.get_allowed_tokens(state) or []
-            non_eos = [t for t in allowed if t != self.eos_id]
-            forced = non_eos[0] if len(allowed) == 1 and len(non_eos) == 1 else -1
-            f = self._facts[state] = (forced, bool(non_eos), len(allowed))
+            f = self._facts[state] = (any(t != self.eos_id for t in allowed), len(allowed))
         return f
+
+    def state_row(self, state: int) -> torch.Tensor:
+        """The bitmask of any state, built from the index (no Guide needs to stand there); cached."""
+        row = self._rows.get(state)
+        if row is None:
+            bits = np.zeros(self.num_words * 32, dtype=np.bool_)
+            bits[np.asarray(self.index.get_allowed_tokens(state) or [], dtype=np.int64)] = True
+            row = self._rows[state] = torch.from_numpy(np.packbits(bits, bitorder="little").view(np.int32))
+        return row
 
     def write_bits(self, state: int, guide: Guide, words: torch.Tensor) -> None:
         """outlines-core walks a state's whole transition map to write its mask (~100 µs for the
         ~49k tokens allowed inside a JSON string); such states recur step after step, so their
         rows are kept and copied (a few KB) instead."""
-        if self.facts(state)[2] < HEAVY_STATE_TOKENS:
+        if self.facts(state)[1] < HEAVY_STATE_TOKENS:
             guide.write_mask_into(words.data_ptr(), words.numel(), 4)
             return
         row = self._rows.get(state)
@@ -68,14 +72,23 @@ class GrammarState:
     """Per-request FSM position. Used only by the scheduler thread."""
 
     def __init__(self, compiled: CompiledGrammar, eos_token_ids: list[int], vocab_size: int, num_words: int,
-                 enable_jump_forward: bool):
+                 drafter: Drafter | None):
         self.compiled = compiled
         self.guide = Guide(compiled.index, max_rollback=0)
         self.eos_token_ids = eos_token_ids
         self.vocab_size = vocab_size
         self.num_words = num_words
-        self.enable_jump_forward = enable_jump_forward
+        self.drafter = drafter  # None: jump-forward off
         self._eos_accepted = False
+
+    @property
+    def ended(self) -> bool:
+        """EOS was taken: nothing may follow (the mask row is empty)."""
+        return self._eos_accepted
+
+    def eos_open(self) -> bool:
+        """EOS ids must be allowed: the FSM accepts here and has not taken EOS yet."""
+        return not self._eos_accepted and self.guide.is_finished()
 
     def is_final(self) -> bool:
         """The text so far is a complete match: EOS is allowed now."""
@@ -112,23 +125,39 @@ class GrammarState:
     def is_terminated(self) -> bool:
         if self._eos_accepted:
             return True
-        return self.guide.is_finished() and not self.compiled.facts(self.guide.get_state())[1]
+        return self.guide.is_finished() and not self.compiled.facts(self.guide.get_state())[0]
 
-    def jump_forward(self, max_tokens: int | None = None) -> list[int]:
-        """Forced token chain from here (accepted into the state); [] when disabled or none."""
-        out: list[int] = []
-        if not self.enable_jump_forward or self._eos_accepted:
-            return out
-        while max_tokens is None or len(out) < max_tokens:
-            forced = self.compiled.facts(self.guide.get_state())[0]
-            if forced < 0:
-                break
-            self.guide.advance(forced, return_tokens=False)
-            out.append(forced)
-        return out
+    def draft(self, max_tokens: int) -> tuple[list[int], list[int]]:
+        """Forced tokens from here and the state after each (not accepted); ([], []) when off or none."""
+        if self.drafter is None or self._eos_accepted or max_tokens <= 0:
+            return [], []
+        ids, states = self.drafter.draft(self.compiled, self.guide.get_state())
+        return ids[:max_tokens], states[:max_tokens]
+
+    def at(self, state: int) -> "StateMask":
+        """The mask source of another state of this grammar (a position along a draft)."""
+        return StateMask(self.compiled, state, self.eos_token_ids)
 
 
-def fill_masks(states: list[GrammarState | None], vocab_size: int, device: Any) -> torch.Tensor | None:
+class StateMask:
+    """Mask of a state no Guide stands on: a draft position that is being verified."""
+
+    def __init__(self, compiled: CompiledGrammar, state: int, eos_token_ids: list[int]):
+        self.compiled = compiled
+        self.state = state
+        self.eos_token_ids = eos_token_ids
+        self.num_words = compiled.num_words
+
+    ended = False
+
+    def write_bits(self, words: torch.Tensor) -> None:
+        words.copy_(self.compiled.state_row(self.state)[:words.numel()])
+
+    def eos_open(self) -> bool:
+        return self.compiled.index.is_final_state(self.state)
+
+
+def fill_masks(states: list[GrammarState | StateMask | None], vocab_size: int, device: Any) -> torch.Tensor | None:
     """[B, vocab_size] bool: True where allowed; rows of None (unconstrained) are all True.
     On the CPU the result is a view into the unpacked bits (row stride a multiple of 32)."""
     live = [s for s in states if s is not None]
@@ -145,11 +174,11 @@ def fill_masks(states: list[GrammarState | None], vocab_size: int, device: Any) 
         if s is None:
             continue
         s.write_bits(words[i])
-        if s._eos_accepted:
+        if s.ended:
             continue
         # final: every EOS id is allowed; a row with no way on (impossible with a byte-complete
         # vocabulary) also gets EOS so that sampling never sees an all -inf row
-        if s.guide.is_finished() or not words_np[i].any():
+        if s.eos_open() or not words_np[i].any():
             extra_eos += [(i, e) for e in s.eos_token_ids if e < vocab_size]
     if device.type == "cpu":  # numpy: no intra-op thread pool spun up for a few KB of work
         bits = np.unpackbits(words_np.view(np.uint8), axis=1, bitorder="little").view(np.bool_)[:, :vocab_size]

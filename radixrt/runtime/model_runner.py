@@ -94,8 +94,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, plan: list[PlanItem]) -> list[ItemResult]:
-        items = [BatchItem(it.req.table_row, it.new_ids, it.prefix_len, it.slots, it.write_start, it.logits_start)
-                 for it in plan]
+        # a draft item wants logits at every new position, like prompt logprobs from prefix_len on
+        items = [BatchItem(it.req.table_row, it.new_ids, it.prefix_len, it.slots, it.write_start,
+                           it.prefix_len if it.num_draft else it.logits_start) for it in plan]
         fb = build_forward_batch(items, self.table.table, self.device)
         self.attn.init_forward_metadata(fb)
         logits = self.model.forward(fb, self.kv, self.attn)  # [R, vocab] float32
@@ -103,11 +104,17 @@ class ModelRunner:
 
     def _results(self, plan: list[PlanItem], logits: torch.Tensor) -> list[ItemResult]:
         results = [ItemResult() for _ in plan]
-        last_rows: list[int] = []
-        sampled: list[int] = []
+        pick_rows: list[int] = []  # logits rows to sample
+        picks: list[tuple[int, int]] = []  # (plan index, position after the last fed token: 0, or j after draft j)
         row = 0
         for i, it in enumerate(plan):
             end = it.prefix_len + len(it.new_ids)  # positions prefix_len..end-1 were fed
+            if it.num_draft:
+                first_pick = row + len(it.new_ids) - 1 - it.num_draft
+                pick_rows.extend(range(first_pick, row + len(it.new_ids)))
+                picks.extend((i, j) for j in range(it.num_draft + 1))
+                row += len(it.new_ids)
+                continue
             if it.logits_start is not None:
                 first = min(max(it.logits_start, it.prefix_len), end - 1)
                 results[i].prompt_logprobs, results[i].prompt_top_logprobs = self._prompt_logprobs(
@@ -116,23 +123,34 @@ class ModelRunner:
             else:
                 row += 1
             if it.sample:
-                last_rows.append(row - 1)
-                sampled.append(i)
-        if not sampled:
+                pick_rows.append(row - 1)
+                picks.append((i, 0))
+        if not picks:
             return results
-        rows = [SampleRow(plan[i].req.sampling, plan[i].req.output_ids, plan[i].req.origin_input_ids,
-                          plan[i].req.return_logprob, plan[i].req.top_logprobs_num, self._blocked(plan[i].req))
-                 for i in sampled]
-        mask = self._grammar_masks([plan[i].req for i in sampled])
-        last = logits if len(last_rows) == logits.shape[0] else logits[last_rows]
+        rows = [self._sample_row(plan[i], j) for i, j in picks]
+        mask = self._grammar_masks([plan[i] for i, _ in picks], [j for _, j in picks])
+        last = logits if len(pick_rows) == logits.shape[0] else logits[pick_rows]
         out = sample(last, rows, mask)
-        for k, i in enumerate(sampled):
-            results[i].next_id = out.next_ids[k]
+        for k, (i, j) in enumerate(picks):
+            res = results[i] if j == 0 else ItemResult()
+            res.next_id = out.next_ids[k]
             if out.logprobs is not None:
-                results[i].logprob = out.logprobs[k]
+                res.logprob = out.logprobs[k]
             if out.top_logprobs is not None:
-                results[i].top_logprobs = out.top_logprobs[k]
+                res.top_logprobs = out.top_logprobs[k]
+            if j:
+                if results[i].draft_results is None:
+                    results[i].draft_results = []
+                results[i].draft_results.append(res)
         return results
+
+    def _sample_row(self, it: PlanItem, j: int) -> SampleRow:
+        """The pick after draft token j (0: after the request's own last token), sampled as if
+        the first j draft tokens were already output: penalties and seeded draws see them."""
+        req = it.req
+        output_ids = req.output_ids + it.new_ids[len(it.new_ids) - it.num_draft:][:j] if j else req.output_ids
+        return SampleRow(req.sampling, output_ids, req.origin_input_ids, req.return_logprob, req.top_logprobs_num,
+                         self._blocked(req, len(output_ids)))
 
     def _prompt_logprobs(self, it: PlanItem, logits: torch.Tensor, first: int):
         """Logprobs of the prompt tokens that follow positions first..end-1 (rows of `logits`)."""
@@ -152,14 +170,16 @@ class ModelRunner:
             tops = [list(zip(v, t)) for v, t in zip(vals.tolist(), ids.tolist())]
         return logprobs, tops
 
-    def _blocked(self, req) -> list[int] | None:
+    def _blocked(self, req, num_output: int) -> list[int] | None:
         sp = req.sampling
-        if len(req.output_ids) < sp.min_new_tokens and not sp.ignore_eos:
+        if num_output < sp.min_new_tokens and not sp.ignore_eos:
             return self.eos_token_ids + list(sp.stop_token_ids)
         return None
 
-    def _grammar_masks(self, reqs) -> torch.Tensor | None:
-        if all(r.grammar is None for r in reqs):
+    def _grammar_masks(self, items: list[PlanItem], positions: list[int]) -> torch.Tensor | None:
+        if all(it.req.grammar is None for it in items):
             return None
         from radixrt.runtime.grammar import fill_masks
-        return fill_masks([r.grammar for r in reqs], self.vocab_size, self.device)
+        sources = [it.req.grammar if j == 0 or it.req.grammar is None else it.req.grammar.at(it.req.draft_states[j - 1])
+                   for it, j in zip(items, positions)]
+        return fill_masks(sources, self.vocab_size, self.device)

@@ -19,6 +19,8 @@ class PlanItem:
     write_start: int            # 0 on (re)admission, so the table row gets the borrowed prefix too
     logits_start: int | None    # prompt logprobs wanted from this position on (None: last token only)
     sample: bool                # this step completes the request's tokens: sample the next one
+    num_draft: int = 0          # the last num_draft new_ids are a jump-forward draft: pick a token at every
+                                # new position (the draft is kept up to the first pick that differs)
 
     @property
     def is_decode(self) -> bool:
@@ -34,3 +36,5 @@ class ItemResult:
     prompt_logprobs: list[tuple[float | None, int]] | None = None
     prompt_top_logprobs: list[list[tuple[float, int]]] | None = None
     extra: Any = None
+    # a draft item: the picks at the positions after each draft token (next_id above is the first pick)
+    draft_results: list["ItemResult"] | None = None

@@ -45,6 +45,9 @@ class Req:
         self.finished_reason: dict[str, Any] | None = None
         self.num_sent = 0  # output ids already sent out as deltas
         self.grammar: Any = None  # GrammarState while constrained
+        # jump-forward: tokens the grammar forces after output_ids, fed for verification next decode
+        self.draft_ids: list[int] = []
+        self.draft_states: list[int] = []  # the grammar state after each draft token
         self.grammar_error: str | None = None
         self.output_logprobs: list[list[Any]] = []
         self.output_top_logprobs: list[list[list[Any]]] = []

@@ -30,14 +30,13 @@ def apply_prompt_logprobs(req: Req, item_prefix_len: int, res: ItemResult) -> No
 
 
 def apply_sampled_token(req: Req, res: ItemResult, eos_ids: set[int], tokenizer) -> dict | None:
-    """Append the sampled token (and any jump-forward run); return a finish reason or None."""
+    """Append the sampled token; return a finish reason or None."""
     sp = req.sampling
     tok = res.next_id
     req.output_ids.append(tok)
     if req.return_logprob:
         req.output_logprobs.append([res.logprob, tok])
         req.output_top_logprobs.append([list(x) for x in res.top_logprobs or []])
-    num_new = 1
     if req.grammar is not None:
         try:
             req.grammar.accept(tok)
@@ -49,18 +48,8 @@ def apply_sampled_token(req: Req, res: ItemResult, eos_ids: set[int], tokenizer)
         return {"type": "stop", "matched": tok}
     if tok in sp.stop_token_ids:
         return {"type": "stop", "matched": tok}
-    if req.grammar is not None and len(req.output_ids) < sp.max_new_tokens:
-        forced = req.grammar.jump_forward()[: sp.max_new_tokens - len(req.output_ids)]
-        if forced:
-            req.output_ids.extend(forced)
-            num_new += len(forced)
-            if req.return_logprob:  # not sampled, so no distribution to report
-                req.output_logprobs.extend([None, t] for t in forced)
-                req.output_top_logprobs.extend([] for _ in forced)
-            if req.grammar.is_terminated():
-                return {"type": "stop", "matched": None}
     if sp.stop:
-        matched = _match_stop_string(req, num_new, tokenizer)
+        matched = _match_stop_string(req, 1, tokenizer)
         if matched is not None:
             return {"type": "stop", "matched": matched}
     if len(req.output_ids) >= sp.max_new_tokens:

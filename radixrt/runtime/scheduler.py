@@ -138,10 +138,14 @@ class Scheduler:
         return decodes + extends
 
     def _plan_decodes(self) -> list[PlanItem]:
+        """One item per decoding request: its last token, plus its jump-forward draft if it has one
+        (those items go after the plain decodes, which the forward batch wants first)."""
         ready: list[Req] = []
         for req in sorted((r for r in self.running if r.is_decoding), key=lambda r: r.arrival_time):
             if req.table_row is None:
                 continue  # preempted as a victim earlier in this loop
+            if req.draft_ids and not self._grow(req, req.seq_len + len(req.draft_ids)):
+                req.draft_ids, req.draft_states = [], []  # no room to verify a draft: decode one token
             while not self._grow(req, req.seq_len):
                 victim = self._newest_running()
                 self._preempt(victim)
@@ -149,15 +153,19 @@ class Scheduler:
                     break
             else:
                 ready.append(req)
-        items = []
+        plain, drafted = [], []
         for req in ready:
             if req.table_row is None:
                 continue
             pos = req.kv_len
             start = self._write_start(req)
-            items.append(PlanItem(req, [req.output_ids[-1]], pos, slots_of(req.page_ids, start, pos + 1, self.page_size),
-                                  start, None, True))
-        return items
+            num_draft = len(req.draft_ids)
+            item = PlanItem(req, [req.output_ids[-1]] + req.draft_ids, pos,
+                            slots_of(req.page_ids, start, pos + 1 + num_draft, self.page_size), start, None, True,
+                            num_draft)
+            (drafted if num_draft else plain).append(item)
+            self.stats.num_draft_tokens += num_draft
+        return plain + drafted
 
     def _plan_extends(self) -> list[PlanItem]:
         budget = self.config.chunked_prefill_size
@@ -270,6 +278,9 @@ class Scheduler:
     def _apply(self, plan: list[PlanItem], results: list[ItemResult]) -> None:
         for item, res in zip(plan, results):
             req = item.req
+            if item.num_draft:
+                self._apply_draft(item, res)
+                continue
             req.kv_len = item.prefix_len + len(item.new_ids)
             if item.logits_start is not None:
                 apply_prompt_logprobs(req, item.prefix_len, res)
@@ -280,13 +291,35 @@ class Scheduler:
             if req.sampling.max_new_tokens == 0:  # prefill only (cache warm-up, prompt scoring)
                 self._finish(req, {"type": "length", "length": 0})
                 continue
-            reason = apply_sampled_token(req, res, self.eos_ids, self.tokenizer)
-            if reason is not None:
-                self._finish(req, reason)
-            elif req.stream:
-                self._emit(req)
+            self._after_tokens(req, apply_sampled_token(req, res, self.eos_ids, self.tokenizer))
+
+    def _apply_draft(self, item: PlanItem, res: ItemResult) -> None:
+        """Take the draft up to the first position whose pick differs from it, and that pick."""
+        req = item.req
+        draft = item.new_ids[len(item.new_ids) - item.num_draft:]
+        picks = [res] + (res.draft_results or [])
+        assert len(picks) == len(draft) + 1, (len(picks), len(draft))
+        reason = None
+        for j, pick in enumerate(picks):
+            req.kv_len = req.seq_len  # the last token and the draft tokens taken so far were fed
+            agrees = j < len(draft) and pick.next_id == draft[j]
+            self.stats.num_draft_accepted += agrees
+            reason = apply_sampled_token(req, pick, self.eos_ids, self.tokenizer)
+            if reason is not None or not agrees:
+                break
+        self._after_tokens(req, reason)
+
+    def _after_tokens(self, req: Req, reason: dict | None) -> None:
+        if reason is not None:
+            self._finish(req, reason)
+            return
+        if req.grammar is not None:  # the next draft; output_ids + draft + one pick stay within max_new_tokens
+            req.draft_ids, req.draft_states = req.grammar.draft(req.sampling.max_new_tokens - len(req.output_ids) - 1)
+        if req.stream:
+            self._emit(req)
 
     def _finish(self, req: Req, reason: dict) -> None:
+        req.draft_ids, req.draft_states = [], []
         pin_ids = req.fill_ids[:req.kv_len] if req.pin_ttl_s is not None and req.table_row is not None else None
         if req.table_row is not None:
             self._release(req)

@@ -19,6 +19,8 @@ class SchedulerStats:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     generated_tokens: int = 0
+    num_draft_tokens: int = 0     # jump-forward draft tokens fed for verification
+    num_draft_accepted: int = 0   # of those, the ones the model's pick agreed with
 
     def on_admit(self, prompt_len: int, cached_len: int) -> None:
         self.num_admitted += 1
@@ -58,6 +60,8 @@ class SchedulerStats:
             "cached_tokens": self.cached_tokens,
             "generated_tokens": self.generated_tokens,
             "cache_hit_rate": self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
+            "jump_forward_draft_tokens": self.num_draft_tokens,
+            "jump_forward_accepted_tokens": self.num_draft_accepted,
         }
 
     @staticmethod

@@ -1,6 +1,7 @@
 """GrammarBackend on the default model's real tokenizer: byte-exact vocabulary, masks sized to the
 logits, EOS exactly at accepting states, random token walks judged by `re` / `jsonschema` and by
-the tokenizer's own decode, the compile timeout, the cache, and jump-forward == plain greedy.
+the tokenizer's own decode, the compile timeout, the cache, and jump-forward drafts: the forced text, their
+masks, and greedy decoding with draft verification == plain greedy.
 """
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ import pytest
 import torch
 
 from radixrt.runtime.grammar import GrammarBackend, GrammarError, fill_masks
+from radixrt.runtime.grammar_draft import MAX_DRAFT_BYTES
 from radixrt.runtime.grammar_vocab import special_token_ids, token_bytes_map
-from test_json_schema_regex import SUITE, validator
+from radixrt.runtime.json_schema_regex import schema_to_regex
+from test_json_schema_regex import SUITE, ByteFSM, validator
 
 EXTRA_IDS = 64  # logits wider than the tokenizer, as when the embedding is padded
 
@@ -226,21 +229,28 @@ def fake_logits(history: list[int], vocab_size: int) -> torch.Tensor:
     return torch.randn(vocab_size, generator=gen)
 
 
+def masked_argmax(history, source, vocab_size) -> int:
+    logits = fake_logits(history, vocab_size)
+    return int(logits.masked_fill(~fill_masks([source], vocab_size, "cpu")[0], float("-inf")).argmax())
+
+
 def greedy(backend, spec, vocab_size, eos, jump: bool, prefix: list[int], max_new_tokens=60):
+    """Greedy decoding of a fake model; with `jump`, the scheduler's rule: pick a token after the
+    last one and after every draft token (each under its own state's mask), keep the draft up to
+    the first pick that differs, and that pick. Returns (output, number of forwards)."""
     state = compiled(backend, "json_schema", spec)
-    state.enable_jump_forward = jump
-    out, num_forced = [], 0
+    out, num_forwards = [], 0
     while len(out) < max_new_tokens and not state.is_terminated():
-        logits = fake_logits(prefix + out, vocab_size).masked_fill(~fill_masks([state], vocab_size, "cpu")[0], float("-inf"))
-        tok = int(logits.argmax())
-        state.accept(tok)
-        out.append(tok)
-        if tok == eos:
-            break
-        forced = state.jump_forward(max_new_tokens - len(out))
-        out += forced
-        num_forced += len(forced)
-    return out, num_forced
+        draft, states = state.draft(max_new_tokens - len(out) - 1) if jump else ([], [])
+        num_forwards += 1
+        picks = [masked_argmax(prefix + out + draft[:j], state if j == 0 else state.at(states[j - 1]), vocab_size)
+                 for j in range(len(draft) + 1)]
+        for j, tok in enumerate(picks):
+            state.accept(tok)
+            out.append(tok)
+            if tok == eos or state.is_terminated() or j == len(draft) or tok != draft[j]:
+                break
+    return out, num_forwards
 
 
 def test_jump_forward_equals_plain_greedy(backend, tokenizer, vocab_size):
@@ -248,11 +258,80 @@ def test_jump_forward_equals_plain_greedy(backend, tokenizer, vocab_size):
         "classification_label_explanation": {"enum": ["positive_sentiment_detected", "negative_sentiment_detected"]},
         "confidence": {"type": "integer", "minimum": 0, "maximum": 100}}, "required": ["classification_label_explanation", "confidence"]}
     eos = tokenizer.eos_token_id
-    total_forced = 0
+    saved = 0
     for prefix in ([], [5], [7, 9], [11]):  # different "prompts"
-        on, num_forced = greedy(backend, spec, vocab_size, eos, jump=True, prefix=prefix)
-        off, _ = greedy(backend, spec, vocab_size, eos, jump=False, prefix=prefix)
+        on, forwards_on = greedy(backend, spec, vocab_size, eos, jump=True, prefix=prefix)
+        off, forwards_off = greedy(backend, spec, vocab_size, eos, jump=False, prefix=prefix)
         assert on == off
-        total_forced += num_forced
+        saved += forwards_off - forwards_on
         json.loads(tokenizer.decode([t for t in on if t != eos]))
-    assert total_forced > 0  # jump-forward did fire, so the equality is meaningful
+    assert saved > 0  # jump-forward did save forwards, so the equality is meaningful
+
+
+def byte_forced(fsm, text: bytes) -> bytes:
+    """The truth for forced text: walk a single-byte automaton of the same regex; a byte is forced
+    while the state has exactly one way on and is not accepting (ByteFSM ends matches with \x01)."""
+    trans = fsm.trans
+    state = fsm.index.get_initial_state()
+    for b in text:
+        state = trans[state][b]
+    out = bytearray()
+    while len(out) < MAX_DRAFT_BYTES:
+        ways = trans.get(state, {})
+        if len(ways) != 1 or 1 in ways:
+            break
+        (b, state), = ways.items()
+        out.append(b)
+    return bytes(out)
+
+
+@pytest.mark.parametrize("name", ["closed_object", "defs_ref", "enum_mixed", "const", "unicode_keys",
+                                  "oneof_discriminated", "formats", "escaped_key"])
+def test_drafts_spell_the_forced_text(backend, tokenizer, vocab_size, id_bytes, name):
+    """Along random walks: every draft spells a prefix of the forced text found by a single-byte
+    automaton of the same regex, each draft token is allowed where it stands, the states it reports
+    are the ones a guide reaches, and the masks written for those states equal the guide's own."""
+    schema = SUITE[name][0]
+    fsm = ByteFSM(schema_to_regex(schema))
+    rng = random.Random(name)
+    eos = tokenizer.eos_token_id
+    num_drafted = 0
+    for _ in range(3):
+        state, history, text = compiled(backend, "json_schema", schema), [], b""
+        while not state.is_terminated() and len(history) < 60:
+            truth = byte_forced(fsm, text)
+            draft, states = state.draft(100)
+            spelled = b"".join(id_bytes[t] for t in draft)
+            assert truth.startswith(spelled), (name, text, truth, spelled)
+            shadow = compiled(backend, "json_schema", schema)
+            for t in history:
+                shadow.accept(t)
+            for t, st in zip(draft, states):
+                assert fill_masks([shadow], vocab_size, "cpu")[0][t], "a draft token is not allowed where it stands"
+                shadow.accept(t)
+                assert shadow.guide.get_state() == st
+                assert torch.equal(fill_masks([shadow], vocab_size, "cpu")[0],
+                                   fill_masks([state.at(st)], vocab_size, "cpu")[0])
+            num_drafted += len(draft)
+            allowed = fill_masks([state], vocab_size, "cpu")[0].nonzero().flatten().tolist()
+            if eos in allowed and rng.random() < 0.3:
+                break
+            tok = rng.choice([t for t in allowed if t != eos])
+            state.accept(tok)
+            history.append(tok)
+            text += id_bytes[tok]
+    assert num_drafted > 0, "no draft along any walk: the comparison says nothing"
+
+
+def test_draft_respects_max_tokens_and_off_switch(tokenizer, vocab_size):
+    on = GrammarBackend(tokenizer, vocab_size, [tokenizer.eos_token_id])
+    off = GrammarBackend(tokenizer, vocab_size, [tokenizer.eos_token_id], enable_jump_forward=False)
+    spec = ["supercalifragilistic", "xylophone"]
+    a, b = compiled(on, "choices", spec), compiled(off, "choices", spec)
+    assert a.draft(100) == ([], [])  # "s" or "x": nothing is forced yet
+    first = tokenizer.encode(spec[0], add_special_tokens=False)[0]
+    a.accept(first)
+    b.accept(first)
+    long_draft, _ = a.draft(100)
+    assert long_draft and a.draft(1)[0] == long_draft[:1] and a.draft(0) == ([], [])
+    assert b.draft(100) == ([], [])
