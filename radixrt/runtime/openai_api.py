@@ -220,7 +220,7 @@ class OpenAIRoutes:
 
 
 def _lp(x: Any) -> float:
-    return 0.0 if x is None else float(x)  # a jump-forward token was forced: probability 1
+    return 0.0 if x is None else float(x)  # a token no distribution was computed for
 
 
 def add_openai_routes(app: FastAPI, tm: TokenizerManager, served_model_name: str) -> OpenAIRoutes:

@@ -1,8 +1,8 @@
 """The event loop's body: admit, chunk prefill, decode, preempt, finish. No tensors here.
 
-One `step()` plans one forward over a mixed batch (decode requests first, then extends:
-prefill chunks, resumed requests, jump-forward runs), hands the plan to the model runner
-and applies the sampled tokens. Deltas come back as TokenOut messages.
+One `step()` plans one forward over a mixed batch (decode requests first, then decodes that
+carry a jump-forward draft to verify, then extends: prefill chunks, resumed requests), hands
+the plan to the model runner and applies the sampled tokens. Deltas come back as TokenOut messages.
 """
 from __future__ import annotations
 
