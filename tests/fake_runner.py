@@ -67,22 +67,53 @@ class FakeRunner:
             for k, pos in enumerate(range(it.write_start, end)):
                 row[pos] = it.slots[k]
             fill = req.fill_ids
-            assert fill[it.prefix_len:end] == it.new_ids, "new_ids are not the next tokens"
+            num_own = len(it.new_ids) - it.num_draft  # the request's own tokens, then its draft
+            assert fill[it.prefix_len:it.prefix_len + num_own] + req.draft_ids[:it.num_draft] == it.new_ids, \
+                "new_ids are not the next tokens (and the draft)"
+            assert not it.num_draft or len(req.draft_ids) == it.num_draft
             seq = []
             for pos in range(it.prefix_len):
                 got = self.kv.get(row[pos])
                 assert got == (pos, fill[pos]), f"{req}: slot {row[pos]} of position {pos} holds {got}"
                 seq.append(got[1])
-            for pos in range(it.prefix_len, end):
+            for pos, tok in zip(range(it.prefix_len, end), it.new_ids):
                 slot = row[pos]
                 assert slot not in written, "two tokens written to one slot in a step"
                 written.add(slot)
-                self.kv[slot] = (pos, fill[pos])
-                seq.append(fill[pos])
+                self.kv[slot] = (pos, tok)
+                seq.append(tok)
             self.forward_tokens += len(it.new_ids)
             res = ItemResult()
             if it.sample:
-                res.next_id = next_token(seq, self.vocab_size)
-                res.logprob = -1.0
+                # a pick after the own tokens and after each draft token
+                picks = [next_token(seq[:it.prefix_len + num_own + j], self.vocab_size) for j in range(it.num_draft + 1)]
+                res.next_id, res.logprob = picks[0], -1.0
+                if it.num_draft:
+                    res.draft_results = [ItemResult(next_id=t, logprob=-1.0) for t in picks[1:]]
             results.append(res)
         return results
+
+
+class FakeDraftGrammar:
+    """Stands in for a grammar state that drafts: it proposes the fake model's own continuation
+    with some tokens wrong on purpose, so the scheduler's verification must keep the output
+    equal to `reference_output` whatever the drafts hold. Masks are not modelled."""
+
+    def __init__(self, req, vocab: int, rng, wrong: float = 0.3, max_len: int = 5):
+        self.req, self.vocab, self.rng, self.wrong, self.max_len = req, vocab, rng, wrong, max_len
+
+    def draft(self, max_tokens: int) -> tuple[list[int], list[int]]:
+        seq, out = list(self.req.fill_ids), []
+        for _ in range(min(self.rng.randrange(0, self.max_len + 1), max(max_tokens, 0))):
+            t = next_token(seq, self.vocab)
+            if self.rng.random() < self.wrong:
+                t = (t + 1 + self.rng.randrange(self.vocab - 1)) % self.vocab
+            out.append(t)
+            seq.append(t)
+        return out, list(range(len(out)))
+
+    def accept(self, token_id: int) -> None:
+        pass
+
+    def is_terminated(self) -> bool:
+        return False

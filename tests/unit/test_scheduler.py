@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fake_runner import FakeRunner, reference_output
+from fake_runner import FakeDraftGrammar, FakeRunner, reference_output
 from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.messages import TokenizedGenerateReq
 from radixrt.runtime.scheduler import Scheduler
@@ -163,8 +163,10 @@ def test_bad_requests_are_answered_not_raised(prompt, params, needle):
 
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(page_size=st.sampled_from([1, 2, 4, 16]), pool_pages=st.integers(8, 80), chunk_pages=st.integers(1, 6),
-       seed=st.integers(0, 10_000), num_reqs=st.integers(1, 24), disable=st.booleans())
-def test_fuzz_random_arrivals_aborts_and_sizes(page_size, pool_pages, chunk_pages, seed, num_reqs, disable):
+       seed=st.integers(0, 10_000), num_reqs=st.integers(1, 24), disable=st.booleans(), drafts=st.booleans())
+def test_fuzz_random_arrivals_aborts_and_sizes(page_size, pool_pages, chunk_pages, seed, num_reqs, disable, drafts):
+    """drafts: jump-forward drafts, partly wrong, on every request (their KV past the kept part is garbage
+    the fake runner would catch if it were ever read as a request's own)."""
     rng = random.Random(seed)
     pool_tokens = pool_pages * 16
     s = make(page_size, pool_tokens, chunk=page_size * chunk_pages, disable=disable, max_running=6)
@@ -182,6 +184,8 @@ def test_fuzz_random_arrivals_aborts_and_sizes(page_size, pool_pages, chunk_page
             prompts[rid] = (p, max_new)
             for o in submit(s, rid, p, max_new_tokens=max_new):
                 outs.setdefault(o.rid, []).append(o)
+            if drafts:
+                attach_drafts(s, rid, rng)
         if s.has_work() and rng.random() < 0.05:
             rid = rng.choice(list(prompts))
             aborted.add(rid)
@@ -199,6 +203,35 @@ def test_fuzz_random_arrivals_aborts_and_sizes(page_size, pool_pages, chunk_page
         elif rid not in aborted:
             assert ids(outs, rid) == reference_output(p, max_new, VOCAB, 0)
     assert_all_pages_back(s)
+
+
+def attach_drafts(s, rid, rng, wrong=0.3):
+    for req in s.waiting:
+        if req.rid == rid:
+            req.grammar = FakeDraftGrammar(req, VOCAB, rng, wrong)
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_drafts_keep_outputs_and_save_forwards(page_size):
+    """Right drafts save forwards; wrong ones cost none of the output; pages all come back."""
+    rng = random.Random(page_size)
+    prompts = {str(i): [rng.randrange(1, VOCAB) for _ in range(rng.randrange(3, 30))] for i in range(6)}
+    forwards = {}
+    for wrong in (None, 0.0, 0.5):
+        s = make(page_size, 2000, eos=None)
+        for rid, p in prompts.items():
+            submit(s, rid, p, max_new_tokens=30)
+            if wrong is not None:
+                attach_drafts(s, rid, rng, wrong)
+        outs = drain(s)
+        for rid, p in prompts.items():
+            assert ids(outs, rid) == reference_output(p, 30, VOCAB, None), (wrong, rid)
+            assert outs[rid][-1].finished_reason == {"type": "length", "length": 30}
+        forwards[wrong] = s.runner.num_forwards
+        accepted = s.stats.num_draft_accepted
+        assert (accepted > 0) == (wrong is not None) and accepted <= s.stats.num_draft_tokens
+        assert_all_pages_back(s)
+    assert forwards[0.0] < forwards[0.5] < forwards[None], forwards
 
 
 def test_max_new_tokens_zero_prefills_only_and_caches_the_prompt():
