@@ -2,7 +2,7 @@
 
     python benchmarks/bench_grammar.py [--limit N] [--timeout 5] [--data DIR]
 
-Part 1, coverage on the MaskBench sample (/work/shared/data/jsonschemabench, 619 schemas): each
+Part 1, coverage on the MaskBench sample (../shared/data/jsonschemabench next to the repo, 619 schemas): each
 schema runs in a forked child (so a compile that overruns the timeout can be killed): schema ->
 regex (or a GrammarError naming what we refuse), outlines-core Index over the default model's
 vocabulary, then every test instance, serialised compactly, is tokenised and walked through
@@ -29,6 +29,7 @@ import statistics
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import torch
 
@@ -37,6 +38,8 @@ from radixrt.runtime.weights import load_tokenizer, resolve_model
 
 PUBLISHED = {"llguidance": 8909, "xgrammar": 8122, "outlines": 7050}  # of 11,306 MaskBench schemas
 MASKBENCH_TOTAL = 11306
+# the workplace's shared data sits next to the repository
+DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "jsonschemabench" / "maskbench"
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -239,7 +242,7 @@ def step_costs(backend, vocab_size: int, walks: int = 20, steps: int = 150) -> N
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data", default="/work/shared/data/jsonschemabench/maskbench")
+    ap.add_argument("--data", default=str(DEFAULT_DATA))
     ap.add_argument("--limit", type=int, default=None, help="first N schemas (sorted by name)")
     ap.add_argument("--timeout", type=float, default=5.0, help="compile budget per schema, seconds")
     ap.add_argument("--skip-coverage", action="store_true")
