@@ -144,8 +144,6 @@ class Scheduler:
         for req in sorted((r for r in self.running if r.is_decoding), key=lambda r: r.arrival_time):
             if req.table_row is None:
                 continue  # preempted as a victim earlier in this loop
-            if req.draft_ids and not self._grow(req, req.seq_len + len(req.draft_ids)):
-                req.draft_ids, req.draft_states = [], []  # no room to verify a draft: decode one token
             while not self._grow(req, req.seq_len):
                 victim = self._newest_running()
                 self._preempt(victim)
@@ -157,6 +155,10 @@ class Scheduler:
         for req in ready:
             if req.table_row is None:
                 continue
+            # a draft takes only memory left once every request has room for its next token,
+            # so verifying drafts never preempts anyone; without room, decode one token
+            if req.draft_ids and not self._grow(req, req.seq_len + len(req.draft_ids)):
+                req.draft_ids, req.draft_states = [], []
             pos = req.kv_len
             start = self._write_start(req)
             num_draft = len(req.draft_ids)
