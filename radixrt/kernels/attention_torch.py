@@ -4,9 +4,9 @@ Layout (see forward_batch.py): q/k/v rows are the flat token axis T, decode requ
 The KV of request b lives in pool slots `req_to_slot[req_rows[b], :seq_lens[b]]`; its new
 tokens sit at positions prefix_lens[b] .. seq_lens[b]-1 and see every key up to their own position.
 
-The backend pads each group (decode, extend) into dense [B, L] index matrices once per forward
-(`init_forward_metadata`), so each layer is a handful of gathers and one SDPA call per group
-(two and a merge for a cascade), never a Python loop over requests.
+The backend pads each group (decode; extends, in runs of short and long ones) into dense [B, L]
+index matrices once per forward (`init_forward_metadata`), so each layer is a handful of gathers
+and one SDPA call per group (two and a merge for a cascade), never a Python loop over requests.
 
 Cascade: when every request of a group reads the same pool slots for its first S positions (a
 radix-cache prefix they all borrow) and no request has new tokens there, the group's shared K/V
@@ -57,6 +57,9 @@ def reference_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
 # SmolLM2's 3 x 64 (benchmarks/bench_attention_cpu.py). Short shared runs are not worth the merge.
 CASCADE_MIN_SHARED_LEN = 32
 CASCADE_MIN_SAVED_KV = 512 * 3 * 64
+# Extends of at most this many new tokens (jump-forward drafts, resumed or cached-prompt tails) are
+# padded in a group of their own, apart from long prefill chunks.
+SHORT_EXTEND_LEN = 32
 
 
 def _attend_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float):
@@ -118,6 +121,7 @@ class _DecodeMeta:
 class _ExtendMeta:
     num_reqs: int
     q_start: int                   # first row of the group in T
+    num_tokens: int                # Te: rows of T the group owns
     q_len: int                     # Lq: longest extend in the group
     kv_len: int                    # Lk: longest KV in the group (own part: minus S)
     kv_idx: torch.Tensor | None    # [Be * Lk] pool slots; None: attend to the new k/v directly
@@ -130,7 +134,7 @@ class _ExtendMeta:
 @dataclass
 class TorchAttentionMeta:
     decode: _DecodeMeta | None
-    extend: _ExtendMeta | None
+    extends: list[_ExtendMeta]     # consecutive runs of short / long extends, each padded on its own
     k_buf: torch.Tensor | None = None  # gather workspaces reused by every layer of this forward
     v_buf: torch.Tensor | None = None
 
@@ -156,8 +160,12 @@ class TorchAttentionBackend:
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         num_decode = fb.num_decode
         decode = self._decode_meta(fb) if num_decode else None
-        extend = self._extend_meta(fb) if fb.batch_size > num_decode else None
-        fb.attn_meta = TorchAttentionMeta(decode, extend)
+        extends = []
+        q_start = num_decode  # each decode request owns exactly one row of T
+        for lo, hi in _extend_runs(fb.extend_lens_list, num_decode):
+            extends.append(self._extend_meta(fb, lo, hi, q_start))
+            q_start += sum(fb.extend_lens_list[lo:hi])
+        fb.attn_meta = TorchAttentionMeta(decode, extends)
 
     def _shared_prefix(self, table: torch.Tensor, max_len: int) -> _SharedPrefix | None:
         """table [B, L]: a group's slots by position; max_len: its shortest prefix_len, so that every
@@ -192,22 +200,21 @@ class TorchAttentionBackend:
             mask = _additive(valid[:, None, None, :], fb.req_to_slot.device)
         return _DecodeMeta(nd, kv_len - start, kv_idx.reshape(-1), mask, shared)
 
-    def _extend_meta(self, fb: ForwardBatch) -> _ExtendMeta:
-        nd = fb.num_decode
+    def _extend_meta(self, fb: ForwardBatch, lo: int, hi: int, q_start: int) -> _ExtendMeta:
+        """Requests lo..hi-1 (extends), whose new tokens are rows q_start.. of T."""
         device = fb.req_to_slot.device
-        seq_lens = fb.seq_lens_list[nd:]
-        extend_lens = fb.extend_lens_list[nd:]
+        seq_lens = fb.seq_lens_list[lo:hi]
+        extend_lens = fb.extend_lens_list[lo:hi]
         num_reqs = len(seq_lens)
         q_len, kv_len = max(extend_lens), max(seq_lens)
-        q_start = nd  # each decode request owns exactly one row of T
         if num_reqs == 1 and seq_lens[0] == extend_lens[0]:
             # a fresh prompt: the new k/v are the whole KV, causal mask without materializing it
-            return _ExtendMeta(1, q_start, q_len, kv_len, None, None, None, None)
-        table = fb.req_to_slot[fb.req_rows[nd:], :kv_len]  # [Be, Lk]
+            return _ExtendMeta(1, q_start, q_len, q_len, kv_len, None, None, None, None)
+        table = fb.req_to_slot[fb.req_rows[lo:hi], :kv_len]  # [Be, Lk]
         shared = self._shared_prefix(table, min(s - e for s, e in zip(seq_lens, extend_lens)))
         start = shared.kv_len if shared else 0
-        prefix_lens = fb.prefix_lens[nd:, None]
-        seq_lens_t = fb.seq_lens[nd:, None]
+        prefix_lens = fb.prefix_lens[lo:hi, None]
+        seq_lens_t = fb.seq_lens[lo:hi, None]
         q_pos = torch.arange(q_len, device=device)[None, :]  # [1, Lq]
         k_pos = torch.arange(start, kv_len, device=device)[None, :]  # [1, Lk - S]
         kv_valid = k_pos < seq_lens_t  # [Be, Lk - S]
@@ -217,13 +224,14 @@ class TorchAttentionBackend:
         mask = (k_pos[:, None, :] <= (prefix_lens + q_pos)[:, :, None]) & kv_valid[:, None, :]  # [Be, Lq, Lk]
         q_idx = unpad_idx = None
         if num_reqs > 1:
-            extend_lens_t = fb.extend_lens[nd:, None]
+            extend_lens_t = fb.extend_lens[lo:hi, None]
             q_valid = q_pos < extend_lens_t  # [Be, Lq]
-            q_starts = fb.qo_indptr[nd:-1, None] - q_start  # rows relative to the group's first row
+            q_starts = fb.qo_indptr[lo:hi, None] - q_start  # rows relative to the group's first row
             q_idx = torch.where(q_valid, q_starts + q_pos, q_starts).reshape(-1)
             # the real tokens, in padded row-major order, are exactly T's order
             unpad_idx = torch.nonzero(q_valid.reshape(-1)).squeeze(1)
-        return _ExtendMeta(num_reqs, q_start, q_len, kv_len - start, kv_idx.reshape(-1), q_idx, unpad_idx,
+        return _ExtendMeta(num_reqs, q_start, sum(extend_lens), q_len, kv_len - start, kv_idx.reshape(-1), q_idx,
+                           unpad_idx,
                            _additive(mask[:, None], device), shared)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
@@ -233,21 +241,17 @@ class TorchAttentionBackend:
         k_cache.index_copy_(0, fb.out_slots, k)
         v_cache.index_copy_(0, fb.out_slots, v)
         if meta.k_buf is None:
-            # groups run one after the other, so one workspace of the larger need serves both
-            size = max(_gather_rows(meta.decode), _gather_rows(meta.extend))
+            # groups run one after the other, so one workspace of the largest need serves them all
+            size = max([_gather_rows(meta.decode)] + [_gather_rows(e) for e in meta.extends])
             meta.k_buf = k_cache.new_empty((size, self.num_kv_heads, self.head_dim))
             meta.v_buf = torch.empty_like(meta.k_buf)
-        out_decode = out_extend = None
+        outs = []
         if meta.decode is not None:
-            out_decode = self._decode(q[:meta.decode.num_reqs], k_cache, v_cache, meta, scale)
-        if meta.extend is not None:
-            e = meta.extend
-            out_extend = self._extend(q[e.q_start:], k[e.q_start:], v[e.q_start:], k_cache, v_cache, meta, scale)
-        if out_extend is None:
-            return out_decode
-        if out_decode is None:
-            return out_extend
-        return torch.cat((out_decode, out_extend), dim=0)
+            outs.append(self._decode(q[:meta.decode.num_reqs], k_cache, v_cache, meta, scale))
+        for e in meta.extends:
+            rows = slice(e.q_start, e.q_start + e.num_tokens)
+            outs.append(self._extend(q[rows], k[rows], v[rows], k_cache, v_cache, meta, e, scale))
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
 
     def _gather(self, k_cache, v_cache, meta: TorchAttentionMeta, idx: torch.Tensor, num_reqs: int, kv_len: int,
                 offset: int = 0):
@@ -284,8 +288,8 @@ class TorchAttentionBackend:
         out, lse = _attend_lse(qg, k, v, d.mask, scale)  # [Bd, Hkv, G, D], [Bd, Hkv, G]
         return _merge(out, lse, *self._attend_shared(q, k_cache, v_cache, meta, d.shared, scale)).reshape(shape)
 
-    def _extend(self, q, k_new, v_new, k_cache, v_cache, meta: TorchAttentionMeta, scale: float) -> torch.Tensor:
-        e = meta.extend
+    def _extend(self, q, k_new, v_new, k_cache, v_cache, meta: TorchAttentionMeta, e: _ExtendMeta,
+                scale: float) -> torch.Tensor:
         if e.kv_idx is None:  # one fresh prompt
             out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k_new.transpose(0, 1)[None],
                                                  v_new.transpose(0, 1)[None], is_causal=True, scale=scale,
@@ -316,6 +320,20 @@ class TorchAttentionBackend:
         if e.unpad_idx is None:
             return out[0]
         return torch.index_select(out.reshape(e.num_reqs * e.q_len, *out.shape[2:]), 0, e.unpad_idx)
+
+
+def _extend_runs(extend_lens: list[int], num_decode: int) -> list[tuple[int, int]]:
+    """Split requests num_decode.. into consecutive runs of short (<= SHORT_EXTEND_LEN new tokens) and
+    long extends: each run is padded to its own longest request, so a jump-forward draft or a
+    one-token resume beside a 512-token prefill chunk is not padded to 512 query rows."""
+    runs: list[tuple[int, int]] = []
+    for i in range(num_decode, len(extend_lens)):
+        short = extend_lens[i] <= SHORT_EXTEND_LEN
+        if runs and (extend_lens[runs[-1][0]] <= SHORT_EXTEND_LEN) == short:
+            runs[-1] = (runs[-1][0], i + 1)
+        else:
+            runs.append((i, i + 1))
+    return runs
 
 
 def _gather_rows(group: _DecodeMeta | _ExtendMeta | None) -> int:

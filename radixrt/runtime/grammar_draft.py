@@ -33,6 +33,9 @@ class VocabBytes:
         self.first_byte = np.full(num_ids + 1, -1, dtype=np.int16)  # one spare: an EOS id past the vocabulary
         for i, b in self.token_bytes.items():
             self.first_byte[i] = b[0]
+        spelled = self.first_byte[self.first_byte >= 0]
+        # a state allowing more tokens than share any one first byte cannot force a byte
+        self.max_same_first_byte = int(np.bincount(spelled, minlength=256).max()) if len(spelled) else 0
         # the one-byte token of each byte (byte-level BPE has all 256); -1 where none exists
         self.byte_token = [min(token_map[bytes([b])]) if bytes([b]) in token_map else -1 for b in range(256)]
 
@@ -67,7 +70,7 @@ class Drafter:
         b = compiled.forced_byte.get(state)
         if b is None:
             b = -1
-            if not compiled.index.is_final_state(state):
+            if not compiled.index.is_final_state(state) and compiled.facts(state)[1] <= self.vocab.max_same_first_byte:
                 allowed = np.asarray(compiled.index.get_allowed_tokens(state) or [], dtype=np.int64)
                 firsts = self.vocab.first_byte[allowed[allowed < len(self.vocab.first_byte)]]
                 if len(firsts) == len(allowed) and len(firsts) and firsts[0] >= 0 and (firsts == firsts[0]).all():

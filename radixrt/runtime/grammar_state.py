@@ -32,7 +32,8 @@ class CompiledGrammar:
         self.description = description
         self.num_words = num_words
         self._facts: dict[int, tuple[bool, int]] = {}  # state -> (has non-EOS, number allowed)
-        self._rows: dict[int, torch.Tensor] = {}  # bitmask rows: states with many allowed tokens, draft states
+        self._rows: dict[int, torch.Tensor] = {}  # bitmask rows of states with many allowed tokens
+        self._ids: dict[int, np.ndarray] = {}  # allowed ids of light states along drafts
         # jump-forward caches, filled by grammar_draft.Drafter
         self.forced_byte: dict[int, int] = {}
         self.drafts: dict[int, tuple[list[int], list[int]]] = {}
@@ -44,14 +45,24 @@ class CompiledGrammar:
             f = self._facts[state] = (any(t != self.eos_id for t in allowed), len(allowed))
         return f
 
-    def state_row(self, state: int) -> torch.Tensor:
-        """The bitmask of any state, built from the index (no Guide needs to stand there); cached."""
-        row = self._rows.get(state)
-        if row is None:
-            bits = np.zeros(self.num_words * 32, dtype=np.bool_)
-            bits[np.asarray(self.index.get_allowed_tokens(state) or [], dtype=np.int64)] = True
-            row = self._rows[state] = torch.from_numpy(np.packbits(bits, bitorder="little").view(np.int32))
-        return row
+    def write_state_bits(self, state: int, words: torch.Tensor) -> None:
+        """The mask of any state, built from the index (no Guide needs to stand there), for positions
+        along a jump-forward draft. Heavy states share the cached rows; a light state keeps only its
+        allowed ids (a few bytes each, where a row costs vocab/8), so caching every draft state stays small."""
+        if self.facts(state)[1] >= HEAVY_STATE_TOKENS:
+            row = self._rows.get(state)
+            if row is None:
+                bits = np.zeros(self.num_words * 32, dtype=np.bool_)
+                bits[np.asarray(self.index.get_allowed_tokens(state), dtype=np.int64)] = True
+                row = self._rows[state] = torch.from_numpy(np.packbits(bits, bitorder="little").view(np.int32))
+            words.copy_(row[:words.numel()])
+            return
+        ids = self._ids.get(state)
+        if ids is None:
+            ids = self._ids[state] = np.asarray(self.index.get_allowed_tokens(state) or [], dtype=np.int32)
+        w = words.numpy().view(np.uint32)
+        w.fill(0)
+        np.bitwise_or.at(w, ids >> 5, np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32)))
 
     def write_bits(self, state: int, guide: Guide, words: torch.Tensor) -> None:
         """outlines-core walks a state's whole transition map to write its mask (~100 µs for the
@@ -127,6 +138,10 @@ class GrammarState:
             return True
         return self.guide.is_finished() and not self.compiled.facts(self.guide.get_state())[0]
 
+    def ends_at(self, state: int) -> bool:
+        """At `state` the grammar is over: the match is complete and nothing but EOS may follow."""
+        return self.compiled.index.is_final_state(state) and not self.compiled.facts(state)[0]
+
     def draft(self, max_tokens: int) -> tuple[list[int], list[int]]:
         """Forced tokens from here and the state after each (not accepted); ([], []) when off or none."""
         if self.drafter is None or self._eos_accepted or max_tokens <= 0:
@@ -151,7 +166,7 @@ class StateMask:
     ended = False
 
     def write_bits(self, words: torch.Tensor) -> None:
-        words.copy_(self.compiled.state_row(self.state)[:words.numel()])
+        self.compiled.write_state_bits(self.state, words)
 
     def eos_open(self) -> bool:
         return self.compiled.index.is_final_state(self.state)

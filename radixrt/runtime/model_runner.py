@@ -110,9 +110,12 @@ class ModelRunner:
         for i, it in enumerate(plan):
             end = it.prefix_len + len(it.new_ids)  # positions prefix_len..end-1 were fed
             if it.num_draft:
+                # no pick after a draft that ends the grammar: the request finishes there (and such a
+                # row could have nothing allowed, e.g. EOS blocked by min_new_tokens)
+                num_picks = it.num_draft + (not it.req.grammar.ends_at(it.req.draft_states[it.num_draft - 1]))
                 first_pick = row + len(it.new_ids) - 1 - it.num_draft
-                pick_rows.extend(range(first_pick, row + len(it.new_ids)))
-                picks.extend((i, j) for j in range(it.num_draft + 1))
+                pick_rows.extend(range(first_pick, first_pick + num_picks))
+                picks.extend((i, j) for j in range(num_picks))
                 row += len(it.new_ids)
                 continue
             if it.logits_start is not None:

@@ -16,6 +16,9 @@ SHARE_MIN_TOKENS = 32
 # Fraction of each running request's remaining max_new_tokens kept free when admitting more.
 # Too low and decode preempts often; too high and the pool sits idle.
 NEW_TOKEN_RESERVE_RATIO = 0.3
+# Jump-forward draft tokens fed in one step, over all requests: each one costs a logits row and a
+# sampled pick, so a wide batch of drafts must not turn one step into a long prefill.
+MAX_DRAFT_TOKENS_PER_STEP = 256
 
 
 def order_waiting(waiting: list[Req], match_len: dict[int, int], policy: str) -> list[Req]:

@@ -152,13 +152,19 @@ class Scheduler:
             else:
                 ready.append(req)
         plain, drafted = [], []
+        draft_budget = policy.MAX_DRAFT_TOKENS_PER_STEP
         for req in ready:
             if req.table_row is None:
                 continue
-            # a draft takes only memory left once every request has room for its next token,
-            # so verifying drafts never preempts anyone; without room, decode one token
-            if req.draft_ids and not self._grow(req, req.seq_len + len(req.draft_ids)):
-                req.draft_ids, req.draft_states = [], []
+            # a draft takes only free memory left once every request has room for its next token:
+            # verifying drafts never preempts a request nor evicts the cache; without room, or past
+            # the step's draft budget, the request decodes one token
+            if req.draft_ids:
+                num = min(len(req.draft_ids), draft_budget)
+                req.draft_ids, req.draft_states = req.draft_ids[:num], req.draft_states[:num]
+                if not num or not self._grow(req, req.seq_len + num, evict=False):
+                    req.draft_ids, req.draft_states = [], []
+                draft_budget -= len(req.draft_ids)
             pos = req.kv_len
             start = self._write_start(req)
             num_draft = len(req.draft_ids)
@@ -263,12 +269,12 @@ class Scheduler:
         if req.page_ids != before:  # our duplicates were swapped for the tree's pages
             req.table_stale = True
 
-    def _grow(self, req: Req, num_tokens: int) -> bool:
-        """Make req's pages cover num_tokens positions, evicting from the tree if needed."""
+    def _grow(self, req: Req, num_tokens: int, evict: bool = True) -> bool:
+        """Make req's pages cover num_tokens positions, evicting from the tree if needed (and allowed)."""
         need = self.allocator.pages_for(num_tokens) - len(req.page_ids)
         if need <= 0:
             return True
-        if self.allocator.num_free < need:
+        if self.allocator.num_free < need and evict:
             self.tree.evict(need - self.allocator.num_free)
         pages = self.allocator.alloc(need)
         if pages is None:
@@ -300,7 +306,8 @@ class Scheduler:
         req = item.req
         draft = item.new_ids[len(item.new_ids) - item.num_draft:]
         picks = [res] + (res.draft_results or [])
-        assert len(picks) == len(draft) + 1, (len(picks), len(draft))
+        # one pick per position, but none after a draft that ends the grammar
+        assert len(draft) <= len(picks) <= len(draft) + 1, (len(picks), len(draft))
         reason = None
         for j, pick in enumerate(picks):
             req.kv_len = req.seq_len  # the last token and the draft tokens taken so far were fed
@@ -309,7 +316,17 @@ class Scheduler:
             reason = apply_sampled_token(req, pick, self.eos_ids, self.tokenizer)
             if reason is not None or not agrees:
                 break
+        assert reason is not None or not agrees or len(picks) == len(draft) + 1, "a draft ended the grammar, not the request"
+        if reason is None:
+            self._trim_pages(req)
         self._after_tokens(req, reason)
+
+    def _trim_pages(self, req: Req) -> None:
+        """Give back pages grown for draft tokens that were not taken (they hold no KV worth keeping)."""
+        keep = self.allocator.pages_for(req.seq_len)
+        if len(req.page_ids) > keep:
+            self.allocator.free(req.page_ids[keep:])
+            del req.page_ids[keep:]
 
     def _after_tokens(self, req: Req, reason: dict | None) -> None:
         if reason is not None:

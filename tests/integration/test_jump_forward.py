@@ -105,19 +105,21 @@ def test_seeded_sampling_equal(engines):
     assert_no_leak(off)
 
 
-def test_truncation_inside_a_draft(engines):
+def test_truncation_and_min_new_tokens_inside_a_draft(engines):
     on, off = engines
     tok = on.tokenizer
     prompt = chat(tok, "What is i18n short for?")
     for params in ({"choices": ["internationalization"], "max_new_tokens": 3},
                    {"choices": ["internationalization"], "max_new_tokens": 50, "stop": ["nation"]},
-                   {"regex": REGEX, "max_new_tokens": 50, "stop": ["is aff", "is neg"]}):
+                   {"regex": REGEX, "max_new_tokens": 50, "stop": ["is aff", "is neg"]},
+                   # the draft ends the grammar while EOS is still blocked: no pick may be taken there
+                   {"choices": ["internationalization"], "max_new_tokens": 30, "min_new_tokens": 10}):
         params = {**params, "temperature": 0}
         a, _, _ = generate(on, prompt, params)
         b, _, _ = generate(off, prompt, params)
         assert (a["output_ids"], a["text"], a["meta_info"]["finish_reason"]) == \
             (b["output_ids"], b["text"], b["meta_info"]["finish_reason"]), params
-        if "stop" not in params:
+        if "stop" not in params and "min_new_tokens" not in params:
             assert a["meta_info"]["finish_reason"]["type"] == "length"
             assert len(a["output_ids"]) == params["max_new_tokens"]
     assert_no_leak(on)

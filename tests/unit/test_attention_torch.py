@@ -90,6 +90,8 @@ SCENARIOS = {
     "extends_with_prefixes": ([], [(0, 5), (30, 3), (12, 1), (0, 1)]),
     "mixed": ([3, 50, 1], [(0, 11), (20, 9), (64, 1)]),
     "very_different_lengths": ([200, 2], [(0, 150), (0, 1), (7, 2)]),
+    # runs of short and long extends (drafts beside prefill chunks) padded apart
+    "short_long_short_runs": ([40, 9], [(30, 5), (12, 17), (0, 70), (5, 40), (90, 3), (0, 1), (2, 33)]),
 }
 
 
@@ -103,6 +105,14 @@ def test_backend_matches_reference(scenario, group, page_size):
     out, out2, expected = run_both(fb, num_slots, group * NUM_KV_HEADS, seed=rng.randrange(1000))
     torch.testing.assert_close(out, expected, atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(out2, expected, atol=2e-5, rtol=1e-5)
+
+
+def test_short_and_long_extends_are_padded_apart():
+    rng = random.Random(11)
+    fb, num_slots = make_batch(rng, [40, 9], [(30, 5), (12, 17), (0, 70), (5, 40), (90, 3), (0, 1), (2, 33)], 16)
+    run_both(fb, num_slots, 3 * NUM_KV_HEADS, seed=1)
+    runs = [(e.num_reqs, e.q_len) for e in fb.attn_meta.extends]
+    assert runs == [(2, 17), (2, 70), (2, 3), (1, 33)], runs
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -138,8 +148,9 @@ SHARED_SCENARIOS = {
 
 def cascade_lens(fb) -> tuple[int | None, int | None]:
     meta = fb.attn_meta
+    assert len(meta.extends) <= 1  # these scenarios keep all their extends in one run
     return tuple(g.shared.kv_len if g is not None and g.shared is not None else None
-                 for g in (meta.decode, meta.extend))
+                 for g in (meta.decode, meta.extends[0] if meta.extends else None))
 
 
 @pytest.mark.parametrize("page_size", [1, 16])

@@ -12,9 +12,11 @@ import time
 
 import pytest
 import torch
+from outlines_core import Guide
 
 from radixrt.runtime.grammar import GrammarBackend, GrammarError, fill_masks
 from radixrt.runtime.grammar_draft import MAX_DRAFT_BYTES
+from radixrt.runtime.grammar_state import HEAVY_STATE_TOKENS
 from radixrt.runtime.grammar_vocab import special_token_ids, token_bytes_map
 from radixrt.runtime.json_schema_regex import schema_to_regex
 from test_json_schema_regex import SUITE, ByteFSM, validator
@@ -335,3 +337,34 @@ def test_draft_respects_max_tokens_and_off_switch(tokenizer, vocab_size):
     long_draft, _ = a.draft(100)
     assert long_draft and a.draft(1)[0] == long_draft[:1] and a.draft(0) == ([], [])
     assert b.draft(100) == ([], [])
+
+
+@pytest.mark.parametrize("kind,spec", [("json_schema", SUITE["flat_required"][0]), ("regex", r"(ab|cd)[a-z ]{0,8}\.")])
+def test_index_built_masks_equal_guide_masks_at_every_state(backend, tokenizer, kind, spec):
+    """StateMask (draft positions) builds masks from the index alone, for light states from their ids
+    and for heavy ones (inside strings) as cached rows: bit for bit what a Guide standing there writes."""
+    state = compiled(backend, kind, spec)
+    index = state.compiled.index
+    trans = index.get_transitions()
+    paths = {index.get_initial_state(): []}
+    frontier = list(paths)
+    while frontier:  # one token path to every reachable state
+        nxt = []
+        for s in frontier:
+            for tok, d in trans.get(s, {}).items():
+                if d not in paths and tok not in backend.eos_token_ids:
+                    paths[d] = paths[s] + [tok]
+                    nxt.append(d)
+        frontier = nxt
+    num_heavy = 0
+    for s, path in paths.items():
+        guide = Guide(index)
+        for tok in path:
+            guide.advance(tok, return_tokens=False)
+        want = torch.zeros(state.num_words, dtype=torch.int32)
+        guide.write_mask_into(want.data_ptr(), want.numel(), 4)
+        got = torch.full((state.num_words,), -1, dtype=torch.int32)
+        state.at(s).write_bits(got)
+        assert torch.equal(got, want), (kind, s)
+        num_heavy += state.compiled.facts(s)[1] >= HEAVY_STATE_TOKENS
+    assert num_heavy > 0 or kind == "regex"

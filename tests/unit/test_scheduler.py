@@ -234,6 +234,50 @@ def test_drafts_keep_outputs_and_save_forwards(page_size):
     assert forwards[0.0] < forwards[0.5] < forwards[None], forwards
 
 
+def test_rejected_drafts_give_their_pages_back_and_never_preempt():
+    """Always-wrong 10-token drafts in a tight pool: a request holds no more pages than its tokens
+    need after any step, and the run preempts exactly as often as without drafts."""
+    prompts = {"a": list(range(1, 11)), "b": list(range(11, 21))}
+    for pool in (32, 42):
+        preemptions = []
+        for wrong in (None, 1.0):
+            s = make(1, pool, chunk=64, eos=None, max_running=4)
+            for rid, p in prompts.items():
+                submit(s, rid, p, max_new_tokens=11)
+                if wrong is not None:
+                    for req in s.waiting:
+                        if req.rid == rid:
+                            req.grammar = FakeDraftGrammar(req, VOCAB, random.Random(pool), wrong, max_len=10)
+            outs = {}
+            while s.has_work():
+                for o in s.step():
+                    outs.setdefault(o.rid, []).append(o)
+                s.check_integrity()
+                for req in s.running:
+                    assert len(req.page_ids) <= s.allocator.pages_for(req.seq_len), req
+            for rid, p in prompts.items():
+                assert ids(outs, rid) == reference_output(p, 11, VOCAB, None)
+            preemptions.append(s.stats.num_preemptions)
+            assert_all_pages_back(s)
+        assert preemptions[0] == preemptions[1], (pool, preemptions)
+
+
+def test_draft_tokens_per_step_are_budgeted(monkeypatch):
+    from radixrt.runtime import schedule_policy
+    monkeypatch.setattr(schedule_policy, "MAX_DRAFT_TOKENS_PER_STEP", 7)
+    rng = random.Random(3)
+    s = make(1, 4000, eos=None, max_running=16)
+    prompts = {str(i): [rng.randrange(1, VOCAB) for _ in range(8)] for i in range(12)}
+    for rid, p in prompts.items():
+        submit(s, rid, p, max_new_tokens=20)
+        attach_drafts(s, rid, rng, wrong=0.0)
+    run = s.runner.run
+    per_step = []
+    s.runner.run = lambda plan: (per_step.append(sum(it.num_draft for it in plan)), run(plan))[1]
+    outs = drain(s)
+    assert max(per_step) == 7 and all(ids(outs, rid) == reference_output(p, 20, VOCAB, None) for rid, p in prompts.items())
+
+
 def test_max_new_tokens_zero_prefills_only_and_caches_the_prompt():
     s = make()
     p = list(range(1, 30))
