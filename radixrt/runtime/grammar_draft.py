@@ -14,6 +14,8 @@ model). So the output is the one decoding token by token would give: token for t
 greedy, and in distribution under sampling (a fixed draft token d is kept with probability
 p(d); otherwise the pick is a draw from p restricted to tokens != d, which is exactly the
 residual of speculative sampling). A draft the model disagrees with costs compute, never output.
+"Exactly" is as exact as the arithmetic: a draft position's logits come from the extend path, not
+the decode path, so in bf16 on a GPU a near-tie can fall the other way (as with the cache on vs off).
 """
 from __future__ import annotations
 
