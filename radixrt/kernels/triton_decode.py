@@ -15,8 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-# Finite "minus infinity" for running maxima: exp2(-inf - M_INIT) is 0, never NaN.
-M_INIT = tl.constexpr(-1.0e30)
+from radixrt.kernels.triton_softmax import M_INIT, attend_block
 
 
 @triton.jit
@@ -63,17 +62,7 @@ def _decode_stage1(
                     mask=mask_n[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
         v = tl.load(V_cache + slot[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :],
                     mask=mask_n[:, None] & mask_d[None, :], other=0.0)
-        if DOT_FP32:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale_log2  # [BLOCK_H, BLOCK_N]
-        s = tl.where(mask_n[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = attend_block(q, k, v, mask_n[None, :], m_i, l_i, acc, sm_scale_log2, DOT_FP32, PRECISION)
 
     # A split is never empty (the host makes chunk_len * (num_splits - 1) < L), so l_i > 0.
     out_mask = mask_h[:, None] & mask_d[None, :]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-M_INIT = tl.constexpr(-1.0e30)  # finite, so fully masked tiles give exp2(-inf - M_INIT) = 0, not NaN
+from radixrt.kernels.triton_softmax import M_INIT, attend_block
 
 
 @triton.jit
@@ -61,17 +61,7 @@ def _extend_kernel(
                     mask=mask_n[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
         v = tl.load(V_cache + slot[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :],
                     mask=mask_n[:, None] & mask_d[None, :], other=0.0)
-        if DOT_FP32:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale_log2  # [BLOCK_M, BLOCK_N]
-        s = tl.where(mask_n[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = attend_block(q, k, v, mask_n[None, :], m_i, l_i, acc, sm_scale_log2, DOT_FP32, PRECISION)
 
     # 2. new tokens, causal; keys past this tile's last query are never visible
     causal_end = tl.minimum(extend_len, (tile + 1) * BLOCK_M)
@@ -83,18 +73,8 @@ def _extend_kernel(
                     mask=mask_n[:, None] & mask_d[None, :], other=0.0)
         v = tl.load(V_new + key_rows[:, None] * stride_vnt + kv_head * stride_vnh + offs_d[None, :],
                     mask=mask_n[:, None] & mask_d[None, :], other=0.0)
-        if DOT_FP32:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale_log2
         visible = mask_n[None, :] & (pos[None, :] <= offs_m[:, None])
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = attend_block(q, k, v, visible, m_i, l_i, acc, sm_scale_log2, DOT_FP32, PRECISION)
 
     # every valid query row sees at least itself, so l_i > 0 where stored
     out = acc / tl.where(mask_m, l_i, 1.0)[:, None]
