@@ -27,6 +27,8 @@ import httpx
 sys.path.insert(0, os.path.dirname(__file__))
 from workloads import QUESTIONS, shared_prefix_prompts  # noqa: E402
 
+from radixrt.frontend.launcher import wait_until_healthy  # noqa: E402
+
 RESULTS = pathlib.Path(__file__).parent / "results"
 TOPICS = ["volcanoes", "the moon", "bread baking", "chess openings", "rainforests", "jazz", "bicycles", "bees"]
 FOLLOW_UPS = ["Why is that?", "Give one concrete example.", "Summarize that in one sentence."]
@@ -161,18 +163,11 @@ class LaunchedServer:
                "--max-total-tokens", str(args.max_total_tokens), *(["--model-path", args.model_path]
                                                                    if args.model_path else []), *extra]
         self.proc = subprocess.Popen(cmd)
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}")
-            try:
-                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        self.stop()
-        raise TimeoutError("server did not start")
+        try:
+            wait_until_healthy(self.url, self.proc, 600, poll_s=0.5)
+        except (RuntimeError, TimeoutError):
+            self.stop()
+            raise
 
     def stop(self) -> None:
         if self.proc.poll() is None:

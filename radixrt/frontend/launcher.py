@@ -17,9 +17,29 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import Any, Callable
 
 from radixrt.frontend.endpoint import RuntimeEndpoint
+
+
+def wait_until_healthy(url: str, process: subprocess.Popen, timeout: float, poll_s: float = 0.25,
+                       log_tail: Callable[[], str] = lambda: "") -> None:
+    """Poll `url`/health until it answers 200. RuntimeError if the process exits first, TimeoutError
+    after `timeout` s; both end with `log_tail()`, the server's last words."""
+    import requests
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"`radixrt serve` exited with code {process.returncode} before it was ready:\n"
+                               f"{log_tail()}")
+        try:
+            if requests.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(poll_s)
+    raise TimeoutError(f"`radixrt serve` on {url} was not healthy after {timeout:.0f} s:\n{log_tail()}")
 
 
 def free_port() -> int:
@@ -65,27 +85,11 @@ class Runtime:
         self.pid = self.process.pid
         atexit.register(self.shutdown)
         try:
-            self._wait_ready(launch_timeout)
+            wait_until_healthy(self.url, self.process, launch_timeout, log_tail=self.log_tail)
             self.endpoint = RuntimeEndpoint(self.url, api_key=self.api_key)
         except BaseException:
             self.shutdown()
             raise
-
-    def _wait_ready(self, timeout: float) -> None:
-        import requests
-
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"`radixrt serve` exited with code {self.process.returncode} before it was "
-                                   f"ready:\n{self.log_tail()}")
-            try:
-                if requests.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(0.25)
-        raise TimeoutError(f"`radixrt serve` on {self.url} was not healthy after {timeout:.0f} s:\n{self.log_tail()}")
 
     def log_tail(self, num_chars: int = 4000) -> str:
         try:

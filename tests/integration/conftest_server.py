@@ -9,10 +9,10 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
-import httpx
 import psutil
+
+from radixrt.frontend.launcher import wait_until_healthy
 
 STARTUP_TIMEOUT_S = 420  # model load is 10-40 s alone; several parallel test sessions slow it a lot
 HERE = pathlib.Path(__file__).parent
@@ -43,18 +43,11 @@ class ServerProcess:
         self.child_pids = [c.pid for c in self.ps.children(recursive=True)]
 
     def _wait_healthy(self) -> None:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode} while starting:\n{self.log()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        self.stop(signal.SIGKILL)
-        raise TimeoutError(f"server not healthy after {STARTUP_TIMEOUT_S} s:\n{self.log()}")
+        try:
+            wait_until_healthy(self.url, self.proc, STARTUP_TIMEOUT_S, poll_s=0.5, log_tail=self.log)
+        except TimeoutError:
+            self.stop(signal.SIGKILL)
+            raise
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-6000:]
