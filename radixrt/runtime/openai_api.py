@@ -13,7 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from radixrt.runtime.protocol import (
-    SSE_DONE, APIError, ChatCompletionRequest, collect_results, CompletionRequest, SequenceResult, error_body, parse_body, read_body,
+    SSE_DONE, APIError, ChatCompletionRequest, collect_results, CompletionRequest, SequenceResult, parse_body, read_body,
     sampling_dict, sse)
 from radixrt.runtime.tokenizer_manager import RequestHandle, TokenizerManager
 
@@ -99,9 +99,9 @@ class OpenAIRoutes:
             async for idx, out in handle:
                 res = results[idx]
                 res.add(out)
-                if res.finished and (res.error or res.server_error):
-                    kind = "server_error" if res.server_error else "invalid_request_error"
-                    yield sse(error_body(res.error or "the server failed", kind, code=503 if res.server_error else 400))
+                failed = res.error_event()
+                if failed is not None:
+                    yield failed
                     break
                 if out.get("text") or res.finished:
                     yield sse(chunk(idx, res, out.get("text", ""), lp_sent[idx]))

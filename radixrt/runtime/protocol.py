@@ -296,6 +296,14 @@ class SequenceResult:
         if self.error:
             raise APIError(self.error, 400)
 
+    def error_event(self) -> bytes | None:
+        """The SSE event a stream ends with when this sequence failed (the body raise_error answers with)."""
+        try:
+            self.raise_error()
+        except APIError as e:
+            return sse(e.body())
+        return None
+
 
 async def collect_results(request: Any, handle: Any, results: list["SequenceResult"]) -> None:
     """Accumulate a non-streamed request's deltas until every sequence finished (or the client left)."""

@@ -201,9 +201,9 @@ async def _stream_generate(handle: RequestHandle, results: list[SequenceResult],
         async for idx, out in handle:
             res = results[idx]
             res.add(out)
-            if res.finished and (res.error or res.server_error):
-                kind = "server_error" if res.server_error else "invalid_request_error"
-                yield sse(error_body(res.error or "the server failed", kind, code=503 if res.server_error else 400))
+            failed = res.error_event()
+            if failed is not None:
+                yield failed
                 break
             if out.get("text") or out.get("new_ids") or res.finished:
                 yield sse(output(idx))
