@@ -15,54 +15,18 @@ if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 
 from radixrt.kernels.attention_triton import TritonAttentionBackend  # noqa: E402
-from radixrt.kernels.attention_torch import reference_attention  # noqa: E402
-from radixrt.runtime.forward_batch import BatchItem, build_forward_batch  # noqa: E402
+from attention_cases import check_against_reference, make_case  # noqa: E402
 
 DEV = "cuda"
 # fp32 runs with exact (ieee) dots; 16-bit ones multiply P in the input dtype like every flash kernel
 TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-3, 5e-3), torch.bfloat16: (1.5e-2, 2e-2)}
 
 
-def make_case(prefix_lens, extend_lens, hq, hkv, d, page_size, dtype, seed):
-    gen = random.Random(seed)
-    torch.manual_seed(seed)
-    pages_needed = [-(-(p + e) // page_size) for p, e in zip(prefix_lens, extend_lens)]
-    num_pages = sum(pages_needed) + 7
-    free = list(range(num_pages))
-    gen.shuffle(free)
-    max_context = max(p + e for p, e in zip(prefix_lens, extend_lens))
-    req_to_slot = torch.zeros((len(prefix_lens) + 1, max_context), dtype=torch.int64, device=DEV)
-    items = []
-    for i, (p, e) in enumerate(zip(prefix_lens, extend_lens)):
-        pages = [free.pop() for _ in range(pages_needed[i])]
-        slots = [pages[j // page_size] * page_size + j % page_size for j in range(p + e)]
-        items.append(BatchItem(row=i, new_ids=[1] * e, prefix_len=p, slots=slots, write_start=0))
-    fb = build_forward_batch(items, req_to_slot, device=DEV)
-    num_slots = num_pages * page_size
-    k_cache = torch.randn(num_slots, hkv, d, device=DEV).to(dtype)
-    v_cache = torch.randn(num_slots, hkv, d, device=DEV).to(dtype)
-    t = fb.num_tokens
-    qkv = torch.randn(t, hq + 2 * hkv, d, device=DEV).to(dtype)  # fused projection, split by views
-    q, k, v = qkv.split([hq, hkv, hkv], dim=1)
-    return fb, q, k, v, k_cache, v_cache
-
-
 def check(prefix_lens, extend_lens, heads, page_size, dtype, seed=0, **backend_kwargs):
     hq, hkv, d = heads
-    fb, q, k, v, k_cache, v_cache = make_case(prefix_lens, extend_lens, hq, hkv, d, page_size, dtype, seed)
-    scale = d ** -0.5
-    want_k, want_v = k_cache.clone(), v_cache.clone()
-    want_k[fb.out_slots] = k
-    want_v[fb.out_slots] = v
-    backend = TritonAttentionBackend(hq, hkv, d, **backend_kwargs)
-    backend.init_forward_metadata(fb)
-    out = backend.forward(q, k, v, k_cache, v_cache, fb, scale)
-    torch.cuda.synchronize()
-    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
-    expected = reference_attention(q, want_k, want_v, fb, scale)
-    atol, rtol = TOL[dtype]
-    torch.testing.assert_close(out.float(), expected.float(), atol=atol, rtol=rtol)
-    return fb
+    case = make_case(prefix_lens, extend_lens, hq, hkv, d, page_size, dtype, seed, device=DEV)
+    check_against_reference(TritonAttentionBackend(hq, hkv, d, **backend_kwargs), case, *TOL[dtype])
+    return case[0]
 
 
 LLAMA8B, SMOL, MHA128 = (32, 8, 128), (9, 3, 64), (16, 16, 128)

@@ -7,7 +7,6 @@ the test itself updated. Shapes are small: the interpreter runs each program in 
 from __future__ import annotations
 
 import os
-import random
 import subprocess
 import sys
 
@@ -16,60 +15,16 @@ import torch
 
 from radixrt.kernels.attention_torch import reference_attention
 from radixrt.kernels.attention_triton import TritonAttentionBackend, plan_decode_splits
-from radixrt.runtime.forward_batch import BatchItem, ForwardBatch, build_forward_batch
+from attention_cases import check_against_reference, make_case
 
 TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-3, 2e-3), torch.bfloat16: (8e-3, 1.6e-2)}  # (atol, rtol)
 
 
-def make_case(prefix_lens, extend_lens, num_q_heads, num_kv_heads, head_dim, page_size, dtype, seed,
-              share_prefix=False):
-    """Random pages/caches/q/k/v for requests (prefix_len, extend_len); decode ones (1 new token) first."""
-    gen = random.Random(seed)
-    torch.manual_seed(seed)
-    pages_needed = [-(-(p + e) // page_size) for p, e in zip(prefix_lens, extend_lens)]
-    num_pages = sum(pages_needed) + 3
-    free = list(range(num_pages))
-    gen.shuffle(free)  # pages (hence slots) in arbitrary order
-    req_to_slot = torch.zeros((len(prefix_lens) + 2, 256), dtype=torch.int64)
-    items, page_lists = [], []
-    for i, (p, e) in enumerate(zip(prefix_lens, extend_lens)):
-        pages = [free.pop() for _ in range(pages_needed[i])]
-        if share_prefix and i > 0 and p >= page_size:
-            # radix-cache style: reuse request 0's full prefix pages read-only
-            num_shared = min(p, prefix_lens[0]) // page_size
-            pages[:num_shared] = page_lists[0][:num_shared]
-        page_lists.append(pages)
-        slots = [pages[j // page_size] * page_size + j % page_size for j in range(p + e)]
-        new_ids = [gen.randrange(100) for _ in range(e)]
-        items.append(BatchItem(row=i + 1, new_ids=new_ids, prefix_len=p, slots=slots, write_start=0))
-    fb = build_forward_batch(items, req_to_slot)
-    num_slots = num_pages * page_size
-    k_cache = torch.randn(num_slots, num_kv_heads, head_dim).to(dtype)
-    v_cache = torch.randn(num_slots, num_kv_heads, head_dim).to(dtype)
-    t = fb.num_tokens
-    q = torch.randn(t, num_q_heads, head_dim).to(dtype)
-    # k, v as views of one fused projection, like the model's qkv split (non-contiguous rows)
-    kv = torch.randn(t, 2, num_kv_heads, head_dim).to(dtype)
-    return fb, q, kv[:, 0], kv[:, 1], k_cache, v_cache
-
-
 def run_and_check(prefix_lens, extend_lens, hq, hkv, d, page_size, dtype, seed=0, backend_kwargs=None, **kw):
-    fb, q, k, v, k_cache, v_cache = make_case(prefix_lens, extend_lens, hq, hkv, d, page_size, dtype, seed, **kw)
-    scale = d ** -0.5
-    want_k, want_v = k_cache.clone(), v_cache.clone()
-    want_k[fb.out_slots] = k
-    want_v[fb.out_slots] = v
-    expected = reference_attention(q, want_k, want_v, fb, scale)
-    backend = TritonAttentionBackend(hq, hkv, d, **(backend_kwargs or {}))
-    backend.init_forward_metadata(fb)
-    out = backend.forward(q, k, v, k_cache, v_cache, fb, scale)
-    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v), "new K/V not stored at out_slots"
-    assert out.shape == q.shape and out.dtype == dtype
-    assert torch.isfinite(out.float()).all()
+    case = make_case(prefix_lens, extend_lens, hq, hkv, d, page_size, dtype, seed, **kw)
     # reference and kernel each round once to dtype: allow ~2 ulps of it
-    atol, rtol = TOL[dtype]
-    torch.testing.assert_close(out.float(), expected.float(), atol=atol, rtol=rtol)
-    return fb
+    check_against_reference(TritonAttentionBackend(hq, hkv, d, **(backend_kwargs or {})), case, *TOL[dtype])
+    return case[0]
 
 
 MHA, GQA3, GQA4 = (2, 2, 64), (9, 3, 64), (8, 2, 128)  # MHA, SmolLM2's 3:1 GQA, 4:1 at head_dim 128
