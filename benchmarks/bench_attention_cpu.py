@@ -24,8 +24,8 @@ import time
 import torch
 
 from radixrt.kernels.attention_torch import TorchAttentionBackend
-from radixrt.runtime.forward_batch import BatchItem, build_forward_batch
-from radixrt.runtime.page_pool import slots_of
+from radixrt.runtime.model.forward_batch import BatchItem, build_forward_batch
+from radixrt.runtime.core.page_allocator import slots_of
 
 HQ, HKV, D = 9, 3, 64
 

@@ -26,7 +26,7 @@ import triton  # noqa: E402
 from triton.testing import do_bench  # noqa: E402
 
 from radixrt.kernels.attention_triton import TritonAttentionBackend  # noqa: E402
-from radixrt.runtime.forward_batch import BatchItem, build_forward_batch  # noqa: E402
+from radixrt.runtime.model.forward_batch import BatchItem, build_forward_batch  # noqa: E402
 
 DEV = "cuda"
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

@@ -33,8 +33,8 @@ from pathlib import Path
 
 import torch
 
-from radixrt.runtime.grammar import GrammarBackend, GrammarError, fill_masks
-from radixrt.runtime.weights import load_tokenizer, resolve_model
+from radixrt.runtime.constrained.backend import GrammarBackend, GrammarError, fill_masks
+from radixrt.runtime.model.weights import load_tokenizer, resolve_model
 
 PUBLISHED = {"llguidance": 8909, "xgrammar": 8122, "outlines": 7050}  # of 11,306 MaskBench schemas
 MASKBENCH_TOTAL = 11306

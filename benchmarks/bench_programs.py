@@ -213,7 +213,7 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown workload(s) {unknown}; choose from {sorted(all_workloads)}")
 
-    from radixrt.runtime.weights import resolve_model
+    from radixrt.runtime.model.weights import resolve_model
 
     model_dir = str(resolve_model(None))
     backends = {"radixrt": EngineBackend(sgl.Engine(model_dir)),

@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from workloads import QUESTIONS, shared_prefix_prompts  # noqa: E402
 
 from radixrt import Engine  # noqa: E402
-from radixrt.runtime.weights import resolve_model  # noqa: E402
+from radixrt.runtime.model.weights import resolve_model  # noqa: E402
 
 
 def run_engine(engine: Engine, prompts: list[str], new_tokens: int) -> tuple[float, list[dict]]:

@@ -5,10 +5,10 @@ and pre-caches the constant instructions every program starts with.
 
     python examples/batch_pipeline.py [--url http://127.0.0.1:30000] [--progress]
 """
-import argparse
 import time
 
 import radixrt as sgl
+from example_backend import parse_args
 
 INSTRUCTIONS = ("You are a news desk assistant. For each article, first name its section, then write a "
                 "headline of at most ten words.\n\n")
@@ -30,12 +30,7 @@ def desk(s, article):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", help="a running `radixrt serve` (default: in-process Engine)")
-    parser.add_argument("--progress", action="store_true", help="show a progress bar")
-    args = parser.parse_args()
-    if args.url:
-        sgl.set_default_backend(sgl.RuntimeEndpoint(args.url))
+    args = parse_args(__doc__, lambda p: p.add_argument("--progress", action="store_true", help="show a progress bar"))
     start = time.time()
     states = desk.run_batch([{"article": a} for a in ARTICLES], temperature=0, progress_bar=args.progress)
     elapsed = time.time() - start

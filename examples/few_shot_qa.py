@@ -6,9 +6,9 @@ once; each choice is scored from prompt logprobs in one batched request.
     python examples/few_shot_qa.py                # in-process Engine, default model
     python examples/few_shot_qa.py --url http://127.0.0.1:30000
 """
-import argparse
 
 import radixrt as sgl
+from example_backend import parse_args
 
 EXAMPLES = [
     ("What is the capital of France?", ["Paris", "Rome", "Madrid"], "Paris"),
@@ -32,11 +32,7 @@ def few_shot_qa(s, question, choices):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", help="a running `radixrt serve` (default: in-process Engine)")
-    args = parser.parse_args()
-    if args.url:
-        sgl.set_default_backend(sgl.RuntimeEndpoint(args.url))
+    parse_args(__doc__)
     states = few_shot_qa.run_batch([{"question": q, "choices": c} for q, c in QUESTIONS])
     for (question, _), state in zip(QUESTIONS, states):
         scores = state.get_meta_info("answer")["normalized_prompt_logprobs"]

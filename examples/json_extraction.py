@@ -2,10 +2,10 @@
 
     python examples/json_extraction.py [--url http://127.0.0.1:30000]
 """
-import argparse
 import json
 
 import radixrt as sgl
+from example_backend import parse_args
 
 SCHEMA = {
     "type": "object",
@@ -31,11 +31,7 @@ def extract(s, text):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", help="a running `radixrt serve` (default: in-process Engine)")
-    args = parser.parse_args()
-    if args.url:
-        sgl.set_default_backend(sgl.RuntimeEndpoint(args.url))
+    parse_args(__doc__)
     for text, state in zip(TEXTS, extract.run_batch([{"text": t} for t in TEXTS], temperature=0)):
         record = json.loads(state["json"])
         print(f"{text}\n  -> {record}")

@@ -5,9 +5,9 @@ the radix cache, so only the new turn is computed.
 
     python examples/multi_turn_chat.py [--url http://127.0.0.1:30000]
 """
-import argparse
 
 import radixrt as sgl
+from example_backend import parse_args
 
 
 @sgl.function
@@ -19,11 +19,7 @@ def chat(s, turns):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", help="a running `radixrt serve` (default: in-process Engine)")
-    args = parser.parse_args()
-    if args.url:
-        sgl.set_default_backend(sgl.RuntimeEndpoint(args.url))
+    parse_args(__doc__)
     turns = ["What is the tallest mountain on Earth?", "How high is it?", "Who first climbed it?"]
     state = chat.run(turns=turns, temperature=0)
     for message in state.messages():

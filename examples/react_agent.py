@@ -5,10 +5,10 @@ cost only its new tokens.
 
     python examples/react_agent.py [--url http://127.0.0.1:30000]
 """
-import argparse
 import re
 
 import radixrt as sgl
+from example_backend import parse_args
 
 FACTS = {"paris": "Paris is the capital of France; about 2.1 million people live there.",
          "eiffel tower": "The Eiffel Tower is 330 metres tall and was finished in 1889."}
@@ -62,11 +62,7 @@ def agent(s, question, max_steps=3):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", help="a running `radixrt serve` (default: in-process Engine)")
-    args = parser.parse_args()
-    if args.url:
-        sgl.set_default_backend(sgl.RuntimeEndpoint(args.url))
+    parse_args(__doc__)
     state = agent.run(question="How tall is the Eiffel Tower in centimetres?", temperature=0)
     print(state.text())
     print("->", state.ret_value)

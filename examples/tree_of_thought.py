@@ -5,9 +5,9 @@ in parallel and their requests are batched together; a `select` judges each leaf
 
     python examples/tree_of_thought.py [--url http://127.0.0.1:30000]
 """
-import argparse
 
 import radixrt as sgl
+from example_backend import parse_args
 
 NUM_PLANS = 2
 NUM_STEPS = 2
@@ -36,11 +36,7 @@ def tree_of_thought(s, question):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", help="a running `radixrt serve` (default: in-process Engine)")
-    args = parser.parse_args()
-    if args.url:
-        sgl.set_default_backend(sgl.RuntimeEndpoint(args.url))
+    parse_args(__doc__)
     state = tree_of_thought.run(question="A farmer has 3 cows and buys 2 more. Each cow gives 4 liters of "
                                          "milk a day. How much milk does he get per day?")
     for i, (plan, steps, verdicts) in enumerate(zip(state["plan"], state["step"], state["sound"])):

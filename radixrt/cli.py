@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
             config = ServerConfig.from_cli_args(args)
         except ValueError as e:
             parser.error(str(e))
-        from radixrt.runtime.launch import launch_server
+        from radixrt.runtime.serving.launch import launch_server
         code = launch_server(config, args.scheduler_class)
         # Children are stopped and sockets removed: skip the interpreter's slow teardown of torch.
         sys.stdout.flush()

@@ -10,8 +10,8 @@ import random
 
 import torch
 
-from radixrt.kernels.attention_torch import reference_attention
-from radixrt.runtime.forward_batch import BatchItem, build_forward_batch
+from radixrt.kernels.attention_reference import reference_attention
+from radixrt.runtime.model.forward_batch import BatchItem, build_forward_batch
 
 
 def make_case(prefix_lens, extend_lens, num_q_heads, num_kv_heads, head_dim, page_size, dtype, seed=0,

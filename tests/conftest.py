@@ -10,8 +10,9 @@ import random
 import pytest
 import torch
 
-from radixrt.runtime.forward_batch import BatchItem, build_forward_batch
-from radixrt.runtime.page_pool import KVCache, ReqToSlotTable, slots_of
+from radixrt.runtime.model.forward_batch import BatchItem, build_forward_batch
+from radixrt.runtime.core.page_allocator import TableRows, slots_of
+from radixrt.runtime.model.kv_cache import KVCache, ReqToSlotTable
 
 _INTEGRATION_DIR = pathlib.Path(__file__).parent / "integration"
 
@@ -24,7 +25,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def model_dir() -> pathlib.Path:
-    from radixrt.runtime.weights import resolve_model
+    from radixrt.runtime.model.weights import resolve_model
     return resolve_model(None)
 
 
@@ -37,7 +38,7 @@ def hf_model(model_dir):
 
 @pytest.fixture(scope="session")
 def tokenizer(model_dir):
-    from radixrt.runtime.weights import load_tokenizer
+    from radixrt.runtime.model.weights import load_tokenizer
     return load_tokenizer(model_dir)
 
 
@@ -60,6 +61,7 @@ class PagedDriver:
         self.kv = KVCache(model.num_layers, num_pages * page_size, model.num_kv_heads, model.head_dim,
                           model.dtype, model.device)
         self.table = ReqToSlotTable(max_rows, max_context or model.max_context, model.device)
+        self.rows = TableRows(max_rows)
         self.free_pages = list(range(num_pages))
         random.Random(seed).shuffle(self.free_pages)
         self.reqs: dict[str, dict] = {}
@@ -73,7 +75,7 @@ class PagedDriver:
         items = []
         for name, ids, all_rows in order:
             if name not in self.reqs:
-                self.reqs[name] = {"row": self.table.alloc_row(), "pages": [], "kv_len": 0}
+                self.reqs[name] = {"row": self.rows.alloc(), "pages": [], "kv_len": 0}
             req = self.reqs[name]
             prefix_len = req["kv_len"]
             seq_len = prefix_len + len(ids)
@@ -99,7 +101,7 @@ class PagedDriver:
     def release(self, name: str) -> None:
         req = self.reqs.pop(name)
         self.free_pages.extend(req["pages"])
-        self.table.free_row(req["row"])
+        self.rows.free(req["row"])
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ for a whole request is `reference_output`, computed from the token ids alone.
 """
 from __future__ import annotations
 
-from radixrt.runtime.plan import ItemResult, PlanItem
+from radixrt.runtime.core.plan import ItemResult, PlanItem
 
 
 def next_token(seq: list[int], vocab: int) -> int:
@@ -57,24 +57,27 @@ class FakeRunner:
 
     def run(self, plan: list[PlanItem]) -> list[ItemResult]:
         self.num_forwards += 1
-        rows = [it.req.table_row for it in plan]
+        rows = [it.row for it in plan]
         assert len(set(rows)) == len(rows), "a table row twice in one batch"
         written: set[int] = set()
         results = []
         for it in plan:
-            req, end = it.req, it.prefix_len + len(it.new_ids)
-            row = self.table.setdefault(req.table_row, {})
+            end = it.prefix_len + len(it.new_ids)
+            row = self.table.setdefault(it.row, {})
             for k, pos in enumerate(range(it.write_start, end)):
                 row[pos] = it.slots[k]
-            fill = req.fill_ids
+            fill = it.prompt_ids + it.output_ids
             num_own = len(it.new_ids) - it.num_draft  # the request's own tokens, then its draft
-            assert fill[it.prefix_len:it.prefix_len + num_own] + req.draft_ids[:it.num_draft] == it.new_ids, \
-                "new_ids are not the next tokens (and the draft)"
-            assert not it.num_draft or len(req.draft_ids) == it.num_draft
+            assert fill[it.prefix_len:it.prefix_len + num_own] == it.new_ids[:num_own], \
+                "new_ids are not the next tokens"
+            assert it.prefix_len + num_own == len(fill) or not it.num_draft, "a draft fed before the last token"
+            assert len(it.picks) in ((0, 1) if not it.num_draft else (it.num_draft, it.num_draft + 1))
+            for j, pick in enumerate(it.picks):  # pick j sees draft tokens 0..j-1 as output
+                assert pick.output_ids == it.output_ids + it.new_ids[num_own:num_own + j]
             seq = []
             for pos in range(it.prefix_len):
                 got = self.kv.get(row[pos])
-                assert got == (pos, fill[pos]), f"{req}: slot {row[pos]} of position {pos} holds {got}"
+                assert got == (pos, fill[pos]), f"row {it.row}: slot {row[pos]} of position {pos} holds {got}"
                 seq.append(got[1])
             for pos, tok in zip(range(it.prefix_len, end), it.new_ids):
                 slot = row[pos]
@@ -84,7 +87,7 @@ class FakeRunner:
                 seq.append(tok)
             self.forward_tokens += len(it.new_ids)
             res = ItemResult()
-            if it.sample:
+            if it.picks:
                 # a pick after the own tokens and after each draft token
                 picks = [next_token(seq[:it.prefix_len + num_own + j], self.vocab_size) for j in range(it.num_draft + 1)]
                 res.next_id, res.logprob = picks[0], -1.0
@@ -114,6 +117,12 @@ class FakeDraftGrammar:
 
     def accept(self, token_id: int) -> None:
         pass
+
+    def ends_at(self, state: int) -> bool:
+        return False
+
+    def at(self, state: int) -> "FakeDraftGrammar":
+        return self  # the mask source of a draft position (masks are not modelled)
 
     def is_terminated(self) -> bool:
         return False

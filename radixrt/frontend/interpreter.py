@@ -87,14 +87,14 @@ class StreamExecutor:
                     event.set()
                 break
             finally:
-                self._notify()
+                self.notify_changed()
             with self._cv:
                 self._busy = False
                 self._cv.notify_all()
         self.is_finished = True
-        self._notify()
+        self.notify_changed()
 
-    def _notify(self) -> None:
+    def notify_changed(self) -> None:
         with self.changed:
             self.version += 1
             self.changed.notify_all()
@@ -151,7 +151,7 @@ class StreamExecutor:
 
     def _fill(self, value: str) -> None:
         self.text_ += str(value)
-        self._notify()
+        self.notify_changed()
 
     def _sampling(self, gen: ir.Gen) -> tuple[dict[str, Any], dict[str, Any]]:
         sampling, logprob = gen.params.resolve(self.program.defaults)

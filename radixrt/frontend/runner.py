@@ -107,7 +107,7 @@ def _execute(function: Any, arguments: dict, program: Program, state: ProgramSta
     if exe.error_ is None:
         exe.error_ = error if isinstance(error, ProgramError) else ProgramError(f"{function.name}()", error,
                                                                                  _site_of(error))
-        exe._notify()
+        exe.notify_changed()
     return error
 
 

@@ -1,6 +1,6 @@
-"""Torch-native paged attention (the CPU default) and the per-request reference it is tested against.
+"""Torch-native paged attention (the CPU default); attention_reference.py is the truth it is tested against.
 
-Layout (see forward_batch.py): q/k/v rows are the flat token axis T, decode requests first.
+Layout (see attention_batch.py): q/k/v rows are the flat token axis T, decode requests first.
 The KV of request b lives in pool slots `req_to_slot[req_rows[b], :seq_lens[b]]`; its new
 tokens sit at positions prefix_lens[b] .. seq_lens[b]-1 and see every key up to their own position.
 
@@ -21,35 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from radixrt.runtime.forward_batch import ForwardBatch
-
-
-def reference_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, fb: ForwardBatch,
-                        scale: float) -> torch.Tensor:
-    """The simplest truth: a loop over requests, explicit GQA expansion, float32 softmax.
-
-    q: [T, Hq, D]; k_cache/v_cache: [num_slots, Hkv, D] with this step's K/V already written.
-    Returns [T, Hq, D] in q's dtype.
-    """
-    num_q_heads, num_kv_heads = q.shape[1], k_cache.shape[1]
-    assert num_q_heads % num_kv_heads == 0, (num_q_heads, num_kv_heads)
-    group = num_q_heads // num_kv_heads
-    out = torch.empty_like(q)
-    qo_indptr = fb.qo_indptr.tolist()
-    for b in range(fb.batch_size):
-        seq_len, extend_len = fb.seq_lens_list[b], fb.extend_lens_list[b]
-        prefix_len = seq_len - extend_len
-        slots = fb.req_to_slot[int(fb.req_rows[b]), :seq_len]
-        k = k_cache[slots].float().repeat_interleave(group, dim=1)  # [L, Hq, D]: q head h reads kv head h // group
-        v = v_cache[slots].float().repeat_interleave(group, dim=1)
-        qb = q[qo_indptr[b]:qo_indptr[b + 1]].float()  # [E, Hq, D]
-        scores = torch.einsum("qhd,khd->hqk", qb, k) * scale  # [Hq, E, L]
-        q_pos = torch.arange(prefix_len, seq_len, device=q.device)
-        k_pos = torch.arange(seq_len, device=q.device)
-        scores = scores.masked_fill(k_pos[None, None, :] > q_pos[None, :, None], float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        out[qo_indptr[b]:qo_indptr[b + 1]] = torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
-    return out
+from radixrt.kernels.attention_batch import AttentionBatch
 
 
 # The cascade's second attention call and merge cost a fixed ~0.1-0.2 ms a layer on one core; it
@@ -157,7 +129,7 @@ class TorchAttentionBackend:
         self.min_shared_len = min_shared_len
         self.min_saved_kv = min_saved_kv
 
-    def init_forward_metadata(self, fb: ForwardBatch) -> None:
+    def init_forward_metadata(self, fb: AttentionBatch) -> None:
         num_decode = fb.num_decode
         decode = self._decode_meta(fb) if num_decode else None
         extends = []
@@ -184,7 +156,7 @@ class TorchAttentionBackend:
             return None
         return _SharedPrefix(shared_len, head[0, :shared_len].contiguous())
 
-    def _decode_meta(self, fb: ForwardBatch) -> _DecodeMeta:
+    def _decode_meta(self, fb: AttentionBatch) -> _DecodeMeta:
         nd = fb.num_decode
         seq_lens = fb.seq_lens_list[:nd]
         kv_len = max(seq_lens)
@@ -200,7 +172,7 @@ class TorchAttentionBackend:
             mask = _additive(valid[:, None, None, :], fb.req_to_slot.device)
         return _DecodeMeta(nd, kv_len - start, kv_idx.reshape(-1), mask, shared)
 
-    def _extend_meta(self, fb: ForwardBatch, lo: int, hi: int, q_start: int) -> _ExtendMeta:
+    def _extend_meta(self, fb: AttentionBatch, lo: int, hi: int, q_start: int) -> _ExtendMeta:
         """Requests lo..hi-1 (extends), whose new tokens are rows q_start.. of T."""
         device = fb.req_to_slot.device
         seq_lens = fb.seq_lens_list[lo:hi]
@@ -235,7 +207,7 @@ class TorchAttentionBackend:
                            _additive(mask[:, None], device), shared)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, fb: ForwardBatch, scale: float) -> torch.Tensor:
+                v_cache: torch.Tensor, fb: AttentionBatch, scale: float) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]. Writes k/v into the caches at fb.out_slots first."""
         meta: TorchAttentionMeta = fb.attn_meta
         k_cache.index_copy_(0, fb.out_slots, k)

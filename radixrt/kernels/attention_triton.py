@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from radixrt.runtime.forward_batch import ForwardBatch
+from radixrt.kernels.attention_batch import AttentionBatch
 from radixrt.kernels.triton_decode import _decode_stage1, _decode_stage2
 from radixrt.kernels.triton_extend import _extend_kernel
 
@@ -50,7 +50,7 @@ def flat_slots(req_to_slot: torch.Tensor, rows: torch.Tensor, lens_t: torch.Tens
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """(indptr [B+1], slots of positions 0..lens[b]-1 of each row, concatenated).
 
-    lens_t is lens on the device (from the ForwardBatch); the python copy sizes the outputs, so
+    lens_t is lens on the device (from the AttentionBatch); the python copy sizes the outputs, so
     there is no host sync and no extra upload.
     """
     device = req_to_slot.device
@@ -138,7 +138,7 @@ class TritonAttentionBackend:
             return 4 * torch.cuda.get_device_properties(device).multi_processor_count
         return 16
 
-    def init_forward_metadata(self, fb: ForwardBatch) -> None:
+    def init_forward_metadata(self, fb: AttentionBatch) -> None:
         device = fb.req_to_slot.device
         nd = fb.num_decode
         ne = fb.batch_size - nd
@@ -163,7 +163,7 @@ class TritonAttentionBackend:
         )
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, fb: ForwardBatch, scale: float) -> torch.Tensor:
+                v_cache: torch.Tensor, fb: AttentionBatch, scale: float) -> torch.Tensor:
         meta: TritonAttnMeta = fb.attn_meta
         assert meta is not None, "init_forward_metadata(fb) must run before forward"
         if q.device.type != "cuda" and not _interpreting():

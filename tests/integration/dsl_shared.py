@@ -18,7 +18,7 @@ def hf_model():
     import torch
     from transformers import AutoModelForCausalLM
 
-    from radixrt.runtime.weights import resolve_model
+    from radixrt.runtime.model.weights import resolve_model
 
     model = AutoModelForCausalLM.from_pretrained(str(resolve_model(None)), dtype=torch.float32)
     return model.eval()
@@ -47,7 +47,7 @@ def hf_greedy(ids: list[int], max_new_tokens: int, eos_ids: tuple[int, ...] = (2
 def runtime_available() -> bool:
     import importlib.util
 
-    return importlib.util.find_spec("radixrt.runtime.launch") is not None and not os.environ.get("RADIXRT_NO_SERVE")
+    return importlib.util.find_spec("radixrt.runtime.serving.launch") is not None and not os.environ.get("RADIXRT_NO_SERVE")
 
 
 class Recorder:

@@ -19,7 +19,7 @@ NUM_PAGES = 512
 
 class FakeScheduler:
     def __init__(self, config):
-        from radixrt.runtime.weights import load_tokenizer
+        from radixrt.runtime.model.weights import load_tokenizer
 
         self.config = config
         self.tokenizer = load_tokenizer(config.model_path)

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from radixrt.kernels.attention_torch import TorchAttentionBackend
-from radixrt.runtime.models.llama import LlamaForCausalLM
-from radixrt.runtime.weights import load_config, load_state_dict, resolve_model
+from radixrt.runtime.model.models.llama import LlamaForCausalLM
+from radixrt.runtime.model.weights import load_config, load_state_dict, resolve_model
 
 PROMPTS = [
     [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}],

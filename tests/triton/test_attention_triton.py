@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from radixrt.kernels.attention_torch import reference_attention
+from radixrt.kernels.attention_reference import reference_attention
 from radixrt.kernels.attention_triton import TritonAttentionBackend, plan_decode_splits
 from attention_cases import check_against_reference, make_case
 
@@ -156,7 +156,7 @@ def test_tiny_llama_with_triton_backend_matches_hf(tiny_llama_config, paged_driv
     extends and a single-token prompt, on scattered pages of size 4."""
     from transformers import AutoModelForCausalLM
 
-    from radixrt.runtime.models.llama import LlamaForCausalLM
+    from radixrt.runtime.model.models.llama import LlamaForCausalLM
 
     torch.manual_seed(0)
     hf = AutoModelForCausalLM.from_config(tiny_llama_config, attn_implementation="eager", dtype=F32).eval()

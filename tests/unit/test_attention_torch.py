@@ -9,9 +9,10 @@ import torch
 
 from radixrt.kernels import attention_torch
 from radixrt.kernels.attention_torch import (CASCADE_MIN_SHARED_LEN, TorchAttentionBackend, _attend_lse,
-                                            _attend_lse_matmul, reference_attention)
-from radixrt.runtime.forward_batch import BatchItem, build_forward_batch
-from radixrt.runtime.page_pool import slots_of
+                                            _attend_lse_matmul)
+from radixrt.kernels.attention_reference import reference_attention
+from radixrt.runtime.model.forward_batch import BatchItem, build_forward_batch
+from radixrt.runtime.core.page_allocator import slots_of
 
 HEAD_DIM = 16
 NUM_KV_HEADS = 2

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixrt.runtime.detokenizer import DetokenizerManager, IncrementalDetokenizer
+from radixrt.runtime.incremental_detokenizer import IncrementalDetokenizer
+from radixrt.runtime.serving.detokenizer import DetokenizerManager
 from radixrt.runtime.messages import BatchTokenOut, DetokenizeReq
 
 EOS = 1000

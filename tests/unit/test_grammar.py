@@ -14,11 +14,11 @@ import pytest
 import torch
 from outlines_core import Guide
 
-from radixrt.runtime.grammar import GrammarBackend, GrammarError, fill_masks
-from radixrt.runtime.grammar_draft import MAX_DRAFT_BYTES
-from radixrt.runtime.grammar_state import HEAVY_STATE_TOKENS
-from radixrt.runtime.grammar_vocab import special_token_ids, token_bytes_map
-from radixrt.runtime.json_schema_regex import schema_to_regex
+from radixrt.runtime.constrained.backend import GrammarBackend, GrammarError, fill_masks
+from radixrt.runtime.constrained.draft import MAX_DRAFT_BYTES
+from radixrt.runtime.constrained.state import HEAVY_STATE_TOKENS
+from radixrt.runtime.constrained.vocab import special_token_ids, token_bytes_map
+from radixrt.runtime.constrained.json_schema.to_regex import schema_to_regex
 from test_json_schema_regex import SUITE, ByteFSM, validator
 
 EXTRA_IDS = 64  # logits wider than the tokenizer, as when the embedding is padded

@@ -15,9 +15,9 @@ import jsonschema
 import pytest
 from outlines_core import Index, Vocabulary
 
-from radixrt.runtime.grammar_pattern import check_user_regex, pattern_to_regex
-from radixrt.runtime.grammar_regex import GrammarError, integer_range_regex, number_range_regex
-from radixrt.runtime.json_schema_regex import choices_regex, json_object_regex, schema_to_regex
+from radixrt.runtime.constrained.pattern import check_user_regex, pattern_to_regex
+from radixrt.runtime.constrained.regex_builder import GrammarError, integer_range_regex, number_range_regex
+from radixrt.runtime.constrained.json_schema.to_regex import choices_regex, json_object_regex, schema_to_regex
 
 _BYTES = Vocabulary(256, {bytes([b]): [b] for b in range(256)})
 

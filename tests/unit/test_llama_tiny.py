@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from radixrt.kernels.attention_torch import TorchAttentionBackend
-from radixrt.runtime.models.llama import LlamaForCausalLM
+from radixrt.runtime.model.models.llama import LlamaForCausalLM
 
 ATOL, RTOL = 1e-5, 1e-5
 
@@ -151,7 +151,7 @@ def test_unsupported_rope_type_is_rejected(tiny_llama_config):
 # ---- loading: resolve_model / load_* round trip and error cases (no real model needed) ----
 
 def test_hf_directory_round_trip(tmp_path, tiny_llama_config, paged_driver):
-    from radixrt.runtime.weights import load_config, load_state_dict, resolve_model
+    from radixrt.runtime.model.weights import load_config, load_state_dict, resolve_model
     hf, _, _ = build(tiny_config("qwen2_bias", tiny_llama_config), seed=8)
     hf.save_pretrained(str(tmp_path / "m"))
     model_dir = resolve_model(str(tmp_path / "m"))
@@ -167,7 +167,7 @@ def test_resolve_model_errors(tmp_path, monkeypatch):
     import importlib.util
     import json
 
-    from radixrt.runtime import weights
+    from radixrt.runtime.model import weights
     with pytest.raises(FileNotFoundError, match="does not exist"):
         weights.resolve_model(str(tmp_path / "nope"))
     (tmp_path / "weights.bin").write_bytes(b"x")
@@ -193,7 +193,7 @@ def test_gguf_cache_is_atomic_and_keyed_by_file(tmp_path, monkeypatch):
     import json
     import os
 
-    from radixrt.runtime import weights
+    from radixrt.runtime.model import weights
     cache = tmp_path / "cache"
     monkeypatch.setenv("RADIXRT_CACHE_DIR", str(cache))
     gguf = tmp_path / "tiny.gguf"

@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from radixrt.runtime.page_pool import KVCache, PageAllocator, ReqToSlotTable, slots_of
+from radixrt.runtime.core.page_allocator import PageAllocator, TableRows, slots_of
+from radixrt.runtime.model.kv_cache import KVCache, ReqToSlotTable
 
 
 def test_alloc_free_exhaustion():
@@ -71,13 +72,16 @@ def test_slots_of_page_size_16():
 def test_req_to_slot_table_rows():
     table = ReqToSlotTable(max_rows=3, max_context=10)
     assert table.table.shape == (3, 10) and table.table.dtype == torch.int64
-    rows = [table.alloc_row() for _ in range(3)]
-    assert sorted(rows) == [0, 1, 2] and table.num_free_rows == 0
+    owner = TableRows(3)
+    rows = [owner.alloc() for _ in range(3)]
+    assert sorted(rows) == [0, 1, 2] and owner.num_free == 0
     with pytest.raises(RuntimeError):
-        table.alloc_row()
-    table.free_row(rows[1])
-    assert table.num_free_rows == 1
-    assert table.alloc_row() == rows[1]
+        owner.alloc()
+    owner.free(rows[1])
+    assert owner.num_free == 1
+    with pytest.raises(AssertionError):
+        owner.free(rows[1])  # twice
+    assert owner.alloc() == rows[1]
 
 
 def test_kv_cache_shapes_and_bytes():

@@ -12,9 +12,10 @@ import pytest
 
 from radixrt.runtime import messages
 from radixrt.runtime.config import ServerConfig
-from radixrt.runtime.protocol import (
-    APIError, ChatCompletionRequest, CompletionRequest, GenerateRequest, SequenceResult, constraint_from_request,
-    from_value_error, parse_body, sampling_dict, sse)
+from radixrt.runtime.serving.protocol import (
+    APIError, ChatCompletionRequest, CompletionRequest, GenerateRequest, constraint_from_request,
+    from_value_error, parse_body, raise_error, sampling_dict, sse)
+from radixrt.runtime.request_edge import SequenceResult
 from radixrt.runtime.sampling_params import SamplingParams
 
 
@@ -117,16 +118,16 @@ def test_sequence_result_accumulates_and_maps_errors():
              "prompt_tokens": 5, "completion_tokens": 3, "finished_reason": {"type": "length", "length": 3}})
     assert (res.text, res.output_ids, res.completion_tokens, res.cached_tokens) == ("abc", [1, 2, 3], 3, 4)
     assert [t for _, t in res.output_logprobs] == [1, 2, 3] and res.finished
-    res.raise_error()  # a normal finish is no error
+    raise_error(res)  # a normal finish is no error
     refused = SequenceResult()
     refused.add({"new_ids": [], "finished_reason": {"type": "abort", "message": "m"}, "error": "too long"})
     with pytest.raises(APIError) as e:
-        refused.raise_error()
+        raise_error(refused)
     assert e.value.status == 400
     dead = SequenceResult()
     dead.add({"new_ids": [], "finished_reason": {"type": "abort", "message": "x"}, "error": "x", "server_error": True})
     with pytest.raises(APIError) as e:
-        dead.raise_error()
+        raise_error(dead)
     assert e.value.status == 503 and e.value.type == "server_error"
 
 
@@ -152,7 +153,7 @@ def test_cli_flags_come_from_the_config():
 
 
 def test_ipc_dir_is_private():
-    from radixrt.runtime.launch import IpcPaths
+    from radixrt.runtime.serving.launch import IpcPaths
 
     ipc = IpcPaths.create()
     try:

@@ -10,9 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from radixrt.runtime.page_pool import PageAllocator
-from radixrt.runtime.radix_cache import RadixCache
-from radixrt.runtime.req import Req
+from radixrt.runtime.core.page_allocator import PageAllocator
+from radixrt.runtime.core.radix_cache import RadixCache
+from radixrt.runtime.core.req import Req
 from radixrt.runtime.sampling_params import SamplingParams
 
 

@@ -9,13 +9,14 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from radixrt.runtime import sampler
-from radixrt.runtime.sampler import SampleRow, apply_penalties, sample, truncated_probs
+from radixrt.runtime.model import sampler
+from radixrt.runtime.core.plan import SampleRow
+from radixrt.runtime.model.sampler import apply_penalties, sample, truncated_probs
 from radixrt.runtime.sampling_params import SamplingParams
 
 
 def row(output_ids=(), prompt_ids=(), **kw) -> SampleRow:
-    extra = {k: kw.pop(k) for k in ("return_logprob", "top_logprobs_num", "block_ids") if k in kw}
+    extra = {k: kw.pop(k) for k in ("return_logprob", "top_logprobs_num", "blocked_ids") if k in kw}
     return SampleRow(SamplingParams(**kw), list(output_ids), list(prompt_ids), **extra)
 
 
@@ -126,22 +127,22 @@ def test_masked_and_blocked_ids_never_chosen():
     for i in range(num_rows):
         ok = np.nonzero(allowed[i])[0]
         block = list(rng.choice(ok, size=len(ok) - 1, replace=False)) if i % 3 == 0 and len(ok) > 1 else None
-        rows.append(row(output_ids=[int(t) for t in ok[:2]], block_ids=block, **kinds[i % len(kinds)]))
+        rows.append(row(output_ids=[int(t) for t in ok[:2]], blocked_ids=block, **kinds[i % len(kinds)]))
     before = logits.clone()
     for trial in range(5):
         torch.manual_seed(trial)
         ids = sample(logits, rows, torch.from_numpy(allowed)).next_ids
         for i, (t, r) in enumerate(zip(ids, rows)):
-            assert allowed[i, t] and t not in (r.block_ids or []), (i, t)
+            assert allowed[i, t] and t not in (r.blocked_ids or []), (i, t)
     assert torch.equal(logits, before), "sample must not modify its input"
     # greedy rows pick the argmax over what is left (rows with penalties: over the penalised logits)
     for i, r in enumerate(rows):
         if r.params.is_greedy:
             z = np.where(allowed[i], np_penalised(logits[i].numpy(), r), -np.inf)
-            z[list(r.block_ids or [])] = -np.inf
+            z[list(r.blocked_ids or [])] = -np.inf
             assert ids[i] == int(np.argmax(z))
-        if r.block_ids:  # exactly one id is left
-            assert ids[i] == next(t for t in np.nonzero(allowed[i])[0] if t not in r.block_ids)
+        if r.blocked_ids:  # exactly one id is left
+            assert ids[i] == next(t for t in np.nonzero(allowed[i])[0] if t not in r.blocked_ids)
 
 
 def test_row_without_allowed_token_is_a_bug():
@@ -152,7 +153,7 @@ def test_row_without_allowed_token_is_a_bug():
         sample(logits, [row(), row(), row(temperature=0.0)], allowed)
     allowed[1, 5] = True
     with pytest.raises(AssertionError, match=r"rows \[1\]"):
-        sample(logits, [row(), row(temperature=0.0, block_ids=[5]), row()], allowed)
+        sample(logits, [row(), row(temperature=0.0, blocked_ids=[5]), row()], allowed)
     with pytest.raises(AssertionError):
         sample(logits, [row(), row()])
 
@@ -330,7 +331,7 @@ def test_logprobs_are_raw_log_softmax_and_top_sorted():
             row(return_logprob=True, top_logprobs_num=5, temperature=0.7, top_p=0.9, repetition_penalty=1.4,
                 output_ids=[1, 2, 2]),
             row(),
-            row(top_logprobs_num=3, top_k=4, block_ids=[0]),
+            row(top_logprobs_num=3, top_k=4, blocked_ids=[0]),
             row(return_logprob=True, top_logprobs_num=20, min_p=0.1, frequency_penalty=1.0, output_ids=[7, 7]),
             row(temperature=0.0)]
     torch.manual_seed(3)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from fake_runner import FakeDraftGrammar, FakeRunner, reference_output
 from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.messages import TokenizedGenerateReq
-from radixrt.runtime.scheduler import Scheduler
+from radixrt.runtime.core.scheduler import Scheduler
 
 VOCAB = 50
 
@@ -263,7 +263,7 @@ def test_rejected_drafts_give_their_pages_back_and_never_preempt():
 
 
 def test_draft_tokens_per_step_are_budgeted(monkeypatch):
-    from radixrt.runtime import schedule_policy
+    from radixrt.runtime.core import schedule_policy
     monkeypatch.setattr(schedule_policy, "MAX_DRAFT_TOKENS_PER_STEP", 7)
     rng = random.Random(3)
     s = make(1, 4000, eos=None, max_running=16)

@@ -1,0 +1,52 @@
+"""Jump-forward drafts in the scheduler: how much of a request's draft is fed this step, and which
+of its tokens are kept once the model has picked a token at every draft position.
+
+A draft is text the grammar forces, tokenized (constrained/draft.py). It is fed after the
+request's last token; the draft is kept up to the first position where the model's pick differs,
+plus that pick, so output is exactly token-by-token decoding's.
+"""
+from __future__ import annotations
+
+from radixrt.runtime.core.plan import ItemResult, PlanItem
+from radixrt.runtime.core.req import Req
+from radixrt.runtime.core.req_finish import apply_sampled_token
+from radixrt.runtime.core.req_memory import ReqMemory
+from radixrt.runtime.core.scheduler_stats import SchedulerStats
+
+
+def fit_draft(req: Req, memory: ReqMemory, budget: int) -> int:
+    """Cut req's draft to what this step can verify; returns the draft tokens taken from the budget.
+
+    A draft takes only free memory left once every request has room for its next token:
+    verifying drafts never preempts a request nor evicts the cache; without room, or past the
+    step's draft budget, the request decodes one token."""
+    if not req.draft_ids:
+        return 0
+    num = min(len(req.draft_ids), budget)
+    req.draft_ids, req.draft_states = req.draft_ids[:num], req.draft_states[:num]
+    if not num or not memory.grow(req, req.seq_len + num, evict=False):
+        req.draft_ids, req.draft_states = [], []
+    return len(req.draft_ids)
+
+
+def take_draft(req: Req, item: PlanItem, res: ItemResult, eos_ids: set[int], memory: ReqMemory,
+               stats: SchedulerStats) -> dict | None:
+    """Apply the picks of a draft item: the draft up to the first pick that differs, and that pick.
+    Returns the finish reason, if one of the applied tokens finished the request."""
+    draft = item.new_ids[len(item.new_ids) - item.num_draft:]
+    picks = [res] + (res.draft_results or [])
+    # one pick per position, but none after a draft that ends the grammar
+    assert len(draft) <= len(picks) <= len(draft) + 1, (len(picks), len(draft))
+    reason = None
+    agrees = False
+    for j, pick in enumerate(picks):
+        req.kv_len = req.seq_len  # the last token and the draft tokens taken so far were fed
+        agrees = j < len(draft) and pick.next_id == draft[j]
+        stats.num_draft_accepted += agrees
+        reason = apply_sampled_token(req, pick, eos_ids)
+        if reason is not None or not agrees:
+            break
+    assert reason is not None or not agrees or len(picks) == len(draft) + 1, "a draft ended the grammar, not the request"
+    if reason is None:
+        memory.trim(req)
+    return reason

@@ -1,0 +1,79 @@
+"""A request inside the scheduler. It owns its memory state: no side tables by rid.
+
+Tokens of a request are `fill_ids = origin_input_ids + output_ids`. The first `kv_len`
+of them have KV stored in the pages `page_ids` (token i lives in slot
+`page_ids[i // page_size] * page_size + i % page_size`). The first `cached_len` of those
+are borrowed, read-only, from the radix tree and locked through `last_node`; the rest
+the request wrote itself.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from radixrt.runtime.sampling_params import SamplingParams
+
+
+class Req:
+    def __init__(self, rid: str, input_ids: list[int], sampling: SamplingParams, *,
+                 return_logprob: bool = False, logprob_start_len: int = -1, top_logprobs_num: int = 0,
+                 stream: bool = False, program_id: str | None = None, arrival_time: float | None = None):
+        self.rid = rid
+        self.origin_input_ids = list(input_ids)
+        self.output_ids: list[int] = []
+        self.sampling = sampling
+        self.return_logprob = return_logprob
+        self.logprob_start_len = logprob_start_len
+        self.top_logprobs_num = top_logprobs_num
+        self.stream = stream
+        self.program_id = program_id
+        self.pin_ttl_s: float | None = None  # pin the prompt in the tree when finished
+        self.arrival_time = time.time() if arrival_time is None else arrival_time
+
+        # memory
+        self.page_ids: list[int] = []
+        self.kv_len = 0
+        self.cached_len = 0
+        self.last_node: Any = None  # radix node locked on our behalf
+        self.table_row: int | None = None  # row of the req->slot table while running
+        self.table_stale = False  # page_ids changed under the row (shared with the tree): rewrite it
+
+        # progress and results
+        self.prefix_hit_len = 0  # cached tokens on first admission (reported as cached_tokens)
+        self.admitted = False
+        self.num_preemptions = 0
+        self.finished_reason: dict[str, Any] | None = None
+        self.num_sent = 0  # output ids already sent out as deltas
+        self.grammar: Any = None  # GrammarState while constrained
+        self.grammar_future: Any = None  # the compile in flight (a Future); the request waits until it is done
+        self.stop_matcher: Any = None  # IncrementalDetokenizer over output_ids when the request has stop strings
+        # jump-forward: tokens the grammar forces after output_ids, fed for verification next decode
+        self.draft_ids: list[int] = []
+        self.draft_states: list[int] = []  # the grammar state after each draft token
+        self.grammar_error: str | None = None
+        self.output_logprobs: list[list[Any]] = []
+        self.output_top_logprobs: list[list[list[Any]]] = []
+        self.input_logprobs: list[list[Any]] | None = None
+        self.input_top_logprobs: list[list[list[Any]]] | None = None
+        self.input_logprobs_sent = False
+
+    @property
+    def fill_ids(self) -> list[int]:
+        return self.origin_input_ids + self.output_ids
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.origin_input_ids) + len(self.output_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+    @property
+    def is_decoding(self) -> bool:
+        """All tokens but the last have KV: the next step feeds one token."""
+        return self.kv_len == self.seq_len - 1 and bool(self.output_ids)
+
+    def __repr__(self) -> str:
+        return (f"Req({self.rid!r}, in={len(self.origin_input_ids)}, out={len(self.output_ids)}, "
+                f"kv={self.kv_len}, cached={self.cached_len})")

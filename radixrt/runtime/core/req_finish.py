@@ -1,0 +1,79 @@
+"""Applying sampled tokens to a request, deciding whether it is finished, and what it may pick next.
+
+Finish reasons are plain dicts (they cross processes): {"type": "stop", "matched": id or str},
+{"type": "length", "length": n}, {"type": "abort", "message": str}.
+"""
+from __future__ import annotations
+
+from radixrt.runtime.core.plan import ItemResult, SampleRow
+from radixrt.runtime.core.req import Req
+
+
+def abort_reason(message: str) -> dict:
+    return {"type": "abort", "message": message}
+
+
+def apply_prompt_logprobs(req: Req, item_prefix_len: int, res: ItemResult) -> None:
+    """Accumulate the prompt logprobs a step scored (the first prompt token has none)."""
+    if req.input_logprobs is None and item_prefix_len <= max(req.logprob_start_len - 1, 0):
+        req.input_logprobs, req.input_top_logprobs = [], []
+        if req.logprob_start_len == 0:
+            req.input_logprobs.append([None, req.origin_input_ids[0]])
+            req.input_top_logprobs.append([])
+    if res.prompt_logprobs:
+        req.input_logprobs.extend(list(x) for x in res.prompt_logprobs)
+        req.input_top_logprobs.extend(res.prompt_top_logprobs or [[] for _ in res.prompt_logprobs])
+
+
+def apply_sampled_token(req: Req, res: ItemResult, eos_ids: set[int]) -> dict | None:
+    """Append the sampled token; return a finish reason or None."""
+    sp = req.sampling
+    tok = res.next_id
+    req.output_ids.append(tok)
+    if req.return_logprob:
+        req.output_logprobs.append([res.logprob, tok])
+        req.output_top_logprobs.append([list(x) for x in res.top_logprobs or []])
+    if req.grammar is not None:
+        try:
+            req.grammar.accept(tok)
+        except ValueError as e:
+            return abort_reason(f"constraint violated: {e}")
+        if req.grammar.is_terminated():
+            return {"type": "stop", "matched": tok if tok in eos_ids else None}
+    if tok in eos_ids and not sp.ignore_eos:
+        return {"type": "stop", "matched": tok}
+    if tok in sp.stop_token_ids:
+        return {"type": "stop", "matched": tok}
+    if req.stop_matcher is not None:
+        req.stop_matcher.feed([tok])
+        if req.stop_matcher.finished:
+            return {"type": "stop", "matched": req.stop_matcher.matched_stop}
+    if len(req.output_ids) >= sp.max_new_tokens:
+        return {"type": "length", "length": len(req.output_ids)}
+    return None
+
+
+def sample_rows(req: Req, draft_ids: list[int], draft_states: list[int], eos_ids: list[int]) -> list[SampleRow]:
+    """The picks of one step: after the request's last token, and after each draft token but one
+    that ends the grammar (the request finishes there; such a row could have nothing allowed, e.g.
+    EOS blocked by min_new_tokens). Pick j sees draft tokens 0..j-1 as output (penalties, seeds)."""
+    num_picks = 1
+    if draft_ids:
+        num_picks = len(draft_ids) + (not req.grammar.ends_at(draft_states[-1]))
+    rows = []
+    for j in range(num_picks):
+        output_ids = req.output_ids + draft_ids[:j] if j else req.output_ids
+        source = None
+        if req.grammar is not None:
+            source = req.grammar if j == 0 else req.grammar.at(draft_states[j - 1])
+        rows.append(SampleRow(req.sampling, output_ids, req.origin_input_ids, req.return_logprob,
+                              req.top_logprobs_num, blocked_ids(req, len(output_ids), eos_ids), source))
+    return rows
+
+
+def blocked_ids(req: Req, num_output: int, eos_ids: list[int]) -> list[int] | None:
+    """Before min_new_tokens, nothing that would end the request may be picked."""
+    sp = req.sampling
+    if num_output < sp.min_new_tokens and not sp.ignore_eos:
+        return eos_ids + list(sp.stop_token_ids)
+    return None

@@ -1,0 +1,62 @@
+"""Which waiting requests to admit next: cache-aware order, in-batch prefix sharing, budgets.
+
+Plain data only (ints and lists): tested on the CPU without a model.
+"""
+from __future__ import annotations
+
+from radixrt.runtime.core.req import Req
+
+# Past this many waiting requests, matching every one against the tree each step costs more
+# than the ordering gains: fall back to first-come-first-served.
+LPM_MAX_QUEUE = 128
+# A waiting request is held back one step when it shares at least this many *uncached*
+# tokens with a request being prefilled now: once that prefill is in the tree it matches
+# instead of computing the same prefix again.
+SHARE_MIN_TOKENS = 32
+# Fraction of each running request's remaining max_new_tokens kept free when admitting more.
+# Too low and decode preempts often; too high and the pool sits idle.
+NEW_TOKEN_RESERVE_RATIO = 0.3
+# Jump-forward draft tokens fed in one step, over all requests: each one costs a logits row and a
+# sampled pick, so a wide batch of drafts must not turn one step into a long prefill.
+MAX_DRAFT_TOKENS_PER_STEP = 256
+
+
+def order_waiting(waiting: list[Req], match_len: dict[int, int], policy: str) -> list[Req]:
+    """Longest cached prefix first ('lpm'), else arrival order. match_len: id(req) -> cached tokens."""
+    if policy == "lpm" and len(waiting) <= LPM_MAX_QUEUE:
+        # stable sort: ties keep arrival order, and a program's requests stay adjacent by program_id
+        return sorted(waiting, key=lambda r: (-match_len.get(id(r), 0), r.program_id or "", r.arrival_time))
+    return list(waiting)
+
+
+def common_prefix_len(a: list[int], b: list[int]) -> int:
+    """Length of the common prefix, comparing slices (C speed) before single tokens."""
+    n = min(len(a), len(b))
+    i, step = 0, 64
+    while i < n:
+        j = min(i + step, n)
+        if a[i:j] == b[i:j]:
+            i = j
+            continue
+        while a[i] == b[i]:
+            i += 1
+        return i
+    return n
+
+
+def shares_inflight_prefix(ids: list[int], cached_len: int, inflight: list[list[int]]) -> bool:
+    """True when `ids` shares >= SHARE_MIN_TOKENS uncached tokens with a prefill in flight."""
+    for other in inflight:
+        if common_prefix_len(ids, other) - cached_len >= SHARE_MIN_TOKENS:
+            return True
+    return False
+
+
+def decode_reserve_tokens(running: list[Req]) -> int:
+    """Tokens to keep free for the running requests' future decode steps."""
+    total = 0
+    for r in running:
+        remaining = r.sampling.max_new_tokens - len(r.output_ids)
+        if remaining > 0:
+            total += remaining
+    return int(total * NEW_TOKEN_RESERVE_RATIO)

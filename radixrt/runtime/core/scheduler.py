@@ -1,0 +1,281 @@
+"""The event loop's body: admit, chunk prefill, decode, preempt, finish. No tensors here.
+
+One `step()` plans one forward over a mixed batch (decode requests first, then decodes that
+carry a jump-forward draft to verify, then extends: prefill chunks, resumed requests), hands
+the plan (plain data, core/plan.py) to the model runner and applies the sampled tokens. Deltas
+come back as TokenOut messages. Admission, drafts, memory moves and finish rules live in their
+own modules beside this one.
+"""
+from __future__ import annotations
+
+import logging
+
+from radixrt.runtime.config import ServerConfig
+from radixrt.runtime.core import schedule_policy as policy
+from radixrt.runtime.core.admission import Admission, wants_prompt_logprobs
+from radixrt.runtime.core.drafts import fit_draft, take_draft
+from radixrt.runtime.core.page_allocator import PageAllocator, TableRows, slots_of
+from radixrt.runtime.core.pins import PinTable
+from radixrt.runtime.core.plan import ItemResult, PlanItem
+from radixrt.runtime.core.radix_cache import RadixCache
+from radixrt.runtime.core.req import Req
+from radixrt.runtime.core.req_finish import abort_reason, apply_prompt_logprobs, apply_sampled_token, sample_rows
+from radixrt.runtime.core.req_memory import ReqMemory
+from radixrt.runtime.core.scheduler_stats import SchedulerStats, check_integrity, server_info
+from radixrt.runtime.incremental_detokenizer import IncrementalDetokenizer
+from radixrt.runtime.messages import TokenizedGenerateReq, TokenOut
+from radixrt.runtime.request_edge import EdgeLimits, check_prompt, constraint_of
+from radixrt.runtime.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(self, config: ServerConfig, runner):
+        """runner: model/model_runner.ModelRunner (scheduler_factory builds both) or a test's fake."""
+        self.config = config
+        self.runner = runner
+        self.tokenizer = runner.tokenizer
+        self.page_size = config.page_size
+        self.allocator = PageAllocator(runner.num_pages, self.page_size)
+        self.tree = RadixCache(self.allocator, self.page_size, disable=config.disable_radix_cache)
+        self.memory = ReqMemory(self.allocator, self.tree, TableRows(runner.max_rows))
+        self.context_len = runner.context_length
+        self.pool_tokens = runner.num_pages * self.page_size
+        self.limits = EdgeLimits(runner.vocab_size, self.context_len, self.pool_tokens)
+        self.eos_ids = set(runner.eos_token_ids)
+        self._eos_list = sorted(self.eos_ids)
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self._outbox: list[TokenOut] = []
+        self.pins = PinTable(self.tree, self.pool_tokens)
+        self.stats = SchedulerStats()
+        self.admission = Admission(config, self.tree, self.memory, self.stats)
+        self.grammar_backend = None
+        self.model_info = {
+            "model_path": runner.model_path, "context_length": self.context_len,
+            "vocab_size": runner.vocab_size, "eos_token_ids": self._eos_list,
+            "is_generation": True,
+        }
+
+    # ---------------------------------------------------------------- intake
+    def add_request(self, msg: TokenizedGenerateReq) -> list[TokenOut]:
+        try:
+            sampling = SamplingParams.from_dict(msg.sampling_params)
+            start = check_prompt(msg.input_ids, sampling, self.limits, return_logprob=msg.return_logprob,
+                                 logprob_start_len=msg.logprob_start_len, top_logprobs_num=msg.top_logprobs_num)
+        except (ValueError, TypeError) as e:
+            return [TokenOut(rid=msg.rid, new_ids=[], finished_reason=abort_reason(str(e)), error=str(e),
+                             prompt_tokens=len(msg.input_ids) if isinstance(msg.input_ids, list) else 0)]
+        # the output may not run past the context
+        sampling.max_new_tokens = min(sampling.max_new_tokens, self.context_len - len(msg.input_ids))
+        req = Req(msg.rid, msg.input_ids, sampling, return_logprob=msg.return_logprob, logprob_start_len=start,
+                  top_logprobs_num=msg.top_logprobs_num, stream=msg.stream, program_id=msg.program_id,
+                  arrival_time=msg.arrival_time or None)
+        req.pin_ttl_s = msg.pin_ttl_s
+        if sampling.stop:
+            req.stop_matcher = IncrementalDetokenizer(self.tokenizer, sampling.stop, sampling.skip_special_tokens)
+        constraint = constraint_of(sampling)
+        if constraint is not None:
+            req.grammar_future = self.get_grammar_backend().request(*constraint)
+        self.waiting.append(req)
+        return self._drain_outbox()
+
+    def get_grammar_backend(self):
+        if self.grammar_backend is None:
+            from radixrt.runtime.constrained import GrammarBackend
+            self.grammar_backend = GrammarBackend(
+                self.tokenizer, self.runner.vocab_size, self._eos_list,
+                cache_size=self.config.grammar_cache_size, compile_timeout=self.config.grammar_compile_timeout,
+                enable_jump_forward=self.config.enable_jump_forward)
+        return self.grammar_backend
+
+    def abort(self, rid: str) -> list[TokenOut]:
+        for req in self.waiting:
+            if req.rid == rid:
+                self.waiting.remove(req)
+                self._finish(req, abort_reason("aborted by the client"))
+        for req in list(self.running):
+            if req.rid == rid:
+                self._finish(req, abort_reason("aborted by the client"))
+        return self._drain_outbox()
+
+    # ---------------------------------------------------------------- the step
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def step(self) -> list[TokenOut]:
+        self.pins.expire()
+        self._collect_grammars()
+        plan = self._plan()
+        if plan:
+            self.stats.num_forwards += 1
+            results = self.runner.run([item for _, item in plan])
+            self._apply(plan, results)
+        return self._drain_outbox()
+
+    def _plan(self) -> list[tuple[Req, PlanItem]]:
+        decodes = self._plan_decodes()
+        extends = self._plan_extends()
+        if not decodes and not extends and self.running:
+            # every running request is stuck on memory: free the newest so the rest progress
+            self._preempt(self._newest_running())
+        return decodes + extends
+
+    def _plan_decodes(self) -> list[tuple[Req, PlanItem]]:
+        """One item per decoding request: its last token, plus its jump-forward draft if it has one
+        (those items go after the plain decodes, which the forward batch wants first)."""
+        ready: list[Req] = []
+        for req in sorted((r for r in self.running if r.is_decoding), key=lambda r: r.arrival_time):
+            if req.table_row is None:
+                continue  # preempted as a victim earlier in this loop
+            while not self.memory.grow(req, req.seq_len):
+                victim = self._newest_running()
+                self._preempt(victim)
+                if victim is req:
+                    break
+            else:
+                ready.append(req)
+        plain, drafted = [], []
+        draft_budget = policy.MAX_DRAFT_TOKENS_PER_STEP
+        for req in ready:
+            if req.table_row is None:
+                continue
+            num_draft = fit_draft(req, self.memory, draft_budget)
+            draft_budget -= num_draft
+            pos = req.kv_len
+            start = self.memory.write_start(req)
+            item = PlanItem(
+                req.table_row, [req.output_ids[-1]] + req.draft_ids, pos,
+                slots_of(req.page_ids, start, pos + 1 + num_draft, self.page_size), start, None,
+                sample_rows(req, req.draft_ids, req.draft_states, self._eos_list), num_draft,
+                req.origin_input_ids, req.output_ids)
+            (drafted if num_draft else plain).append((req, item))
+            self.stats.num_draft_tokens += num_draft
+        return plain + drafted
+
+    def _plan_extends(self) -> list[tuple[Req, PlanItem]]:
+        budget = self.config.chunked_prefill_size
+        items: list[tuple[Req, PlanItem]] = []
+        inflight: list[list[int]] = []
+        for req in self.running:
+            if req.is_decoding or budget <= 0:
+                continue
+            target = min(req.seq_len, req.kv_len + budget)
+            if self.memory.grow(req, target):
+                items.append((req, self._extend_item(req, target, self.memory.write_start(req))))
+                budget -= target - req.kv_len
+                inflight.append(req.fill_ids)
+        if budget > 0 and self.waiting:
+            items += self.admission.admit(self.waiting, self.running, budget, inflight, self._extend_item)
+        return items
+
+    def _extend_item(self, req: Req, target: int, write_start: int) -> PlanItem:
+        logits_start = None
+        if wants_prompt_logprobs(req):
+            logits_start = max(req.logprob_start_len - 1, 0)
+        picks = sample_rows(req, [], [], self._eos_list) if target == req.seq_len else []
+        return PlanItem(
+            req.table_row, req.fill_ids[req.kv_len:target], req.kv_len,
+            slots_of(req.page_ids, write_start, target, self.page_size), write_start, logits_start, picks, 0,
+            req.origin_input_ids, req.output_ids, req.top_logprobs_num)
+
+    # ---------------------------------------------------------------- results
+    def _apply(self, plan: list[tuple[Req, PlanItem]], results: list[ItemResult]) -> None:
+        for (req, item), res in zip(plan, results):
+            if item.num_draft:
+                self._after_tokens(req, take_draft(req, item, res, self.eos_ids, self.memory, self.stats))
+                continue
+            req.kv_len = item.prefix_len + len(item.new_ids)
+            if item.logits_start is not None:
+                apply_prompt_logprobs(req, item.prefix_len, res)
+            if res.next_id is None or not req.output_ids:
+                self.memory.share(req)  # a finished chunk, or the whole prompt
+            if res.next_id is None:
+                continue
+            if req.sampling.max_new_tokens == 0:  # prefill only (cache warm-up, prompt scoring)
+                self._finish(req, {"type": "length", "length": 0})
+                continue
+            self._after_tokens(req, apply_sampled_token(req, res, self.eos_ids))
+
+    def _after_tokens(self, req: Req, reason: dict | None) -> None:
+        if reason is not None:
+            self._finish(req, reason)
+            return
+        if req.grammar is not None:  # the next draft; output_ids + draft + one pick stay within max_new_tokens
+            req.draft_ids, req.draft_states = req.grammar.draft(req.sampling.max_new_tokens - len(req.output_ids) - 1)
+        if req.stream:
+            self._emit(req)
+
+    def _finish(self, req: Req, reason: dict) -> None:
+        req.draft_ids, req.draft_states = [], []
+        pin_ids = req.fill_ids[:req.kv_len] if req.pin_ttl_s is not None and req.table_row is not None else None
+        if req.table_row is not None:
+            self._release(req)
+        if pin_ids is not None and reason["type"] != "abort":
+            reason = {**reason, "pinned": self.pins.pin(req.rid, pin_ids, req.pin_ttl_s)}
+        req.finished_reason = reason
+        self.stats.on_finish(req)
+        self._emit(req)
+
+    def _release(self, req: Req) -> None:
+        self.memory.release(req)
+        self.running.remove(req)
+
+    def _newest_running(self) -> Req:
+        return max(self.running, key=lambda r: (r.arrival_time, -len(r.output_ids)))
+
+    def _preempt(self, req: Req) -> None:
+        """Give req's memory back (its KV goes into the tree, so resuming is mostly a cache hit)."""
+        log.debug("preempting %s", req)
+        self._release(req)
+        req.num_preemptions += 1
+        self.stats.num_preemptions += 1
+        self.waiting.insert(0, req)
+
+    def _collect_grammars(self) -> None:
+        for req in list(self.waiting):
+            fut = req.grammar_future
+            if fut is None or not fut.done():
+                continue
+            req.grammar_future = None
+            try:
+                req.grammar = fut.result()
+            except ValueError as e:
+                self.waiting.remove(req)
+                req.grammar_error = str(e)
+                self._finish(req, abort_reason(f"invalid constraint: {e}"))
+
+    def _emit(self, req: Req) -> None:
+        new_ids = req.output_ids[req.num_sent:]
+        first = req.num_sent
+        req.num_sent = len(req.output_ids)
+        out = TokenOut(rid=req.rid, new_ids=new_ids, finished_reason=req.finished_reason,
+                       prompt_tokens=len(req.origin_input_ids), completion_tokens=len(req.output_ids),
+                       cached_tokens=req.prefix_hit_len, error=req.grammar_error)
+        if req.return_logprob:
+            out.output_logprobs = req.output_logprobs[first:]
+            out.output_top_logprobs = req.output_top_logprobs[first:]
+            if not req.input_logprobs_sent and req.input_logprobs is not None:
+                out.input_logprobs, out.input_top_logprobs = req.input_logprobs, req.input_top_logprobs
+                req.input_logprobs_sent = True
+        self._outbox.append(out)
+
+    def _drain_outbox(self) -> list[TokenOut]:
+        out, self._outbox = self._outbox, []
+        return out
+
+    # ---------------------------------------------------------------- admin
+    def unpin(self, handle: str) -> bool:
+        return self.pins.unpin(handle)
+
+    def flush_cache(self) -> bool:
+        if self.running:
+            return False
+        return self.tree.reset()
+
+    def server_info(self) -> dict:
+        return server_info(self)
+
+    def check_integrity(self) -> None:
+        check_integrity(self)

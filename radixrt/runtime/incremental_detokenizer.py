@@ -1,0 +1,104 @@
+"""Incremental detokenization of one request: token id deltas in, text deltas out.
+
+Decoding one token at a time is wrong for byte-level BPE (a character may span tokens) and
+slow to redo from the start, so each request keeps a short window: `decode(ids[prefix:])`
+minus `decode(ids[prefix:read])` is the new text, and the window only moves once the new
+text ends on a whole character. On top of that, text that could still become a stop string
+is held back, so a stop string is never split across chunks and can be trimmed (OpenAI
+semantics: the text ends right before the first stop string).
+
+This is the one place that decides a stop-string finish: the scheduler feeds it every sampled
+token (and finishes the request when `finished` turns true); the detokenizer process and the
+Engine run the same class over the same ids to produce the text, so they cut at the same place.
+The cost of a step does not depend on the output length (a short decode window, and the stop
+search starts at the text not yet handed out).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+REPLACEMENT_CHAR = "\ufffd"  # what a decoder shows for an incomplete UTF-8 sequence
+
+
+class IncrementalDetokenizer:
+    """Text of one request, produced delta by delta. Pure logic: tokenizer in, strings out."""
+
+    def __init__(self, tokenizer: Any, stop: list[str] | tuple[str, ...] = (), skip_special_tokens: bool = True):
+        self.tokenizer = tokenizer
+        self.stop = [s for s in stop if s]
+        self.skip_special_tokens = skip_special_tokens
+        self.ids: list[int] = []
+        self.prefix_offset = 0  # decode window start (always on a character boundary)
+        self.read_offset = 0  # ids before this are already in self.text
+        self.pending_len = 0  # chars of the open window (ids[read_offset:]) already in self.text
+        self.text = ""  # decoded text so far (may run past a stop string; trimmed on output)
+        self.num_sent = 0  # chars of self.text already handed out
+        self.matched_stop: str | None = None  # set once a stop string was found in the text
+
+    @property
+    def finished(self) -> bool:
+        return self.matched_stop is not None
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+
+    def _absorb(self, flush: bool) -> None:
+        prefix_text = self._decode(self.ids[self.prefix_offset:self.read_offset])
+        new_text = self._decode(self.ids[self.prefix_offset:])[len(prefix_text):]
+        # A trailing replacement char means the last token ended mid-character: show what comes
+        # before it, keep the window open for the rest (unless the request is over: then the broken
+        # tail is what the model produced). The earlier tokens stay in the window as context
+        # (sentencepiece decodes a word's leading space only after another token).
+        if flush or not new_text.endswith(REPLACEMENT_CHAR):
+            self.text += new_text[self.pending_len:]
+            self.prefix_offset = self.read_offset
+            self.read_offset = len(self.ids)
+            self.pending_len = 0
+        else:
+            stable = new_text.rstrip(REPLACEMENT_CHAR)
+            if len(stable) > self.pending_len:
+                self.text += stable[self.pending_len:]
+                self.pending_len = len(stable)
+
+    def _stop_hold_len(self) -> int:
+        """Length of the longest unsent suffix of the text that is a proper prefix of a stop string."""
+        unsent = len(self.text) - self.num_sent
+        best = 0
+        for s in self.stop:
+            for k in range(min(len(s) - 1, unsent), best, -1):
+                if self.text.endswith(s[:k]):
+                    best = k
+                    break
+        return best
+
+    def feed(self, new_ids: list[int], finished: bool = False) -> str:
+        """Add the ids of one step; return the text that may be shown now.
+
+        finished: the request is over, so everything held back is released (except text at or
+        after a stop string). After a stop string is found the rest is always "".
+        """
+        if self.matched_stop is not None:
+            return ""
+        self.ids.extend(new_ids)
+        self._absorb(flush=finished)
+        if self.stop:
+            # Earlier text never held a complete stop string (it would have been cut), and no unsent
+            # text can start one before num_sent (a stop prefix is always held), so search from there.
+            start = self.num_sent
+            hits = [(self.text.find(s, start), -len(s), s) for s in self.stop]
+            hits = [h for h in hits if h[0] >= 0]
+            if hits:
+                pos, _, s = min(hits)
+                self.matched_stop = s
+                out = self.text[self.num_sent:pos]
+                self.text = self.text[:pos]
+                self.num_sent = pos
+                return out
+        end = len(self.text) if finished else len(self.text) - self._stop_hold_len()
+        out = self.text[self.num_sent:end]
+        self.num_sent = end
+        return out
+
+    @property
+    def sent_text(self) -> str:
+        return self.text[:self.num_sent]

@@ -1,0 +1,166 @@
+"""plan -> tensors -> forward -> logits -> sampled tokens. Owns the model and the KV tensors."""
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from radixrt.runtime.config import ServerConfig
+from radixrt.runtime.model.forward_batch import BatchItem, build_forward_batch
+from radixrt.runtime.model.kv_cache import KVCache, ReqToSlotTable
+from radixrt.runtime.core.plan import ItemResult, PlanItem
+from radixrt.runtime.model.sampler import sample
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_TOTAL_TOKENS = 32768
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def pick_device(config: ServerConfig) -> torch.device:
+    if config.device != "auto":
+        return torch.device(config.device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def pick_dtype(config: ServerConfig, device: torch.device) -> torch.dtype:
+    if config.dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return _DTYPES[config.dtype]
+
+
+def make_attention_backend(name: str | None, device: torch.device, num_q_heads: int, num_kv_heads: int,
+                           head_dim: int):
+    name = name or ("triton" if device.type == "cuda" else "torch")
+    if name == "triton":
+        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError("attention_backend='triton' needs a CUDA device (or TRITON_INTERPRET=1 for tests)")
+        from radixrt.kernels.attention_triton import TritonAttentionBackend
+        return TritonAttentionBackend(num_q_heads, num_kv_heads, head_dim)
+    from radixrt.kernels.attention_torch import TorchAttentionBackend
+    return TorchAttentionBackend(num_q_heads, num_kv_heads, head_dim)
+
+
+def eos_token_ids(hf_config, model_dir, tokenizer) -> list[int]:
+    ids: set[int] = set()
+    for src in (hf_config, _generation_config(model_dir)):
+        eos = getattr(src, "eos_token_id", None) if src is not None else None
+        ids.update([eos] if isinstance(eos, int) else (eos or []))
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return sorted(ids)
+
+
+def _generation_config(model_dir):
+    try:
+        from transformers import GenerationConfig
+        return GenerationConfig.from_pretrained(model_dir, local_files_only=True)
+    except (OSError, ValueError):
+        return None
+
+
+class ModelRunner:
+    def __init__(self, config: ServerConfig):
+        from radixrt.runtime.model.models.llama import LlamaForCausalLM
+        from radixrt.runtime.model.weights import load_config, load_state_dict, load_tokenizer, resolve_model
+
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.device = pick_device(config)
+        self.dtype = pick_dtype(config, self.device)
+        model_dir = resolve_model(config.model_path)
+        self.model_path = str(config.model_path or model_dir)
+        hf_config = load_config(model_dir)
+        self.tokenizer = load_tokenizer(model_dir)
+        self.model = LlamaForCausalLM(hf_config, self.dtype, self.device)
+        self.model.load_weights(load_state_dict(model_dir, self.dtype))
+        self.vocab_size = self.model.vocab_size
+        self.eos_token_ids = eos_token_ids(hf_config, model_dir, self.tokenizer)
+        self.context_length = min(config.context_length or self.model.max_context, self.model.max_context)
+
+        page_size = config.page_size
+        total_tokens = config.max_total_tokens or DEFAULT_MAX_TOTAL_TOKENS
+        self.num_pages = max(total_tokens // page_size, 1)
+        self.kv = KVCache(self.model.num_layers, self.num_pages * page_size, self.model.num_kv_heads,
+                          self.model.head_dim, self.dtype, self.device)
+        # one spare row: a request being admitted while max_running_requests run
+        self.max_rows = config.max_running_requests + 1
+        self.table = ReqToSlotTable(self.max_rows, self.context_length + 1, self.device)
+        self.attn = make_attention_backend(config.attention_backend, self.device, self.model.num_q_heads,
+                                           self.model.num_kv_heads, self.model.head_dim)
+        log.info("model %s: %s on %s, KV pool %d tokens (%d pages of %d)", self.model_path, self.dtype,
+                 self.device, self.num_pages * page_size, self.num_pages, page_size)
+
+    @torch.inference_mode()
+    def run(self, plan: list[PlanItem]) -> list[ItemResult]:
+        # a draft item wants logits at every new position, like prompt logprobs from prefix_len on
+        items = [BatchItem(it.row, it.new_ids, it.prefix_len, it.slots, it.write_start,
+                           it.prefix_len if it.num_draft else it.logits_start) for it in plan]
+        fb = build_forward_batch(items, self.table.table, self.device)
+        self.attn.init_forward_metadata(fb)
+        logits = self.model.forward(fb, self.kv, self.attn)  # [R, vocab] float32
+        return self._results(plan, logits)
+
+    def _results(self, plan: list[PlanItem], logits: torch.Tensor) -> list[ItemResult]:
+        results = [ItemResult() for _ in plan]
+        pick_rows: list[int] = []  # logits rows to sample
+        picks: list[tuple[int, int]] = []  # (plan index, position after the last fed token: 0, or j after draft j)
+        row = 0
+        for i, it in enumerate(plan):
+            end = it.prefix_len + len(it.new_ids)  # positions prefix_len..end-1 were fed
+            if it.num_draft:
+                first_pick = row + len(it.new_ids) - 1 - it.num_draft
+                pick_rows.extend(range(first_pick, first_pick + len(it.picks)))
+                picks.extend((i, j) for j in range(len(it.picks)))
+                row += len(it.new_ids)
+                continue
+            if it.logits_start is not None:
+                first = min(max(it.logits_start, it.prefix_len), end - 1)
+                results[i].prompt_logprobs, results[i].prompt_top_logprobs = self._prompt_logprobs(
+                    it, logits[row:row + end - first], first)
+                row += end - first
+            else:
+                row += 1
+            if it.picks:
+                pick_rows.append(row - 1)
+                picks.append((i, 0))
+        if not picks:
+            return results
+        rows = [plan[i].picks[j] for i, j in picks]
+        mask = None
+        if any(r.mask_source is not None for r in rows):
+            from radixrt.runtime.constrained import fill_masks
+            mask = fill_masks([r.mask_source for r in rows], self.vocab_size, self.device)
+        last = logits if len(pick_rows) == logits.shape[0] else logits[pick_rows]
+        out = sample(last, rows, mask)
+        for k, (i, j) in enumerate(picks):
+            res = results[i] if j == 0 else ItemResult()
+            res.next_id = out.next_ids[k]
+            if out.logprobs is not None:
+                res.logprob = out.logprobs[k]
+            if out.top_logprobs is not None:
+                res.top_logprobs = out.top_logprobs[k]
+            if j:
+                if results[i].draft_results is None:
+                    results[i].draft_results = []
+                results[i].draft_results.append(res)
+        return results
+
+    @staticmethod
+    def _prompt_logprobs(it: PlanItem, logits: torch.Tensor, first: int):
+        """Logprobs of the prompt tokens that follow positions first..end-1 (rows of `logits`)."""
+        prompt = it.prompt_ids
+        positions = [q for q in range(first, first + logits.shape[0])
+                     if q >= it.logits_start and q + 1 < len(prompt)]
+        if not positions:
+            return None, None
+        lp = torch.log_softmax(logits[positions[0] - first: positions[-1] - first + 1].float(), dim=-1)
+        targets = torch.tensor([prompt[q + 1] for q in positions], device=lp.device)
+        chosen = lp.gather(1, targets[:, None])[:, 0].tolist()
+        logprobs = [(c, prompt[q + 1]) for c, q in zip(chosen, positions)]
+        tops = None
+        if it.top_logprobs_num > 0:
+            vals, ids = lp.topk(it.top_logprobs_num, dim=-1)
+            tops = [list(zip(v, t)) for v, t in zip(vals.tolist(), ids.tolist())]
+        return logprobs, tops

@@ -1,0 +1,180 @@
+"""Llama-family forward (Llama, Mistral, Qwen2, Qwen3, SmolLM) over the paged KV pool.
+
+Plain tensors, no nn.Module: this is the per-step hot path, and on a small CPU the Python
+cost of each op matters as much as the matmuls. So q/k/v and gate/up are fused into one
+weight each at load time, RoPE cos/sin come from a table indexed once per forward, and
+logits are computed only for the rows the caller asked for. Formulas follow Hugging Face
+(RMSNorm in float32, rotate-half RoPE, silu(gate) * up) so greedy output matches it exactly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from radixrt.runtime.model.forward_batch import ForwardBatch
+from radixrt.runtime.model.kv_cache import KVCache
+
+STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+@dataclass
+class _Layer:
+    input_norm: torch.Tensor     # [H]
+    qkv_w: torch.Tensor          # [(Hq + 2 Hkv) * D, H]
+    qkv_b: torch.Tensor | None   # Qwen2 bias
+    qk_norm: torch.Tensor | None # [Hq + Hkv, D] Qwen3 per-head q/k norm weights, stacked
+    o_w: torch.Tensor            # [H, Hq * D]
+    o_b: torch.Tensor | None
+    post_norm: torch.Tensor      # [H]
+    gate_up_w: torch.Tensor      # [2 I, H]
+    down_w: torch.Tensor         # [H, I]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Over the last dim; weight [..., dim] may carry leading dims (per-head norms stacked)."""
+    if x.dtype == torch.float32:  # fused op; same value as HF's formula in float32
+        if weight.dim() == 1:
+            return F.rms_norm(x, weight.shape, weight, eps)
+        return F.rms_norm(x, (x.shape[-1],), None, eps) * weight
+    # HF: normalize in float32, round to the model dtype, then scale by the weight
+    xf = x.float()
+    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def rope_tables(hf_config, head_dim: int, max_context: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of position * inv_freq for positions [0, max_context): [max_context, D/2] float32 each."""
+    params = dict(getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {})
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in STATIC_ROPE_TYPES:
+        raise ValueError(f"rope type {rope_type!r} is not supported; expected one of {STATIC_ROPE_TYPES}")
+    if params.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError("partial_rotary_factor != 1 is not supported")
+    if rope_type == "default":
+        theta = params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        attention_scaling = 1.0
+    else:  # the scaled variants: reuse transformers' own formulas, so the frequencies are bit-identical
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+        inv_freq, attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu")
+    freqs = torch.arange(max_context, dtype=torch.int64).float()[:, None] * inv_freq.float()[None, :]
+    return freqs.cos() * attention_scaling, freqs.sin() * attention_scaling
+
+
+class LlamaForCausalLM:
+    def __init__(self, hf_config, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+        self.config = hf_config
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.num_layers = hf_config.num_hidden_layers
+        self.num_q_heads = hf_config.num_attention_heads
+        self.num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or self.num_q_heads
+        self.hidden_size = hf_config.hidden_size
+        self.head_dim = getattr(hf_config, "head_dim", None) or self.hidden_size // self.num_q_heads
+        self.intermediate_size = hf_config.intermediate_size
+        self.vocab_size = hf_config.vocab_size
+        self.eps = hf_config.rms_norm_eps
+        self.scale = self.head_dim ** -0.5
+        if self.num_q_heads % self.num_kv_heads:
+            raise ValueError(f"num_attention_heads {self.num_q_heads} is not a multiple of "
+                             f"num_key_value_heads {self.num_kv_heads}")
+        if getattr(hf_config, "hidden_act", "silu") != "silu":
+            raise ValueError(f"hidden_act {hf_config.hidden_act!r} is not supported (expected silu)")
+        self.max_context = hf_config.max_position_embeddings
+        window = getattr(hf_config, "sliding_window", None)
+        layer_types = getattr(hf_config, "layer_types", None) or ["sliding_attention"]
+        if window and "sliding_attention" in layer_types:
+            # within the window sliding attention equals full attention, so cap the context there
+            self.max_context = min(self.max_context, window)
+        cos, sin = rope_tables(hf_config, self.head_dim, self.max_context)
+        # rotate_half(x) * sin == cat(x2, x1) * cat(-sin, sin): store the signed sin, skip the negation
+        self.rope_cos = torch.cat((cos, cos), dim=-1).to(device=self.device, dtype=dtype)  # [max_context, D]
+        self.rope_sin = torch.cat((-sin, sin), dim=-1).to(device=self.device, dtype=dtype)
+        self.layers: list[_Layer] = []
+        self.embed: torch.Tensor | None = None
+        self.final_norm: torch.Tensor | None = None
+        self.lm_head: torch.Tensor | None = None
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Takes HF parameter names (model.layers.N.self_attn.q_proj.weight, ...); fuses as it goes."""
+        sd = {k.removeprefix("model."): v for k, v in state_dict.items()}
+        used: set[str] = set()
+
+        def take(name: str, required: bool = True) -> torch.Tensor | None:
+            if name not in sd:
+                if required:
+                    raise ValueError(f"weight {name!r} missing from the checkpoint")
+                return None
+            used.add(name)
+            return sd[name].to(device=self.device, dtype=self.dtype)
+
+        def check(name: str, t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+            if tuple(t.shape) != shape:
+                raise ValueError(f"weight {name!r} has shape {tuple(t.shape)}, expected {shape}")
+            return t
+
+        H, D, Hq, Hkv, I = self.hidden_size, self.head_dim, self.num_q_heads, self.num_kv_heads, self.intermediate_size
+        self.embed = check("embed_tokens.weight", take("embed_tokens.weight"), (self.vocab_size, H))
+        self.final_norm = check("norm.weight", take("norm.weight"), (H,))
+        lm_head = take("lm_head.weight", required=False)
+        tied = getattr(self.config, "tie_word_embeddings", False) or lm_head is None
+        self.lm_head = self.embed if tied else check("lm_head.weight", lm_head, (self.vocab_size, H))
+        self.layers = []
+        for i in range(self.num_layers):
+            p = f"layers.{i}."
+            attn, mlp = p + "self_attn.", p + "mlp."
+            q, k, v = (take(attn + n + "_proj.weight") for n in "qkv")
+            qkv_w = check(attn + "qkv", torch.cat((q, k, v), dim=0), ((Hq + 2 * Hkv) * D, H))
+            biases = [take(attn + n + "_proj.bias", required=False) for n in "qkv"]
+            if any(b is not None for b in biases) and not all(b is not None for b in biases):
+                raise ValueError(f"layer {i}: q/k/v biases must be all present or all absent")
+            qkv_b = torch.cat(biases) if biases[0] is not None else None
+            q_norm, k_norm = take(attn + "q_norm.weight", required=False), take(attn + "k_norm.weight", False)
+            qk_norm = None
+            if q_norm is not None and k_norm is not None:
+                qk_norm = torch.cat((q_norm.expand(Hq, D), k_norm.expand(Hkv, D)), dim=0).contiguous()
+            gate, up = take(mlp + "gate_proj.weight"), take(mlp + "up_proj.weight")
+            self.layers.append(_Layer(
+                input_norm=check(p + "input_layernorm", take(p + "input_layernorm.weight"), (H,)),
+                qkv_w=qkv_w, qkv_b=qkv_b, qk_norm=qk_norm,
+                o_w=check(attn + "o_proj", take(attn + "o_proj.weight"), (H, Hq * D)),
+                o_b=take(attn + "o_proj.bias", required=False),  # Llama attention_bias=True
+                post_norm=check(p + "post_attention_layernorm", take(p + "post_attention_layernorm.weight"), (H,)),
+                gate_up_w=check(mlp + "gate_up", torch.cat((gate, up), dim=0), (2 * I, H)),
+                down_w=check(mlp + "down_proj", take(mlp + "down_proj.weight"), (H, I)),
+            ))
+        unused = sorted(set(sd) - used - {"lm_head.weight"} - {n for n in sd if n.endswith("rotary_emb.inv_freq")})
+        if unused:
+            raise ValueError(f"unexpected weights in the checkpoint (unsupported architecture?): {unused[:5]}")
+
+    def forward(self, fb: ForwardBatch, kv: KVCache, attn) -> torch.Tensor:
+        """Logits [R, vocab] float32 for rows fb.logits_rows of the flat token axis."""
+        assert self.embed is not None, "load_weights first"
+        if fb.attn_meta is None:
+            attn.init_forward_metadata(fb)
+        T, D, Hq, Hkv, I, eps = fb.num_tokens, self.head_dim, self.num_q_heads, self.num_kv_heads, \
+            self.intermediate_size, self.eps
+        num_qk_heads = Hq + Hkv
+        cos = self.rope_cos.index_select(0, fb.positions)[:, None, :]  # [T, 1, D], shared by all layers
+        sin = self.rope_sin.index_select(0, fb.positions)[:, None, :]
+        half = D // 2
+        h = F.embedding(fb.input_ids, self.embed)  # [T, H] residual stream
+        for i, layer in enumerate(self.layers):
+            x = rms_norm(h, layer.input_norm, eps)
+            qkv = F.linear(x, layer.qkv_w, layer.qkv_b)  # [T, (Hq + 2 Hkv) * D]
+            qk = qkv[:, :num_qk_heads * D].view(T, num_qk_heads, D)
+            if layer.qk_norm is not None:
+                qk = rms_norm(qk, layer.qk_norm, eps)
+            qk = qk * cos + torch.cat((qk[..., half:], qk[..., :half]), dim=-1) * sin  # RoPE on q and k at once
+            v = qkv[:, num_qk_heads * D:].view(T, Hkv, D)
+            o = attn.forward(qk[:, :Hq], qk[:, Hq:], v, kv.k[i], kv.v[i], fb, self.scale)  # [T, Hq, D]
+            h.add_(F.linear(o.reshape(T, Hq * D), layer.o_w, layer.o_b))
+            x = rms_norm(h, layer.post_norm, eps)
+            gate_up = F.linear(x, layer.gate_up_w)  # [T, 2I]
+            x = F.silu(gate_up[:, :I]).mul_(gate_up[:, I:])
+            h.add_(F.linear(x, layer.down_w))
+        if fb.logits_rows.shape[0] != T:
+            h = h.index_select(0, fb.logits_rows)
+        logits = F.linear(rms_norm(h, self.final_norm, eps), self.lm_head)
+        return logits.float()

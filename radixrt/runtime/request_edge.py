@@ -1,0 +1,145 @@
+"""The request edge: what every way in (HTTP, the in-process Engine, the scheduler's intake) checks,
+how one prompt becomes n scheduler requests, and how a sequence's deltas add up to its result.
+
+One module so the three entries cannot drift apart: the tokenizer manager turns a RequestError into
+a 4xx naming the field, the Engine raises it, the scheduler turns it into an abort of that request.
+No torch, no HTTP framework here.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from radixrt.runtime.messages import TokenizedGenerateReq
+from radixrt.runtime.sampling_params import MAX_TOP_LOGPROBS, SamplingParams
+
+CONSTRAINT_KINDS = ("regex", "json_schema", "choices")
+
+
+class RequestError(ValueError):
+    """A request that can never run as given; `param` names the offending field."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.param = param
+        self.code = code
+
+
+@dataclass(frozen=True)
+class EdgeLimits:
+    """What the model and the pool allow a single request."""
+    vocab_size: int
+    context_len: int
+    pool_tokens: int
+
+
+def constraint_of(sp: SamplingParams) -> tuple[str, Any] | None:
+    """(kind, spec) of the request's constraint, or None (at most one is set: validated)."""
+    for kind in CONSTRAINT_KINDS:
+        spec = getattr(sp, kind)
+        if spec is not None:
+            return kind, spec
+    return None
+
+
+def check_prompt(input_ids: Any, sp: SamplingParams, limits: EdgeLimits, *, return_logprob: bool = False,
+                 logprob_start_len: int | None = None, top_logprobs_num: int = 0) -> int:
+    """Raise RequestError unless the prompt can run; returns the logprob start (-1: no prompt logprobs)."""
+    if not isinstance(input_ids, list) or not input_ids:
+        raise RequestError("the prompt is empty", param="prompt")
+    n = len(input_ids)
+    vocab = limits.vocab_size
+    if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab for t in input_ids):
+        raise RequestError(f"input_ids must be token ids in [0, {vocab})", param="input_ids")
+    if n >= limits.context_len:
+        raise RequestError(f"the prompt has {n} tokens but this model's context length is {limits.context_len}",
+                           param="prompt", code="context_length_exceeded")
+    need = n + min(sp.max_new_tokens, limits.context_len - n)  # the scheduler clamps at the context
+    if need > limits.pool_tokens:
+        raise RequestError(f"the request needs {need} tokens of KV (prompt {n} + max_new_tokens) but the KV pool "
+                           f"holds {limits.pool_tokens}; it can never run", param="max_tokens",
+                           code="context_length_exceeded")
+    start = -1 if not return_logprob or logprob_start_len is None else logprob_start_len
+    if return_logprob and not (isinstance(start, int) and -1 <= start < n):
+        raise RequestError(f"logprob_start_len must be in [-1, {n - 1}], got {start}", param="logprob_start_len")
+    if not (isinstance(top_logprobs_num, int) and 0 <= top_logprobs_num <= MAX_TOP_LOGPROBS):
+        raise RequestError(f"top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS}], got {top_logprobs_num}",
+                           param="top_logprobs")
+    return start
+
+
+def expand_n(base_rid: str, input_ids: list[int], sp: SamplingParams, *, stream: bool = False,
+             return_logprob: bool = False, logprob_start_len: int = -1, top_logprobs_num: int = 0,
+             program_id: str | None = None, pin_ttl_s: float | None = None) -> list[TokenizedGenerateReq]:
+    """One prompt -> sp.n scheduler requests: rid base (n = 1) or base-0..base-{n-1}, seeds seed+i."""
+    reqs = []
+    for i in range(sp.n):
+        seed = None if sp.seed is None else sp.seed + i
+        reqs.append(TokenizedGenerateReq(
+            rid=base_rid if sp.n == 1 else f"{base_rid}-{i}", input_ids=list(input_ids),
+            sampling_params=dataclasses.replace(sp, n=1, seed=seed).to_dict(), return_logprob=return_logprob,
+            logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num, stream=stream,
+            program_id=program_id, arrival_time=time.time(), pin_ttl_s=pin_ttl_s))
+    return reqs
+
+
+class SequenceResult:
+    """Everything one sequence produced so far, accumulated from its deltas (dicts with the fields
+    of TokenOut, plus "text" once detokenized)."""
+
+    def __init__(self, rid: str = ""):
+        self.rid = rid
+        self.text = ""
+        self.output_ids: list[int] = []
+        self.finished_reason: dict[str, Any] | None = None
+        self.prompt_tokens = self.completion_tokens = self.cached_tokens = 0
+        self.output_logprobs: list[list[Any]] = []
+        self.output_top_logprobs: list[list[list[Any]]] = []
+        self.input_logprobs: list[list[Any]] | None = None
+        self.input_top_logprobs: list[list[list[Any]]] | None = None
+        self.error: str | None = None
+        self.server_error = False
+
+    def add(self, out: dict[str, Any]) -> None:
+        self.rid = out.get("rid", self.rid)
+        self.text += out.get("text", "")
+        self.output_ids.extend(out.get("new_ids", []))
+        self.output_logprobs.extend(out.get("output_logprobs") or [])
+        self.output_top_logprobs.extend(out.get("output_top_logprobs") or [])
+        if out.get("input_logprobs") is not None:
+            self.input_logprobs, self.input_top_logprobs = out["input_logprobs"], out.get("input_top_logprobs")
+        for key in ("prompt_tokens", "completion_tokens", "cached_tokens"):
+            if out.get(key):
+                setattr(self, key, out[key])
+        if out.get("finished_reason") is not None:
+            self.finished_reason = out["finished_reason"]
+            self.error = out.get("error")
+            self.server_error = bool(out.get("server_error"))
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+
+def generate_output(res: SequenceResult, return_logprob: bool, token_text: Callable[[int], Any],
+                    index: int | None = None) -> dict[str, Any]:
+    """SGLang's /generate (and Engine.generate) result: text, output_ids, meta_info, logprobs as
+    (logprob, id, text or None) triples."""
+    meta: dict[str, Any] = {"id": res.rid, "prompt_tokens": res.prompt_tokens,
+                            "completion_tokens": res.completion_tokens, "cached_tokens": res.cached_tokens,
+                            "finish_reason": res.finished_reason}
+    if res.error:
+        meta["error"] = res.error
+    if return_logprob:
+        def triple(x: list) -> tuple:
+            return (x[0], x[1], token_text(x[1]))
+        meta["input_token_logprobs"] = [triple(x) for x in res.input_logprobs or []]
+        meta["input_top_logprobs"] = [[triple(x) for x in top] for top in res.input_top_logprobs or []]
+        meta["output_token_logprobs"] = [triple(x) for x in res.output_logprobs]
+        meta["output_top_logprobs"] = [[triple(x) for x in top] for top in res.output_top_logprobs]
+    out = {"text": res.text, "output_ids": list(res.output_ids), "meta_info": meta}
+    if index is not None:
+        out["index"] = index
+    return out

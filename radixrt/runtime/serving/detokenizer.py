@@ -1,0 +1,88 @@
+"""The detokenizer process: token id deltas in, text deltas out, one IncrementalDetokenizer per request."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import zmq
+
+from radixrt.runtime import messages
+from radixrt.runtime.incremental_detokenizer import IncrementalDetokenizer
+from radixrt.runtime.messages import (BatchTextOut, BatchTokenOut, DetokenizeReq, ProcessFailed, ProcessReady)
+
+logger = logging.getLogger(__name__)
+
+class DetokenizerManager:
+    """Holds one IncrementalDetokenizer per live request and turns BatchTokenOut into BatchTextOut."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        self.states: dict[str, IncrementalDetokenizer] = {}
+        self.done_early: set[str] = set()  # stop string seen here before the scheduler finished the request
+
+    def register(self, req: DetokenizeReq) -> None:
+        self.states[req.rid] = IncrementalDetokenizer(self.tokenizer, req.stop, req.skip_special_tokens)
+
+    def handle(self, batch: BatchTokenOut) -> BatchTextOut:
+        outputs = []
+        for out in batch.outputs:
+            rid = out["rid"]
+            finished = out.get("finished_reason") is not None
+            if rid in self.done_early:
+                if finished:
+                    self.done_early.discard(rid)
+                continue
+            state = self.states.get(rid)
+            if state is None:  # never registered: only an immediate rejection or a late message can get here
+                state = IncrementalDetokenizer(self.tokenizer)
+            out = dict(out)
+            out["text"] = state.feed(out["new_ids"], finished=finished)
+            reason = out.get("finished_reason")
+            if state.finished and (reason is None or reason.get("type") != "abort"):
+                # The text was cut at a stop string: report that stop whatever the scheduler saw.
+                out["finished_reason"] = {"type": "stop", "matched": state.matched_stop}
+                if not finished:  # the scheduler will finish it on its own; drop what follows
+                    self.done_early.add(rid)
+            if out.get("finished_reason") is not None:
+                self.states.pop(rid, None)
+            outputs.append(out)
+        return BatchTextOut(outputs=outputs)
+
+
+def run_detokenizer_process(model_path: str, in_path: str, out_path: str, log_level: str = "info") -> None:
+    """Entry point of the detokenizer process (spawned): PULL token deltas, PUSH text deltas."""
+    from radixrt.runtime.serving.process_control import StopFlag, set_parent_death_signal
+
+    set_parent_death_signal()
+    flag = StopFlag()
+    logging.basicConfig(level=log_level.upper(), format="[detokenizer] %(levelname)s %(message)s")
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    pull.bind(in_path)
+    push = ctx.socket(zmq.PUSH)
+    push.connect(out_path)
+    try:
+        try:
+            from radixrt.runtime.model.weights import load_tokenizer
+            manager = DetokenizerManager(load_tokenizer(model_path))
+        except Exception as e:  # report and exit: the parent turns it into a start-up error
+            logger.exception("detokenizer failed to start")
+            push.send(messages.encode(ProcessFailed(name="detokenizer", error=f"{type(e).__name__}: {e}")))
+            raise SystemExit(1)
+        push.send(messages.encode(ProcessReady(name="detokenizer")))
+        flag.enter_loop()
+        while not flag.should_stop():
+            if not pull.poll(200):
+                continue
+            msg = messages.decode(pull.recv())
+            if isinstance(msg, DetokenizeReq):
+                manager.register(msg)
+            elif isinstance(msg, BatchTokenOut):
+                push.send(messages.encode(manager.handle(msg)))
+            else:
+                logger.warning("unexpected message %s", type(msg).__name__)
+    finally:
+        pull.close(linger=0)
+        push.close(linger=500)
+        ctx.term()
+    flag.exit_now()

@@ -1,0 +1,194 @@
+"""The FastAPI app: SGLang-native /generate, admin routes, /metrics, and the OpenAI routes.
+
+Every error is an OpenAI-style body {"error": {"message", "type", "param", "code"}}.
+With --api-key, every route but /health needs `Authorization: Bearer <key>`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hmac
+import logging
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from radixrt.runtime.serving.metrics import CONTENT_TYPE_LATEST, ServerMetrics
+from radixrt.runtime.serving.openai_routes import SSE_HEADERS, add_openai_routes
+from radixrt.runtime.serving.pin_routes import add_pin_routes
+from radixrt.runtime.request_edge import SequenceResult, generate_output
+from radixrt.runtime.serving.protocol import (
+    SSE_DONE, APIError, ClientGone, GenerateRequest, accumulate, collect_results, error_body, parse_body, read_body, sse)
+from radixrt.runtime.serving.tokenizer_manager import RequestHandle, TokenizerManager
+
+logger = logging.getLogger(__name__)
+
+_ROUTES = {"/generate", "/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/get_model_info",
+           "/get_server_info", "/flush_cache", "/metrics", "/pin_prefix", "/unpin"}
+
+
+class GateMiddleware:
+    """Pure ASGI (no BaseHTTPMiddleware: it would hide client disconnects): API key check and per-route counts."""
+
+    def __init__(self, app: Any, api_key: str | None, metrics: ServerMetrics):
+        self.app = app
+        self.expected = None if api_key is None else f"Bearer {api_key}".encode()
+        self.metrics = metrics
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        status = [500]
+
+        async def send_status(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            if self.expected is not None and path != "/health":
+                got = dict(scope["headers"]).get(b"authorization", b"")
+                if not hmac.compare_digest(got, self.expected):
+                    body = error_body("invalid or missing API key (Authorization: Bearer <key>)",
+                                      "invalid_request_error", code="invalid_api_key")
+                    return await JSONResponse(body, 401)(scope, receive, send_status)
+            await self.app(scope, receive, send_status)
+        finally:
+            self.metrics.on_http(path if path in _ROUTES else "other", status[0])
+
+
+def _per_prompt(value: Any, num: int, name: str) -> list[Any]:
+    if isinstance(value, list):
+        if len(value) != num:
+            raise APIError(f"{name} has {len(value)} entries for {num} prompts", param=name)
+        return value
+    return [value] * num
+
+
+def create_app(tm: TokenizerManager, served_model_name: str, metrics: ServerMetrics | None = None) -> FastAPI:
+    metrics = metrics or tm.metrics
+    config = tm.config
+    app = FastAPI(title="radixrt", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.tm = tm
+
+    @app.exception_handler(APIError)
+    async def on_api_error(request: Request, e: APIError) -> JSONResponse:
+        return JSONResponse(e.body(), e.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
+        return JSONResponse(error_body(str(e.detail), kind, code=e.status_code), e.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(request: Request, e: RequestValidationError) -> JSONResponse:
+        return JSONResponse(error_body(str(e.errors()[:3])), 400)
+
+    @app.exception_handler(ClientGone)
+    async def on_client_gone(request: Request, e: ClientGone) -> Response:
+        return Response(status_code=499)  # nobody reads it; the requests were aborted
+
+    @app.exception_handler(Exception)
+    async def on_crash(request: Request, e: Exception) -> JSONResponse:
+        logger.exception("internal error on %s", request.url.path)
+        return JSONResponse(error_body(f"internal error: {type(e).__name__}: {e}", "server_error", code=500), 500)
+
+    # ------------------------------------------------------------------ SGLang-native
+    @app.post("/generate")
+    async def generate(request: Request) -> Any:
+        req: GenerateRequest = parse_body(GenerateRequest, await read_body(request, config.max_request_body_bytes))
+        if (req.text is None) == (req.input_ids is None):
+            raise APIError("give exactly one of text and input_ids", param="text")
+        if req.text is not None:
+            batch = isinstance(req.text, list)
+            prompts = await tm.encode(req.text if batch else [req.text])
+        else:
+            batch = bool(req.input_ids) and isinstance(req.input_ids[0], list)
+            prompts = req.input_ids if batch else [req.input_ids]
+        if not prompts:
+            raise APIError("the batch is empty", param="text")
+        num = len(prompts)
+        params = _per_prompt(req.sampling_params, num, "sampling_params")
+        return_logprob = _per_prompt(req.return_logprob, num, "return_logprob")
+        starts = _per_prompt(req.logprob_start_len, num, "logprob_start_len")
+        tops = _per_prompt(req.top_logprobs_num, num, "top_logprobs_num")
+        reqs, flat_logprob = [], []  # n copies of prompt i follow each other (SGLang's order)
+        for i, ids in enumerate(prompts):
+            sp = tm.validate_sampling(params[i])
+            copies = tm.make_requests(ids, sp, stream=req.stream, return_logprob=return_logprob[i],
+                                      logprob_start_len=starts[i], top_logprobs_num=tops[i], program_id=req.program_id)
+            reqs += copies
+            flat_logprob += [return_logprob[i]] * len(copies)
+        many = batch or len(reqs) > 1
+        handle = tm.generate(reqs)
+        results = [SequenceResult(r.rid) for r in reqs]
+        token_text = (lambda t: tm.tokenizer.decode([t])) if req.return_text_in_logprobs else (lambda t: None)
+
+        def output(i: int) -> dict[str, Any]:
+            return generate_output(results[i], flat_logprob[i], token_text, i if many else None)
+
+        if req.stream:
+            return StreamingResponse(_stream_generate(handle, results, output), media_type="text/event-stream",
+                                     headers=SSE_HEADERS)
+
+        await collect_results(request, handle, results)
+        outs = [output(i) for i in range(len(results))]
+        return outs if many else outs[0]
+
+    # ------------------------------------------------------------------ admin
+    @app.get("/health")
+    async def health() -> Response:
+        if await tm.health_probe():
+            return Response(status_code=200)
+        reason = tm.dead_reason or "the scheduler did not answer the health probe"
+        return JSONResponse(error_body(reason, "server_error", code=503), 503)
+
+    @app.get("/get_model_info")
+    async def get_model_info() -> dict[str, Any]:
+        return {**tm.model_info, "served_model_name": served_model_name, "tokenizer_path": config.model_path}
+
+    @app.get("/get_server_info")
+    async def get_server_info() -> dict[str, Any]:
+        info = await tm.server_info()
+        cfg = dataclasses.asdict(config)
+        cfg["api_key"] = None if config.api_key is None else "***"
+        return {**cfg, **info, "num_inflight_requests": len(tm.states), "served_model_name": served_model_name}
+
+    @app.api_route("/flush_cache", methods=["POST", "GET"])
+    async def flush_cache() -> JSONResponse:
+        ok = await tm.flush_cache()
+        if ok:
+            return JSONResponse({"success": True, "message": "cache flushed"})
+        return JSONResponse(error_body("cache not flushed: requests are running", code=400), 400)
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        try:
+            metrics.update_from_server_info(await tm.server_info(timeout=5.0))
+        except APIError:
+            pass  # still serve the counters this process has
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    add_openai_routes(app, tm, served_model_name)
+    add_pin_routes(app, tm)
+    app.add_middleware(GateMiddleware, api_key=config.api_key, metrics=metrics)
+    return app
+
+
+async def _stream_generate(handle: RequestHandle, results: list[SequenceResult], output: Any) -> AsyncIterator[bytes]:
+    """SGLang streaming: each event holds the cumulative text/output_ids of one sequence."""
+    try:
+        async for idx, out, failed in accumulate(handle, results):
+            if failed is not None:
+                yield failed
+                break
+            if out.get("text") or out.get("new_ids") or results[idx].finished:
+                yield sse(output(idx))
+    except APIError as e:
+        yield sse(e.body())
+    finally:
+        handle.close()
+    yield SSE_DONE

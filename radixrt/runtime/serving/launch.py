@@ -1,0 +1,150 @@
+"""Start, watch and stop the three processes of `radixrt serve`.
+
+The main process runs uvicorn + the tokenizer manager; the scheduler and the detokenizer are
+spawned ("spawn": torch and fork do not mix) and joined by ZeroMQ ipc:// sockets in a private
+temp dir (mode 0700). Start-up waits for both children to report ready. A watchdog notices a
+dead child: in-flight requests fail at once, /health turns 503, the server exits non-zero.
+Ctrl-C / SIGTERM stop admitting, let running requests finish (at most DRAIN_TIMEOUT_S), then stop
+everything; no process or socket file outlives the server.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import pathlib
+import shutil
+import signal
+import tempfile
+from typing import Any
+
+
+logger = logging.getLogger("radixrt.server")
+
+WATCHDOG_INTERVAL_S = 0.25
+STOP_TIMEOUT_S = 5.0
+# SIGTERM: uvicorn stops accepting, then waits this long for running requests to finish before
+# cancelling them (a generation of a few hundred tokens on a CPU takes tens of seconds).
+DRAIN_TIMEOUT_S = 30.0
+
+
+@dataclasses.dataclass(frozen=True)
+class IpcPaths:
+    dir: str
+    scheduler: str  # scheduler's PULL: requests, aborts, admin queries
+    detokenizer: str  # detokenizer's PULL: token deltas
+    tokenizer: str  # tokenizer manager's PULL: text deltas, admin answers, ready reports
+
+    @classmethod
+    def create(cls) -> "IpcPaths":
+        d = tempfile.mkdtemp(prefix="radixrt-ipc-")  # mkdtemp makes it 0700: other users cannot connect
+        os.chmod(d, 0o700)
+        return cls(d, f"ipc://{d}/scheduler", f"ipc://{d}/detokenizer", f"ipc://{d}/tokenizer")
+
+
+def served_model_name(model_path: str | None) -> str:
+    if model_path is None:
+        from radixrt.runtime.model.weights import DEFAULT_GGUF_NAME
+        return DEFAULT_GGUF_NAME.split(".")[0]
+    name = pathlib.Path(model_path).name
+    return name[:-5] if name.lower().endswith(".gguf") else name
+
+
+def stop_processes(procs: dict[str, Any]) -> None:
+    for p in procs.values():
+        if p.is_alive():
+            p.terminate()
+    for name, p in procs.items():
+        if p.pid is None:
+            continue
+        p.join(STOP_TIMEOUT_S)
+        if p.is_alive():
+            logger.warning("%s did not stop within %.0f s; killing it", name, STOP_TIMEOUT_S)
+            p.kill()
+            p.join()
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def launch_server(config: Any, scheduler_class: str | None = None) -> int:
+    """Run `radixrt serve` until stopped; returns the exit code (non-zero when a child died)."""
+    import multiprocessing as mp
+
+    from radixrt.runtime.serving.detokenizer import run_detokenizer_process
+    from radixrt.runtime.serving.scheduler_process import DEFAULT_SCHEDULER_CLASS, run_scheduler_process
+    from radixrt.runtime.model.weights import resolve_model
+
+    logging.basicConfig(level=config.log_level.upper(), format="[server] %(asctime)s %(levelname)s %(message)s")
+    name = served_model_name(config.model_path)
+    config = config.replace(model_path=str(resolve_model(config.model_path)))  # converts a GGUF once
+    ipc = IpcPaths.create()
+    procs: dict[str, Any] = {}
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        ctx = mp.get_context("spawn")
+        procs["scheduler"] = ctx.Process(
+            target=run_scheduler_process, name="radixrt-scheduler",
+            args=(dataclasses.asdict(config), ipc.scheduler, ipc.detokenizer, ipc.tokenizer,
+                  scheduler_class or DEFAULT_SCHEDULER_CLASS))
+        procs["detokenizer"] = ctx.Process(
+            target=run_detokenizer_process, name="radixrt-detokenizer",
+            args=(config.model_path, ipc.detokenizer, ipc.tokenizer, config.log_level))
+        for p in procs.values():
+            p.start()
+        return asyncio.run(_serve(config, ipc, procs, name))
+    except KeyboardInterrupt:
+        logger.info("stopping")
+        return 0
+    except (RuntimeError, TimeoutError) as e:  # a child could not start
+        logger.error("%s", e)
+        return 1
+    finally:
+        stop_processes(procs)
+        shutil.rmtree(ipc.dir, ignore_errors=True)
+        signal.signal(signal.SIGTERM, previous)
+
+
+async def _serve(config: Any, ipc: IpcPaths, procs: dict[str, Any], name: str) -> int:
+    import uvicorn
+
+    from radixrt.runtime.serving.metrics import ServerMetrics
+    from radixrt.runtime.serving.http_app import create_app
+    from radixrt.runtime.serving.tokenizer_manager import TokenizerManager
+
+    tm = TokenizerManager(config, ipc.scheduler, ipc.tokenizer, ServerMetrics())
+    watchdog: asyncio.Task | None = None
+    try:
+        await tm.start(procs)
+        app = create_app(tm, name)
+        server = uvicorn.Server(uvicorn.Config(
+            app, host=config.host, port=config.port, log_level=config.log_level,
+            access_log=config.log_level == "debug", timeout_graceful_shutdown=DRAIN_TIMEOUT_S, lifespan="off"))
+        failed: list[str] = []
+        watchdog = asyncio.create_task(_watchdog(tm, procs, server, failed))
+        logger.info("serving %s on http://%s:%d", name, config.host, config.port)
+        await server.serve()
+        if not server.started and not failed:
+            return 1  # could not bind the port (uvicorn logged why)
+        return 1 if failed else 0
+    finally:
+        if watchdog is not None:
+            watchdog.cancel()
+        await tm.close()
+
+
+async def _watchdog(tm: Any, procs: dict[str, Any], server: Any, failed: list[str]) -> None:
+    while True:
+        await asyncio.sleep(WATCHDOG_INTERVAL_S)
+        dead = [(n, p) for n, p in procs.items() if not p.is_alive()]
+        if dead:
+            n, p = dead[0]
+            reason = f"the {n} process died (exit code {p.exitcode})"
+            logger.error("%s: failing in-flight requests and shutting down", reason)
+            failed.append(reason)
+            tm.fail_all(reason)
+            await asyncio.sleep(0.5)  # let the error answers go out before the listener closes
+            server.should_exit = True
+            return

@@ -1,0 +1,55 @@
+"""POST /pin_prefix and /unpin: a program keeps a fork's shared prefix pinned over HTTP.
+
+/pin_prefix computes the prompt's KV (max_new_tokens=0) and leaves its radix path locked
+under a handle until /unpin or the ttl; the scheduler may refuse (handle null), and the DSL
+then falls back to plain prefix caching.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from radixrt.runtime.messages import UnpinReq
+from radixrt.runtime.request_edge import SequenceResult
+from radixrt.runtime.serving.protocol import APIError, collect_results, parse_body, read_body
+
+
+class PinPrefixRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: str | None = None
+    input_ids: list[int] | None = None
+    program_id: str | None = None
+    ttl_s: float = Field(default=600.0, gt=0, le=86400)
+
+
+class UnpinRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    handle: str
+
+
+def add_pin_routes(app: FastAPI, tm: Any) -> None:
+    config = tm.config
+
+    @app.post("/pin_prefix")
+    async def pin_prefix(request: Request) -> dict[str, Any]:
+        req: PinPrefixRequest = parse_body(PinPrefixRequest, await read_body(request, config.max_request_body_bytes))
+        if (req.text is None) == (req.input_ids is None):
+            raise APIError("give exactly one of text and input_ids", param="text")
+        ids = (await tm.encode([req.text]))[0] if req.text is not None else req.input_ids
+        reqs = tm.make_requests(ids, tm.validate_sampling({"max_new_tokens": 0}), stream=False,
+                                program_id=req.program_id, pin_ttl_s=req.ttl_s)
+        handle = tm.generate(reqs)
+        res = SequenceResult(reqs[0].rid)
+        await collect_results(request, handle, [res])
+        pinned = bool((res.finished_reason or {}).get("pinned"))
+        return {"handle": reqs[0].rid if pinned else None, "prompt_tokens": res.prompt_tokens,
+                "cached_tokens": res.cached_tokens}
+
+    @app.post("/unpin")
+    async def unpin(request: Request) -> dict[str, Any]:
+        req: UnpinRequest = parse_body(UnpinRequest, await read_body(request, config.max_request_body_bytes))
+        tm.check_alive()
+        tm.send_admin(UnpinReq(handle=req.handle))  # fire and forget: an unknown handle is a no-op
+        return {"success": True}

@@ -1,0 +1,298 @@
+"""HTTP request bodies (pydantic, strict: "0.5" is not a number, unknown fields are refused) and the
+OpenAI-style error body every 4xx/5xx carries: {"error": {"message", "type", "param", "code"}}.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, AsyncIterator, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from radixrt.runtime.request_edge import RequestError, SequenceResult
+
+
+class APIError(Exception):
+    """An answer other than 200: raised anywhere in request handling, rendered by the server."""
+
+    def __init__(self, message: str, status: int = 400, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | int | None = None):
+        super().__init__(message)
+        self.message, self.status, self.type, self.param = message, status, type, param
+        self.code = code if code is not None else status
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
+               code: str | int | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def from_value_error(e: ValueError) -> APIError:
+    """SamplingParams and friends raise ValueError naming the parameter: keep the name as `param`."""
+    if isinstance(e, RequestError):
+        return APIError(str(e), 400, param=e.param, code=e.code)
+    m = re.search(r"sampling parameters? (\w+)", str(e))
+    return APIError(str(e), 400, param=m.group(1) if m else None)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+def parse_body(model: type[BaseModel], body: bytes) -> Any:
+    """Validate a JSON body into model, or raise APIError 400 naming the first bad field."""
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise APIError(f"request body is not valid UTF-8 (byte {e.start})") from None
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as e:
+        errors = e.errors()
+        first = errors[0]
+        if first["type"] == "json_invalid":
+            raise APIError(f"request body is not valid JSON: {first['msg']}") from None
+        # drop pydantic's union-member tags ("str", "list[int]") from the location
+        loc = [str(x) for x in first["loc"] if not _is_union_tag(x)]
+        where = ".".join(loc) or "body"
+        raise APIError(f"{where}: {first['msg']}", param=loc[0] if loc else None) from None
+
+
+def _is_union_tag(x: Any) -> bool:
+    """pydantic names the union member in an error's location ("str", "list[int]", "TextPart")."""
+    x = str(x)
+    return (x in ("str", "int", "float", "bool", "none") or x.startswith(("list[", "dict[", "function-"))
+            or x[:1].isupper())
+
+
+# ----------------------------------------------------------------- SGLang-native /generate
+class GenerateRequest(_Strict):
+    text: Union[str, list[str], None] = None
+    input_ids: Union[list[int], list[list[int]], None] = None
+    sampling_params: Union[dict[str, Any], list[dict[str, Any]], None] = None
+    stream: bool = False
+    return_logprob: Union[bool, list[bool]] = False
+    logprob_start_len: Union[int, list[int], None] = None
+    top_logprobs_num: Union[int, list[int]] = 0
+    return_text_in_logprobs: bool = False
+    rid: Union[str, list[str], None] = None  # accepted for SGLang compatibility; ids are assigned here
+    program_id: str | None = None
+
+
+# ----------------------------------------------------------------- OpenAI-compatible
+class StreamOptions(_Strict):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class JsonSchemaSpec(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+    description: str | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+
+class _SamplingFields(_Strict):
+    """Sampling fields shared by both OpenAI routes (with SGLang's extras)."""
+    model: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: Union[str, list[str], None] = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    seed: int | None = None
+    user: str | None = None
+    response_format: ResponseFormat | None = None
+    # SGLang / vLLM extras
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool | None = None
+    skip_special_tokens: bool | None = None
+    regex: str | None = None
+    json_schema: str | None = None
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: Union[str, list[str], list[int], list[list[int]]]
+    max_tokens: int | None = 16  # OpenAI's default for legacy completions
+    logprobs: int | None = None
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[str, list[TextPart], None] = None
+    name: str | None = None
+    tool_call_id: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+
+
+def constraint_from_request(req: _SamplingFields) -> dict[str, str]:
+    """regex / json_schema / response_format -> the sampling-param form (json_schema as a JSON string)."""
+    import json
+
+    out: dict[str, str] = {}
+    if req.regex is not None:
+        out["regex"] = req.regex
+    if req.json_schema is not None:
+        out["json_schema"] = req.json_schema
+    rf = req.response_format
+    if rf is not None and rf.type != "text":
+        if out:
+            raise APIError("response_format cannot be combined with regex or json_schema", param="response_format")
+        if rf.type == "json_object":
+            out["json_schema"] = '{"type": "object"}'
+        else:
+            if rf.json_schema is None or rf.json_schema.schema_ is None:
+                raise APIError("response_format json_schema needs json_schema.schema", param="response_format")
+            out["json_schema"] = json.dumps(rf.json_schema.schema_)
+    return out
+
+
+def sampling_dict(req: _SamplingFields, max_new_tokens: int) -> dict[str, Any]:
+    """The OpenAI fields as a SamplingParams dict (not yet validated: SamplingParams.from_dict does that)."""
+    if req.logit_bias:
+        raise APIError("logit_bias is not supported", param="logit_bias")
+    d: dict[str, Any] = {"max_new_tokens": max_new_tokens, "n": req.n}
+    pairs = {"temperature": req.temperature, "top_p": req.top_p, "presence_penalty": req.presence_penalty,
+             "frequency_penalty": req.frequency_penalty, "seed": req.seed, "top_k": req.top_k, "min_p": req.min_p,
+             "repetition_penalty": req.repetition_penalty, "min_new_tokens": req.min_tokens,
+             "stop_token_ids": req.stop_token_ids, "ignore_eos": req.ignore_eos,
+             "skip_special_tokens": req.skip_special_tokens, "stop": req.stop}
+    d.update({k: v for k, v in pairs.items() if v is not None})
+    d.update(constraint_from_request(req))
+    return d
+
+
+# ----------------------------------------------------------------- HTTP plumbing shared by the routes
+def sse(obj: Any) -> bytes:
+    import orjson
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+async def read_body(request: Any, limit: int) -> bytes:
+    """The request body, refusing (413) anything over limit bytes without reading it all."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise APIError(f"request body of {declared} bytes is over the limit of {limit}", 413)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise APIError(f"request body is over the limit of {limit} bytes", 413)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def until_disconnect(request: Any, coro: Any) -> Any:
+    """Await coro, but give up (cancel it, raise ClientGone) if the client disconnects first."""
+    import asyncio
+
+    async def wait_disconnect() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    task = asyncio.ensure_future(coro)
+    watcher = asyncio.ensure_future(wait_disconnect())
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # cancelled ourselves (shutdown): take the work down too
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    raise ClientGone()
+
+
+class ClientGone(Exception):
+    """The client disconnected before the answer was ready (its requests are aborted)."""
+
+
+# ----------------------------------------------------------------- results
+def raise_error(res: SequenceResult) -> None:
+    """A sequence that ended in an error becomes the HTTP error (400: refused, 503: server died)."""
+    if res.server_error:
+        raise APIError(res.error or "the server failed", 503, "server_error")
+    if res.error:
+        raise APIError(res.error, 400)
+
+
+def error_event(res: SequenceResult) -> bytes | None:
+    """The SSE event a stream ends with when this sequence failed (the body raise_error answers with)."""
+    try:
+        raise_error(res)
+    except APIError as e:
+        return sse(e.body())
+    return None
+
+
+async def accumulate(handle: Any, results: list[SequenceResult]) -> AsyncIterator[tuple[int, dict, bytes | None]]:
+    """A stream's deltas, each added to its sequence's result first: (index, delta, None), or
+    (index, delta, the SSE error event) once, as the last item, when that sequence failed."""
+    async for idx, out in handle:
+        results[idx].add(out)
+        failed = error_event(results[idx])
+        yield idx, out, failed
+        if failed is not None:
+            return
+
+
+async def collect_results(request: Any, handle: Any, results: list["SequenceResult"]) -> None:
+    """Accumulate a non-streamed request's deltas until every sequence finished (or the client left)."""
+    async def collect() -> None:
+        async for idx, out in handle:
+            results[idx].add(out)
+            if results[idx].finished:
+                raise_error(results[idx])
+    try:
+        await until_disconnect(request, collect())
+    finally:
+        handle.close()

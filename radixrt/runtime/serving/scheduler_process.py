@@ -1,0 +1,131 @@
+"""The scheduler process: a ZeroMQ loop around `Scheduler` (which knows nothing of sockets).
+
+Loop: take every message waiting on the socket without blocking (requests, aborts, admin
+queries), then run one `step()` if there is work, and push the token deltas to the
+detokenizer. With nothing to do it blocks on the socket (poll timeout) instead of spinning.
+Admin answers (flush, server info, health) go straight back to the tokenizer manager.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import logging
+import time
+from typing import Any
+
+import zmq
+
+from radixrt.runtime import messages
+from radixrt.runtime.config import ServerConfig
+from radixrt.runtime.serving.process_control import StopFlag, set_parent_death_signal
+from radixrt.runtime.messages import (
+    AbortReq, UnpinReq, BatchTokenOut, DetokenizeReq, FlushCacheOut, FlushCacheReq, GetServerInfoReq, HealthCheckOut,
+    HealthCheckReq, ProcessFailed, ProcessReady, SchedulerInfo, TokenizedGenerateReq, TokenOut)
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SCHEDULER_CLASS = "radixrt.runtime.scheduler_factory:create_scheduler"
+IDLE_POLL_MS = 100  # how long an idle loop sleeps on the socket before checking its parent again
+
+
+def load_class(path: str) -> type:
+    """"module:name" -> a class or factory taking the config (tests substitute a fake scheduler this way)."""
+    module, _, name = path.partition(":")
+    if not name:
+        raise ValueError(f"scheduler class must look like 'package.module:Class', got {path!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+class SchedulerLoop:
+    def __init__(self, scheduler: Any, pull: zmq.Socket, to_detokenizer: zmq.Socket, to_tokenizer: zmq.Socket):
+        self.scheduler = scheduler
+        self.pull = pull
+        self.to_detokenizer = to_detokenizer
+        self.to_tokenizer = to_tokenizer
+
+    def send_outputs(self, outs: list[TokenOut]) -> None:
+        if outs:
+            batch = BatchTokenOut(outputs=[dataclasses.asdict(o) for o in outs])
+            self.to_detokenizer.send(messages.encode(batch))
+
+    def handle(self, msg: Any) -> None:
+        s = self.scheduler
+        if isinstance(msg, TokenizedGenerateReq):
+            # Registered on the same socket as the outputs, so it always reaches the detokenizer first.
+            sp = msg.sampling_params
+            self.to_detokenizer.send(messages.encode(DetokenizeReq(
+                rid=msg.rid, stop=list(sp.get("stop") or []), skip_special_tokens=sp.get("skip_special_tokens", True))))
+            self.send_outputs(s.add_request(msg))
+        elif isinstance(msg, AbortReq):
+            self.send_outputs(s.abort(msg.rid))
+        elif isinstance(msg, HealthCheckReq):
+            self.to_tokenizer.send(messages.encode(HealthCheckOut(probe_id=msg.probe_id)))
+        elif isinstance(msg, GetServerInfoReq):
+            self.to_tokenizer.send(messages.encode(SchedulerInfo(info=s.server_info())))
+        elif isinstance(msg, UnpinReq):
+            s.unpin(msg.handle)
+        elif isinstance(msg, FlushCacheReq):
+            self.to_tokenizer.send(messages.encode(FlushCacheOut(success=bool(s.flush_cache()))))
+        else:
+            logger.warning("unexpected message %s", type(msg).__name__)
+
+    def drain(self, timeout_ms: int) -> None:
+        """Handle every waiting message; wait up to timeout_ms for the first one."""
+        if timeout_ms and not self.pull.poll(timeout_ms):
+            return
+        while True:
+            try:
+                data = self.pull.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self.handle(messages.decode(data))
+
+    def run(self, flag: StopFlag) -> None:
+        s = self.scheduler
+        stats = getattr(s, "stats", None)
+        idle_steps = 0
+        while not flag.should_stop():
+            if not s.has_work():
+                self.drain(IDLE_POLL_MS)
+                continue
+            # Requests whose grammar is still compiling are work without a forward: back off a little.
+            self.drain(1 if idle_steps else 0)
+            before = getattr(stats, "num_forwards", None)
+            outs = s.step()
+            self.send_outputs(outs)
+            ran = before is None or getattr(stats, "num_forwards", None) != before
+            idle_steps = 0 if (ran or outs) else idle_steps + 1
+
+
+def run_scheduler_process(config_dict: dict[str, Any], in_path: str, detokenizer_path: str, tokenizer_path: str,
+                          scheduler_class: str = DEFAULT_SCHEDULER_CLASS) -> None:
+    """Entry point of the scheduler process (spawned): load the model, report ready, loop."""
+    set_parent_death_signal()
+    flag = StopFlag()
+    config = ServerConfig(**config_dict)
+    logging.basicConfig(level=config.log_level.upper(), format="[scheduler] %(levelname)s %(message)s")
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    pull.bind(in_path)
+    to_detokenizer = ctx.socket(zmq.PUSH)
+    to_detokenizer.connect(detokenizer_path)
+    to_tokenizer = ctx.socket(zmq.PUSH)
+    to_tokenizer.connect(tokenizer_path)
+    try:
+        started = time.perf_counter()
+        try:
+            scheduler = load_class(scheduler_class)(config)
+        except Exception as e:
+            logger.exception("scheduler failed to start")
+            to_tokenizer.send(messages.encode(ProcessFailed(name="scheduler", error=f"{type(e).__name__}: {e}")))
+            raise SystemExit(1)
+        logger.info("model loaded in %.1f s", time.perf_counter() - started)
+        info = {"model_info": scheduler.model_info, "server_info": scheduler.server_info()}
+        to_tokenizer.send(messages.encode(ProcessReady(name="scheduler", info=info)))
+        flag.enter_loop()
+        SchedulerLoop(scheduler, pull, to_detokenizer, to_tokenizer).run(flag)
+    finally:
+        for sock in (pull, to_detokenizer, to_tokenizer):
+            sock.close(linger=0 if sock is pull else 500)
+        ctx.term()
+    flag.exit_now()

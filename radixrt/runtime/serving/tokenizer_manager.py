@@ -1,0 +1,314 @@
+"""The main process's side of the runtime: tokenize, validate, send, and route the text deltas back.
+
+Everything that can be checked is checked here, so a bad request is a 4xx and never reaches the
+scheduler. Each scheduler request (one per sequence: n>1 is expanded into rid-0..rid-{n-1})
+has a state whose queue receives its text deltas; a `RequestHandle` iterates the deltas of one
+HTTP request and aborts whatever is unfinished when it is closed (client gone, error, timeout).
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import itertools
+import logging
+import time
+import uuid
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from radixrt.runtime import messages
+from radixrt.runtime.config import ServerConfig
+from radixrt.runtime.serving.process_control import wait_for_children
+from radixrt.runtime.messages import (
+    AbortReq, BatchTextOut, FlushCacheOut, FlushCacheReq, GetServerInfoReq, HealthCheckOut, HealthCheckReq,
+    SchedulerInfo, TokenizedGenerateReq)
+from radixrt.runtime.serving.metrics import ServerMetrics
+from radixrt.runtime.serving.protocol import APIError, from_value_error
+from radixrt.runtime.request_edge import EdgeLimits, RequestError, check_prompt, constraint_of, expand_n
+from radixrt.runtime.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class _ReqState:
+    rid: str
+    index: int  # position of this sequence in its HTTP request's outputs
+    queue: asyncio.Queue
+    stream: bool
+    created: float = dataclasses.field(default_factory=time.monotonic)
+    last_token_time: float | None = None
+
+
+class RequestHandle:
+    """Async iterator of (index, output dict) for the sequences of one HTTP request."""
+
+    def __init__(self, tm: "TokenizerManager", reqs: list[TokenizedGenerateReq], queue: asyncio.Queue):
+        self.tm = tm
+        self.reqs = reqs
+        self.queue = queue
+        self.unfinished = {r.rid for r in reqs}
+        timeout = tm.config.request_timeout
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+
+    def __aiter__(self) -> "RequestHandle":
+        return self
+
+    async def __anext__(self) -> tuple[int, dict[str, Any]]:
+        if not self.unfinished:
+            raise StopAsyncIteration
+        try:
+            if self.deadline is None:
+                index, out = await self.queue.get()
+            else:
+                index, out = await asyncio.wait_for(self.queue.get(), max(0.0, self.deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            rid = next(iter(sorted(self.unfinished)))
+            self.tm.abort(rid)
+            self.unfinished.discard(rid)
+            index = [r.rid for r in self.reqs].index(rid)
+            msg = f"request timed out after {self.tm.config.request_timeout} s"
+            return index, {"rid": rid, "new_ids": [], "text": "", "finished_reason": {"type": "abort", "message": msg}}
+        if out.get("finished_reason") is not None:
+            self.unfinished.discard(out["rid"])
+        return index, out
+
+    def close(self) -> None:
+        """Abort every unfinished sequence (pages go back at once). Never awaits: safe while cancelled."""
+        for rid in self.unfinished:
+            self.tm.abort(rid)
+        self.unfinished.clear()
+
+
+class TokenizerManager:
+    def __init__(self, config: ServerConfig, scheduler_path: str, tokenizer_path: str,
+                 metrics: ServerMetrics | None = None):
+        from radixrt.runtime.model.weights import load_tokenizer
+
+        self.config = config
+        self.scheduler_path = scheduler_path
+        self.tokenizer_path = tokenizer_path
+        self.metrics = metrics or ServerMetrics()
+        self.tokenizer = load_tokenizer(config.model_path)
+        self.model_info: dict[str, Any] = {}
+        self.startup_server_info: dict[str, Any] = {}
+        self.states: dict[str, _ReqState] = {}
+        self.dead_reason: str | None = None  # set by the watchdog when a child process died
+        self._rid_prefix = uuid.uuid4().hex[:8]
+        self._rid_counter = itertools.count()
+        self._info_waiters: collections.deque[asyncio.Future] = collections.deque()
+        self._flush_waiters: collections.deque[asyncio.Future] = collections.deque()
+        self._health_waiters: dict[int, asyncio.Future] = {}
+        self._probe_ids = itertools.count()
+        self._grammar = None
+        self._recv_task: asyncio.Task | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self, procs: dict[str, Any], timeout: float = 600.0) -> None:
+        """Open the sockets and wait until every child process reported ready (model load: 10-40 s)."""
+        self._actx = zmq.asyncio.Context()
+        self._pull = self._actx.socket(zmq.PULL)
+        self._pull.bind(self.tokenizer_path)
+        # Sends go through a plain socket: they never await, so aborts work inside a cancelled task.
+        self._ctx = zmq.Context()
+        self._push = self._ctx.socket(zmq.PUSH)
+        self._push.setsockopt(zmq.SNDHWM, 0)
+        self._push.connect(self.scheduler_path)
+        info = await wait_for_children(self._pull, procs, timeout)
+        self.model_info = info["scheduler"]["model_info"]
+        self.startup_server_info = info["scheduler"]["server_info"]
+        self._grammar = await asyncio.to_thread(self._make_grammar_backend)  # ~0.5 s: walks the vocabulary
+        self._recv_task = asyncio.create_task(self._recv_loop())
+
+    async def close(self) -> None:
+        if self._recv_task is not None:
+            self._recv_task.cancel()
+            await asyncio.gather(self._recv_task, return_exceptions=True)
+        for sock in (getattr(self, "_pull", None), getattr(self, "_push", None)):
+            if sock is not None:
+                sock.close(linger=0)
+        for ctx in (getattr(self, "_actx", None), getattr(self, "_ctx", None)):
+            if ctx is not None:
+                ctx.term()
+
+    def _send(self, msg: Any) -> None:
+        self._push.send(messages.encode(msg))
+
+    def send_admin(self, msg: Any) -> None:
+        """A one-way message to the scheduler (e.g. UnpinReq)."""
+        self._send(msg)
+
+    async def _recv_loop(self) -> None:
+        while True:
+            msg = messages.decode(await self._pull.recv())
+            if isinstance(msg, BatchTextOut):
+                self._dispatch(msg.outputs)
+            elif isinstance(msg, SchedulerInfo):
+                _resolve_next(self._info_waiters, msg.info)
+            elif isinstance(msg, FlushCacheOut):
+                _resolve_next(self._flush_waiters, msg.success)
+            elif isinstance(msg, HealthCheckOut):
+                fut = self._health_waiters.pop(msg.probe_id, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(True)
+            else:
+                logger.warning("unexpected message %s", type(msg).__name__)
+
+    def _dispatch(self, outputs: list[dict[str, Any]]) -> None:
+        now = time.monotonic()
+        for out in outputs:
+            st = self.states.get(out["rid"])
+            if st is None:  # aborted by us, or the answer to a request that timed out
+                continue
+            num_new = len(out["new_ids"])
+            if num_new and st.stream:
+                if st.last_token_time is None:
+                    self.metrics.on_first_token(now - st.created)
+                else:
+                    self.metrics.on_next_tokens(now - st.last_token_time, num_new)
+                st.last_token_time = now
+            if out.get("finished_reason") is not None:
+                del self.states[st.rid]
+                self.metrics.on_finish(out, now - st.created)
+            st.queue.put_nowait((st.index, out))
+        self.metrics.inflight.set(len(self.states))
+
+    def fail_all(self, reason: str) -> None:
+        """A child process died: end every request now with a server error."""
+        self.dead_reason = reason
+        for st in list(self.states.values()):
+            st.queue.put_nowait((st.index, {"rid": st.rid, "new_ids": [], "text": "", "error": reason,
+                                            "finished_reason": {"type": "abort", "message": reason},
+                                            "server_error": True}))
+        self.states.clear()
+        for fut in [*self._info_waiters, *self._flush_waiters, *self._health_waiters.values()]:
+            if not fut.done():
+                fut.set_exception(APIError(reason, 503, "server_error"))
+
+    # ------------------------------------------------------------------ requests
+    @property
+    def context_len(self) -> int:
+        return int(self.model_info["context_length"])
+
+    @property
+    def pool_tokens(self) -> int:
+        info = self.startup_server_info
+        return int(info.get("max_total_tokens") or info["kv_pages_total"] * info.get("page_size", 1))
+
+    def new_rid(self) -> str:
+        return f"{self._rid_prefix}-{next(self._rid_counter)}"
+
+    def check_alive(self) -> None:
+        if self.dead_reason is not None:
+            raise APIError(f"the server is shutting down: {self.dead_reason}", 503, "server_error")
+
+    async def encode(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of each text (no special tokens added, as the Engine does). Long inputs are
+        tokenized on a worker thread so one huge prompt does not stall every other stream."""
+        def run() -> list[list[int]]:
+            return [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
+        return run() if sum(len(t) for t in texts) < 20_000 else await asyncio.to_thread(run)
+
+    def validate_sampling(self, params: dict[str, Any] | None) -> SamplingParams:
+        try:
+            sp = SamplingParams.from_dict(params)
+        except (ValueError, TypeError) as e:  # TypeError: a non-dict
+            raise from_value_error(ValueError(str(e))) from None
+        constraint = constraint_of(sp)
+        if constraint is not None:
+            self._validate_constraint(*constraint)
+        return sp
+
+    def _make_grammar_backend(self) -> Any:
+        """For the synchronous 400 check of regex / json_schema (a bad one never reaches the scheduler)."""
+        try:
+            from radixrt.runtime.constrained import GrammarBackend
+        except ImportError:
+            return None  # then the scheduler refuses a bad constraint itself (an abort with the error)
+        return GrammarBackend(self.tokenizer, int(self.model_info["vocab_size"]), list(self.model_info["eos_token_ids"]),
+                              cache_size=self.config.grammar_cache_size)
+
+    def _validate_constraint(self, kind: str, spec: Any) -> None:
+        if self._grammar is None:
+            return
+        try:
+            self._grammar.validate(kind, spec)
+        except ValueError as e:
+            raise APIError(f"invalid {kind}: {e}", param=kind) from None
+
+    @property
+    def limits(self) -> EdgeLimits:
+        return EdgeLimits(int(self.model_info["vocab_size"]), self.context_len, self.pool_tokens)
+
+    def make_requests(self, input_ids: list[int], sp: SamplingParams, *, stream: bool, return_logprob: bool = False,
+                      logprob_start_len: int | None = None, top_logprobs_num: int = 0,
+                      program_id: str | None = None, pin_ttl_s: float | None = None) -> list[TokenizedGenerateReq]:
+        """One prompt -> sp.n scheduler requests (seeds seed+i), after checking it can ever run."""
+        try:
+            start = check_prompt(input_ids, sp, self.limits, return_logprob=return_logprob,
+                                 logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num)
+        except RequestError as e:
+            raise from_value_error(e) from None
+        return expand_n(self.new_rid(), input_ids, sp, stream=stream, return_logprob=return_logprob,
+                        logprob_start_len=start, top_logprobs_num=top_logprobs_num, program_id=program_id,
+                        pin_ttl_s=pin_ttl_s)
+
+    def generate(self, reqs: list[TokenizedGenerateReq]) -> RequestHandle:
+        self.check_alive()
+        limit = self.config.max_running_requests + self.config.max_waiting_requests
+        if len(self.states) + len(reqs) > limit:
+            raise APIError(f"too many requests in flight ({len(self.states)}); try again later", 503,
+                           "server_overloaded")
+        queue: asyncio.Queue = asyncio.Queue()
+        for i, r in enumerate(reqs):
+            self.states[r.rid] = _ReqState(rid=r.rid, index=i, queue=queue, stream=r.stream)
+        for r in reqs:
+            self._send(r)
+        self.metrics.inflight.set(len(self.states))
+        return RequestHandle(self, reqs, queue)
+
+    def abort(self, rid: str) -> None:
+        if self.states.pop(rid, None) is not None and self.dead_reason is None:
+            self._send(AbortReq(rid=rid))
+
+    # ------------------------------------------------------------------ admin round trips
+    async def _ask(self, msg: Any, waiters: collections.deque, timeout: float) -> Any:
+        self.check_alive()
+        fut = asyncio.get_running_loop().create_future()
+        waiters.append(fut)  # answers come back in order; a late answer still resolves its own future
+        self._send(msg)
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except asyncio.TimeoutError:
+            raise APIError(f"the scheduler did not answer within {timeout:.0f} s", 503, "server_error") from None
+
+    async def server_info(self, timeout: float = 30.0) -> dict[str, Any]:
+        return await self._ask(GetServerInfoReq(), self._info_waiters, timeout)
+
+    async def flush_cache(self, timeout: float = 30.0) -> bool:
+        return await self._ask(FlushCacheReq(), self._flush_waiters, timeout)
+
+    async def health_probe(self, timeout: float = 20.0) -> bool:
+        """True when the scheduler answers a probe in time (one scheduler step at most)."""
+        if self.dead_reason is not None:
+            return False
+        probe_id = next(self._probe_ids)
+        fut = asyncio.get_running_loop().create_future()
+        self._health_waiters[probe_id] = fut
+        self._send(HealthCheckReq(probe_id=probe_id))
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except (asyncio.TimeoutError, APIError):
+            self._health_waiters.pop(probe_id, None)
+            return False
+
+
+def _resolve_next(waiters: collections.deque, value: Any) -> None:
+    if waiters:
+        fut = waiters.popleft()
+        if not fut.done():
+            fut.set_result(value)
+

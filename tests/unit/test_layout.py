@@ -1,0 +1,143 @@
+"""The package layout's rules, checked from the source: core/ imports without torch, kernels/ does
+not import the runtime, no two files import each other (directly or around a loop), files stay small."""
+from __future__ import annotations
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+import radixrt
+
+PACKAGE_DIR = pathlib.Path(radixrt.__file__).parent
+MAX_LINES = 320  # "about 300": a file past this is two concepts, unless it says why in a LONG_FILE note
+
+
+def module_name(path: pathlib.Path) -> str:
+    rel = path.relative_to(PACKAGE_DIR.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {module_name(p): p for p in PACKAGE_DIR.rglob("*.py")}
+
+
+def imported_modules(path: pathlib.Path) -> set[str]:
+    """Every radixrt module a file imports, anywhere in it (function-level imports count too)."""
+    found: set[str] = set()
+    pkg = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(pkg.split(".")[:len(pkg.split(".")) - node.level + 1] + ([base] if base else []))
+            names = [f"{base}.{a.name}" for a in node.names] + [base]
+        else:
+            continue
+        for name in names:
+            while name and name not in MODULES:
+                name = name.rpartition(".")[0]
+            if name.startswith("radixrt"):
+                found.add(name)
+    return found
+
+
+GRAPH = {name: imported_modules(path) - {name} for name, path in MODULES.items()}
+
+
+def test_the_subpackages_exist():
+    for sub in ("core", "model", "constrained", "constrained.json_schema", "serving"):
+        assert f"radixrt.runtime.{sub}" in MODULES, sub
+
+
+def test_core_imports_without_torch():
+    """Every module of radixrt.runtime.core imports in a process where torch cannot be imported."""
+    core = sorted(n for n in MODULES if n.startswith("radixrt.runtime.core"))
+    script = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'torch' or name.startswith('torch.'):\n"
+        "            raise ImportError('torch is blocked in this test')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        f"for m in {core!r}:\n"
+        "    __import__(m)\n"
+        "assert not any(k == 'torch' or k.startswith('torch.') for k in sys.modules), 'torch got imported'\n"
+        "print('ok', len(sys.modules))\n")
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.startswith("ok"), res.stderr[-2000:]
+    assert len(core) >= 10
+
+
+def test_core_has_no_torch_import_anywhere_in_its_source():
+    """Function-level imports too (the subprocess test only runs module-level ones)."""
+    for name, path in MODULES.items():
+        if name.startswith("radixrt.runtime.core"):
+            text = path.read_text()
+            assert "import torch" not in text, name
+            for dep in GRAPH[name]:
+                assert not dep.startswith(("radixrt.runtime.model", "radixrt.kernels")), (name, dep)
+
+
+def test_kernels_do_not_import_the_runtime():
+    for name in MODULES:
+        if name.startswith("radixrt.kernels"):
+            bad = {d for d in GRAPH[name] if d.startswith("radixrt.runtime")}
+            assert not bad, (name, bad)
+
+
+def test_frontend_does_not_import_torch():
+    for name, path in MODULES.items():
+        if name.startswith("radixrt.frontend"):
+            assert "import torch" not in path.read_text(), name
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A cycle of imports between modules (a package importing its own submodule is not one)."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for d in sorted(graph.get(n, ())):
+            if n.startswith(d + "."):  # a module importing its package's __init__: not a file cycle
+                continue
+            if state.get(d) == 1:
+                return stack[stack.index(d):] + [d]
+            if d not in state:
+                found = visit(d)
+                if found:
+                    return found
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(graph):
+        if n not in state:
+            found = visit(n)
+            if found:
+                return found
+    return None
+
+
+def test_no_import_cycles_between_files():
+    assert find_cycle(GRAPH) is None, find_cycle(GRAPH)
+
+
+def test_find_cycle_finds_one():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_files_stay_small():
+    too_long = []
+    for name, path in MODULES.items():
+        lines = path.read_text().splitlines()
+        if len(lines) > MAX_LINES and not any("LONG_FILE:" in line for line in lines[:30]):
+            too_long.append((name, len(lines)))
+    assert not too_long, too_long
