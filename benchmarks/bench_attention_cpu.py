@@ -82,7 +82,7 @@ def run_case(num_reqs, shared_len, own_len, new_len, page_size, dtype, repeats, 
             batch.attn_meta = None
             backend.init_forward_metadata(batch)
         meta()
-        groups = (batch.attn_meta.decode, batch.attn_meta.extend)
+        groups = (batch.attn_meta.decode, *batch.attn_meta.extends)
         row[label + "_shared"] = max((gr.shared.kv_len for gr in groups if gr is not None and gr.shared), default=0)
         metas[label + "_meta"] = meta
         layers[label] = lambda backend=backend, batch=batch: backend.forward(q, k, v, k_cache, v_cache, batch,

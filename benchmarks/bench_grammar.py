@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from radixrt.runtime.constrained.backend import GrammarBackend, GrammarError, fill_masks
+from radixrt.runtime.constrained.spec import grammar_key, spec_regex
 from radixrt.runtime.model.weights import load_tokenizer, resolve_model
 
 PUBLISHED = {"llguidance": 8909, "xgrammar": 8122, "outlines": 7050}  # of 11,306 MaskBench schemas
@@ -57,15 +58,15 @@ def _child(backend: GrammarBackend, tokenizer, path: str, conn) -> None:
     key = None
     try:
         t0 = time.perf_counter()
-        key = backend._key("json_schema", data["schema"])
-        backend._regex_for(key)
+        key = grammar_key("json_schema", data["schema"])
+        spec_regex(key)
         t1 = time.perf_counter()
     except GrammarError as e:
         conn.send({"status": "rejected", "reason": str(e)})
         return
     conn.send({"status": "converted", "convert_s": t1 - t0})
     try:
-        compiled = backend._compile(key)
+        compiled = backend.compile_in_process(key)
     except GrammarError as e:
         conn.send({"status": "compile_error", "reason": str(e)})
         return
@@ -74,7 +75,7 @@ def _child(backend: GrammarBackend, tokenizer, path: str, conn) -> None:
     buf = torch.zeros(backend.num_words, dtype=torch.int32)
     for test in data["tests"]:
         text = json.dumps(test["data"], ensure_ascii=False, separators=(",", ":"))
-        state = backend._new_state(compiled)
+        state = backend.new_state(compiled)
         ok = True
         for tok in tokenizer.encode(text, add_special_tokens=False):
             t = time.perf_counter()
@@ -200,14 +201,14 @@ def step_costs(backend, vocab_size: int, walks: int = 20, steps: int = 150) -> N
     buf = torch.zeros(backend.num_words, dtype=torch.int32)
     row = torch.zeros(vocab_size, dtype=torch.bool)
     for name, schema in SIZES.items():
-        key = backend._key("json_schema", schema)
-        rx = backend._regex_for(key)
+        key = grammar_key("json_schema", schema)
+        rx = spec_regex(key)
         t = time.perf_counter()
-        compiled = backend._compile(key)
+        compiled = backend.compile_in_process(key)
         compile_s = time.perf_counter() - t
         write_us, cold_us, warm_us, batch_us, paths = [], [], [], [], []
         for _ in range(walks):
-            state, path = backend._new_state(compiled), []
+            state, path = backend.new_state(compiled), []
             for _ in range(steps):
                 if state.is_terminated():
                     break
@@ -221,7 +222,7 @@ def step_costs(backend, vocab_size: int, walks: int = 20, steps: int = 150) -> N
                 state.accept(path[-1])
             paths.append(path)
         for path in paths:
-            state = backend._new_state(compiled)
+            state = backend.new_state(compiled)
             for tok in path:
                 t = time.perf_counter()
                 state.fill_mask(row)
@@ -230,7 +231,7 @@ def step_costs(backend, vocab_size: int, walks: int = 20, steps: int = 150) -> N
                 state.guide.write_mask_into(buf.data_ptr(), buf.numel(), 4)
                 write_us.append((time.perf_counter() - t) * 1e6)
                 state.accept(tok)
-        states = [backend._new_state(compiled) for _ in range(32)]
+        states = [backend.new_state(compiled) for _ in range(32)]
         for _ in range(20):
             t = time.perf_counter()
             fill_masks(states, vocab_size, "cpu")

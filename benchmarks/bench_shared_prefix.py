@@ -77,7 +77,7 @@ def matmul_gflops(rows: int, k: int = 576, n: int = 1536, reps: int = 50) -> flo
 def flops_per_token(engine: Engine) -> float:
     """Matmul FLOPs per token: 2 x the weights a token multiplies (layers + lm_head)."""
     model = engine.scheduler.runner.model
-    params = sum(layer.qkv_w.numel() + layer.o_w.numel() + layer.gate_up_w.numel() + layer.down_w.numel()
+    params = sum(layer.qkv.numel() + layer.o.numel() + layer.gate_up.numel() + layer.down.numel()
                  for layer in model.layers)
     return 2.0 * (params + model.lm_head.numel())
 

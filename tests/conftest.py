@@ -59,7 +59,7 @@ class PagedDriver:
                  max_context: int | None = None, seed: int = 0):
         self.model, self.attn, self.page_size = model, attn, page_size
         self.kv = KVCache(model.num_layers, num_pages * page_size, model.num_kv_heads, model.head_dim,
-                          model.dtype, model.device)
+                          model.attn_dtype, model.device)
         self.table = ReqToSlotTable(max_rows, max_context or model.max_context, model.device)
         self.rows = TableRows(max_rows)
         self.free_pages = list(range(num_pages))

@@ -50,6 +50,7 @@ class FakeRunner:
         self.max_rows = max_rows
         self.tokenizer = FakeTokenizer()
         self.model_path = "fake"
+        self.dtype_name = "fake"
         self.kv: dict[int, tuple[int, int]] = {}     # slot -> (position, token)
         self.table: dict[int, dict[int, int]] = {}   # row -> position -> slot
         self.num_forwards = 0

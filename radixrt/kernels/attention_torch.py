@@ -5,7 +5,7 @@ The KV of request b lives in pool slots `req_to_slot[req_rows[b], :seq_lens[b]]`
 tokens sit at positions prefix_lens[b] .. seq_lens[b]-1 and see every key up to their own position.
 
 The backend pads each group (decode; extends, in runs of short and long ones) into dense [B, L]
-index matrices once per forward (`init_forward_metadata`), so each layer is a handful of gathers
+index matrices once per forward (`init_forward_metadata`, attention_torch_plan.py), so each layer is a handful of gathers
 and one SDPA call per group (two and a merge for a cascade), never a Python loop over requests.
 
 Cascade: when every request of a group reads the same pool slots for its first S positions (a
@@ -16,23 +16,14 @@ log-sum-exps. That reads the shared prefix once per layer instead of once per re
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from radixrt.kernels.attention_batch import AttentionBatch
-
-
-# The cascade's second attention call and merge cost a fixed ~0.1-0.2 ms a layer on one core; it
-# pays off once the K/V it spares re-reading, (B - 1) * S * Hkv * D, is above about 512 positions at
-# SmolLM2's 3 x 64 (benchmarks/bench_attention_cpu.py). Short shared runs are not worth the merge.
-CASCADE_MIN_SHARED_LEN = 32
-CASCADE_MIN_SAVED_KV = 512 * 3 * 64
-# Extends of at most this many new tokens (jump-forward drafts, resumed or cached-prompt tails) are
-# padded in a group of their own, apart from long prefill chunks.
-SHORT_EXTEND_LEN = 32
-
+from radixrt.kernels.attention_torch_plan import (
+    CASCADE_MIN_SAVED_KV, CASCADE_MIN_SHARED_LEN, TorchAttentionMeta, TorchAttentionPlanner, ExtendMeta, SharedPrefix,
+    gather_rows)
 
 def _attend_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float):
     """q [B, Hq, Lq, D], k/v [B, Hkv, Lk, D], additive mask broadcastable to [B, 1, Lq, Lk] or None
@@ -67,144 +58,20 @@ def _merge(out_own: torch.Tensor, lse_own: torch.Tensor, out_shared: torch.Tenso
     return torch.lerp(out_own.float(), out_shared.float(), weight_shared[..., None]).to(out_own.dtype)
 
 
-def _additive(visible: torch.Tensor, device) -> torch.Tensor:
-    """0 / -inf float mask: SDPA would otherwise convert a bool mask again in every layer.
-    Made float32 here; the first layer casts it to the model dtype once."""
-    return torch.zeros(visible.shape, device=device).masked_fill_(~visible, float("-inf"))
-
-
-@dataclass
-class _SharedPrefix:
-    """Positions 0..kv_len-1 read the same pool slots in every request of a group, before every new token."""
-    kv_len: int                    # S
-    kv_idx: torch.Tensor           # [S] pool slots
-
-
-@dataclass
-class _DecodeMeta:
-    num_reqs: int
-    kv_len: int                    # Ld: longest KV in the group (own part: minus S)
-    kv_idx: torch.Tensor           # [Bd * Ld] pool slots (padding points at a valid slot, masked)
-    mask: torch.Tensor | None      # [Bd, 1, 1, Ld] additive, None when every request has length Ld
-    shared: _SharedPrefix | None = None  # set: kv_len/kv_idx/mask cover only positions S..
-
-
-@dataclass
-class _ExtendMeta:
-    num_reqs: int
-    q_start: int                   # first row of the group in T
-    num_tokens: int                # Te: rows of T the group owns
-    q_len: int                     # Lq: longest extend in the group
-    kv_len: int                    # Lk: longest KV in the group (own part: minus S)
-    kv_idx: torch.Tensor | None    # [Be * Lk] pool slots; None: attend to the new k/v directly
-    q_idx: torch.Tensor | None     # [Be * Lq] rows of T to pad q into; None: no padding needed
-    unpad_idx: torch.Tensor | None # [Te] rows of the padded [Be * Lq] output that are real tokens
-    mask: torch.Tensor | None      # [Be, 1, Lq, Lk] additive; None: plain causal (is_causal)
-    shared: _SharedPrefix | None = None  # set: kv_len/kv_idx/mask cover only positions S..
-
-
-@dataclass
-class TorchAttentionMeta:
-    decode: _DecodeMeta | None
-    extends: list[_ExtendMeta]     # consecutive runs of short / long extends, each padded on its own
-    k_buf: torch.Tensor | None = None  # gather workspaces reused by every layer of this forward
-    v_buf: torch.Tensor | None = None
-
-
 class TorchAttentionBackend:
     def __init__(self, num_q_heads: int, num_kv_heads: int, head_dim: int,
                  min_shared_len: int | None = CASCADE_MIN_SHARED_LEN, min_saved_kv: int = CASCADE_MIN_SAVED_KV):
-        """The cascade is taken for a group whose shared prefix S >= min_shared_len and whose
-        (num_reqs - 1) * S * num_kv_heads * head_dim >= min_saved_kv; min_shared_len None: never."""
+        """Cascade thresholds: see TorchAttentionPlanner."""
         if num_q_heads % num_kv_heads:
             raise ValueError(f"num_q_heads {num_q_heads} must be a multiple of num_kv_heads {num_kv_heads}")
-        if min_shared_len is not None and min_shared_len < 1:
-            raise ValueError(f"min_shared_len must be >= 1 or None, got {min_shared_len}")
-        if min_saved_kv < 0:
-            raise ValueError(f"min_saved_kv must be >= 0, got {min_saved_kv}")
         self.num_q_heads = num_q_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.group = num_q_heads // num_kv_heads
-        self.min_shared_len = min_shared_len
-        self.min_saved_kv = min_saved_kv
+        self.planner = TorchAttentionPlanner(num_kv_heads, head_dim, min_shared_len, min_saved_kv)
 
     def init_forward_metadata(self, fb: AttentionBatch) -> None:
-        num_decode = fb.num_decode
-        decode = self._decode_meta(fb) if num_decode else None
-        extends = []
-        q_start = num_decode  # each decode request owns exactly one row of T
-        for lo, hi in _extend_runs(fb.extend_lens_list, num_decode):
-            extends.append(self._extend_meta(fb, lo, hi, q_start))
-            q_start += sum(fb.extend_lens_list[lo:hi])
-        fb.attn_meta = TorchAttentionMeta(decode, extends)
-
-    def _shared_prefix(self, table: torch.Tensor, max_len: int) -> _SharedPrefix | None:
-        """table [B, L]: a group's slots by position; max_len: its shortest prefix_len, so that every
-        new token comes after the shared part (which then needs no mask)."""
-        num_reqs = table.shape[0]
-        if self.min_shared_len is None or num_reqs < 2:
-            return None
-        saved_per_pos = (num_reqs - 1) * self.num_kv_heads * self.head_dim  # K elements not re-read per position
-        min_len = max(self.min_shared_len, -(-self.min_saved_kv // saved_per_pos))
-        if max_len < min_len:
-            return None
-        head = table[:, :max_len]
-        same = (head == head[:1]).all(dim=0)  # [max_len]: column holds one slot in every request
-        shared_len = int(same.int().cumprod(0).sum())  # leading run of such columns (one sync per group)
-        if shared_len < min_len:
-            return None
-        return _SharedPrefix(shared_len, head[0, :shared_len].contiguous())
-
-    def _decode_meta(self, fb: AttentionBatch) -> _DecodeMeta:
-        nd = fb.num_decode
-        seq_lens = fb.seq_lens_list[:nd]
-        kv_len = max(seq_lens)
-        table = fb.req_to_slot[fb.req_rows[:nd], :kv_len]  # [Bd, Ld]
-        shared = self._shared_prefix(table, min(seq_lens) - 1)
-        start = shared.kv_len if shared else 0
-        k_pos = torch.arange(start, kv_len, device=fb.req_to_slot.device)
-        kv_idx = table[:, start:]  # [Bd, Ld - S]
-        mask = None
-        if min(seq_lens) != kv_len:
-            valid = k_pos[None, :] < fb.seq_lens[:nd, None]  # [Bd, Ld - S]
-            kv_idx = kv_idx.masked_fill(~valid, 0)  # stale table entries past seq_len: any in-range slot
-            mask = _additive(valid[:, None, None, :], fb.req_to_slot.device)
-        return _DecodeMeta(nd, kv_len - start, kv_idx.reshape(-1), mask, shared)
-
-    def _extend_meta(self, fb: AttentionBatch, lo: int, hi: int, q_start: int) -> _ExtendMeta:
-        """Requests lo..hi-1 (extends), whose new tokens are rows q_start.. of T."""
-        device = fb.req_to_slot.device
-        seq_lens = fb.seq_lens_list[lo:hi]
-        extend_lens = fb.extend_lens_list[lo:hi]
-        num_reqs = len(seq_lens)
-        q_len, kv_len = max(extend_lens), max(seq_lens)
-        if num_reqs == 1 and seq_lens[0] == extend_lens[0]:
-            # a fresh prompt: the new k/v are the whole KV, causal mask without materializing it
-            return _ExtendMeta(1, q_start, q_len, q_len, kv_len, None, None, None, None)
-        table = fb.req_to_slot[fb.req_rows[lo:hi], :kv_len]  # [Be, Lk]
-        shared = self._shared_prefix(table, min(s - e for s, e in zip(seq_lens, extend_lens)))
-        start = shared.kv_len if shared else 0
-        prefix_lens = fb.prefix_lens[lo:hi, None]
-        seq_lens_t = fb.seq_lens[lo:hi, None]
-        q_pos = torch.arange(q_len, device=device)[None, :]  # [1, Lq]
-        k_pos = torch.arange(start, kv_len, device=device)[None, :]  # [1, Lk - S]
-        kv_valid = k_pos < seq_lens_t  # [Be, Lk - S]
-        kv_idx = table[:, start:].masked_fill(~kv_valid, 0)
-        # key j is visible to new token i when j <= prefix + i; padded query rows (i >= extend_len)
-        # still see every real key, so no softmax row is empty (no NaNs), and they are dropped anyway.
-        mask = (k_pos[:, None, :] <= (prefix_lens + q_pos)[:, :, None]) & kv_valid[:, None, :]  # [Be, Lq, Lk]
-        q_idx = unpad_idx = None
-        if num_reqs > 1:
-            extend_lens_t = fb.extend_lens[lo:hi, None]
-            q_valid = q_pos < extend_lens_t  # [Be, Lq]
-            q_starts = fb.qo_indptr[lo:hi, None] - q_start  # rows relative to the group's first row
-            q_idx = torch.where(q_valid, q_starts + q_pos, q_starts).reshape(-1)
-            # the real tokens, in padded row-major order, are exactly T's order
-            unpad_idx = torch.nonzero(q_valid.reshape(-1)).squeeze(1)
-        return _ExtendMeta(num_reqs, q_start, sum(extend_lens), q_len, kv_len - start, kv_idx.reshape(-1), q_idx,
-                           unpad_idx,
-                           _additive(mask[:, None], device), shared)
+        self.planner.plan(fb)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, fb: AttentionBatch, scale: float) -> torch.Tensor:
@@ -214,7 +81,7 @@ class TorchAttentionBackend:
         v_cache.index_copy_(0, fb.out_slots, v)
         if meta.k_buf is None:
             # groups run one after the other, so one workspace of the largest need serves them all
-            size = max([_gather_rows(meta.decode)] + [_gather_rows(e) for e in meta.extends])
+            size = max([gather_rows(meta.decode)] + [gather_rows(e) for e in meta.extends])
             meta.k_buf = k_cache.new_empty((size, self.num_kv_heads, self.head_dim))
             meta.v_buf = torch.empty_like(meta.k_buf)
         outs = []
@@ -233,7 +100,7 @@ class TorchAttentionBackend:
         shape = (num_reqs, kv_len, self.num_kv_heads, self.head_dim)
         return k.view(shape).transpose(1, 2), v.view(shape).transpose(1, 2)  # [B, Hkv, L, D] views
 
-    def _attend_shared(self, q, k_cache, v_cache, meta: TorchAttentionMeta, shared: _SharedPrefix, scale: float):
+    def _attend_shared(self, q, k_cache, v_cache, meta: TorchAttentionMeta, shared: SharedPrefix, scale: float):
         """All of a group's query rows q [N, Hq, D] against its shared prefix, which precedes every one of
         them: no mask. Gathers into the workspace's first S rows.
         -> (out [N, Hkv, G, D], lse [N, Hkv, G]) strided views."""
@@ -260,7 +127,7 @@ class TorchAttentionBackend:
         out, lse = _attend_lse(qg, k, v, d.mask, scale)  # [Bd, Hkv, G, D], [Bd, Hkv, G]
         return _merge(out, lse, *self._attend_shared(q, k_cache, v_cache, meta, d.shared, scale)).reshape(shape)
 
-    def _extend(self, q, k_new, v_new, k_cache, v_cache, meta: TorchAttentionMeta, e: _ExtendMeta,
+    def _extend(self, q, k_new, v_new, k_cache, v_cache, meta: TorchAttentionMeta, e: ExtendMeta,
                 scale: float) -> torch.Tensor:
         if e.kv_idx is None:  # one fresh prompt
             out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k_new.transpose(0, 1)[None],
@@ -269,6 +136,12 @@ class TorchAttentionBackend:
             return out[0].transpose(0, 1)  # [Te, Hq, D]
         offset = e.shared.kv_len if e.shared else 0
         k, v = self._gather(k_cache, v_cache, meta, e.kv_idx, e.num_reqs, e.kv_len, offset)
+        if e.split_prefix:
+            qp = q.transpose(0, 1)[None]  # [1, Hq, Te, D]
+            out_new, lse_new = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                qp, k_new.transpose(0, 1)[None], v_new.transpose(0, 1)[None], 0.0, True, scale=scale)[:2]
+            out_pre, lse_pre = _attend_lse(qp, k, v, None, scale)[:2]
+            return _merge(out_new, lse_new, out_pre, lse_pre)[0].transpose(0, 1)  # [Te, Hq, D]
         if e.q_idx is None:
             qp = q.transpose(0, 1)[None]  # [1, Hq, Te, D]
         else:
@@ -286,30 +159,9 @@ class TorchAttentionBackend:
         out = _merge(out, lse, *self._attend_shared(q, k_cache, v_cache, meta, e.shared, scale))
         return out.reshape(-1, self.num_q_heads, self.head_dim)
 
-    def _unpad(self, out: torch.Tensor, e: _ExtendMeta) -> torch.Tensor:
+    def _unpad(self, out: torch.Tensor, e: ExtendMeta) -> torch.Tensor:
         """[Be, H, Lq, X] padded per-request rows -> [Te, H, X] rows of T."""
         out = out.transpose(1, 2)  # [Be, Lq, H, X]
         if e.unpad_idx is None:
             return out[0]
         return torch.index_select(out.reshape(e.num_reqs * e.q_len, *out.shape[2:]), 0, e.unpad_idx)
-
-
-def _extend_runs(extend_lens: list[int], num_decode: int) -> list[tuple[int, int]]:
-    """Split requests num_decode.. into consecutive runs of short (<= SHORT_EXTEND_LEN new tokens) and
-    long extends: each run is padded to its own longest request, so a jump-forward draft or a
-    one-token resume beside a 512-token prefill chunk is not padded to 512 query rows."""
-    runs: list[tuple[int, int]] = []
-    for i in range(num_decode, len(extend_lens)):
-        short = extend_lens[i] <= SHORT_EXTEND_LEN
-        if runs and (extend_lens[runs[-1][0]] <= SHORT_EXTEND_LEN) == short:
-            runs[-1] = (runs[-1][0], i + 1)
-        else:
-            runs.append((i, i + 1))
-    return runs
-
-
-def _gather_rows(group: _DecodeMeta | _ExtendMeta | None) -> int:
-    """Workspace rows a group's gathers need: its shared prefix, then every request's own part."""
-    if group is None or group.kv_idx is None:
-        return 0
-    return (group.shared.kv_len if group.shared else 0) + group.num_reqs * group.kv_len

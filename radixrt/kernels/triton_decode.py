@@ -11,7 +11,6 @@ handful of SMs; the split counts are chosen on the host (see attention_triton.pl
 """
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 

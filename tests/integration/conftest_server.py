@@ -25,13 +25,16 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, args: list[str], tmp_dir: pathlib.Path, fake_scheduler: bool = False):
+    def __init__(self, args: list[str], tmp_dir: pathlib.Path, fake_scheduler: bool = False,
+                 env: dict[str, str] | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.tmp_dir = pathlib.Path(tmp_dir)
         self.tmp_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = self.tmp_dir / "server.log"
-        env = {**os.environ, "TMPDIR": str(self.tmp_dir), "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "TMPDIR": str(self.tmp_dir), "PYTHONUNBUFFERED": "1", **(env or {})}
+        if "--dtype" not in args:  # token-exact checks run in float32; the default dtype has its own test
+            args = [*args, "--dtype", "float32"]
         cmd = [sys.executable, "-m", "radixrt.cli", "serve", "--port", str(self.port), *args]
         if fake_scheduler:
             env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
@@ -70,6 +73,29 @@ class ServerProcess:
                 self.proc.wait(10)
         self._log.close()
         return self.proc.returncode
+
+
+def inflight_then(url: str, trigger_text: str, max_new_tokens: int = 200, timeout: float = 30) -> list:
+    """A plain and a streamed /generate in flight, then a request with trigger_text (a fake scheduler's
+    CRASH or HANG): the three outcomes (response, SSE payloads, response), or the exception each raised."""
+    import asyncio
+
+    import httpx
+
+    async def run():
+        async with httpx.AsyncClient(timeout=timeout) as client:
+            body = {"text": "slow one", "sampling_params": {"max_new_tokens": max_new_tokens}}
+            plain = asyncio.create_task(client.post(url + "/generate", json=body))
+
+            async def streamed() -> list[str]:
+                async with client.stream("POST", url + "/generate", json={**body, "stream": True}) as r:
+                    return sse_events([line async for line in r.aiter_lines()])
+            streaming = asyncio.create_task(streamed())
+            await asyncio.sleep(0.5)
+            trigger = asyncio.create_task(client.post(url + "/generate", json={"text": trigger_text}))
+            return await asyncio.gather(plain, streaming, trigger, return_exceptions=True)
+
+    return asyncio.run(run())
 
 
 def sse_events(lines: list[str]) -> list[str]:

@@ -9,7 +9,7 @@ import os
 def engine_backend():
     import radixrt as sgl
 
-    return sgl.EngineBackend(sgl.Engine())
+    return sgl.EngineBackend(sgl.Engine(dtype="float32"))
 
 
 @functools.lru_cache(maxsize=None)

@@ -3,7 +3,8 @@
 `radixrt serve --scheduler-class server_fake_scheduler:FakeScheduler` (with this directory on
 PYTHONPATH) serves it. Its output is the prompt echoed back token by token (so tests know the
 exact text), one token per request per step, with a short sleep standing in for the forward.
-A prompt that contains "CRASH" makes the process die on its next step (watchdog tests).
+A prompt that contains "CRASH" makes the process die on its next step, one with "HANG" makes its next
+step never return (watchdog tests: a dead scheduler, a hung one).
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ class FakeScheduler:
         self.num_finished = 0
         self.num_added = 0  # every request that reached the scheduler
         self.crash = False
+        self.hang = False
 
     def _out(self, r: dict, new_ids: list[int], reason: dict | None, error: str | None = None) -> TokenOut:
         return TokenOut(rid=r["rid"], new_ids=new_ids, finished_reason=reason, prompt_tokens=len(r["input_ids"]),
@@ -47,6 +49,8 @@ class FakeScheduler:
             return [self._out(r, [], {"type": "abort", "message": "too long"}, error="too long for the pool")]
         if "CRASH" in self.tokenizer.decode(msg.input_ids):
             self.crash = True
+        if "HANG" in self.tokenizer.decode(msg.input_ids):
+            self.hang = True
         self.running[msg.rid] = r
         return []
 
@@ -60,6 +64,8 @@ class FakeScheduler:
     def step(self) -> list[TokenOut]:
         if self.crash:
             os._exit(3)
+        while self.hang:  # alive, answering nothing: only the heartbeat watchdog can notice
+            time.sleep(3600)
         time.sleep(STEP_SECONDS)
         outs = []
         for rid, r in list(self.running.items()):

@@ -224,7 +224,7 @@ def chat(tokenizer, text: str) -> str:
 
 @pytest.fixture(scope="module")
 def engine():
-    eng = Engine(grammar_compile_timeout=120.0)
+    eng = Engine(dtype="float32", grammar_compile_timeout=120.0)
     yield eng
     eng.shutdown()
 

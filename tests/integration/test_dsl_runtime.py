@@ -13,7 +13,7 @@ pytestmark = pytest.mark.skipif(not runtime_available(), reason="radixrt serve i
 
 @pytest.fixture(scope="module")
 def runtime():
-    with sgl.Runtime(launch_timeout=600) as rt:
+    with sgl.Runtime(launch_timeout=600, dtype="float32") as rt:
         yield rt
 
 
@@ -59,7 +59,7 @@ def test_streaming_over_http_matches_the_blocking_run(runtime):
 
 
 def test_after_shutdown_the_backend_names_the_url():
-    rt = sgl.Runtime(launch_timeout=600)
+    rt = sgl.Runtime(launch_timeout=600, dtype="float32")
     url = rt.url
     endpoint = rt.endpoint
     rt.shutdown()

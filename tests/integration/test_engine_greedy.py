@@ -81,7 +81,7 @@ def assert_no_leak(engine):
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("disable_radix_cache", [False, True])
 def test_greedy_equals_transformers(model_dir, prompts, reference, page_size, disable_radix_cache):
-    engine = Engine(model_path=str(model_dir), page_size=page_size, disable_radix_cache=disable_radix_cache,
+    engine = Engine(dtype="float32", model_path=str(model_dir), page_size=page_size, disable_radix_cache=disable_radix_cache,
                     max_total_tokens=8192)
     try:
         label = f"page_size={page_size} cache={'off' if disable_radix_cache else 'on'}"
@@ -103,7 +103,7 @@ def test_greedy_equals_transformers(model_dir, prompts, reference, page_size, di
 def test_chunked_prefill_and_preemption_keep_greedy_output(model_dir, prompts, reference):
     # a pool smaller than the batch's demand and tiny chunks: requests are split and preempted
     demand = sum(len(p) + NEW_TOKENS for p in prompts)
-    engine = Engine(model_path=str(model_dir), page_size=16, chunked_prefill_size=32,
+    engine = Engine(dtype="float32", model_path=str(model_dir), page_size=16, chunked_prefill_size=32,
                     max_total_tokens=(demand // 2) // 16 * 16)
     try:
         assert_matches_reference(generate(engine, prompts, one_by_one=False), reference, "chunked+preempted")
@@ -121,7 +121,7 @@ def test_shared_prefix_prompts_reuse_cache_and_keep_output(model_dir, tokenizer,
                                              add_generation_prompt=True, tokenize=False)
         prompts.append(tokenizer.encode(text, add_special_tokens=False))
     shared = next(i for i in range(min(map(len, prompts))) if len({p[i] for p in prompts}) > 1)
-    engine = Engine(model_path=str(model_dir), page_size=1, max_total_tokens=8192)
+    engine = Engine(dtype="float32", model_path=str(model_dir), page_size=1, max_total_tokens=8192)
     try:
         outs = engine.generate(input_ids=prompts, sampling_params={"temperature": 0, "max_new_tokens": 12})
         # in-batch sharing: one request computes the shared prefix, the others reuse it

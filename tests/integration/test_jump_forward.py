@@ -39,8 +39,8 @@ def chat(tokenizer, text: str) -> str:
 
 @pytest.fixture(scope="module")
 def engines():
-    on = Engine(max_total_tokens=8192, grammar_compile_timeout=120.0, enable_jump_forward=True)
-    off = Engine(max_total_tokens=8192, grammar_compile_timeout=120.0, enable_jump_forward=False)
+    on = Engine(dtype="float32", max_total_tokens=8192, grammar_compile_timeout=120.0, enable_jump_forward=True)
+    off = Engine(dtype="float32", max_total_tokens=8192, grammar_compile_timeout=120.0, enable_jump_forward=False)
     yield on, off
     on.shutdown()
     off.shutdown()

@@ -69,7 +69,7 @@ def test_tiny_pool_preemption_invisible_in_output(server, tokenizer):
 
     # The independent truth: the same prompts, greedy, on an Engine whose pool holds them all at once.
     from radixrt import Engine
-    engine = Engine(max_total_tokens=8192, page_size=PAGE_SIZE)
+    engine = Engine(dtype="float32", max_total_tokens=8192, page_size=PAGE_SIZE)
     try:
         local = engine.generate(PROMPTS, SP)
         assert engine.get_server_info()["num_preemptions"] == 0

@@ -118,7 +118,7 @@ def test_greedy_http_equals_engine(server):
     prompts = ["Write one sentence about the sea.", "List the first five prime numbers:"]
     sp = {"max_new_tokens": 20, "temperature": 0, "stop": ["\n\n"]}
     http = [post(server, "/generate", {"text": p, "sampling_params": sp}).json() for p in prompts]
-    engine = Engine(max_total_tokens=POOL_TOKENS)
+    engine = Engine(dtype="float32", max_total_tokens=POOL_TOKENS)
     try:
         local = engine.generate(prompts, sp)
     finally:

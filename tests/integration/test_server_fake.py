@@ -11,7 +11,7 @@ import time
 
 import httpx
 import pytest
-from conftest_server import ServerProcess, sse_events
+from conftest_server import ServerProcess, inflight_then, sse_events
 
 PROMPT = "alpha beta STOP gamma delta"
 
@@ -129,21 +129,8 @@ def test_overload_is_503_and_timeout_aborts(fake_server):
 
 def test_zz_watchdog_fails_inflight_and_exits_clean(fake_server):
     """Last: kills the fake scheduler (a prompt with CRASH) while requests run."""
-    async def run():
-        async with httpx.AsyncClient(timeout=30) as client:
-            body = {"text": "slow one", "sampling_params": {"max_new_tokens": 200}}
-            plain = asyncio.create_task(client.post(fake_server.url + "/generate", json=body))
-
-            async def streamed() -> list[str]:
-                async with client.stream("POST", fake_server.url + "/generate", json={**body, "stream": True}) as r:
-                    return sse_events([line async for line in r.aiter_lines()])
-            streaming = asyncio.create_task(streamed())
-            await asyncio.sleep(0.5)
-            crash = asyncio.create_task(client.post(fake_server.url + "/generate", json={"text": "CRASH now"}))
-            return await asyncio.gather(plain, streaming, crash, return_exceptions=True)
-
     started = time.monotonic()
-    plain, streamed, crash = asyncio.run(run())
+    plain, streamed, crash = inflight_then(fake_server.url, "CRASH now")
     assert time.monotonic() - started < 10  # failed promptly, not at the request timeout
     assert plain.status_code == 503 and plain.json()["error"]["type"] == "server_error"
     assert "scheduler process died" in plain.json()["error"]["message"]

@@ -16,7 +16,7 @@ PARAMS = {"temperature": 0, "max_new_tokens": 4}
 
 @pytest.fixture(scope="module")
 def torch_outputs(model_dir):
-    engine = Engine(model_path=str(model_dir), attention_backend="torch", max_total_tokens=2048)
+    engine = Engine(dtype="float32", model_path=str(model_dir), attention_backend="torch", max_total_tokens=2048)
     try:
         return [engine.generate(p, PARAMS)["output_ids"] for p in (BASE, EXTENDED)]
     finally:
@@ -25,7 +25,7 @@ def torch_outputs(model_dir):
 
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_triton_engine_matches_torch_engine(model_dir, torch_outputs, page_size):
-    engine = Engine(model_path=str(model_dir), attention_backend="triton", page_size=page_size,
+    engine = Engine(dtype="float32", model_path=str(model_dir), attention_backend="triton", page_size=page_size,
                     max_total_tokens=2048)
     try:
         first = engine.generate(BASE, PARAMS)

@@ -93,6 +93,9 @@ SCENARIOS = {
     "very_different_lengths": ([200, 2], [(0, 150), (0, 1), (7, 2)]),
     # runs of short and long extends (drafts beside prefill chunks) padded apart
     "short_long_short_runs": ([40, 9], [(30, 5), (12, 17), (0, 70), (5, 40), (90, 3), (0, 1), (2, 33)]),
+    # one long chunk after its cached prefix: "prefix, unmasked" + "itself, causal", merged
+    "long_chunk_after_prefix": ([], [(70, 50)]),
+    "long_chunk_after_prefix_beside_decodes_and_drafts": ([12, 40], [(3, 4), (100, 64), (20, 2)]),
 }
 
 

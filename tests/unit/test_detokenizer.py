@@ -167,3 +167,24 @@ def test_real_bpe_tokenizer_stream_matches_decode(bpe_tokenizer, text):
     deltas, detok = run_stream(bpe_tokenizer, ids, stop=["\n\n", "🎉 y"], rng=random.Random(1))
     cut = min([i for i in (text.find("\n\n"), text.find("🎉 y")) if i >= 0], default=len(text))
     assert "".join(deltas) == text[:cut]
+
+
+def test_manager_fails_one_request_whose_text_breaks_and_serves_the_rest():
+    class Exploding(ByteTokenizer):
+        def decode(self, ids, skip_special_tokens=True):
+            if 666 in ids:
+                raise RuntimeError("cannot decode this id")
+            return super().decode(ids, skip_special_tokens)
+
+    mgr = DetokenizerManager(Exploding([]))
+    mgr.register(DetokenizeReq(rid="a"))
+    mgr.register(DetokenizeReq(rid="b"))
+    out = mgr.handle(BatchTokenOut(outputs=[{"rid": "a", "new_ids": list(b"ok"), "finished_reason": None},
+                                            {"rid": "b", "new_ids": [104, 666], "finished_reason": None}])).outputs
+    assert out[0]["text"] == "ok" and out[0]["finished_reason"] is None
+    assert out[1]["finished_reason"]["type"] == "abort" and out[1]["error_status"] == 500
+    assert out[1]["abort_scheduler"] and "detokenizing failed" in out[1]["error"]
+    # later deltas of the failed one are dropped; the other goes on
+    out = mgr.handle(BatchTokenOut(outputs=[{"rid": "b", "new_ids": [105], "finished_reason": None},
+                                            {"rid": "a", "new_ids": list(b"!"), "finished_reason": {"type": "length"}}]))
+    assert [(o["rid"], o["text"]) for o in out.outputs] == [("a", "!")]

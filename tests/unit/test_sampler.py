@@ -163,7 +163,7 @@ def test_row_without_allowed_token_is_a_bug():
 @pytest.fixture(params=["inverse_cdf", "race"])
 def draw(request, monkeypatch):
     """Both draws: inverse CDF (the CPU default) and the exponential race (the GPU default)."""
-    monkeypatch.setattr(sampler, "_use_race", lambda device: request.param == "race")
+    monkeypatch.setattr(sampler, "use_race", lambda device: request.param == "race")
     return request.param
 
 

@@ -291,11 +291,13 @@ def test_max_new_tokens_zero_prefills_only_and_caches_the_prompt():
 
 
 def test_pins_hold_a_prefix_against_eviction_until_unpinned_or_expired():
-    s = make(page_size=1, num_tokens=120)
+    s = make(page_size=1, num_tokens=200)  # one pin may hold a quarter of the pool: 50 >= the 43-token prefix
     p = [7] * 5 + list(range(1, 40))
     s.add_request(TokenizedGenerateReq(rid="pin", input_ids=p, sampling_params={"max_new_tokens": 0}, pin_ttl_s=60))
     outs = drain(s)
-    assert outs["pin"][-1].finished_reason["pinned"] is True
+    reason = outs["pin"][-1].finished_reason
+    assert reason["pinned"] is True and len(reason["pin_handle"]) >= 20, reason  # unguessable, not the rid
+    handle = reason["pin_handle"]
     assert s.server_info()["num_pinned_tokens"] >= len(p) - 1
     # fill the pool with unrelated work: the pinned prefix must survive
     for i in range(6):
@@ -305,11 +307,30 @@ def test_pins_hold_a_prefix_against_eviction_until_unpinned_or_expired():
     outs = drain(s)
     assert outs["use"][-1].cached_tokens >= len(p) - 1
     assert not s.flush_cache(), "a pinned prefix is locked: flush must refuse"
-    assert s.unpin("pin") and not s.unpin("pin")
+    assert not s.unpin("pin"), "the request id is not the handle"
+    assert s.unpin(handle) and not s.unpin(handle)
     assert_all_pages_back(s)
     # expiry: a pin whose ttl passed is released on the next step
     s.add_request(TokenizedGenerateReq(rid="short", input_ids=p, sampling_params={"max_new_tokens": 0}, pin_ttl_s=1e-6))
     drain(s)
     s.step()
     assert s.server_info()["num_pins"] == 0
+    assert_all_pages_back(s)
+
+
+def test_one_pin_is_capped_at_a_quarter_of_the_pool_and_its_ttl_is_capped():
+    from radixrt.runtime.core.pins import MAX_PIN_TTL_S
+    s = make(page_size=1, num_tokens=200)
+    big = [(k * 3) % 40 + 5 for k in range(60)]  # 59 cached tokens > 50
+    s.add_request(TokenizedGenerateReq(rid="big", input_ids=big, sampling_params={"max_new_tokens": 0}, pin_ttl_s=60))
+    outs = drain(s)
+    assert outs["big"][-1].finished_reason["pinned"] is False and s.server_info()["num_pins"] == 0
+    small = big[:40]
+    s.add_request(TokenizedGenerateReq(rid="small", input_ids=small, sampling_params={"max_new_tokens": 0},
+                                       pin_ttl_s=1e9))
+    outs = drain(s)
+    handle = outs["small"][-1].finished_reason["pin_handle"]
+    import time
+    assert s.pins.expiry(handle) <= time.monotonic() + MAX_PIN_TTL_S + 1
+    assert s.unpin(handle)
     assert_all_pages_back(s)

@@ -1,11 +1,10 @@
 """Constrained decoding: regex / JSON schema / choices -> outlines-core index -> token masks.
 
-Flow: `validate` (synchronous, at the edge) turns the spec into a regex and raises GrammarError
-for anything we cannot enforce. `request` returns a GrammarFuture at once; a daemon thread
-builds the outlines-core Index (Rust; it releases the GIL, so decoding of other requests goes
-on). Compiled indexes are shared through a bounded LRU keyed by (kind, spec); a compile that
-outlives `compile_timeout` fails its request with GrammarError (the thread may finish later and
-fill the cache; a daemon thread never blocks interpreter exit).
+Flow: `validate` (at the edge) turns the spec into a regex and raises GrammarError for anything we
+cannot enforce. `request` returns a GrammarFuture at once. Both run in worker processes
+(compile_pool.py): bounded in number, killed at `compile_timeout` (a runaway compile stops using
+CPU), under a memory limit, at a lower CPU priority than decoding. Compiled indexes are shared
+through an LRU keyed by (kind, spec), bounded in entries and in bytes.
 
 Jump-forward drafts the text the grammar forces (`{"` -> `name"`), tokenized canonically, and
 the model verifies the draft in the same forward as the request's next token (grammar_draft.py):
@@ -21,7 +20,7 @@ closing brace); the language stays sound, a few tokenizations of it are not offe
 from __future__ import annotations
 
 import collections
-import json
+import pickle
 import threading
 import time
 from concurrent.futures import Future
@@ -29,16 +28,14 @@ from typing import Any
 
 from outlines_core import Index, Vocabulary
 
-from radixrt.runtime.constrained.pattern import check_user_regex
-from radixrt.runtime.constrained.regex_builder import GrammarError
+from radixrt.runtime.constrained.compile_pool import CompilePool
 from radixrt.runtime.constrained.draft import Drafter, VocabBytes
+from radixrt.runtime.constrained.regex_builder import GrammarError
+from radixrt.runtime.constrained.spec import KINDS, grammar_key, spec_regex
 from radixrt.runtime.constrained.state import CompiledGrammar, GrammarState, fill_masks
 from radixrt.runtime.constrained.vocab import token_bytes_map
-from radixrt.runtime.constrained.json_schema.to_regex import choices_regex, json_object_regex, schema_to_regex
 
 __all__ = ["GrammarError", "GrammarBackend", "GrammarFuture", "GrammarState", "fill_masks", "KINDS"]
-KINDS = ("regex", "json_schema", "choices", "json_object")
-JSON_OBJECT_DEPTH = 2  # nesting levels of a response_format json_object (outer object included)
 
 
 class GrammarFuture:
@@ -59,17 +56,20 @@ class GrammarFuture:
         exc = self._future.exception()
         if exc is not None:
             raise exc if isinstance(exc, GrammarError) else GrammarError(f"{self._kind} grammar: {exc}")
-        return self._backend._new_state(self._future.result())
+        return self._backend.new_state(self._future.result())
 
 
 class GrammarBackend:
     def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: list[int], cache_size: int = 256,
-                 compile_timeout: float = 10.0, enable_jump_forward: bool = True):
+                 compile_timeout: float = 10.0, enable_jump_forward: bool = True, compile_workers: int = 1,
+                 compile_memory_mb: int = 2048, cache_bytes: int = 512 << 20, index: bool = True):
+        """index False: only validate (the edge needs no vocabulary in its workers)."""
         if cache_size < 1 or compile_timeout <= 0:
             raise ValueError("cache_size must be >= 1 and compile_timeout > 0")
         self.vocab_size = vocab_size
         self.eos_token_ids = sorted({int(e) for e in eos_token_ids})
         self.cache_size = cache_size
+        self.cache_bytes = cache_bytes
         self.compile_timeout = compile_timeout
         token_map = token_bytes_map(tokenizer, vocab_size)
         for e in self.eos_token_ids:  # EOS is the grammar's to allow, never a spelled token
@@ -83,83 +83,47 @@ class GrammarBackend:
         max_id = max([self._fsm_eos, vocab_size - 1] + [max(ids) for ids in token_map.values()])
         self.num_words = (max_id + 1 + 31) // 32
         self.drafter = Drafter(tokenizer, VocabBytes(token_map, max_id + 1)) if enable_jump_forward else None
+        self.pool = CompilePool(compile_workers, token_map if index else None, self._fsm_eos,
+                                compile_memory_mb << 20)
         self._lock = threading.Lock()
-        self._cache: collections.OrderedDict[tuple, CompiledGrammar | GrammarError] = collections.OrderedDict()
+        self._cache: collections.OrderedDict[tuple, tuple[CompiledGrammar | GrammarError, int]] = \
+            collections.OrderedDict()
+        self._cached_bytes = 0
         self._pending: dict[tuple, Future] = {}
-        self._regex_cache: collections.OrderedDict[tuple, str] = collections.OrderedDict()
+        self._valid: collections.OrderedDict[tuple, None] = collections.OrderedDict()  # keys validate() passed
 
-    # -- spec -> regex ------------------------------------------------------------------------
-    @staticmethod
-    def _key(kind: str, spec: Any) -> tuple:
-        if kind not in KINDS:
-            raise GrammarError(f"unknown constraint kind {kind!r}; expected one of {', '.join(KINDS)}")
-        if kind == "json_schema":
-            if isinstance(spec, (str, bytes)):
-                try:
-                    spec = json.loads(spec)
-                except ValueError as e:
-                    raise GrammarError(f"json_schema is not valid JSON: {e}") from None
-            try:
-                return kind, json.dumps(spec, ensure_ascii=False, separators=(",", ":"))
-            except (TypeError, ValueError) as e:
-                raise GrammarError(f"json_schema is not JSON-serialisable: {e}") from None
-        if kind == "choices":
-            if not isinstance(spec, (list, tuple)) or not spec or not all(isinstance(c, str) for c in spec):
-                raise GrammarError("choices must be a non-empty list of strings")
-            return kind, tuple(spec)
-        if kind == "regex":
-            if not isinstance(spec, str):
-                raise GrammarError("regex must be a string")
-            return kind, spec
-        return kind, None
-
-    def _regex_for(self, key: tuple) -> str:
-        with self._lock:
-            rx = self._regex_cache.get(key)
-        if rx is None:
-            kind, spec = key
-            if kind == "regex":
-                check_user_regex(spec)
-                rx = spec
-            elif kind == "json_schema":
-                rx = schema_to_regex(json.loads(spec))
-            elif kind == "choices":
-                rx = choices_regex(list(spec))
-            else:
-                rx = json_object_regex(JSON_OBJECT_DEPTH)
-            with self._lock:
-                self._regex_cache[key] = rx
-                while len(self._regex_cache) > self.cache_size:
-                    self._regex_cache.popitem(last=False)
-        return rx
-
+    # -- validation (the edge) ------------------------------------------------------------------
     def validate(self, kind: str, spec: Any) -> None:
-        self._regex_for(self._key(kind, spec))
+        """GrammarError unless the spec can be enforced; blocks the caller (call it off an event loop)."""
+        key = grammar_key(kind, spec)
+        with self._lock:
+            if key in self._valid or key in self._cache:
+                return
+        self.pool.submit("regex", key, self.compile_timeout).result()
+        with self._lock:
+            self._valid[key] = None
+            while len(self._valid) > self.cache_size:
+                self._valid.popitem(last=False)
 
     # -- compile --------------------------------------------------------------------------------
-    def _compile(self, key: tuple) -> CompiledGrammar:
-        rx = self._regex_for(key)
+    def _done(self, key: tuple, future: Future, job: Future) -> None:
+        """A pool job finished: unpickle the index, cache it (bounded in bytes), resolve the future."""
         try:
-            index = Index(rx, self._vocab)
-        except (ValueError, RuntimeError, OverflowError) as e:
-            msg = str(e)
-            if len(msg) > 300:
-                msg = msg[:150] + " ... " + msg[-150:]
-            raise GrammarError(f"cannot compile the {key[0]} grammar: {msg}") from None
-        return CompiledGrammar(index, self._fsm_eos, f"{key[0]} grammar", self.num_words)
-
-    def _run(self, key: tuple, future: Future) -> None:
-        try:
-            result: CompiledGrammar | GrammarError = self._compile(key)
+            _, blob = job.result()
+            result: CompiledGrammar | GrammarError = CompiledGrammar(
+                pickle.loads(blob), self._fsm_eos, f"{key[0]} grammar", self.num_words)
+            size = len(blob)
         except GrammarError as e:
-            result = e
+            result, size = e, 0
         except Exception as e:  # anything else is still this request's failure, not the scheduler's
-            result = GrammarError(f"{key[0]} grammar: {type(e).__name__}: {e}")
+            result, size = GrammarError(f"{key[0]} grammar: {type(e).__name__}: {e}"), 0
         with self._lock:
             self._pending.pop(key, None)
-            self._cache[key] = result
-            while len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
+            if size <= self.cache_bytes:
+                self._cache[key] = (result, size)
+                self._cached_bytes += size
+            while self._cache and (len(self._cache) > self.cache_size or self._cached_bytes > self.cache_bytes):
+                self._cached_bytes -= self._cache.popitem(last=False)[1][1]
         if isinstance(result, GrammarError):
             future.set_exception(result)
         else:
@@ -167,33 +131,48 @@ class GrammarBackend:
 
     def request(self, kind: str, spec: Any) -> GrammarFuture:
         deadline = time.monotonic() + self.compile_timeout
+        future: Future = Future()
         try:
-            key = self._key(kind, spec)
+            key = grammar_key(kind, spec)
         except GrammarError as e:
-            future: Future = Future()
             future.set_exception(e)
             return GrammarFuture(self, kind, future, deadline)
         with self._lock:
             cached = self._cache.get(key)
             if cached is not None:
                 self._cache.move_to_end(key)
-                future = Future()
-                if isinstance(cached, GrammarError):
-                    future.set_exception(cached)
+                if isinstance(cached[0], GrammarError):
+                    future.set_exception(cached[0])
                 else:
-                    future.set_result(cached)
+                    future.set_result(cached[0])
                 return GrammarFuture(self, kind, future, deadline)
-            future = self._pending.get(key)
-            if future is None:
-                future = self._pending[key] = Future()
-                threading.Thread(target=self._run, args=(key, future), name="grammar-compile", daemon=True).start()
+            pending = self._pending.get(key)
+            if pending is not None:
+                return GrammarFuture(self, kind, pending, deadline)
+            self._pending[key] = future
+        job = self.pool.submit("index", key, self.compile_timeout)
+        job.add_done_callback(lambda j: self._done(key, future, j))
         return GrammarFuture(self, kind, future, deadline)
 
+    def compile_in_process(self, key: tuple) -> CompiledGrammar:
+        """Compile here, unbounded: for benchmarks that time it in a process of their own."""
+        try:
+            index = Index(spec_regex(key), self._vocab)
+        except (ValueError, RuntimeError, OverflowError) as e:
+            raise GrammarError(f"cannot compile the {key[0]} grammar: {str(e)[:300]}") from None
+        return CompiledGrammar(index, self._fsm_eos, f"{key[0]} grammar", self.num_words)
+
+    @property
+    def cached_bytes(self) -> int:
+        return self._cached_bytes
+
     def shutdown(self) -> None:
-        """Forget cached grammars. Compile threads are daemons: they finish or die with the process."""
+        """Forget cached grammars and stop the compile workers."""
         with self._lock:
             self._cache.clear()
-            self._regex_cache.clear()
+            self._cached_bytes = 0
+            self._valid.clear()
+        self.pool.shutdown()
 
-    def _new_state(self, compiled: CompiledGrammar) -> GrammarState:
+    def new_state(self, compiled: CompiledGrammar) -> GrammarState:
         return GrammarState(compiled, self.eos_token_ids, self.vocab_size, self.num_words, self.drafter)

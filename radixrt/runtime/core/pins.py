@@ -6,17 +6,21 @@ pins past a share of the pool so pins can never starve running requests.
 """
 from __future__ import annotations
 
+import secrets
 import time
 
 from radixrt.runtime.core.radix_cache import RadixCache
 
-MAX_PINNED_FRACTION = 0.5
+MAX_PINNED_FRACTION = 0.5   # of the pool, all pins together
+MAX_PIN_FRACTION = 0.25     # of the pool, one pin: one client cannot take the whole pinned share
+MAX_PIN_TTL_S = 3600.0      # a pin outlives its client by at most this long
 
 
 class PinTable:
     def __init__(self, tree: RadixCache, pool_tokens: int):
         self.tree = tree
         self.max_pinned_tokens = int(pool_tokens * MAX_PINNED_FRACTION)
+        self.max_pin_tokens = int(pool_tokens * MAX_PIN_FRACTION)
         self._pins: dict[str, tuple[object, float, int]] = {}  # handle -> (node, expiry, tokens)
 
     @property
@@ -26,17 +30,24 @@ class PinTable:
     def __len__(self) -> int:
         return len(self._pins)
 
-    def pin(self, handle: str, token_ids: list[int], ttl_s: float) -> bool:
-        """Lock the cached whole-page prefix of token_ids; False when refused."""
-        if self.tree.disable or handle in self._pins:
-            return False
+    def pin(self, token_ids: list[int], ttl_s: float) -> str | None:
+        """Lock the cached whole-page prefix of token_ids; its handle (unguessable: whoever holds it
+        can unpin), or None when refused (too large, or past the pool's pinned share)."""
+        if self.tree.disable:
+            return None
         pages, node = self.tree.match_prefix(token_ids)
         num_tokens = len(pages) * self.tree.page_size
-        if num_tokens == 0 or self.num_pinned_tokens + num_tokens > self.max_pinned_tokens:
-            return False
+        if not 0 < num_tokens <= self.max_pin_tokens or self.num_pinned_tokens + num_tokens > self.max_pinned_tokens:
+            return None
         self.tree.inc_lock_ref(node)
-        self._pins[handle] = (node, time.monotonic() + ttl_s, num_tokens)
-        return True
+        handle = secrets.token_urlsafe(16)
+        self._pins[handle] = (node, time.monotonic() + min(ttl_s, MAX_PIN_TTL_S), num_tokens)
+        return handle
+
+    def expiry(self, handle: str) -> float | None:
+        """time.monotonic() at which the pin lapses (None: no such pin)."""
+        entry = self._pins.get(handle)
+        return None if entry is None else entry[1]
 
     def unpin(self, handle: str) -> bool:
         entry = self._pins.pop(handle, None)

@@ -51,3 +51,12 @@ class ItemResult:
     prompt_top_logprobs: list[list[tuple[float, int]]] | None = None
     # a draft item: the picks at the positions after each draft token (next_id above is the first pick)
     draft_results: list["ItemResult"] | None = None
+
+
+class PlanItemError(RuntimeError):
+    """A step failed because of particular items (their indices in the plan): only their requests fail;
+    the step's other requests simply run it again."""
+
+    def __init__(self, indices: list[int], message: str):
+        super().__init__(message)
+        self.indices = list(indices)

@@ -50,7 +50,8 @@ class Req:
         # jump-forward: tokens the grammar forces after output_ids, fed for verification next decode
         self.draft_ids: list[int] = []
         self.draft_states: list[int] = []  # the grammar state after each draft token
-        self.grammar_error: str | None = None
+        self.error: str | None = None  # why it failed, for the client
+        self.error_status = 400  # 400: refused as given; 500: failed inside the server
         self.output_logprobs: list[list[Any]] = []
         self.output_top_logprobs: list[list[list[Any]]] = []
         self.input_logprobs: list[list[Any]] | None = None

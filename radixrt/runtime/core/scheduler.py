@@ -14,9 +14,11 @@ from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.core import schedule_policy as policy
 from radixrt.runtime.core.admission import Admission, wants_prompt_logprobs
 from radixrt.runtime.core.drafts import fit_draft, take_draft
+from radixrt.runtime.core.faults import FaultInjector
+from radixrt.runtime.core.outbox import Outbox
 from radixrt.runtime.core.page_allocator import PageAllocator, TableRows, slots_of
 from radixrt.runtime.core.pins import PinTable
-from radixrt.runtime.core.plan import ItemResult, PlanItem
+from radixrt.runtime.core.plan import ItemResult, PlanItem, PlanItemError
 from radixrt.runtime.core.radix_cache import RadixCache
 from radixrt.runtime.core.req import Req
 from radixrt.runtime.core.req_finish import abort_reason, apply_prompt_logprobs, apply_sampled_token, sample_rows
@@ -47,26 +49,38 @@ class Scheduler:
         self._eos_list = sorted(self.eos_ids)
         self.waiting: list[Req] = []
         self.running: list[Req] = []
-        self._outbox: list[TokenOut] = []
+        self.outbox = Outbox()
         self.pins = PinTable(self.tree, self.pool_tokens)
         self.stats = SchedulerStats()
         self.admission = Admission(config, self.tree, self.memory, self.stats)
         self.grammar_backend = None
+        self.faults = FaultInjector()
         self.model_info = {
             "model_path": runner.model_path, "context_length": self.context_len,
             "vocab_size": runner.vocab_size, "eos_token_ids": self._eos_list,
-            "is_generation": True,
+            "is_generation": True, "dtype": runner.dtype_name,
         }
 
     # ---------------------------------------------------------------- intake
     def add_request(self, msg: TokenizedGenerateReq) -> list[TokenOut]:
+        """Queue a request; anything wrong with it (or any failure taking it in) ends it alone."""
         try:
-            sampling = SamplingParams.from_dict(msg.sampling_params)
-            start = check_prompt(msg.input_ids, sampling, self.limits, return_logprob=msg.return_logprob,
-                                 logprob_start_len=msg.logprob_start_len, top_logprobs_num=msg.top_logprobs_num)
-        except (ValueError, TypeError) as e:
-            return [TokenOut(rid=msg.rid, new_ids=[], finished_reason=abort_reason(str(e)), error=str(e),
+            return self._add_request(msg)
+        except Exception as e:  # ValueError: refused; anything else: our bug, still only this request's
+            if not isinstance(e, (ValueError, TypeError)):
+                log.exception("intake of %s failed", msg.rid)
+            self.waiting = [r for r in self.waiting if r.rid != msg.rid]
+            refused = isinstance(e, (ValueError, TypeError))
+            message = str(e) if refused else f"internal error: {type(e).__name__}: {e}"
+            return [TokenOut(rid=msg.rid, new_ids=[], finished_reason=abort_reason(message), error=message,
+                             error_status=400 if refused else 500,
                              prompt_tokens=len(msg.input_ids) if isinstance(msg.input_ids, list) else 0)]
+
+    def _add_request(self, msg: TokenizedGenerateReq) -> list[TokenOut]:
+        sampling = SamplingParams.from_dict(msg.sampling_params)
+        start = check_prompt(msg.input_ids, sampling, self.limits, return_logprob=msg.return_logprob,
+                             logprob_start_len=msg.logprob_start_len, top_logprobs_num=msg.top_logprobs_num)
+        self.faults.check("intake", msg.input_ids)
         # the output may not run past the context
         sampling.max_new_tokens = min(sampling.max_new_tokens, self.context_len - len(msg.input_ids))
         req = Req(msg.rid, msg.input_ids, sampling, return_logprob=msg.return_logprob, logprob_start_len=start,
@@ -79,7 +93,7 @@ class Scheduler:
         if constraint is not None:
             req.grammar_future = self.get_grammar_backend().request(*constraint)
         self.waiting.append(req)
-        return self._drain_outbox()
+        return self.outbox.drain()
 
     def get_grammar_backend(self):
         if self.grammar_backend is None:
@@ -87,7 +101,9 @@ class Scheduler:
             self.grammar_backend = GrammarBackend(
                 self.tokenizer, self.runner.vocab_size, self._eos_list,
                 cache_size=self.config.grammar_cache_size, compile_timeout=self.config.grammar_compile_timeout,
-                enable_jump_forward=self.config.enable_jump_forward)
+                enable_jump_forward=self.config.enable_jump_forward,
+                compile_workers=self.config.grammar_compile_workers,
+                compile_memory_mb=self.config.grammar_compile_memory_mb)
         return self.grammar_backend
 
     def abort(self, rid: str) -> list[TokenOut]:
@@ -98,7 +114,7 @@ class Scheduler:
         for req in list(self.running):
             if req.rid == rid:
                 self._finish(req, abort_reason("aborted by the client"))
-        return self._drain_outbox()
+        return self.outbox.drain()
 
     # ---------------------------------------------------------------- the step
     def has_work(self) -> bool:
@@ -110,9 +126,29 @@ class Scheduler:
         plan = self._plan()
         if plan:
             self.stats.num_forwards += 1
-            results = self.runner.run([item for _, item in plan])
+            try:
+                results = self.runner.run([item for _, item in plan])
+                self.faults.check_plan([req.origin_input_ids for req, _ in plan])
+            except Exception as e:
+                self._recover(plan, e)
+                return self.outbox.drain()
             self._apply(plan, results)
-        return self._drain_outbox()
+        return self.outbox.drain()
+
+    def _recover(self, plan: list[tuple[Req, PlanItem]], error: Exception) -> None:
+        """A forward or sampling failed: its culprits (the whole step when it cannot tell) fail; the others
+        run the step again. Nothing was applied, so each request holds the KV it had, but its table row
+        may or may not have been written: rewrite it in full. A broken invariant after this propagates."""
+        culprits = set(error.indices) if isinstance(error, PlanItemError) else set(range(len(plan)))
+        log.error("step failed (%s: %s); failing %d of its %d requests", type(error).__name__, error,
+                  len(culprits), len(plan), exc_info=not isinstance(error, PlanItemError))
+        self.stats.num_step_failures += 1
+        for i, (req, _) in enumerate(plan):
+            req.table_stale = True
+            req.draft_ids, req.draft_states = [], []
+            if i in culprits and not req.finished:
+                self._fail(req, f"internal error: {type(error).__name__}: {error}", 500)
+        self.check_integrity()
 
     def _plan(self) -> list[tuple[Req, PlanItem]]:
         decodes = self._plan_decodes()
@@ -183,20 +219,29 @@ class Scheduler:
     # ---------------------------------------------------------------- results
     def _apply(self, plan: list[tuple[Req, PlanItem]], results: list[ItemResult]) -> None:
         for (req, item), res in zip(plan, results):
-            if item.num_draft:
-                self._after_tokens(req, take_draft(req, item, res, self.eos_ids, self.memory, self.stats))
-                continue
-            req.kv_len = item.prefix_len + len(item.new_ids)
-            if item.logits_start is not None:
-                apply_prompt_logprobs(req, item.prefix_len, res)
-            if res.next_id is None or not req.output_ids:
-                self.memory.share(req)  # a finished chunk, or the whole prompt
-            if res.next_id is None:
-                continue
-            if req.sampling.max_new_tokens == 0:  # prefill only (cache warm-up, prompt scoring)
-                self._finish(req, {"type": "length", "length": 0})
-                continue
-            self._after_tokens(req, apply_sampled_token(req, res, self.eos_ids))
+            try:
+                self.faults.check("apply", req.origin_input_ids)
+                self._apply_item(req, item, res)
+            except Exception as e:  # stop matching, grammar, finish rules: this request's failure alone
+                log.exception("applying the step to %s failed", req.rid)
+                if not req.finished:
+                    self._fail(req, f"internal error: {type(e).__name__}: {e}", 500)
+
+    def _apply_item(self, req: Req, item: PlanItem, res: ItemResult) -> None:
+        if item.num_draft:
+            self._after_tokens(req, take_draft(req, item, res, self.eos_ids, self.memory, self.stats))
+            return
+        req.kv_len = item.prefix_len + len(item.new_ids)
+        if item.logits_start is not None:
+            apply_prompt_logprobs(req, item.prefix_len, res)
+        if res.next_id is None or not req.output_ids:
+            self.memory.share(req)  # a finished chunk, or the whole prompt
+        if res.next_id is None:
+            return
+        if req.sampling.max_new_tokens == 0:  # prefill only (cache warm-up, prompt scoring)
+            self._finish(req, {"type": "length", "length": 0})
+            return
+        self._after_tokens(req, apply_sampled_token(req, res, self.eos_ids))
 
     def _after_tokens(self, req: Req, reason: dict | None) -> None:
         if reason is not None:
@@ -205,7 +250,7 @@ class Scheduler:
         if req.grammar is not None:  # the next draft; output_ids + draft + one pick stay within max_new_tokens
             req.draft_ids, req.draft_states = req.grammar.draft(req.sampling.max_new_tokens - len(req.output_ids) - 1)
         if req.stream:
-            self._emit(req)
+            self.outbox.emit(req)
 
     def _finish(self, req: Req, reason: dict) -> None:
         req.draft_ids, req.draft_states = [], []
@@ -213,10 +258,16 @@ class Scheduler:
         if req.table_row is not None:
             self._release(req)
         if pin_ids is not None and reason["type"] != "abort":
-            reason = {**reason, "pinned": self.pins.pin(req.rid, pin_ids, req.pin_ttl_s)}
+            handle = self.pins.pin(pin_ids, req.pin_ttl_s)
+            reason = {**reason, "pinned": handle is not None, "pin_handle": handle}
         req.finished_reason = reason
         self.stats.on_finish(req)
-        self._emit(req)
+        self.outbox.emit(req)
+
+    def _fail(self, req: Req, error: str, status: int, reason: str | None = None) -> None:
+        """End req with an error for its client (400: refused; 500: failed inside the server)."""
+        req.error, req.error_status = error, status
+        self._finish(req, abort_reason(reason or error))
 
     def _release(self, req: Req) -> None:
         self.memory.release(req)
@@ -240,30 +291,15 @@ class Scheduler:
                 continue
             req.grammar_future = None
             try:
+                self.faults.check("grammar", req.origin_input_ids)
                 req.grammar = fut.result()
-            except ValueError as e:
+            except Exception as e:  # GrammarError (a ValueError): refused; anything else: still only this request
                 self.waiting.remove(req)
-                req.grammar_error = str(e)
-                self._finish(req, abort_reason(f"invalid constraint: {e}"))
-
-    def _emit(self, req: Req) -> None:
-        new_ids = req.output_ids[req.num_sent:]
-        first = req.num_sent
-        req.num_sent = len(req.output_ids)
-        out = TokenOut(rid=req.rid, new_ids=new_ids, finished_reason=req.finished_reason,
-                       prompt_tokens=len(req.origin_input_ids), completion_tokens=len(req.output_ids),
-                       cached_tokens=req.prefix_hit_len, error=req.grammar_error)
-        if req.return_logprob:
-            out.output_logprobs = req.output_logprobs[first:]
-            out.output_top_logprobs = req.output_top_logprobs[first:]
-            if not req.input_logprobs_sent and req.input_logprobs is not None:
-                out.input_logprobs, out.input_top_logprobs = req.input_logprobs, req.input_top_logprobs
-                req.input_logprobs_sent = True
-        self._outbox.append(out)
-
-    def _drain_outbox(self) -> list[TokenOut]:
-        out, self._outbox = self._outbox, []
-        return out
+                if isinstance(e, ValueError):
+                    self._fail(req, str(e), 400, f"invalid constraint: {e}")
+                else:
+                    log.exception("collecting the grammar of %s failed", req.rid)
+                    self._fail(req, f"internal error: {type(e).__name__}: {e}", 500)
 
     # ---------------------------------------------------------------- admin
     def unpin(self, handle: str) -> bool:
@@ -274,8 +310,10 @@ class Scheduler:
             return False
         return self.tree.reset()
 
-    def server_info(self) -> dict:
-        return server_info(self)
+    def server_info(self, walk: bool = True) -> dict:
+        """Live figures; walk: also run the full integrity check (O(pages)) instead of reporting the
+        last one's result. The serving loop walks only when idle, so a scrape never costs a step."""
+        return server_info(self, walk)
 
     def check_integrity(self) -> None:
         check_integrity(self)

@@ -3,6 +3,7 @@
 The functions take the Scheduler as `s` and read only its public state (no import of it: no cycle)."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,9 @@ class SchedulerStats:
     generated_tokens: int = 0
     num_draft_tokens: int = 0     # jump-forward draft tokens fed for verification
     num_draft_accepted: int = 0   # of those, the ones the model's pick agreed with
+    num_step_failures: int = 0    # forwards that raised (their culprit requests failed, the rest went on)
+    integrity_error: str | None = None  # the last integrity walk's finding (None: it held)
+    integrity_checked_at: float = 0.0   # time.time() of that walk (0: never)
 
     def on_admit(self, prompt_len: int, cached_len: int) -> None:
         self.num_admitted += 1
@@ -35,17 +39,21 @@ class SchedulerStats:
 
 
 
-def server_info(s: Any) -> dict:
-    """The live figures of scheduler `s`, with the result of a full integrity walk."""
-    try:
-        check_integrity(s)
-        integrity = None
-    except AssertionError as e:
-        integrity = str(e) or "integrity check failed"
+def server_info(s: Any, walk: bool = True) -> dict:
+    """The live figures of scheduler `s`: counters, plus the integrity walk's result (walk: run it now;
+    otherwise the last one's, with its time)."""
     st = s.stats
+    if walk:
+        try:
+            check_integrity(s)
+            st.integrity_error = None
+        except AssertionError as e:
+            st.integrity_error = str(e) or "integrity check failed"
+        st.integrity_checked_at = time.time()
     return {
-        "integrity_ok": integrity is None,
-        "integrity_error": integrity,
+        "integrity_ok": st.integrity_error is None,
+        "integrity_error": st.integrity_error,
+        "integrity_checked_at": st.integrity_checked_at,
         "kv_pages_total": s.allocator.num_pages,
         "kv_pages_free": s.allocator.num_free,
         "kv_pages_evictable": s.tree.evictable_pages,
@@ -66,6 +74,7 @@ def server_info(s: Any) -> dict:
         "cache_hit_rate": st.cached_tokens / st.prompt_tokens if st.prompt_tokens else 0.0,
         "jump_forward_draft_tokens": st.num_draft_tokens,
         "jump_forward_accepted_tokens": st.num_draft_accepted,
+        "num_step_failures": st.num_step_failures,
     }
 
 

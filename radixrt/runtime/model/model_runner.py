@@ -7,27 +7,21 @@ import os
 import torch
 
 from radixrt.runtime.config import ServerConfig
+from radixrt.runtime.model.dtype_choice import pick_dtype
 from radixrt.runtime.model.forward_batch import BatchItem, build_forward_batch
 from radixrt.runtime.model.kv_cache import KVCache, ReqToSlotTable
-from radixrt.runtime.core.plan import ItemResult, PlanItem
-from radixrt.runtime.model.sampler import sample
+from radixrt.runtime.core.plan import ItemResult, PlanItem, PlanItemError
+from radixrt.runtime.model.sampler import NoAllowedTokenError, sample
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_TOTAL_TOKENS = 32768
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def pick_device(config: ServerConfig) -> torch.device:
     if config.device != "auto":
         return torch.device(config.device)
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def pick_dtype(config: ServerConfig, device: torch.device) -> torch.dtype:
-    if config.dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return _DTYPES[config.dtype]
 
 
 def make_attention_backend(name: str | None, device: torch.device, num_q_heads: int, num_kv_heads: int,
@@ -68,7 +62,9 @@ class ModelRunner:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.device = pick_device(config)
-        self.dtype = pick_dtype(config, self.device)
+        self.dtype, dtype_reason = pick_dtype(config.dtype, self.device)
+        self.dtype_name = str(self.dtype).removeprefix("torch.")
+        log.info("%s", dtype_reason)
         model_dir = resolve_model(config.model_path)
         self.model_path = str(config.model_path or model_dir)
         hf_config = load_config(model_dir)
@@ -83,7 +79,7 @@ class ModelRunner:
         total_tokens = config.max_total_tokens or DEFAULT_MAX_TOTAL_TOKENS
         self.num_pages = max(total_tokens // page_size, 1)
         self.kv = KVCache(self.model.num_layers, self.num_pages * page_size, self.model.num_kv_heads,
-                          self.model.head_dim, self.dtype, self.device)
+                          self.model.head_dim, self.model.attn_dtype, self.device)
         # one spare row: a request being admitted while max_running_requests run
         self.max_rows = config.max_running_requests + 1
         self.table = ReqToSlotTable(self.max_rows, self.context_length + 1, self.device)
@@ -133,7 +129,10 @@ class ModelRunner:
             from radixrt.runtime.constrained import fill_masks
             mask = fill_masks([r.mask_source for r in rows], self.vocab_size, self.device)
         last = logits if len(pick_rows) == logits.shape[0] else logits[pick_rows]
-        out = sample(last, rows, mask)
+        try:
+            out = sample(last, rows, mask)
+        except NoAllowedTokenError as e:  # only the requests of those rows fail
+            raise PlanItemError(sorted({picks[k][0] for k in e.rows}), str(e)) from None
         for k, (i, j) in enumerate(picks):
             res = results[i] if j == 0 else ItemResult()
             res.next_id = out.next_ids[k]

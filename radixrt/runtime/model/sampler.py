@@ -25,9 +25,17 @@ from dataclasses import dataclass
 import torch
 
 from radixrt.runtime.core.plan import SampleRow
+from radixrt.runtime.model.sampler_draw import draw_inverse_cdf, draw_race, use_race
 from radixrt.runtime.sampling_params import SamplingParams
 
-_MASK64 = (1 << 64) - 1
+
+
+class NoAllowedTokenError(AssertionError):
+    """Rows whose grammar mask and blocked ids exclude every token: a bug upstream, but only theirs."""
+
+    def __init__(self, rows: list[int]):
+        super().__init__(f"sampler: rows {rows} have no allowed token (grammar mask and blocked_ids exclude all)")
+        self.rows = rows
 
 
 @dataclass
@@ -69,7 +77,8 @@ def sample(logits: torch.Tensor, rows: list[SampleRow], allowed_mask: torch.Tens
     next_list = next_ids.tolist()
     if has_mask:
         bad = [i for i, t in enumerate(next_list) if t < 0]
-        assert not bad, f"sampler: rows {bad} have no allowed token (grammar mask and blocked_ids exclude all)"
+        if bad:
+            raise NoAllowedTokenError(bad)
     if not lp_rows:
         return SampleResult(next_list, None, None)
     logprobs, top_logprobs = _logprobs(raw, rows, lp_rows, next_ids)
@@ -138,10 +147,18 @@ def _flat_indices(row_ids: list[int], token_lists: list[list[int]], row_values: 
 def _sample_rows(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
     """Draw one id per row from [S, V] logits of non-greedy rows; returns [S] int64 ids."""
     probs = truncated_probs(logits, rows)
+    # second line of defence (the edge bounds temperature and penalties): a row whose probabilities are
+    # NaN or sum to nothing picks its largest finite logit instead of breaking the draw
+    bad = ~(probs.sum(dim=-1) > 0)  # NaN compares False
+    if bool(bad.any()):
+        rows_bad = bad.nonzero().squeeze(1)
+        fallback = torch.nan_to_num(logits.index_select(0, rows_bad), nan=float("-inf")).argmax(dim=-1)
+        probs[rows_bad] = 0.0
+        probs[rows_bad, fallback] = 1.0
     seeded = [(i, r.params.seed, len(r.output_ids)) for i, r in enumerate(rows) if r.params.seed is not None]
-    if _use_race(probs.device):
-        return _draw_race(probs, seeded)
-    return _draw_inverse_cdf(probs, seeded)
+    if use_race(probs.device):
+        return draw_race(probs, seeded)
+    return draw_inverse_cdf(probs, seeded)
 
 
 def truncated_probs(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
@@ -183,7 +200,8 @@ def truncated_probs(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor
         mass = torch.where(top_k < vocab_size, cum[:, -1:], 1.0)
         keep = in_k & (cum - vals_k <= top_p * mass)  # a prefix; the first token always stays
         num_keep = keep.sum(dim=-1, keepdim=True)
-        threshold = vals.gather(1, num_keep - 1) * kp_row  # rows with neither cut: threshold 0
+        # clamp: a NaN row keeps nothing (the draw falls back to its argmax, see _sample_rows)
+        threshold = vals.gather(1, (num_keep - 1).clamp_min_(0)) * kp_row  # rows with neither cut: threshold 0
         max_prob = vals[:, :1]
     if use_min_p:
         max_prob = probs.amax(dim=-1, keepdim=True) if max_prob is None else max_prob
@@ -214,68 +232,6 @@ def _sorted_prefix(probs: torch.Tensor, max_k: int, p_only: list[bool], params: 
         if all(m > p.top_p for m, p, only in zip(prefix_mass, params, p_only) if only):
             return vals
     return probs.sort(dim=-1, descending=True).values
-
-
-def _draw_race(probs: torch.Tensor, seeded: list[tuple[int, int, int]]) -> torch.Tensor:
-    """Exponential race argmax(p / Exp(1)): exact, no cumsum, one kernel per op on a GPU.
-
-    Unseeded rows share the default generator in one batched draw; a seeded row draws its own
-    vocabulary of noise from a generator seeded by (seed, step)."""
-    num_rows, vocab_size = probs.shape
-    noise = torch.empty_like(probs).exponential_()
-    for i, seed, step in seeded:
-        gen = _generator(seed, step, probs.device)
-        noise[i] = torch.empty(vocab_size, device=probs.device).exponential_(generator=gen)
-    # exponential_ may return exactly 0; p / 0 would be inf (or NaN for p = 0) and win the race
-    return (probs / noise.clamp_min_(torch.finfo(torch.float32).tiny)).argmax(dim=-1)
-
-
-_CDF_CHUNK = 256
-
-
-def _draw_inverse_cdf(probs: torch.Tensor, seeded: list[tuple[int, int, int]]) -> torch.Tensor:
-    """Inverse CDF with one uniform per row, in two levels: pick a chunk of 256 tokens from the
-    float64 cumsum of chunk sums, then the token from the float64 cumsum inside that chunk. A CPU
-    makes a vocabulary of exponential noise ~20x slower than this and a flat float64 cumsum ~10x;
-    a flat float32 cumsum would blur tail tokens' intervals by ulp(1)."""
-    num_rows, vocab_size = probs.shape
-    device = probs.device
-    pad = -vocab_size % _CDF_CHUNK
-    chunks = (torch.nn.functional.pad(probs, (0, pad)) if pad else probs).view(num_rows, -1, _CDF_CHUNK)
-    chunk_cum = chunks.sum(dim=-1).double().cumsum(dim=-1)  # [S, C]
-    u = torch.rand(num_rows, 1, dtype=torch.float64, device=device)
-    for i, seed, step in seeded:
-        u[i] = torch.rand(1, dtype=torch.float64, device=device, generator=_generator(seed, step, device))
-    total = chunk_cum[:, -1:]
-    target = u * total
-    # first chunk whose cumsum passes target; it grew there, so it holds a token with p > 0
-    chunk_idx = torch.searchsorted(chunk_cum, target, right=True).clamp_max_(chunk_cum.shape[1] - 1)  # [S, 1]
-    before = chunk_cum.gather(1, (chunk_idx - 1).clamp_min(0)) * (chunk_idx > 0)
-    chunk = chunks.gather(1, chunk_idx.unsqueeze(2).expand(-1, 1, _CDF_CHUNK)).squeeze(1)  # [S, CHUNK]
-    inner = chunk.cumsum(dim=-1, dtype=torch.float64)
-    inner_total = inner[:, -1:]
-    # clamp into [0, inner_total): rounding between the two levels can never reach a p = 0 token
-    inner_target = torch.minimum((target - before).clamp_min_(0.0), torch.nextafter(inner_total, before * 0))
-    token_idx = torch.searchsorted(inner, inner_target, right=True).clamp_max_(_CDF_CHUNK - 1)
-    return (chunk_idx * _CDF_CHUNK + token_idx).squeeze(1).clamp_max_(vocab_size - 1)
-
-
-def _use_race(device: torch.device) -> bool:
-    return device.type != "cpu"
-
-
-def _generator(seed: int, step: int, device: torch.device) -> torch.Generator:
-    gen = torch.Generator(device=device)
-    gen.manual_seed(_mix_seed(seed, step))
-    return gen
-
-
-def _mix_seed(seed: int, step: int) -> int:
-    """splitmix64 of (seed, step): nearby seeds and steps give unrelated generator states."""
-    z = (seed * 0x9E3779B97F4A7C15 + step + 1) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return (z ^ (z >> 31)) & ((1 << 63) - 1)
 
 
 def _index_tensor(values: list[int], device: torch.device) -> torch.Tensor:

@@ -26,27 +26,41 @@ class DetokenizerManager:
     def handle(self, batch: BatchTokenOut) -> BatchTextOut:
         outputs = []
         for out in batch.outputs:
-            rid = out["rid"]
-            finished = out.get("finished_reason") is not None
-            if rid in self.done_early:
-                if finished:
-                    self.done_early.discard(rid)
-                continue
-            state = self.states.get(rid)
-            if state is None:  # never registered: only an immediate rejection or a late message can get here
-                state = IncrementalDetokenizer(self.tokenizer)
-            out = dict(out)
-            out["text"] = state.feed(out["new_ids"], finished=finished)
-            reason = out.get("finished_reason")
-            if state.finished and (reason is None or reason.get("type") != "abort"):
-                # The text was cut at a stop string: report that stop whatever the scheduler saw.
-                out["finished_reason"] = {"type": "stop", "matched": state.matched_stop}
-                if not finished:  # the scheduler will finish it on its own; drop what follows
-                    self.done_early.add(rid)
-            if out.get("finished_reason") is not None:
+            try:
+                self._handle_one(out, outputs)
+            except Exception as e:  # this request's text failed: it alone ends (and the scheduler stops it)
+                logger.exception("detokenizing %s failed", out.get("rid"))
+                rid = out["rid"]
                 self.states.pop(rid, None)
-            outputs.append(out)
+                if out.get("finished_reason") is None:
+                    self.done_early.add(rid)
+                message = f"internal error: detokenizing failed: {type(e).__name__}: {e}"
+                outputs.append({**out, "new_ids": [], "text": "", "error": message, "error_status": 500,
+                                "finished_reason": {"type": "abort", "message": message},
+                                "abort_scheduler": out.get("finished_reason") is None})
         return BatchTextOut(outputs=outputs)
+
+    def _handle_one(self, out: dict, outputs: list[dict]) -> None:
+        rid = out["rid"]
+        finished = out.get("finished_reason") is not None
+        if rid in self.done_early:
+            if finished:
+                self.done_early.discard(rid)
+            return
+        state = self.states.get(rid)
+        if state is None:  # never registered: only an immediate rejection or a late message can get here
+            state = IncrementalDetokenizer(self.tokenizer)
+        out = dict(out)
+        out["text"] = state.feed(out["new_ids"], finished=finished)
+        reason = out.get("finished_reason")
+        if state.finished and (reason is None or reason.get("type") != "abort"):
+            # The text was cut at a stop string: report that stop whatever the scheduler saw.
+            out["finished_reason"] = {"type": "stop", "matched": state.matched_stop}
+            if not finished:  # the scheduler will finish it on its own; drop what follows
+                self.done_early.add(rid)
+        if out.get("finished_reason") is not None:
+            self.states.pop(rid, None)
+        outputs.append(out)
 
 
 def run_detokenizer_process(model_path: str, in_path: str, out_path: str, log_level: str = "info") -> None:

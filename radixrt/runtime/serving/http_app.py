@@ -19,9 +19,11 @@ from radixrt.runtime.serving.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from radixrt.runtime.serving.openai_routes import SSE_HEADERS, add_openai_routes
 from radixrt.runtime.serving.pin_routes import add_pin_routes
 from radixrt.runtime.request_edge import SequenceResult, generate_output
+from radixrt.runtime.serving.browser_guard import BrowserGuard
 from radixrt.runtime.serving.protocol import (
     SSE_DONE, APIError, ClientGone, GenerateRequest, accumulate, collect_results, error_body, parse_body, read_body, sse)
-from radixrt.runtime.serving.tokenizer_manager import RequestHandle, TokenizerManager
+from radixrt.runtime.serving.request_handle import RequestHandle
+from radixrt.runtime.serving.tokenizer_manager import TokenizerManager
 
 logger = logging.getLogger(__name__)
 
@@ -30,12 +32,32 @@ _ROUTES = {"/generate", "/v1/completions", "/v1/chat/completions", "/v1/models",
 
 
 class GateMiddleware:
-    """Pure ASGI (no BaseHTTPMiddleware: it would hide client disconnects): API key check and per-route counts."""
+    """Pure ASGI (no BaseHTTPMiddleware: it would hide client disconnects): the browser guard (Host,
+    Origin, JSON bodies), the API key, and per-route counts."""
 
-    def __init__(self, app: Any, api_key: str | None, metrics: ServerMetrics):
+    def __init__(self, app: Any, api_key: str | None, metrics: ServerMetrics, guard: BrowserGuard):
         self.app = app
         self.expected = None if api_key is None else f"Bearer {api_key}".encode()
         self.metrics = metrics
+        self.guard = guard
+
+    def refusal(self, scope: dict) -> tuple[int, dict] | None:
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        if not self.guard.host_ok(headers.get("host")):
+            return 400, error_body(f"Host header {headers.get('host')!r} is not this server's (see --allowed-hosts)",
+                                   param="host", code="invalid_host")
+        if not self.guard.origin_ok(headers.get("origin")):
+            return 403, error_body(f"Origin {headers.get('origin')!r} is not allowed (see --allowed-origins)",
+                                   param="origin", code="origin_not_allowed")
+        has_body = headers.get("content-length", "0") != "0" or "transfer-encoding" in headers
+        if not self.guard.content_type_ok(scope["method"], headers.get("content-type"), has_body):
+            return 415, error_body("POST bodies must be JSON: send Content-Type: application/json",
+                                   param="content-type", code="unsupported_media_type")
+        if self.expected is not None and scope["path"] != "/health":
+            if not hmac.compare_digest(headers.get("authorization", "").encode("latin-1"), self.expected):
+                return 401, error_body("invalid or missing API key (Authorization: Bearer <key>)",
+                                       "invalid_request_error", code="invalid_api_key")
+        return None
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -49,12 +71,9 @@ class GateMiddleware:
             await send(message)
 
         try:
-            if self.expected is not None and path != "/health":
-                got = dict(scope["headers"]).get(b"authorization", b"")
-                if not hmac.compare_digest(got, self.expected):
-                    body = error_body("invalid or missing API key (Authorization: Bearer <key>)",
-                                      "invalid_request_error", code="invalid_api_key")
-                    return await JSONResponse(body, 401)(scope, receive, send_status)
+            refused = self.refusal(scope)
+            if refused is not None:
+                return await JSONResponse(refused[1], refused[0])(scope, receive, send_status)
             await self.app(scope, receive, send_status)
         finally:
             self.metrics.on_http(path if path in _ROUTES else "other", status[0])
@@ -117,7 +136,7 @@ def create_app(tm: TokenizerManager, served_model_name: str, metrics: ServerMetr
         tops = _per_prompt(req.top_logprobs_num, num, "top_logprobs_num")
         reqs, flat_logprob = [], []  # n copies of prompt i follow each other (SGLang's order)
         for i, ids in enumerate(prompts):
-            sp = tm.validate_sampling(params[i])
+            sp = await tm.validate_sampling(params[i])
             copies = tm.make_requests(ids, sp, stream=req.stream, return_logprob=return_logprob[i],
                                       logprob_start_len=starts[i], top_logprobs_num=tops[i], program_id=req.program_id)
             reqs += copies
@@ -157,7 +176,7 @@ def create_app(tm: TokenizerManager, served_model_name: str, metrics: ServerMetr
         cfg["api_key"] = None if config.api_key is None else "***"
         return {**cfg, **info, "num_inflight_requests": len(tm.states), "served_model_name": served_model_name}
 
-    @app.api_route("/flush_cache", methods=["POST", "GET"])
+    @app.post("/flush_cache")  # state-changing routes are POST only
     async def flush_cache() -> JSONResponse:
         ok = await tm.flush_cache()
         if ok:
@@ -174,7 +193,8 @@ def create_app(tm: TokenizerManager, served_model_name: str, metrics: ServerMetr
 
     add_openai_routes(app, tm, served_model_name)
     add_pin_routes(app, tm)
-    app.add_middleware(GateMiddleware, api_key=config.api_key, metrics=metrics)
+    guard = BrowserGuard(config.host, config.port, config.allowed_hosts, config.allowed_origins)
+    app.add_middleware(GateMiddleware, api_key=config.api_key, metrics=metrics, guard=guard)
     return app
 
 

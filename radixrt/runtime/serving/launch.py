@@ -139,9 +139,13 @@ async def _watchdog(tm: Any, procs: dict[str, Any], server: Any, failed: list[st
     while True:
         await asyncio.sleep(WATCHDOG_INTERVAL_S)
         dead = [(n, p) for n, p in procs.items() if not p.is_alive()]
+        reason = None
         if dead:
             n, p = dead[0]
             reason = f"the {n} process died (exit code {p.exitcode})"
+        elif tm.heartbeat_age() > tm.config.watchdog_timeout:
+            reason = f"the scheduler made no progress for {tm.heartbeat_age():.0f} s (watchdog_timeout)"
+        if reason is not None:
             logger.error("%s: failing in-flight requests and shutting down", reason)
             failed.append(reason)
             tm.fail_all(reason)

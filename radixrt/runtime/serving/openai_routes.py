@@ -16,7 +16,8 @@ from radixrt.runtime.request_edge import SequenceResult
 from radixrt.runtime.serving.protocol import (
     SSE_DONE, APIError, ChatCompletionRequest, accumulate, collect_results, CompletionRequest, parse_body, read_body,
     sampling_dict, sse)
-from radixrt.runtime.serving.tokenizer_manager import RequestHandle, TokenizerManager
+from radixrt.runtime.serving.request_handle import RequestHandle
+from radixrt.runtime.serving.tokenizer_manager import TokenizerManager
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
@@ -68,12 +69,12 @@ class OpenAIRoutes:
                             for (lp, t), top in zip(lps[start:], tops[start:])], "refusal": None}
 
     # ---------------------------------------------------------------- shared request flow
-    def _prepare(self, req: Any, prompts: list[list[int]], max_tokens: int | None, return_logprob: bool,
+    async def _prepare(self, req: Any, prompts: list[list[int]], max_tokens: int | None, return_logprob: bool,
                  top_logprobs: int) -> tuple[RequestHandle, list[SequenceResult], int]:
         reqs = []
         for ids in prompts:
             max_new = self.default_max_tokens(len(ids)) if max_tokens is None else max_tokens
-            sp = self.tm.validate_sampling(sampling_dict(req, max_new))
+            sp = await self.tm.validate_sampling(sampling_dict(req, max_new))
             reqs += self.tm.make_requests(ids, sp, stream=req.stream, return_logprob=return_logprob,
                                           top_logprobs_num=top_logprobs)
         handle = self.tm.generate(reqs)
@@ -136,7 +137,7 @@ class OpenAIRoutes:
         if not prompts:
             raise APIError("prompt is empty", param="prompt")
         num_top = req.logprobs or 0
-        handle, results, prompt_tokens = self._prepare(req, prompts, req.max_tokens, req.logprobs is not None, num_top)
+        handle, results, prompt_tokens = await self._prepare(req, prompts, req.max_tokens, req.logprobs is not None, num_top)
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         base = {"id": rid, "object": "text_completion", "created": created, "model": self.model_name}
         echo = [self.tm.tokenizer.decode(ids) if req.echo else "" for ids in prompts for _ in range(req.n)]
@@ -181,7 +182,7 @@ class OpenAIRoutes:
         if req.top_logprobs and not req.logprobs:
             raise APIError("top_logprobs needs logprobs to be true", param="top_logprobs")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        handle, results, prompt_tokens = self._prepare(req, [await self.chat_prompt(req)], max_tokens, req.logprobs,
+        handle, results, prompt_tokens = await self._prepare(req, [await self.chat_prompt(req)], max_tokens, req.logprobs,
                                                        req.top_logprobs or 0)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         base = {"id": rid, "created": created, "model": self.model_name}

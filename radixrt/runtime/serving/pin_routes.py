@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from radixrt.runtime.core.pins import MAX_PIN_TTL_S
 from radixrt.runtime.messages import UnpinReq
 from radixrt.runtime.request_edge import SequenceResult
 from radixrt.runtime.serving.protocol import APIError, collect_results, parse_body, read_body
@@ -21,7 +22,7 @@ class PinPrefixRequest(BaseModel):
     text: str | None = None
     input_ids: list[int] | None = None
     program_id: str | None = None
-    ttl_s: float = Field(default=600.0, gt=0, le=86400)
+    ttl_s: float = Field(default=600.0, gt=0, le=MAX_PIN_TTL_S)
 
 
 class UnpinRequest(BaseModel):
@@ -38,13 +39,12 @@ def add_pin_routes(app: FastAPI, tm: Any) -> None:
         if (req.text is None) == (req.input_ids is None):
             raise APIError("give exactly one of text and input_ids", param="text")
         ids = (await tm.encode([req.text]))[0] if req.text is not None else req.input_ids
-        reqs = tm.make_requests(ids, tm.validate_sampling({"max_new_tokens": 0}), stream=False,
+        reqs = tm.make_requests(ids, await tm.validate_sampling({"max_new_tokens": 0}), stream=False,
                                 program_id=req.program_id, pin_ttl_s=req.ttl_s)
         handle = tm.generate(reqs)
         res = SequenceResult(reqs[0].rid)
         await collect_results(request, handle, [res])
-        pinned = bool((res.finished_reason or {}).get("pinned"))
-        return {"handle": reqs[0].rid if pinned else None, "prompt_tokens": res.prompt_tokens,
+        return {"handle": (res.finished_reason or {}).get("pin_handle"), "prompt_tokens": res.prompt_tokens,
                 "cached_tokens": res.cached_tokens}
 
     @app.post("/unpin")

@@ -262,7 +262,7 @@ def raise_error(res: SequenceResult) -> None:
     if res.server_error:
         raise APIError(res.error or "the server failed", 503, "server_error")
     if res.error:
-        raise APIError(res.error, 400)
+        raise APIError(res.error, res.error_status, "server_error" if res.error_status >= 500 else "invalid_request_error")
 
 
 def error_event(res: SequenceResult) -> bytes | None:

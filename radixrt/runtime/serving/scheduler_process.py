@@ -42,6 +42,7 @@ class SchedulerLoop:
         self.pull = pull
         self.to_detokenizer = to_detokenizer
         self.to_tokenizer = to_tokenizer
+        self.info_takes_walk = _takes_walk(scheduler)
 
     def send_outputs(self, outs: list[TokenOut]) -> None:
         if outs:
@@ -61,7 +62,9 @@ class SchedulerLoop:
         elif isinstance(msg, HealthCheckReq):
             self.to_tokenizer.send(messages.encode(HealthCheckOut(probe_id=msg.probe_id)))
         elif isinstance(msg, GetServerInfoReq):
-            self.to_tokenizer.send(messages.encode(SchedulerInfo(info=s.server_info())))
+            # the integrity walk only when idle: a scrape (/metrics, /get_server_info) never costs a step
+            info = s.server_info(walk=not s.has_work()) if self.info_takes_walk else s.server_info()
+            self.to_tokenizer.send(messages.encode(SchedulerInfo(info=info)))
         elif isinstance(msg, UnpinReq):
             s.unpin(msg.handle)
         elif isinstance(msg, FlushCacheReq):
@@ -78,7 +81,10 @@ class SchedulerLoop:
                 data = self.pull.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            self.handle(messages.decode(data))
+            try:
+                self.handle(messages.decode(data))
+            except Exception:  # one bad message (or a bug handling it) must not end the loop
+                logger.exception("handling a message failed; the loop goes on")
 
     def run(self, flag: StopFlag) -> None:
         s = self.scheduler
@@ -95,6 +101,12 @@ class SchedulerLoop:
             self.send_outputs(outs)
             ran = before is None or getattr(stats, "num_forwards", None) != before
             idle_steps = 0 if (ran or outs) else idle_steps + 1
+
+
+def _takes_walk(scheduler: Any) -> bool:
+    """Test fakes may implement server_info() without the walk flag."""
+    import inspect
+    return "walk" in inspect.signature(scheduler.server_info).parameters
 
 
 def run_scheduler_process(config_dict: dict[str, Any], in_path: str, detokenizer_path: str, tokenizer_path: str,

@@ -2,14 +2,13 @@
 
 Everything that can be checked is checked here, so a bad request is a 4xx and never reaches the
 scheduler. Each scheduler request (one per sequence: n>1 is expanded into rid-0..rid-{n-1})
-has a state whose queue receives its text deltas; a `RequestHandle` iterates the deltas of one
-HTTP request and aborts whatever is unfinished when it is closed (client gone, error, timeout).
+has a state whose queue receives its text deltas; a `RequestHandle` (request_handle.py) iterates
+the deltas of one HTTP request and aborts whatever is unfinished when it is closed.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import itertools
 import logging
 import time
@@ -26,61 +25,15 @@ from radixrt.runtime.messages import (
     AbortReq, BatchTextOut, FlushCacheOut, FlushCacheReq, GetServerInfoReq, HealthCheckOut, HealthCheckReq,
     SchedulerInfo, TokenizedGenerateReq)
 from radixrt.runtime.serving.metrics import ServerMetrics
+from radixrt.runtime.serving.request_handle import ReqState, RequestHandle
 from radixrt.runtime.serving.protocol import APIError, from_value_error
 from radixrt.runtime.request_edge import EdgeLimits, RequestError, check_prompt, constraint_of, expand_n
 from radixrt.runtime.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
-
-@dataclasses.dataclass
-class _ReqState:
-    rid: str
-    index: int  # position of this sequence in its HTTP request's outputs
-    queue: asyncio.Queue
-    stream: bool
-    created: float = dataclasses.field(default_factory=time.monotonic)
-    last_token_time: float | None = None
-
-
-class RequestHandle:
-    """Async iterator of (index, output dict) for the sequences of one HTTP request."""
-
-    def __init__(self, tm: "TokenizerManager", reqs: list[TokenizedGenerateReq], queue: asyncio.Queue):
-        self.tm = tm
-        self.reqs = reqs
-        self.queue = queue
-        self.unfinished = {r.rid for r in reqs}
-        timeout = tm.config.request_timeout
-        self.deadline = None if timeout is None else time.monotonic() + timeout
-
-    def __aiter__(self) -> "RequestHandle":
-        return self
-
-    async def __anext__(self) -> tuple[int, dict[str, Any]]:
-        if not self.unfinished:
-            raise StopAsyncIteration
-        try:
-            if self.deadline is None:
-                index, out = await self.queue.get()
-            else:
-                index, out = await asyncio.wait_for(self.queue.get(), max(0.0, self.deadline - time.monotonic()))
-        except asyncio.TimeoutError:
-            rid = next(iter(sorted(self.unfinished)))
-            self.tm.abort(rid)
-            self.unfinished.discard(rid)
-            index = [r.rid for r in self.reqs].index(rid)
-            msg = f"request timed out after {self.tm.config.request_timeout} s"
-            return index, {"rid": rid, "new_ids": [], "text": "", "finished_reason": {"type": "abort", "message": msg}}
-        if out.get("finished_reason") is not None:
-            self.unfinished.discard(out["rid"])
-        return index, out
-
-    def close(self) -> None:
-        """Abort every unfinished sequence (pages go back at once). Never awaits: safe while cancelled."""
-        for rid in self.unfinished:
-            self.tm.abort(rid)
-        self.unfinished.clear()
+HEARTBEAT_INTERVAL_S = 1.0
+HEARTBEAT_PROBE_ID = -1  # health probes of /health count up from 0
 
 
 class TokenizerManager:
@@ -95,7 +48,7 @@ class TokenizerManager:
         self.tokenizer = load_tokenizer(config.model_path)
         self.model_info: dict[str, Any] = {}
         self.startup_server_info: dict[str, Any] = {}
-        self.states: dict[str, _ReqState] = {}
+        self.states: dict[str, ReqState] = {}
         self.dead_reason: str | None = None  # set by the watchdog when a child process died
         self._rid_prefix = uuid.uuid4().hex[:8]
         self._rid_counter = itertools.count()
@@ -105,6 +58,8 @@ class TokenizerManager:
         self._probe_ids = itertools.count()
         self._grammar = None
         self._recv_task: asyncio.Task | None = None
+        self._heartbeat_task: asyncio.Task | None = None
+        self.last_heartbeat = time.monotonic()  # the scheduler loop's last answer to anything
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, procs: dict[str, Any], timeout: float = 600.0) -> None:
@@ -122,11 +77,16 @@ class TokenizerManager:
         self.startup_server_info = info["scheduler"]["server_info"]
         self._grammar = await asyncio.to_thread(self._make_grammar_backend)  # ~0.5 s: walks the vocabulary
         self._recv_task = asyncio.create_task(self._recv_loop())
+        self.last_heartbeat = time.monotonic()
+        self._heartbeat_task = asyncio.create_task(self._heartbeat_loop())
 
     async def close(self) -> None:
-        if self._recv_task is not None:
-            self._recv_task.cancel()
-            await asyncio.gather(self._recv_task, return_exceptions=True)
+        if self._grammar is not None:
+            self._grammar.shutdown()
+        for task in (self._recv_task, self._heartbeat_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         for sock in (getattr(self, "_pull", None), getattr(self, "_push", None)):
             if sock is not None:
                 sock.close(linger=0)
@@ -147,15 +107,28 @@ class TokenizerManager:
             if isinstance(msg, BatchTextOut):
                 self._dispatch(msg.outputs)
             elif isinstance(msg, SchedulerInfo):
+                self.last_heartbeat = time.monotonic()
                 _resolve_next(self._info_waiters, msg.info)
             elif isinstance(msg, FlushCacheOut):
                 _resolve_next(self._flush_waiters, msg.success)
             elif isinstance(msg, HealthCheckOut):
+                self.last_heartbeat = time.monotonic()
                 fut = self._health_waiters.pop(msg.probe_id, None)
                 if fut is not None and not fut.done():
                     fut.set_result(True)
             else:
                 logger.warning("unexpected message %s", type(msg).__name__)
+
+    async def _heartbeat_loop(self) -> None:
+        """Probe the scheduler loop every HEARTBEAT_INTERVAL_S; it answers between steps. The watchdog
+        (launch.py) reads last_heartbeat: a loop that stops answering is a hung scheduler."""
+        while True:
+            await asyncio.sleep(HEARTBEAT_INTERVAL_S)
+            if self.dead_reason is None:
+                self._send(HealthCheckReq(probe_id=HEARTBEAT_PROBE_ID))
+
+    def heartbeat_age(self) -> float:
+        return time.monotonic() - self.last_heartbeat
 
     def _dispatch(self, outputs: list[dict[str, Any]]) -> None:
         now = time.monotonic()
@@ -170,6 +143,8 @@ class TokenizerManager:
                 else:
                     self.metrics.on_next_tokens(now - st.last_token_time, num_new)
                 st.last_token_time = now
+            if out.get("abort_scheduler") and self.dead_reason is None:
+                self._send(AbortReq(rid=st.rid))  # the detokenizer failed it; the scheduler still runs it
             if out.get("finished_reason") is not None:
                 del self.states[st.rid]
                 self.metrics.on_finish(out, now - st.created)
@@ -212,14 +187,14 @@ class TokenizerManager:
             return [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
         return run() if sum(len(t) for t in texts) < 20_000 else await asyncio.to_thread(run)
 
-    def validate_sampling(self, params: dict[str, Any] | None) -> SamplingParams:
+    async def validate_sampling(self, params: dict[str, Any] | None) -> SamplingParams:
         try:
             sp = SamplingParams.from_dict(params)
         except (ValueError, TypeError) as e:  # TypeError: a non-dict
             raise from_value_error(ValueError(str(e))) from None
         constraint = constraint_of(sp)
         if constraint is not None:
-            self._validate_constraint(*constraint)
+            await self._validate_constraint(*constraint)
         return sp
 
     def _make_grammar_backend(self) -> Any:
@@ -229,13 +204,18 @@ class TokenizerManager:
         except ImportError:
             return None  # then the scheduler refuses a bad constraint itself (an abort with the error)
         return GrammarBackend(self.tokenizer, int(self.model_info["vocab_size"]), list(self.model_info["eos_token_ids"]),
-                              cache_size=self.config.grammar_cache_size)
+                              cache_size=self.config.grammar_cache_size, compile_timeout=self.config.grammar_compile_timeout,
+                              enable_jump_forward=False, index=False,
+                              compile_workers=self.config.grammar_compile_workers,
+                              compile_memory_mb=self.config.grammar_compile_memory_mb)
 
-    def _validate_constraint(self, kind: str, spec: Any) -> None:
+    async def _validate_constraint(self, kind: str, spec: Any) -> None:
+        """Schema normalisation can be slow or explosive: it runs in the grammar workers (killed at the
+        compile timeout), awaited on a thread, so the event loop (/health, every stream) never waits."""
         if self._grammar is None:
             return
         try:
-            self._grammar.validate(kind, spec)
+            await asyncio.to_thread(self._grammar.validate, kind, spec)
         except ValueError as e:
             raise APIError(f"invalid {kind}: {e}", param=kind) from None
 
@@ -258,15 +238,25 @@ class TokenizerManager:
 
     def generate(self, reqs: list[TokenizedGenerateReq]) -> RequestHandle:
         self.check_alive()
+        if len(reqs) > self.config.max_prompts_per_request:
+            raise APIError(f"the request asks for {len(reqs)} sequences (prompts x n); at most "
+                           f"{self.config.max_prompts_per_request} are allowed (max_prompts_per_request)",
+                           param="prompt")
         limit = self.config.max_running_requests + self.config.max_waiting_requests
         if len(self.states) + len(reqs) > limit:
             raise APIError(f"too many requests in flight ({len(self.states)}); try again later", 503,
                            "server_overloaded")
+        # encode all first: a request that cannot be sent (it never should, after the edge's bounds)
+        # is refused whole and leaves nothing registered behind
+        try:
+            frames = [messages.encode(r) for r in reqs]
+        except (TypeError, ValueError, OverflowError) as e:
+            raise APIError(f"the request cannot be sent to the scheduler: {e}", 400) from None
         queue: asyncio.Queue = asyncio.Queue()
         for i, r in enumerate(reqs):
-            self.states[r.rid] = _ReqState(rid=r.rid, index=i, queue=queue, stream=r.stream)
-        for r in reqs:
-            self._send(r)
+            self.states[r.rid] = ReqState(rid=r.rid, index=i, queue=queue, stream=r.stream)
+        for frame in frames:
+            self._push.send(frame)
         self.metrics.inflight.set(len(self.states))
         return RequestHandle(self, reqs, queue)
 

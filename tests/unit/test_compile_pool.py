@@ -1,0 +1,78 @@
+"""Grammar compiles in worker processes: a compile past its deadline is killed (its CPU stops at once),
+one past its memory limit dies alone, a full queue refuses, and the pool keeps working after each."""
+import time
+
+import psutil
+import pytest
+from outlines_core import Vocabulary
+
+from radixrt.runtime.constrained.compile_pool import CompilePool
+from radixrt.runtime.constrained.regex_builder import GrammarError
+from radixrt.runtime.constrained.spec import MAX_SCHEMA_DEPTH, grammar_key
+
+TOKENS = {"a": [1], "b": [2], "ab": [3], "{": [4], "}": [5], '"': [6], "1": [7], ":": [8]}
+EXPLOSIVE = "(a|b)*a(a|b){22}"  # its DFA has 2^23 states
+
+
+@pytest.fixture
+def pool():
+    p = CompilePool(1, TOKENS, 0, memory_bytes=512 << 20, max_pending=3)
+    yield p
+    p.shutdown()
+
+
+def worker_pids(p: CompilePool) -> list[int]:
+    return [w.proc.pid for w in p._workers]  # noqa: SLF001 (the test inspects the pool it checks)
+
+
+def test_a_good_grammar_compiles_to_a_working_index(pool):
+    import pickle
+    rx, blob = pool.submit("index", grammar_key("regex", "(a|b)+"), 30).result()
+    index = pickle.loads(blob)
+    state = index.get_next_state(index.get_initial_state(), 1)
+    assert rx == "(a|b)+" and index.is_final_state(state)
+    assert index.get_next_state(index.get_initial_state(), 4) is None  # "{" is not allowed
+    assert isinstance(Vocabulary(0, TOKENS), Vocabulary)
+
+
+def test_a_compile_past_its_deadline_is_killed_and_the_pool_recovers(pool):
+    pool.submit("regex", grammar_key("regex", "a"), 30).result()  # a live worker
+    (pid,) = worker_pids(pool)
+    started = time.monotonic()
+    with pytest.raises(GrammarError, match="longer than its time limit"):
+        pool.submit("index", grammar_key("regex", EXPLOSIVE), 2).result()
+    assert time.monotonic() - started < 6
+    assert pool.num_killed == 1
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, "still burning CPU"
+    assert pool.submit("index", grammar_key("regex", "ab"), 30).result()[0] == "ab"  # a fresh worker
+
+
+def test_a_compile_past_its_memory_limit_fails_alone(pool):
+    with pytest.raises(GrammarError, match="worker|MiB|cannot compile"):
+        pool.submit("index", grammar_key("regex", "a{100000000}"), 30).result()
+    assert pool.submit("index", grammar_key("regex", "b+"), 30).result()[0] == "b+"
+
+
+def test_a_full_queue_refuses_at_once(pool):
+    futures = [pool.submit("index", grammar_key("regex", EXPLOSIVE), 3)]
+    deadline = time.monotonic() + 5
+    while pool._pending and time.monotonic() < deadline:  # noqa: SLF001 (wait until the worker took it)
+        time.sleep(0.01)
+    futures += [pool.submit("index", grammar_key("regex", f"{EXPLOSIVE}{'b' * i}"), 3) for i in range(1, 4)]
+    with pytest.raises(GrammarError, match="too many grammars"):
+        pool.submit("index", grammar_key("regex", "a"), 30).result(timeout=1)
+    for f in futures:
+        with pytest.raises(GrammarError):
+            f.result()
+
+
+def test_schema_size_is_bounded_before_any_normalisation():
+    deep = {"type": "object"}
+    for _ in range(MAX_SCHEMA_DEPTH + 1):
+        deep = {"type": "object", "properties": {"x": deep}}
+    with pytest.raises(GrammarError, match="deeper"):
+        grammar_key("json_schema", deep)
+    wide = {"anyOf": [{"const": i} for i in range(20_000)]}
+    with pytest.raises(GrammarError, match="more than"):
+        grammar_key("json_schema", wide)
+    grammar_key("json_schema", {"type": "object", "properties": {"a": {"type": "integer"}}})  # fine
