@@ -13,7 +13,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv 2>&1 | tee "
 "$py" -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)" \
   2>&1 | tee -a "$out_dir/device.txt"
 
-timeout 330 "$py" -m pytest -q -m gpu tests/gpu/test_attention_gpu.py -p no:cacheprovider --timeout 240 \
+timeout 420 "$py" -m pytest -q -m gpu tests/gpu -p no:cacheprovider --timeout 300 \
   --durations=8 -rfE 2>&1 | tee "$out_dir/gpu_tests.txt"
 tests_rc=${PIPESTATUS[0]}
 

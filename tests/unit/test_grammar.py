@@ -171,7 +171,6 @@ def test_choices_multibyte(backend, tokenizer, vocab_size):
 
 
 def test_bad_specs_fail_fast(backend):
-    start = time.perf_counter()
     for kind, spec, word in [("regex", "(?=a)b", "lookahead"), ("json_schema", "{not json", "not valid JSON"),
                              ("json_schema", {"type": "array", "uniqueItems": True}, "uniqueItems"),
                              ("choices", [], "choices"), ("grammar", "x", "kind")]:
@@ -184,7 +183,7 @@ def test_bad_specs_fail_fast(backend):
             time.sleep(0.005)
         with pytest.raises(GrammarError):
             fut.result()
-    assert time.perf_counter() - start < 10
+    assert backend.pool.num_killed == 0, "a bad constraint ran into the compile timeout instead of being refused"
     with pytest.raises(GrammarError, match="regex"):  # Rust syntax error, found by the compiler
         compiled(backend, "regex", "a{")
 
@@ -201,9 +200,8 @@ class TinyTokenizer:
 def test_compile_timeout_fails_request_without_hanging():
     backend = GrammarBackend(TinyTokenizer(), 5, [0], compile_timeout=1.0)
     slow = "(a|b)*a(a|b){22}"  # 2^23 DFA states: far longer than the timeout
-    start = time.monotonic()
     fut = backend.request("regex", slow)
-    assert time.monotonic() - start < 0.05  # request never blocks
+    assert not fut.done()  # request returned while the compile runs: it never blocks
     while not fut.done():
         time.sleep(0.005)
     with pytest.raises(GrammarError, match="longer than"):

@@ -334,3 +334,27 @@ def test_one_pin_is_capped_at_a_quarter_of_the_pool_and_its_ttl_is_capped():
     assert s.pins.expiry(handle) <= time.monotonic() + MAX_PIN_TTL_S + 1
     assert s.unpin(handle)
     assert_all_pages_back(s)
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_abort_in_the_middle_of_a_chunked_prefill(page_size):
+    """A long prompt prefilled in small chunks, aborted after two of them: the abort ends it at once,
+    its partial KV goes into the tree (page-aligned) or back to the pool, integrity holds, every page
+    comes back, and sending it again gives the reference output."""
+    s = make(page_size=page_size, num_tokens=400, chunk=16)
+    rng = random.Random(page_size)
+    p = [rng.randrange(1, VOCAB) for _ in range(100)]
+    submit(s, "long", p, max_new_tokens=6)
+    s.step()
+    s.step()
+    (req,) = s.running
+    assert 0 < req.kv_len < len(p) and not req.output_ids, "not in the middle of its prefill"
+    outs = s.abort("long")
+    assert outs[-1].finished_reason["type"] == "abort" and not s.running and not s.waiting
+    s.check_integrity()
+    assert s.tree.protected_pages == 0
+    submit(s, "again", p, max_new_tokens=6)
+    outs = drain(s)
+    assert ids(outs, "again") == reference_output(p, 6, VOCAB, 0)
+    assert outs["again"][-1].cached_tokens == (32 // page_size) * page_size  # the aborted chunks were kept
+    assert_all_pages_back(s)
