@@ -56,6 +56,9 @@ def check_prompt(input_ids: Any, sp: SamplingParams, limits: EdgeLimits, *, retu
     if n >= limits.context_len:
         raise RequestError(f"the prompt has {n} tokens but this model's context length is {limits.context_len}",
                            param="prompt", code="context_length_exceeded")
+    if sp.max_new_tokens > limits.context_len:
+        raise RequestError(f"max_new_tokens is {sp.max_new_tokens} but this model's context length is "
+                           f"{limits.context_len}", param="max_tokens", code="context_length_exceeded")
     bad_stop = [t for t in sp.stop_token_ids if t >= vocab]
     if bad_stop:
         raise RequestError(f"stop_token_ids must be token ids in [0, {vocab}), got {bad_stop[:3]}",

@@ -45,6 +45,7 @@ HOSTILE = [
     ("repetition_penalty 1e-300 with top_p", "/generate", sp(repetition_penalty=1e-300, top_p=0.5), {}, {400},
      "repetition_penalty"),
     ("max_new_tokens 2^70", "/generate", sp(max_new_tokens=BIG), {}, {400}, "max_new_tokens"),
+    ("max_new_tokens past the context", "/generate", sp(max_new_tokens=10 ** 6), {}, {400}, "max_tokens"),
     ("top_k 2^70", "/generate", sp(top_k=BIG), {}, {400}, "top_k"),
     ("stop id 2^70", "/generate", sp(stop_token_ids=[BIG]), {}, {400}, "stop_token_ids"),
     ("temperature NaN", "/generate", b'{"text":"hi","sampling_params":{"temperature":NaN}}', {}, {400}, ""),
@@ -141,8 +142,9 @@ def test_hostile_inputs_are_refused_and_the_server_keeps_serving(server):
         err = r.json()["error"]
         assert word.lower() in json.dumps(err).lower(), (label, err)
         assert httpx.get(server.url + "/health", timeout=30).status_code == 200, label
-        if i % 8 == 0:
-            plain_works(server)
+        plain_works(server)
+        info = httpx.get(server.url + "/get_server_info", timeout=30).json()  # idle: a full integrity walk
+        assert info["integrity_ok"] and info["num_running"] == 0, (label, info["integrity_error"])
         held += 1
     assert httpx.get(server.url + "/flush_cache", timeout=30).status_code == 405  # state changes are POST only
     plain_works(server)
