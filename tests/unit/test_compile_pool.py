@@ -47,6 +47,16 @@ def test_a_compile_past_its_deadline_is_killed_and_the_pool_recovers(pool):
     assert pool.submit("index", grammar_key("regex", "ab"), 30).result()[0] == "ab"  # a fresh worker
 
 
+def test_a_worker_that_died_while_idle_is_replaced(pool):
+    """An idle worker killed from outside (the OOM killer, say): the next job still runs, on a new one."""
+    pool.submit("regex", grammar_key("regex", "a"), 30).result()
+    (pid,) = worker_pids(pool)
+    psutil.Process(pid).kill()
+    psutil.Process(pid).wait(10)
+    assert pool.submit("index", grammar_key("regex", "a+b"), 30).result(timeout=60)[0] == "a+b"
+    assert worker_pids(pool) != [pid]
+
+
 def test_a_compile_past_its_memory_limit_fails_alone(pool):
     with pytest.raises(GrammarError, match="worker|MiB|cannot compile"):
         pool.submit("index", grammar_key("regex", "a{100000000}"), 30).result()

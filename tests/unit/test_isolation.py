@@ -64,7 +64,7 @@ def check(s: Scheduler, outs: dict, prompts: dict, failed: set[str], max_new: in
     assert s.memory.rows.num_free == s.memory.rows.num_rows, "table rows leaked"
 
 
-@pytest.mark.parametrize("stage", ["intake", "sample", "apply"])
+@pytest.mark.parametrize("stage", ["intake", "plan", "sample", "apply"])
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_a_fault_pinned_on_one_request_fails_it_alone(stage, page_size):
     s = make(f"{stage}:{MARK}", page_size)
@@ -90,7 +90,7 @@ def test_a_forward_fault_fails_its_step_and_the_loop_recovers():
 
 
 def test_an_injected_fault_in_every_stage_at_once_never_stops_the_scheduler():
-    s = make(",".join(f"{st}:{MARK}" for st in ("intake", "grammar", "forward", "sample", "apply")))
+    s = make(",".join(f"{st}:{MARK}" for st in ("intake", "grammar", "plan", "forward", "sample", "apply")))
     prompts = prompts_with_culprit(random.Random(11))
     outs = run(s, prompts)
     assert outs["bad"][-1].finished_reason["type"] == "abort"

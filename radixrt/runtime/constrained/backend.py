@@ -24,11 +24,12 @@ import pickle
 import threading
 import time
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from outlines_core import Index, Vocabulary
 
-from radixrt.runtime.constrained.compile_pool import CompilePool
+from radixrt.runtime.constrained.compile_pool import CompilePool, TransientGrammarError
 from radixrt.runtime.constrained.draft import Drafter, VocabBytes
 from radixrt.runtime.constrained.regex_builder import GrammarError
 from radixrt.runtime.constrained.spec import KINDS, grammar_key, spec_regex
@@ -99,7 +100,11 @@ class GrammarBackend:
         with self._lock:
             if key in self._valid or key in self._cache:
                 return
-        self.pool.submit("regex", key, self.compile_timeout).result()
+        try:
+            # bounded wait: the pool settles every job by its deadline; the margin covers a worker's start
+            self.pool.submit("regex", key, self.compile_timeout).result(timeout=self.compile_timeout + 30)
+        except FutureTimeout:
+            raise TransientGrammarError(f"validating the {kind} grammar did not finish in time") from None
         with self._lock:
             self._valid[key] = None
             while len(self._valid) > self.cache_size:
@@ -119,7 +124,9 @@ class GrammarBackend:
             result, size = GrammarError(f"{key[0]} grammar: {type(e).__name__}: {e}"), 0
         with self._lock:
             self._pending.pop(key, None)
-            if size <= self.cache_bytes:
+            # a verdict on the grammar is cached; "could not judge it now" (busy, timed out under load, a
+            # crashed worker) is not, or one bad moment would refuse that grammar until evicted
+            if size <= self.cache_bytes and not isinstance(result, TransientGrammarError):
                 self._cache[key] = (result, size)
                 self._cached_bytes += size
             while self._cache and (len(self._cache) > self.cache_size or self._cached_bytes > self.cache_bytes):

@@ -53,6 +53,19 @@ class _Worker:
                 pass
 
 
+class TransientGrammarError(GrammarError):
+    """The pool could not judge the grammar (busy, a worker died, shut down, out of time under load):
+    not a verdict on the grammar, so it is never cached."""
+
+
+def _settle(future: Future, exc: Exception | None = None, result: Any = None) -> None:
+    if not future.done():
+        if exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+
+
 class CompilePool:
     def __init__(self, num_workers: int = 1, token_map: dict | None = None, fsm_eos: int | None = None,
                  memory_bytes: int = 2 << 30, max_pending: int = 64):
@@ -61,35 +74,43 @@ class CompilePool:
         self.max_pending = max_pending
         self._lock = threading.Lock()
         self._pending: collections.deque[tuple[Future, float, str, tuple]] = collections.deque()
-        self._workers: list[_Worker] = []
+        self._workers: list[_Worker] = []  # touched by the pool thread only (and shutdown)
         self._thread: threading.Thread | None = None
         self._closed = False
         self.num_killed = 0  # workers killed at a deadline (or dead of their own accord)
 
     def submit(self, job: str, key: tuple, timeout: float) -> Future:
-        """Future of the job's result; GrammarError when it fails, times out, or too much is pending."""
+        """Future of the job's result; GrammarError when it fails, TransientGrammarError when the pool
+        could not judge it (timeout, too much pending, a crashed worker, shut down)."""
         future: Future = Future()
         with self._lock:
             if self._closed:
-                future.set_exception(GrammarError("the grammar compiler is shut down"))
+                future.set_exception(TransientGrammarError("the grammar compiler is shut down"))
                 return future
             if len(self._pending) >= self.max_pending:
-                future.set_exception(GrammarError(f"too many grammars are compiling ({self.max_pending} waiting); "
-                                                  f"try again later"))
+                future.set_exception(TransientGrammarError(
+                    f"too many grammars are compiling ({self.max_pending} waiting); try again later"))
                 return future
             self._pending.append((future, time.monotonic() + timeout, job, key))
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="grammar-pool", daemon=True)
                 self._thread.start()
         return future
 
     def _run(self) -> None:
+        """Never dies while the pool is open: whatever goes wrong fails the jobs it touched, not the thread."""
         while not self._closed:
             try:
                 self._step()
-            except (OSError, ValueError):  # a worker's pipe closed under us by shutdown()
-                if not self._closed:
-                    raise
+            except Exception as e:  # a pipe closed under us, a worker that cannot start, ...
+                if self._closed:
+                    return
+                for w in list(self._workers):
+                    if w.job is not None:
+                        _settle(w.job[0], TransientGrammarError(f"the grammar compiler failed: {e}"))
+                    w.kill()
+                self._workers = []
+                time.sleep(POLL_S)
 
     def _step(self) -> None:
         self._dispatch()
@@ -105,21 +126,33 @@ class CompilePool:
                 self._fail(w, f"compiling the {w.job[2][0]} grammar took longer than its time limit "
                               f"(grammar_compile_timeout); the compile was stopped")
 
-    def _dispatch(self) -> None:
+    def _next_job(self) -> tuple[Future, float, str, tuple] | None:
         with self._lock:
             while self._pending:
-                idle = next((w for w in self._workers if w.job is None), None)
-                if idle is None and len(self._workers) < self.num_workers:
-                    idle = _Worker(self._args)
-                    self._workers.append(idle)
-                if idle is None:
-                    return
-                future, deadline, job, key = self._pending.popleft()
-                if time.monotonic() >= deadline:
-                    future.set_exception(GrammarError(f"the {key[0]} grammar waited past its time limit to compile"))
-                    continue
-                idle.job = (future, deadline, key)
+                item = self._pending.popleft()
+                if time.monotonic() < item[1]:
+                    return item
+                _settle(item[0], TransientGrammarError(f"the {item[3][0]} grammar waited past its time limit"))
+        return None
+
+    def _dispatch(self) -> None:
+        while self._pending:
+            self._workers = [w for w in self._workers if w.job is not None or w.proc.poll() is None]
+            idle = next((w for w in self._workers if w.job is None), None)
+            if idle is None and len(self._workers) < self.num_workers:
+                idle = _Worker(self._args)  # outside the lock: submit() never waits for a start-up
+                self._workers.append(idle)
+            if idle is None:
+                return
+            item = self._next_job()
+            if item is None:
+                return
+            future, deadline, job, key = item
+            idle.job = (future, deadline, key)
+            try:
                 idle.send((job, key))
+            except (OSError, ValueError):
+                self._fail(idle, f"the {key[0]} grammar's worker was gone")
 
     def _collect(self, worker: _Worker) -> None:
         future, _, key = worker.job
@@ -130,29 +163,30 @@ class CompilePool:
             return
         worker.job = None
         if status == "ok":
-            future.set_result(value)
+            _settle(future, result=value)
         else:
-            future.set_exception(GrammarError(value))
+            _settle(future, GrammarError(value))  # the worker's verdict on the grammar itself
 
     def _fail(self, worker: _Worker, message: str) -> None:
-        """Kill the worker (its CPU and memory come back at once) and fail its job; a new worker
-        replaces it on the next dispatch."""
+        """Kill the worker (its CPU and memory come back at once) and fail its job; a replacement
+        starts at once, so the next job need not wait for it."""
         future = worker.job[0]
         worker.kill()
         self.num_killed += 1
-        with self._lock:
-            self._workers.remove(worker)
-            self._workers.append(_Worker(self._args))  # starts now: the next job need not wait for it
-        future.set_exception(GrammarError(message))
+        self._workers.remove(worker)
+        _settle(future, TransientGrammarError(message))
+        if not self._closed:
+            self._workers.append(_Worker(self._args))
 
     def shutdown(self) -> None:
         with self._lock:
             self._closed = True
             pending, self._pending = list(self._pending), collections.deque()
-            workers, self._workers = self._workers, []
+        workers, self._workers = self._workers, []
         for future, *_ in pending:
-            future.set_exception(GrammarError("the grammar compiler is shut down"))
+            _settle(future, TransientGrammarError("the grammar compiler is shut down"))
         for w in workers:
-            if w.job is not None:
-                w.job[0].set_exception(GrammarError("the grammar compiler is shut down"))
+            job = w.job
+            if job is not None:
+                _settle(job[0], TransientGrammarError("the grammar compiler is shut down"))
             w.kill()

@@ -53,6 +53,8 @@ def serve(inp: BinaryIO, out: BinaryIO) -> None:
 
     token_map, fsm_eos, memory_bytes = read_frame(inp)
     _die_with_parent()
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group; the server stops us
     try:
         os.nice(WORKER_NICENESS)  # decoding comes first
     except OSError:

@@ -6,6 +6,9 @@ fairness). Admission borrows the longest cached prefix from the radix tree.
 """
 from __future__ import annotations
 
+import logging
+from typing import Callable
+
 from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.core import schedule_policy as policy
 from radixrt.runtime.core.plan import PlanItem
@@ -13,6 +16,9 @@ from radixrt.runtime.core.radix_cache import RadixCache
 from radixrt.runtime.core.req import Req
 from radixrt.runtime.core.req_memory import ReqMemory
 from radixrt.runtime.core.scheduler_stats import SchedulerStats
+
+
+log = logging.getLogger(__name__)
 
 
 def wants_prompt_logprobs(req: Req) -> bool:
@@ -81,3 +87,23 @@ class Admission:
             budget -= target - cached
             reserve += int(req.sampling.max_new_tokens * policy.NEW_TOKEN_RESERVE_RATIO)
         return items
+
+    @staticmethod
+    def collect_grammars(waiting: list[Req], check_fault: Callable, fail: Callable) -> None:
+        """Waiting requests whose grammar compile finished get it (then they can be admitted), or fail
+        alone: 400 when the grammar was refused (a ValueError), 500 for anything else."""
+        for req in list(waiting):
+            fut = req.grammar_future
+            if fut is None or not fut.done():
+                continue
+            req.grammar_future = None
+            try:
+                check_fault("grammar", req.origin_input_ids)
+                req.grammar = fut.result()
+            except Exception as e:
+                waiting.remove(req)
+                if isinstance(e, ValueError):
+                    fail(req, str(e), 400, f"invalid constraint: {e}")
+                else:
+                    log.exception("collecting the grammar of %s failed", req.rid)
+                    fail(req, f"internal error: {type(e).__name__}: {e}", 500)

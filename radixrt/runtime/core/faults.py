@@ -5,6 +5,7 @@ Off unless the environment names faults: RADIXRT_FAULT_INJECTION="stage:token_id
 A request whose prompt contains token_id raises InjectedFault in that stage. Stages:
   intake   while the scheduler takes the request in
   grammar  while its compiled grammar is collected
+  plan     while its decode item is planned (drafts, sampling rows)
   forward  in the forward pass of any step that carries it (not attributable to one request)
   sample   while its token is picked (attributable: PlanItemError for its item)
   apply    while its sampled token is applied (stop strings, grammar, finish rules)
@@ -17,7 +18,7 @@ import os
 from radixrt.runtime.core.plan import PlanItemError
 
 ENV_VAR = "RADIXRT_FAULT_INJECTION"
-STAGES = ("intake", "grammar", "forward", "sample", "apply")
+STAGES = ("intake", "grammar", "plan", "forward", "sample", "apply")
 
 
 class InjectedFault(RuntimeError):

@@ -122,7 +122,7 @@ class Scheduler:
 
     def step(self) -> list[TokenOut]:
         self.pins.expire()
-        self._collect_grammars()
+        self.admission.collect_grammars(self.waiting, self.faults.check, self._fail)
         plan = self._plan()
         if plan:
             self.stats.num_forwards += 1
@@ -148,6 +148,8 @@ class Scheduler:
             req.draft_ids, req.draft_states = [], []
             if i in culprits and not req.finished:
                 self._fail(req, f"internal error: {type(error).__name__}: {error}", 500)
+            elif req.table_row is not None:
+                self.memory.trim(req)  # pages grown for a draft that will not run
         self.check_integrity()
 
     def _plan(self) -> list[tuple[Req, PlanItem]]:
@@ -177,18 +179,28 @@ class Scheduler:
         for req in ready:
             if req.table_row is None:
                 continue
-            num_draft = fit_draft(req, self.memory, draft_budget)
+            try:
+                item, num_draft = self._decode_item(req, draft_budget)
+            except Exception as e:  # the grammar's draft states, say: this request's failure alone
+                log.exception("planning %s failed", req.rid)
+                self._fail(req, f"internal error: {type(e).__name__}: {e}", 500)
+                continue
             draft_budget -= num_draft
-            pos = req.kv_len
-            start = self.memory.write_start(req)
-            item = PlanItem(
-                req.table_row, [req.output_ids[-1]] + req.draft_ids, pos,
-                slots_of(req.page_ids, start, pos + 1 + num_draft, self.page_size), start, None,
-                sample_rows(req, req.draft_ids, req.draft_states, self._eos_list), num_draft,
-                req.origin_input_ids, req.output_ids)
             (drafted if num_draft else plain).append((req, item))
             self.stats.num_draft_tokens += num_draft
         return plain + drafted
+
+    def _decode_item(self, req: Req, draft_budget: int) -> tuple[PlanItem, int]:
+        self.faults.check("plan", req.origin_input_ids)
+        num_draft = fit_draft(req, self.memory, draft_budget)
+        pos = req.kv_len
+        start = self.memory.write_start(req)
+        item = PlanItem(
+            req.table_row, [req.output_ids[-1]] + req.draft_ids, pos,
+            slots_of(req.page_ids, start, pos + 1 + num_draft, self.page_size), start, None,
+            sample_rows(req, req.draft_ids, req.draft_states, self._eos_list), num_draft,
+            req.origin_input_ids, req.output_ids)
+        return item, num_draft
 
     def _plan_extends(self) -> list[tuple[Req, PlanItem]]:
         budget = self.config.chunked_prefill_size
@@ -283,23 +295,6 @@ class Scheduler:
         req.num_preemptions += 1
         self.stats.num_preemptions += 1
         self.waiting.insert(0, req)
-
-    def _collect_grammars(self) -> None:
-        for req in list(self.waiting):
-            fut = req.grammar_future
-            if fut is None or not fut.done():
-                continue
-            req.grammar_future = None
-            try:
-                self.faults.check("grammar", req.origin_input_ids)
-                req.grammar = fut.result()
-            except Exception as e:  # GrammarError (a ValueError): refused; anything else: still only this request
-                self.waiting.remove(req)
-                if isinstance(e, ValueError):
-                    self._fail(req, str(e), 400, f"invalid constraint: {e}")
-                else:
-                    log.exception("collecting the grammar of %s failed", req.rid)
-                    self._fail(req, f"internal error: {type(e).__name__}: {e}", 500)
 
     # ---------------------------------------------------------------- admin
     def unpin(self, handle: str) -> bool:

@@ -17,8 +17,13 @@ PACK_BATCH_HINT = 16
 
 
 def can_prepack(weight: torch.Tensor) -> bool:
-    return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+    """oneDNN's bf16 path, where this CPU and torch build have it (an explicit --dtype bfloat16 on a CPU
+    without avx512 bf16 support runs plain F.linear)."""
+    if not (weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return False
+    supported = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return bool(supported()) if supported is not None else True
 
 
 class Linear:
@@ -27,8 +32,12 @@ class Linear:
         self.bias = bias
         self.packed = prepack and can_prepack(weight)
         # the plain weight is dropped when packed: the packed copy is the only one kept
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACK_BATCH_HINT) if self.packed \
-            else weight
+        self.weight = weight
+        if self.packed:
+            try:
+                self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACK_BATCH_HINT)
+            except RuntimeError:  # the op exists but refuses this CPU: the plain path it is
+                self.packed = False
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, in_features] -> [T, out_features]."""

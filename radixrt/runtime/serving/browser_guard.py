@@ -44,15 +44,18 @@ class BrowserGuard:
             return True
         return host_name(host_header) in self.hosts
 
-    def origin_ok(self, origin: str | None) -> bool:
-        """No Origin (not a browser, or a same-origin GET), the server's own origin, or an allowed one."""
+    def origin_ok(self, origin: str | None, host_header: str | None = None) -> bool:
+        """No Origin (not a browser, or a same-origin GET), an allowed one, or same-origin: the Origin
+        names exactly the host:port the request was sent to (its Host header), which is itself allowed.
+        A wildcard Host rule (0.0.0.0 binds) therefore never lets a foreign Origin through."""
         if origin is None:
             return True
         origin = origin.strip().lower()
         if "*" in self.origins or origin in self.origins:
             return True
         scheme, _, rest = origin.partition("://")
-        return scheme in ("http", "https") and rest.endswith(f":{self.port}") and self.host_ok(rest)
+        return (scheme in ("http", "https") and host_header is not None and rest == host_header.strip().lower()
+                and self.host_ok(host_header))
 
     @staticmethod
     def content_type_ok(method: str, content_type: str | None, has_body: bool = True) -> bool:

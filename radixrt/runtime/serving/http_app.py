@@ -46,7 +46,7 @@ class GateMiddleware:
         if not self.guard.host_ok(headers.get("host")):
             return 400, error_body(f"Host header {headers.get('host')!r} is not this server's (see --allowed-hosts)",
                                    param="host", code="invalid_host")
-        if not self.guard.origin_ok(headers.get("origin")):
+        if not self.guard.origin_ok(headers.get("origin"), headers.get("host")):
             return 403, error_body(f"Origin {headers.get('origin')!r} is not allowed (see --allowed-origins)",
                                    param="origin", code="origin_not_allowed")
         has_body = headers.get("content-length", "0") != "0" or "transfer-encoding" in headers

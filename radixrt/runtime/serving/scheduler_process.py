@@ -81,10 +81,17 @@ class SchedulerLoop:
                 data = self.pull.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
+            msg = None
             try:
-                self.handle(messages.decode(data))
-            except Exception:  # one bad message (or a bug handling it) must not end the loop
+                msg = messages.decode(data)
+                self.handle(msg)
+            except Exception as e:  # one bad message (or a bug handling it) must not end the loop
                 logger.exception("handling a message failed; the loop goes on")
+                # admin callers are answered in order: a missing answer would shift every later one
+                if isinstance(msg, GetServerInfoReq):
+                    self.to_tokenizer.send(messages.encode(SchedulerInfo(info={"error": f"{type(e).__name__}: {e}"})))
+                elif isinstance(msg, FlushCacheReq):
+                    self.to_tokenizer.send(messages.encode(FlushCacheOut(success=False)))
 
     def run(self, flag: StopFlag) -> None:
         s = self.scheduler
