@@ -93,7 +93,7 @@ class FakeScheduler:
     def flush_cache(self) -> bool:
         return not self.running
 
-    def server_info(self) -> dict:
+    def server_info(self, walk: bool = True) -> dict:
         used = sum(len(r["input_ids"]) + len(r["out"]) for r in self.running.values())
         return {"kv_pages_total": NUM_PAGES, "kv_pages_free": NUM_PAGES - used, "kv_pages_evictable": 0,
                 "page_size": 1, "max_total_tokens": NUM_PAGES, "num_running": len(self.running), "num_waiting": 0,

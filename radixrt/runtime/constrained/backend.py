@@ -80,7 +80,7 @@ class GrammarBackend:
         token_map = {b: ids for b, ids in token_map.items() if ids}
         # outlines wants one EOS id outside the map; with none given use an id past the logits
         self._fsm_eos = self.eos_token_ids[0] if self.eos_token_ids else vocab_size
-        self._vocab = Vocabulary(self._fsm_eos, token_map)
+        self._vocab = Vocabulary(self._fsm_eos, token_map) if index else None  # validation needs none
         max_id = max([self._fsm_eos, vocab_size - 1] + [max(ids) for ids in token_map.values()])
         self.num_words = (max_id + 1 + 31) // 32
         self.drafter = Drafter(tokenizer, VocabBytes(token_map, max_id + 1)) if enable_jump_forward else None

@@ -39,6 +39,10 @@ class FaultInjector:
         marks = self.markers.get(stage)
         return bool(marks) and not marks.isdisjoint(prompt_ids)
 
+    @property
+    def enabled(self) -> bool:
+        return bool(self.markers)
+
     def check(self, stage: str, prompt_ids: list[int]) -> None:
         if self._hits(stage, prompt_ids):
             raise InjectedFault(f"injected fault in stage {stage!r}")

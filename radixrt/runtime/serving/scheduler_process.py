@@ -42,7 +42,6 @@ class SchedulerLoop:
         self.pull = pull
         self.to_detokenizer = to_detokenizer
         self.to_tokenizer = to_tokenizer
-        self.info_takes_walk = _takes_walk(scheduler)
 
     def send_outputs(self, outs: list[TokenOut]) -> None:
         if outs:
@@ -63,7 +62,7 @@ class SchedulerLoop:
             self.to_tokenizer.send(messages.encode(HealthCheckOut(probe_id=msg.probe_id)))
         elif isinstance(msg, GetServerInfoReq):
             # the integrity walk only when idle: a scrape (/metrics, /get_server_info) never costs a step
-            info = s.server_info(walk=not s.has_work()) if self.info_takes_walk else s.server_info()
+            info = s.server_info(walk=not s.has_work())
             self.to_tokenizer.send(messages.encode(SchedulerInfo(info=info)))
         elif isinstance(msg, UnpinReq):
             s.unpin(msg.handle)
@@ -108,12 +107,6 @@ class SchedulerLoop:
             self.send_outputs(outs)
             ran = before is None or getattr(stats, "num_forwards", None) != before
             idle_steps = 0 if (ran or outs) else idle_steps + 1
-
-
-def _takes_walk(scheduler: Any) -> bool:
-    """Test fakes may implement server_info() without the walk flag."""
-    import inspect
-    return "walk" in inspect.signature(scheduler.server_info).parameters
 
 
 def run_scheduler_process(config_dict: dict[str, Any], in_path: str, detokenizer_path: str, tokenizer_path: str,
