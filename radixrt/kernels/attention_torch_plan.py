@@ -35,6 +35,7 @@ class SharedPrefix:
     """Positions 0..kv_len-1 read the same pool slots in every request of a group, before every new token."""
     kv_len: int                    # S
     kv_idx: torch.Tensor           # [S] pool slots
+    first_slot: int | None = None  # set when kv_idx is first_slot, first_slot + 1, ...: read in place, no gather
 
 
 @dataclass
@@ -112,7 +113,12 @@ class TorchAttentionPlanner:
         shared_len = int(same.int().cumprod(0).sum())  # leading run of such columns (one sync per group)
         if shared_len < min_len:
             return None
-        return SharedPrefix(shared_len, head[0, :shared_len].contiguous())
+        kv_idx = head[0, :shared_len].contiguous()
+        # a prefix prefilled in one go usually sits in consecutive slots: attention then reads the pool
+        # itself instead of a gathered copy (one sync per group per forward, ~20 us a layer saved)
+        first = int(kv_idx[0])
+        consecutive = bool((kv_idx == torch.arange(first, first + shared_len, device=kv_idx.device)).all())
+        return SharedPrefix(shared_len, kv_idx, first if consecutive else None)
 
     def _decode_meta(self, fb: AttentionBatch) -> DecodeMeta:
         nd = fb.num_decode

@@ -36,6 +36,10 @@ class ServerConfig:
     schedule_policy: str = _opt("lpm", "lpm (longest cached prefix first) or fcfs", ("lpm", "fcfs"))
     random_seed: int = _opt(0, "seed for requests that give none")
     enable_jump_forward: bool = _opt(True, "feed the text a grammar forces as a draft the model verifies in one forward")
+    speculative_algorithm: str = _opt("none", "ngram: draft a request's next tokens from an earlier occurrence of "
+                                              "its last tokens in its prompt/output, verified in one forward "
+                                              "(output unchanged); none: off", ("none", "ngram"))
+    speculative_num_draft_tokens: int = _opt(4, "most draft tokens a request verifies in one step (ngram)")
     grammar_compile_timeout: float = _opt(10.0, "seconds a regex/schema may take to compile")
     grammar_cache_size: int = _opt(256, "compiled grammars kept (LRU)")
     grammar_compile_workers: int = _opt(1, "processes that compile grammars (killed at the timeout; niced)")
@@ -63,7 +67,9 @@ class ServerConfig:
             raise ValueError(f"max_total_tokens must be >= page_size, got {self.max_total_tokens}")
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be >= 1")
-        for name in ("dtype", "attention_backend", "schedule_policy", "log_level"):
+        if not 1 <= self.speculative_num_draft_tokens <= 64:
+            raise ValueError(f"speculative_num_draft_tokens must be in [1, 64], got {self.speculative_num_draft_tokens}")
+        for name in ("dtype", "attention_backend", "schedule_policy", "log_level", "speculative_algorithm"):
             choices = self.__dataclass_fields__[name].metadata["choices"]
             value = getattr(self, name)
             if value is not None and choices and value not in choices:

@@ -19,12 +19,14 @@ NUM_KV_HEADS = 2
 
 
 def make_batch(rng: random.Random, decode_lens: list[int], extends: list[tuple[int, int]], page_size: int,
-               max_rows: int = 16, max_context: int = 512, shared_lens: list[int] | None = None):
+               max_rows: int = 16, max_context: int = 512, shared_lens: list[int] | None = None,
+               consecutive_shared: bool = False):
     """decode_lens: KV length before each decode step; extends: (prefix_len, extend_len) per request.
     shared_lens: per request (decode first), how many leading positions use one common run of pages, as
     when requests borrow the same radix-cache prefix; the rest of a request's positions use its own pages.
 
-    Pages are drawn at random from a shuffled pool, so slots are scattered.
+    Pages are drawn at random from a shuffled pool, so slots are scattered; consecutive_shared puts the
+    common run in consecutive slots (a prefix prefilled in one go), which the backend reads in place.
     Returns (fb, num_slots). The table starts filled with junk (stale) slots to catch reads past seq_len.
     """
     specs = [(n, 1) for n in decode_lens] + list(extends)
@@ -35,7 +37,13 @@ def make_batch(rng: random.Random, decode_lens: list[int], extends: list[tuple[i
     free_pages = list(range(num_pages))
     rng.shuffle(free_pages)
     num_slots = num_pages * page_size
-    common = slots_of([free_pages.pop() for _ in range(pages_of(max(shared_lens)))], 0, max(shared_lens), page_size)
+    common_pages = [free_pages.pop() for _ in range(pages_of(max(shared_lens)))]
+    if consecutive_shared:
+        first = rng.randrange(num_pages - len(common_pages) + 1)
+        common_pages = list(range(first, first + len(common_pages)))
+        free_pages = [pg for pg in range(num_pages) if pg not in common_pages]
+        rng.shuffle(free_pages)
+    common = slots_of(common_pages, 0, max(shared_lens), page_size)
     table = torch.randint(0, num_slots, (max_rows, max_context), dtype=torch.int64)
     rows = rng.sample(range(max_rows), len(specs))
     items = []
@@ -157,15 +165,21 @@ def cascade_lens(fb) -> tuple[int | None, int | None]:
                  for g in (meta.decode, meta.extends[0] if meta.extends else None))
 
 
+@pytest.mark.parametrize("consecutive", [False, True])
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("group", [1, 3, 4])
 @pytest.mark.parametrize("scenario", list(SHARED_SCENARIOS))
-def test_shared_prefix_matches_reference(scenario, group, page_size):
+def test_shared_prefix_matches_reference(scenario, group, page_size, consecutive):
     decode_lens, extends, shared_lens, expected_lens = SHARED_SCENARIOS[scenario]
-    rng = random.Random(zlib.crc32(f"shared/{scenario}/{group}/{page_size}".encode()))
-    fb, num_slots = make_batch(rng, decode_lens, extends, page_size, shared_lens=shared_lens)
+    rng = random.Random(zlib.crc32(f"shared/{scenario}/{group}/{page_size}/{consecutive}".encode()))
+    fb, num_slots = make_batch(rng, decode_lens, extends, page_size, shared_lens=shared_lens,
+                               consecutive_shared=consecutive)
     out, out2, expected = run_both(fb, num_slots, group * NUM_KV_HEADS, seed=rng.randrange(1000), min_saved_kv=0)
     assert cascade_lens(fb) == expected_lens
+    meta = fb.attn_meta
+    for g in (meta.decode, *meta.extends):  # read in place exactly when the run is consecutive
+        if g is not None and g.shared is not None:
+            assert (g.shared.first_slot is not None) == consecutive
     torch.testing.assert_close(out, expected, atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(out2, expected, atol=2e-5, rtol=1e-5)
 

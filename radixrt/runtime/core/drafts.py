@@ -39,13 +39,17 @@ def take_draft(req: Req, item: PlanItem, res: ItemResult, eos_ids: set[int], mem
     assert len(draft) <= len(picks) <= len(draft) + 1, (len(picks), len(draft))
     reason = None
     agrees = False
+    accepted = 0
     for j, pick in enumerate(picks):
         req.kv_len = req.seq_len  # the last token and the draft tokens taken so far were fed
         agrees = j < len(draft) and pick.next_id == draft[j]
-        stats.num_draft_accepted += agrees
+        accepted += agrees
         reason = apply_sampled_token(req, pick, eos_ids)
         if reason is not None or not agrees:
             break
+    stats.num_draft_accepted += accepted
+    if req.lookup is not None and req.grammar is None:
+        req.lookup.record(len(draft), accepted)
     assert reason is not None or not agrees or len(picks) == len(draft) + 1, "a draft ended the grammar, not the request"
     if reason is None:
         memory.trim(req)

@@ -5,16 +5,21 @@ Slot of token i in a page list: `page_ids[i // P] * P + i % P`. The tensors thes
 """
 from __future__ import annotations
 
+import heapq
+
 
 class PageAllocator:
-    """O(1) alloc/free of page ids from a free list."""
+    """Alloc/free of page ids from a free min-heap."""
 
     def __init__(self, num_pages: int, page_size: int):
         if num_pages < 1 or page_size < 1:
             raise ValueError(f"need num_pages >= 1 and page_size >= 1, got {num_pages}, {page_size}")
         self.num_pages = num_pages
         self.page_size = page_size
-        self._free: list[int] = list(range(num_pages - 1, -1, -1))  # pop() hands out low ids first
+        # a min-heap: the lowest free ids go first, in ascending order, so a request's pages tend to be
+        # consecutive even after the pool has churned, and the CPU attention reads such a run in place
+        # (a shared prefix needs no gather; attention_torch_plan.py). O(log n) per page.
+        self._free: list[int] = list(range(num_pages))
         self._is_free = bytearray(b"\x01") * num_pages
 
     @property
@@ -27,8 +32,7 @@ class PageAllocator:
             return None
         if n == 0:
             return []
-        pages = self._free[-n:]
-        del self._free[-n:]
+        pages = [heapq.heappop(self._free) for _ in range(n)]
         for p in pages:
             self._is_free[p] = 0
         return pages
@@ -37,7 +41,7 @@ class PageAllocator:
         for p in pages:
             assert not self._is_free[p], f"page {p} freed twice"
             self._is_free[p] = 1
-        self._free.extend(pages)
+            heapq.heappush(self._free, p)
 
     def free_page_set(self) -> set[int]:
         return set(self._free)

@@ -50,6 +50,7 @@ class Req:
         # jump-forward: tokens the grammar forces after output_ids, fed for verification next decode
         self.draft_ids: list[int] = []
         self.draft_states: list[int] = []  # the grammar state after each draft token
+        self.lookup: Any = None  # PromptLookup (n-gram drafts) once the request decodes unconstrained
         self.error: str | None = None  # why it failed, for the client
         self.error_status = 400  # 400: refused as given; 500: failed inside the server
         self.output_logprobs: list[list[Any]] = []

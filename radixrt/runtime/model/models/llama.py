@@ -88,11 +88,15 @@ class LlamaForCausalLM:
             self.max_context = min(self.max_context, window)
         cos, sin = rope_tables(hf_config, self.head_dim, self.max_context)
         # rotate_half(x) * sin == cat(x2, x1) * cat(-sin, sin): store the signed sin, skip the negation
-        # attention (RoPE, the KV pool) runs in float32 on a CPU whatever the weights' dtype: the flash
-        # kernel is as fast there, and the keys are rounded once (by the qkv matmul), not twice
-        self.attn_dtype = torch.float32 if self.device.type == "cpu" else dtype
-        self.rope_cos = torch.cat((cos, cos), dim=-1).to(device=self.device, dtype=self.attn_dtype)  # [max_context, D]
-        self.rope_sin = torch.cat((-sin, sin), dim=-1).to(device=self.device, dtype=self.attn_dtype)
+        # attention (RoPE, the KV pool) runs in the model dtype, as in HF: in bf16 the CPU flash kernel
+        # uses AMX/avx512_bf16 GEMMs (a 2,048-token causal layer: 20 ms in float32, 7 ms in bf16 on a
+        # 2-core Xeon) and the pool and its gathers move half the bytes
+        self.attn_dtype = dtype
+        # RoPE itself runs in float32 on a CPU, so a bf16 key is rounded once (after the rotation), not
+        # three times (qkv, rotation, product): teacher-forced agreement 96.96% -> see the quality test
+        self.rope_dtype = torch.float32 if self.device.type == "cpu" else dtype
+        self.rope_cos = torch.cat((cos, cos), dim=-1).to(device=self.device, dtype=self.rope_dtype)  # [max_context, D]
+        self.rope_sin = torch.cat((-sin, sin), dim=-1).to(device=self.device, dtype=self.rope_dtype)
         self.layers: list[_Layer] = []
         self.embed: torch.Tensor | None = None
         self.final_norm: torch.Tensor | None = None
@@ -168,12 +172,14 @@ class LlamaForCausalLM:
         h = F.embedding(fb.input_ids, self.embed).float()  # [T, H]
         for i, layer in enumerate(self.layers):
             x = self._norm(h, layer.input_norm)
-            qkv = layer.qkv(x).to(self.attn_dtype)  # [T, (Hq + 2 Hkv) * D]
+            qkv = layer.qkv(x)  # [T, (Hq + 2 Hkv) * D]
             qk = qkv[:, :num_qk_heads * D].view(T, num_qk_heads, D)
             if layer.qk_norm is not None:
                 qk = rms_norm(qk, layer.qk_norm, eps)
+            qk = qk.to(self.rope_dtype)
             # RoPE on q and k at once: qk * cos + rotate_half(qk) * sin (sin stored signed)
             qk = torch.addcmul(qk * cos, torch.cat((qk[..., half:], qk[..., :half]), dim=-1), sin)
+            qk = qk.to(self.attn_dtype)
             v = qkv[:, num_qk_heads * D:].view(T, Hkv, D)
             o = attn.forward(qk[:, :Hq], qk[:, Hq:], v, kv.k[i], kv.v[i], fb, self.scale)  # [T, Hq, D]
             h.add_(layer.o(o.reshape(T, Hq * D).to(self.dtype)))

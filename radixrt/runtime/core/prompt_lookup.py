@@ -1,0 +1,70 @@
+"""Prompt-lookup drafts (n-gram speculation): guess a request's next tokens from its own text.
+
+Few-shot prompts, extraction, code edits and chat that quotes its context repeat spans of the
+prompt (or of the output so far). When the last n tokens (n = 3, else 2) occurred earlier, the
+tokens that followed that latest occurrence are the draft. The scheduler feeds the draft after
+the request's last token and keeps it up to the model's first disagreeing pick (core/drafts.py,
+the path jump-forward drafts take), so output is token-by-token decoding's: a wrong draft costs
+compute, never correctness.
+
+On a CPU a decode step reads every weight once whatever its row count (bandwidth-bound up to
+~64 rows), so a verified draft token is almost free; a rejected one costs attention and sampling.
+A request whose drafts keep missing waits longer and longer before it drafts again.
+"""
+from __future__ import annotations
+
+NGRAM_SIZES = (3, 2)  # longest first: a longer match predicts better
+# most recent tokens indexed: bounds the index (~2 entries a token) for very long prompts
+LOOKUP_WINDOW = 8192
+MAX_BACKOFF_STEPS = 16
+
+
+class PromptLookup:
+    """One request's n-gram index: for every n-gram, where its latest earlier occurrence ended."""
+
+    def __init__(self, num_draft: int):
+        self.num_draft = num_draft
+        self._next: dict[tuple[int, ...], int] = {}  # n-gram -> position just after its latest occurrence
+        self._indexed = 0  # n-grams ending before this position are in _next
+        self._wait = 0  # steps to skip before drafting again
+        self._backoff = 1
+        self.proposed = 0
+        self.accepted = 0
+
+    def propose(self, tokens: list[int], limit: int) -> list[int]:
+        """Up to min(num_draft, limit) tokens to try after `tokens` (the request's prompt + output)."""
+        n_tok = len(tokens)
+        self._index(tokens, n_tok - 1)  # every n-gram but the tail's own: its continuation is unknown
+        if self._wait > 0:
+            self._wait -= 1
+            return []
+        limit = min(self.num_draft, limit)
+        if limit <= 0:
+            return []
+        for n in NGRAM_SIZES:
+            if n_tok <= n:
+                continue
+            start = self._next.get(tuple(tokens[n_tok - n:]))
+            if start is not None:
+                draft = tokens[start:start + limit]
+                self.proposed += len(draft)
+                return draft
+        return []
+
+    def record(self, num_drafted: int, num_accepted: int) -> None:
+        """The verdict on the last draft: a draft that missed at its first token doubles the wait."""
+        self.accepted += num_accepted
+        if num_accepted == 0 and num_drafted:
+            self._wait = self._backoff
+            self._backoff = min(self._backoff * 2, MAX_BACKOFF_STEPS)
+        elif num_accepted:
+            self._backoff = 1
+
+    def _index(self, tokens: list[int], end: int) -> None:
+        """Index the n-grams ending at positions [self._indexed, end)."""
+        first = max(self._indexed, end - LOOKUP_WINDOW)
+        for e in range(first, end):
+            for n in NGRAM_SIZES:
+                if e + 1 >= n:
+                    self._next[tuple(tokens[e + 1 - n:e + 1])] = e + 1
+        self._indexed = max(self._indexed, end)
