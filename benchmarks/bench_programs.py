@@ -8,17 +8,34 @@ in one process on the same machine:
 
 Workloads: few-shot multiple choice (select), multi-turn chat, tree of thought
 (nested fork/join), JSON decode (json_schema), ReAct agent loop.
-Reports programs/s, output tokens/s, mean program latency and the cache hit rate
-(cached / prompt tokens, from the runtime's counters); writes a table, JSON and a plot
-to benchmarks/results/. `--scale 2` doubles every workload.
 
-    python benchmarks/bench_programs.py [--scale 1] [--skip-transformers] [--workloads mc,chat]
+The headline is throughput (programs/s): the median of --repeats runs (default 3) with the
+min-max spread. The engines are created once and kept warm: one untimed pass of every chosen
+workload per mode first, then each repeat runs every workload on radixrt, cache off and
+transformers in that order, so the modes alternate and a drift in machine load hits all three.
+Also reported: output tokens/s, mean and p50 program latency, and the cache hit rate
+(cached / prompt tokens, from the runtime's counters).
+
+Why mean latency can be higher for radixrt than for transformers (chat, JSON): run_batch submits
+all of a workload's programs at once on --num-threads (16) threads, so a program's latency
+(its first call's start to its last call's end) includes queueing and batching behind all the
+others, while the transformers baseline runs one program at a time, so its latency is one
+program alone. Latency is comparable only at equal concurrency; programs/s is the fair figure.
+
+Writes benchmarks/results/bench_programs.{txt,json,png}: the table the README quotes, and
+the raw numbers of every run with the git commit and the machine. `--scale 2` doubles every
+workload.
+
+    python benchmarks/bench_programs.py [--repeats 3] [--scale 1] [--skip-transformers] [--workloads mc,chat]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import platform
+import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -141,8 +158,12 @@ def run_mode(backend: Backend, program, batch: list[dict], num_threads) -> dict:
     prompt = after.get("prompt_tokens", 0) - before.get("prompt_tokens", 0)
     cached = after.get("cached_tokens", 0) - before.get("cached_tokens", 0)
     latencies = timeline.program_latencies()
-    return {"wall_s": wall, "programs_per_s": len(batch) / wall, "output_tokens_per_s": timeline.output_tokens() / wall,
-            "mean_latency_s": sum(latencies) / max(len(latencies), 1), "cache_hit_rate": cached / prompt if prompt else 0.0,
+    tokens = timeline.output_tokens()
+    return {"wall_s": wall, "programs_per_s": len(batch) / wall, "output_tokens_per_s": tokens / wall,
+            "output_tokens": tokens, "mean_latency_s": sum(latencies) / max(len(latencies), 1),
+            "p50_latency_s": statistics.median(latencies) if latencies else 0.0,
+            "latencies_s": latencies, "cache_hit_rate": cached / prompt if prompt else 0.0,
+            "prompt_tokens": prompt, "cached_tokens": cached,
             "num_requests": len(timeline.rows), "errors": errors[:3],
             "texts": [s.stream_executor.text_ for s in states]}
 
@@ -151,30 +172,87 @@ def warm_up(backend: Backend) -> None:
     sgl.function(lambda s: s.__iadd__("Hello" + sgl.gen("x", max_tokens=2))).run(backend=backend, temperature=0)
 
 
-def report(results: dict, path_base: str) -> None:
-    modes = [m for m in ("radixrt", "cache off", "transformers") if any(m in r for r in results.values())]
-    lines = [f"{'workload':<8} {'mode':<13} {'progs/s':>8} {'tok/s':>8} {'latency s':>10} {'hit rate':>9} "
-             f"{'speedup':>8}"]
-    for name, by_mode in results.items():
-        base = by_mode.get("radixrt", {}).get("programs_per_s")
+# ---------------------------------------------------------------------------- statistics and provenance
+SUMMARIZED = ("programs_per_s", "output_tokens_per_s", "mean_latency_s", "p50_latency_s", "cache_hit_rate")
+
+
+def summarize(runs: list[dict]) -> dict:
+    """Median and min-max of each headline metric over the repeats: one run on a shared 2-core
+    machine can be off by tens of percent, so a single number would claim more than it knows."""
+    return {k: {"median": statistics.median(r[k] for r in runs), "min": min(r[k] for r in runs),
+                "max": max(r[k] for r in runs)} for k in SUMMARIZED}
+
+
+def git_commit() -> str:
+    here = os.path.dirname(os.path.abspath(__file__))
+    run = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True, cwd=here)  # noqa: E731
+    commit = run("rev-parse", "--short", "HEAD").stdout.strip()
+    # figures from uncommitted code must not pass for the commit's own
+    return commit + ("-dirty" if commit and run("diff", "--quiet", "HEAD", "--").returncode else "")
+
+
+def machine() -> dict:
+    cpu = platform.processor()  # often empty on Linux: /proc/cpuinfo has the model name
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {"cpu": cpu or platform.machine(), "cpu_count": os.cpu_count(), "platform": platform.platform(),
+            "python": platform.python_version(),
+            # the machine may be shared: the load when the run started says how quiet it was
+            "loadavg_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None}
+
+
+# ---------------------------------------------------------------------------- report
+LATENCY_NOTE = ("latency = a program's first call start to its last call end. radixrt and cache off submit all of a\n"
+                "workload's programs at once (run_batch, {threads} threads), so each program's latency includes\n"
+                "queueing behind the others; transformers runs one program at a time, so its latency is one program\n"
+                "alone. Compare throughput (progs/s); latency is comparable only at equal concurrency.")
+
+
+def report(runs: dict, args: argparse.Namespace, meta: dict) -> None:
+    path_base = args.out
+    summary = {n: {m: summarize(rs) for m, rs in by_mode.items()} for n, by_mode in runs.items()}
+    modes = [m for m in ("radixrt", "cache off", "transformers") if any(m in r for r in runs.values())]
+    med = lambda n, m, k: summary[n][m][k]["median"]  # noqa: E731
+    lines = [f"median of {args.repeats} runs, modes alternating within each repeat (min-max); "
+             f"commit {meta['commit']}, {meta['machine']['cpu_count']} CPUs",
+             f"{'workload':<8} {'mode':<13} {'progs/s':>8} {'(min-max)':>13} {'tok/s':>7} {'mean lat s':>10} "
+             f"{'p50 lat s':>9} {'hit rate':>8} {'speedup':>8}"]
+    equal: dict[str, bool] = {}
+    for name, by_mode in runs.items():
         for mode in modes:
-            r = by_mode.get(mode)
-            if r is None:
+            if mode not in by_mode:
                 continue
-            speedup = f"{base / r['programs_per_s']:.2f}x" if base and mode != "radixrt" else ""
-            lines.append(f"{name:<8} {mode:<13} {r['programs_per_s']:>8.2f} {r['output_tokens_per_s']:>8.1f} "
-                         f"{r['mean_latency_s']:>10.2f} {r['cache_hit_rate']:>9.2f} {speedup:>8}")
+            s = summary[name][mode]
+            pps = s["programs_per_s"]
+            speedup = (f"{med(name, 'radixrt', 'programs_per_s') / pps['median']:.2f}x"
+                       if "radixrt" in by_mode and mode != "radixrt" else "")
+            spread = f"({pps['min']:.2f}-{pps['max']:.2f})"
+            lines.append(f"{name:<8} {mode:<13} {pps['median']:>8.2f} {spread:>13} "
+                         f"{med(name, mode, 'output_tokens_per_s'):>7.1f} {med(name, mode, 'mean_latency_s'):>10.2f} "
+                         f"{med(name, mode, 'p50_latency_s'):>9.2f} {med(name, mode, 'cache_hit_rate'):>8.2f} "
+                         f"{speedup:>8}")
         if "radixrt" in by_mode and "cache off" in by_mode:
-            same = by_mode["radixrt"]["texts"] == by_mode["cache off"]["texts"]
-            lines.append(f"{'':<8} outputs radixrt == cache off: {'yes' if same else 'NO'}")
+            # greedy: the cache must not change a single output, in any repeat
+            equal[name] = all(a["texts"] == b["texts"] for a, b in zip(by_mode["radixrt"], by_mode["cache off"]))
+            lines.append(f"{'':<8} outputs radixrt == cache off: {'yes' if equal[name] else 'NO'} "
+                         f"(all {len(by_mode['radixrt'])} runs)")
+    lines += ["speedup = radixrt median programs/s over that mode's median",
+              LATENCY_NOTE.format(threads=args.num_threads)]
     table = "\n".join(lines)
-    print("\n" + table + "\n(speedup = radixrt programs/s over that mode's)")
-    os.makedirs(RESULTS, exist_ok=True)
+    print("\n" + table)
+    os.makedirs(os.path.dirname(os.path.abspath(path_base)), exist_ok=True)
     with open(path_base + ".txt", "w") as f:
         f.write(table + "\n")
     with open(path_base + ".json", "w") as f:
-        json.dump({n: {m: {k: v for k, v in r.items() if k != "texts"} for m, r in bm.items()}
-                   for n, bm in results.items()}, f, indent=2)
+        json.dump({**meta, "args": vars(args), "repeats": args.repeats,
+                   "order": "per repeat: every workload on " + ", ".join(modes) + " in turn",
+                   "outputs_equal_radixrt_cache_off": equal,
+                   "workloads": {n: {m: {"summary": summary[n][m],
+                                         "runs": [{k: v for k, v in r.items() if k != "texts"} for r in rs]}
+                                     for m, rs in bm.items()} for n, bm in runs.items()}}, f, indent=1)
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -182,14 +260,19 @@ def report(results: dict, path_base: str) -> None:
     except ImportError:
         print("matplotlib is not installed: no plot")
         return
-    names = list(results)
+    names = list(runs)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     width = 0.8 / len(modes)
     for k, mode in enumerate(modes):
         xs = [i + k * width for i in range(len(names))]
-        axes[0].bar(xs, [results[n].get(mode, {}).get("programs_per_s", 0) for n in names], width, label=mode)
-        axes[1].bar(xs, [results[n].get(mode, {}).get("cache_hit_rate", 0) for n in names], width, label=mode)
-    for ax, title in zip(axes, ["programs / s (higher is better)", "cache hit rate"]):
+        pps = [summary[n][mode]["programs_per_s"] if mode in summary[n] else None for n in names]
+        heights = [p["median"] if p else 0 for p in pps]
+        err = [[h - p["min"] if p else 0 for h, p in zip(heights, pps)],
+               [p["max"] - h if p else 0 for h, p in zip(heights, pps)]]
+        axes[0].bar(xs, heights, width, yerr=err, capsize=3, label=mode)
+        axes[1].bar(xs, [med(n, mode, "cache_hit_rate") if mode in summary[n] else 0 for n in names], width,
+                    label=mode)
+    for ax, title in zip(axes, [f"programs / s, median of {args.repeats} (min-max bars)", "cache hit rate"]):
         ax.set_xticks([i + width * (len(modes) - 1) / 2 for i in range(len(names))], names)
         ax.set_title(title)
     axes[0].set_yscale("log")
@@ -204,35 +287,60 @@ def main() -> None:
     parser.add_argument("--scale", type=int, default=1, help="repeat every workload's inputs this many times")
     parser.add_argument("--workloads", default="mc,chat,tot,json,agent")
     parser.add_argument("--skip-transformers", action="store_true")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per workload and mode (median, min-max)")
     parser.add_argument("--num-threads", type=int, default=16, help="run_batch threads for the radixrt modes")
     parser.add_argument("--out", default=os.path.join(RESULTS, "bench_programs"))
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    if args.repeats < 3:
+        print(f"note: --repeats {args.repeats}: a median of fewer than 3 runs is not a headline figure",
+              file=sys.stderr)
     chosen = args.workloads.split(",")
     all_workloads = workloads(args.scale)
     unknown = sorted(set(chosen) - set(all_workloads))
     if unknown:
         parser.error(f"unknown workload(s) {unknown}; choose from {sorted(all_workloads)}")
+    meta = {"commit": git_commit(), "machine": machine()}
 
     from radixrt.runtime.model.weights import resolve_model
 
     model_dir = str(resolve_model(None))
+    # created once and kept for every repeat: start-up and first-call costs stay out of the timings
     backends = {"radixrt": EngineBackend(sgl.Engine(model_dir)),
                 "cache off": EngineBackend(sgl.Engine(model_dir, disable_radix_cache=True))}
     if not args.skip_transformers:
         backends["transformers"] = TransformersBackend(model_dir)
-    for backend in backends.values():
-        warm_up(backend)
-    results: dict[str, dict] = {}
-    for name in chosen:
+
+    def one(name: str, mode: str) -> dict:
         program, batch = all_workloads[name]
-        results[name] = {}
-        for mode, backend in backends.items():
-            backend.flush_cache()
-            threads = 1 if mode == "transformers" else args.num_threads
-            results[name][mode] = r = run_mode(backend, program, batch, threads)
-            print(f"{name:<6} {mode:<13} {len(batch)} programs in {r['wall_s']:.1f} s"
-                  + (f"  errors: {r['errors']}" if r["errors"] else ""), flush=True)
-    report(results, args.out)
+        backend = backends[mode]
+        backend.flush_cache()  # every run starts cold, as the first one would
+        threads = 1 if mode == "transformers" else args.num_threads
+        return run_mode(backend, program, batch, threads)
+
+    try:
+        for backend in backends.values():
+            warm_up(backend)
+        # one untimed pass of every workload per mode: grammar compilation, allocator growth and
+        # first-shape kernels are paid here, not by whichever repeat happens to come first
+        for name in chosen:
+            for mode in backends:
+                r = one(name, mode)
+                print(f"warm-up  {name:<6} {mode:<13} {r['wall_s']:.1f} s", flush=True)
+        runs: dict[str, dict[str, list[dict]]] = {n: {m: [] for m in backends} for n in chosen}
+        for rep in range(args.repeats):  # alternating: every mode runs a workload before the next workload
+            for name in chosen:
+                for mode in backends:
+                    runs[name][mode].append(r := one(name, mode))
+                    print(f"repeat {rep + 1} {name:<6} {mode:<13} {len(all_workloads[name][1])} programs in "
+                          f"{r['wall_s']:.1f} s" + (f"  errors: {r['errors']}" if r["errors"] else ""), flush=True)
+    finally:
+        for backend in backends.values():
+            engine = getattr(backend, "engine", None)
+            if engine is not None:
+                engine.shutdown()
+    report(runs, args, meta)
 
 
 if __name__ == "__main__":
