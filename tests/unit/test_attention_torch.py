@@ -120,11 +120,24 @@ def test_backend_matches_reference(scenario, group, page_size):
 
 
 def test_short_and_long_extends_are_padded_apart():
+    """Short extends after a cached prefix right behind the decodes join the decode group (drafts to
+    verify); other runs of short and long extends are padded apart."""
     rng = random.Random(11)
     fb, num_slots = make_batch(rng, [40, 9], [(30, 5), (12, 17), (0, 70), (5, 40), (90, 3), (0, 1), (2, 33)], 16)
-    run_both(fb, num_slots, 3 * NUM_KV_HEADS, seed=1)
+    out, out2, expected = run_both(fb, num_slots, 3 * NUM_KV_HEADS, seed=1)
+    torch.testing.assert_close(out, expected, atol=2e-5, rtol=1e-5)
+    d = fb.attn_meta.decode
+    assert d.num_reqs == d.num_tokens == 1 + 1 + 5 + 17  # a row per new token
     runs = [(e.num_reqs, e.q_len) for e in fb.attn_meta.extends]
-    assert runs == [(2, 17), (2, 70), (2, 3), (1, 33)], runs
+    assert runs == [(2, 70), (2, 3), (1, 33)], runs
+
+
+def test_fresh_short_prompt_stays_out_of_the_decode_group():
+    rng = random.Random(12)
+    fb, num_slots = make_batch(rng, [40], [(0, 5), (12, 3)], 1)
+    out, _, expected = run_both(fb, num_slots, 3 * NUM_KV_HEADS, seed=2)
+    torch.testing.assert_close(out, expected, atol=2e-5, rtol=1e-5)
+    assert fb.attn_meta.decode.num_tokens == 1 and [e.num_reqs for e in fb.attn_meta.extends] == [2]
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -149,12 +162,18 @@ SHARED_SCENARIOS = {
     # the second request's whole prefix (40) lies inside what the others share (100): S stops at 40
     "decode_one_short_prefix": ([120, 40, 150, 110], [], [100, 40, 100, 100], (40, None)),
     "decode_short_prefix_below_threshold": ([120, 20, 150], [], [100, 20, 100], (None, None)),
-    "extends_shared": ([], [(64, 5), (80, 17), (70, 1)], [64] * 3, (None, 64)),
-    # the second extend writes positions 40..69 into slots the others read as cached prefix this step
-    "extend_new_tokens_inside_shared": ([90, 72], [(70, 5), (40, 30), (75, 2)], [70] * 5, (70, 40)),
-    "mixed_both_shared": ([50, 61, 45], [(48, 9), (45, 1), (100, 20)], [45, 45, 45, 48, 45, 48], (45, 45)),
+    # long extends (> SHORT_EXTEND_LEN new tokens) form groups of their own
+    "extends_shared": ([], [(64, 40), (80, 37), (70, 33)], [64] * 3, (None, 64)),
+    # the second extend writes positions 40..79 into slots the others read as cached prefix this step
+    "extend_new_tokens_inside_shared": ([90, 72], [(70, 35), (40, 40), (75, 33)], [70] * 5, (70, 40)),
+    "mixed_both_shared": ([50, 61, 45], [(48, 39), (45, 33), (100, 40)], [45, 45, 45, 48, 45, 48], (45, 45)),
     "fresh_prompt_beside_shared": ([64, 64], [(0, 30), (60, 4), (60, 8)], [60, 60, 0, 60, 60], (60, None)),
-    "single_request_groups": ([200], [(150, 3)], [150, 150], (None, None)),
+    "single_request_groups": ([200], [(150, 40)], [150, 150], (None, None)),
+    # short extends after a cached prefix (drafts to verify, prompt tails) join the decodes' group
+    "drafts_join_decodes": ([100, 130, 97], [(98, 5), (120, 3), (96, 17)], [96] * 6, (96, None)),
+    "short_extends_alone_share": ([], [(64, 5), (80, 17), (70, 1)], [64] * 3, (64, None)),
+    # a draft's new tokens start at 70: the group's shared part stops there
+    "draft_inside_shared": ([90, 95], [(70, 5), (88, 2)], [80, 80, 75, 80], (70, None)),
 }
 
 
@@ -214,7 +233,7 @@ def test_cascade_off_and_threshold():
     """min_shared_len=None keeps the padded path; the threshold is inclusive; results agree either way."""
     rng = random.Random(3)
     n = CASCADE_MIN_SHARED_LEN
-    fb, num_slots = make_batch(rng, [n + 5, n + 9], [(n, 4), (n + 2, 6)], 16, shared_lens=[n] * 4)
+    fb, num_slots = make_batch(rng, [n + 5, n + 9], [(n, 34), (n + 2, 36)], 16, shared_lens=[n] * 4)
     out_on, _, expected = run_both(fb, num_slots, 3 * NUM_KV_HEADS, min_saved_kv=0)
     assert cascade_lens(fb) == (n, n)
     out_off, _, _ = run_both(fb, num_slots, 3 * NUM_KV_HEADS, min_shared_len=None, min_saved_kv=0)
@@ -271,7 +290,7 @@ def test_cascade_with_matmul_fallback(monkeypatch):
 
 def test_bfloat16_cascade_close_to_reference():
     rng = random.Random(8)
-    fb, num_slots = make_batch(rng, [80, 95, 70], [(72, 9), (66, 4)], 16, shared_lens=[64] * 5)
+    fb, num_slots = make_batch(rng, [80, 95, 70], [(72, 39), (66, 34)], 16, shared_lens=[64] * 5)
     out, _, expected = run_both(fb, num_slots, 3 * NUM_KV_HEADS, dtype=torch.bfloat16, min_saved_kv=0)
     assert cascade_lens(fb) == (64, 64) and out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), expected.float(), atol=2e-2, rtol=2e-2)

@@ -7,11 +7,27 @@ plus that pick, so output is exactly token-by-token decoding's.
 """
 from __future__ import annotations
 
+from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.core.plan import ItemResult, PlanItem
+from radixrt.runtime.core.prompt_lookup import PromptLookup
 from radixrt.runtime.core.req import Req
 from radixrt.runtime.core.req_finish import apply_sampled_token
 from radixrt.runtime.core.req_memory import ReqMemory
 from radixrt.runtime.core.scheduler_stats import SchedulerStats
+
+
+def next_draft(req: Req, config: ServerConfig) -> tuple[list[int], list[int]]:
+    """(draft ids, grammar states after each) to verify next step: the text the grammar forces, else a
+    prompt-lookup guess when --speculative-algorithm ngram. output_ids + draft + one pick stay within
+    max_new_tokens."""
+    room = req.sampling.max_new_tokens - len(req.output_ids) - 1
+    if req.grammar is not None:
+        return req.grammar.draft(room)
+    if config.speculative_algorithm == "ngram" and room > 0:
+        if req.lookup is None:
+            req.lookup = PromptLookup(config.speculative_num_draft_tokens)
+        return req.lookup.propose(req.fill_ids, room), []
+    return [], []
 
 
 def fit_draft(req: Req, memory: ReqMemory, budget: int) -> int:

@@ -13,13 +13,12 @@ import logging
 from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.core import schedule_policy as policy
 from radixrt.runtime.core.admission import Admission, wants_prompt_logprobs
-from radixrt.runtime.core.drafts import fit_draft, take_draft
+from radixrt.runtime.core.drafts import fit_draft, next_draft, take_draft
 from radixrt.runtime.core.faults import FaultInjector
 from radixrt.runtime.core.outbox import Outbox
 from radixrt.runtime.core.page_allocator import PageAllocator, TableRows, slots_of
 from radixrt.runtime.core.pins import PinTable
 from radixrt.runtime.core.plan import ItemResult, PlanItem, PlanItemError
-from radixrt.runtime.core.prompt_lookup import PromptLookup
 from radixrt.runtime.core.radix_cache import RadixCache
 from radixrt.runtime.core.req import Req
 from radixrt.runtime.core.req_finish import abort_reason, apply_prompt_logprobs, apply_sampled_token, sample_rows
@@ -261,14 +260,7 @@ class Scheduler:
         if reason is not None:
             self._finish(req, reason)
             return
-        # the next draft; output_ids + draft + one pick stay within max_new_tokens
-        room = req.sampling.max_new_tokens - len(req.output_ids) - 1
-        if req.grammar is not None:
-            req.draft_ids, req.draft_states = req.grammar.draft(room)
-        elif self.config.speculative_algorithm == "ngram" and room > 0:
-            if req.lookup is None:
-                req.lookup = PromptLookup(self.config.speculative_num_draft_tokens)
-            req.draft_ids, req.draft_states = req.lookup.propose(req.fill_ids, room), []
+        req.draft_ids, req.draft_states = next_draft(req, self.config)
         if req.stream:
             self.outbox.emit(req)
 
