@@ -23,9 +23,11 @@ import glob
 import json
 import multiprocessing as mp
 import os
+import platform
 import random
 import re
 import statistics
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -90,7 +92,7 @@ def _child(backend: GrammarBackend, tokenizer, path: str, conn) -> None:
     conn.send({"status": "done", "results": results, "write_us": write_us})
 
 
-def coverage(backend, tokenizer, files: list[str], timeout: float) -> None:
+def coverage(backend, tokenizer, files: list[str], timeout: float) -> dict:
     ctx = mp.get_context("fork")
     status, reasons = Counter(), Counter()
     compile_s, write_us, unsound = [], [], []
@@ -165,6 +167,11 @@ def coverage(backend, tokenizer, files: list[str], timeout: float) -> None:
     print("top reasons for refusing a schema:")
     for reason, count in reasons.most_common(12):
         print(f"  {count:4d}  {reason}")
+    return {"schemas": total, "timeout_s": timeout, "status": dict(status), "compiled": compiled, "passing": passing,
+            "valid_accepted": valid, "invalid_rejected": invalid, "unsound": unsound,
+            "compile_s": compile_s, "write_mask_us_p50": pct(write_us, .5) if write_us else None,
+            "write_mask_us_p99": pct(write_us, .99) if write_us else None,
+            "per_category": per_cat, "refusal_reasons": dict(reasons.most_common())}
 
 
 SIZES = {
@@ -191,7 +198,7 @@ SIZES = {
 }
 
 
-def step_costs(backend, vocab_size: int, walks: int = 20, steps: int = 150) -> None:
+def step_costs(backend, vocab_size: int, walks: int = 20, steps: int = 150) -> dict:
     print("\n== compile time and mask cost per decoding step, per request (µs) ==")
     print("write: outlines-core write_mask_into alone; fill: our fill_mask (bitmask + unpack to a bool row),")
     print("first visit of each state (cold) and the same walk replayed (warm); batch32: fill_masks of 32 rows / 32")
@@ -200,6 +207,7 @@ def step_costs(backend, vocab_size: int, walks: int = 20, steps: int = 150) -> N
     rng = random.Random(0)
     buf = torch.zeros(backend.num_words, dtype=torch.int32)
     row = torch.zeros(vocab_size, dtype=torch.bool)
+    out = {}
     for name, schema in SIZES.items():
         key = grammar_key("json_schema", schema)
         rx = spec_regex(key)
@@ -239,6 +247,10 @@ def step_costs(backend, vocab_size: int, walks: int = 20, steps: int = 150) -> N
         print(f"{name:>8} {len(rx):>6} {compile_s:>9.2f} {pct(write_us, .5):>9.1f} {pct(write_us, .99):>6.0f} "
               f"{pct(cold_us, .5):>8.1f} {pct(cold_us, .99):>6.0f} {pct(warm_us, .5):>8.1f} {pct(warm_us, .99):>6.0f} "
               f"{statistics.median(batch_us):>7.1f}")
+        out[name] = {"regex_len": len(rx), "compile_s": compile_s, "write_us": [pct(write_us, .5), pct(write_us, .99)],
+                     "cold_us": [pct(cold_us, .5), pct(cold_us, .99)], "warm_us": [pct(warm_us, .5), pct(warm_us, .99)],
+                     "batch32_us": statistics.median(batch_us), "steps": len(warm_us)}
+    return out
 
 
 def main() -> None:
@@ -247,15 +259,22 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=None, help="first N schemas (sorted by name)")
     ap.add_argument("--timeout", type=float, default=5.0, help="compile budget per schema, seconds")
     ap.add_argument("--skip-coverage", action="store_true")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "grammar.json"))
     args = ap.parse_args()
     torch.set_num_threads(1)
     tokenizer = load_tokenizer(resolve_model(None))
     vocab_size = len(tokenizer)
     backend = GrammarBackend(tokenizer, vocab_size, [tokenizer.eos_token_id], compile_timeout=args.timeout)
-    step_costs(backend, vocab_size)
+    results = {"commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                        text=True).stdout.strip(),
+               "machine": {"cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count()},
+               "step_costs": step_costs(backend, vocab_size)}
     if not args.skip_coverage:
         files = sorted(glob.glob(os.path.join(args.data, "*.json")))[: args.limit]
-        coverage(backend, tokenizer, files, args.timeout)
+        results["coverage"] = coverage(backend, tokenizer, files, args.timeout)
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=1)
+    print(f"raw results: {args.out}")
 
 
 if __name__ == "__main__":
