@@ -13,6 +13,13 @@ radix-cache prefix they all borrow) and no request has new tokens there, the gro
 is gathered once and all its query rows attend to it in one unmasked call; each request then
 attends to its own positions S.. only, and the two partial softmaxes are merged by their
 log-sum-exps. That reads the shared prefix once per layer instead of once per request.
+
+The decode group also takes the short extends after a cached prefix that follow the decodes (drafts
+to verify, cached-prompt tails), one row per new token, so a verify step costs about a decode step.
+
+Precision: decode rows attend in the pool's dtype (bf16 on a bf16 model: the flash kernel's bf16 GEMMs);
+other extends (prompt chunks) compute in float32 from the bf16 pool, because the bf16 flash kernel
+rounds the softmax weights before P.V (see forward).
 """
 from __future__ import annotations
 

@@ -88,12 +88,11 @@ class LlamaForCausalLM:
             self.max_context = min(self.max_context, window)
         cos, sin = rope_tables(hf_config, self.head_dim, self.max_context)
         # rotate_half(x) * sin == cat(x2, x1) * cat(-sin, sin): store the signed sin, skip the negation
-        # attention (RoPE, the KV pool) runs in the model dtype, as in HF: in bf16 the CPU flash kernel
-        # uses AMX/avx512_bf16 GEMMs (a 2,048-token causal layer: 20 ms in float32, 7 ms in bf16 on a
-        # 2-core Xeon) and the pool and its gathers move half the bytes
+        # the KV pool holds the model dtype, as in HF: in bf16 it and its gathers move half the bytes, and
+        # decode attention runs in it (the CPU backend computes prompts in float32: attention_torch.py)
         self.attn_dtype = dtype
-        # RoPE itself runs in float32 on a CPU, so a bf16 key is rounded once (after the rotation), not
-        # three times (qkv, rotation, product): teacher-forced agreement 96.96% -> see the quality test
+        # RoPE itself runs in float32 on a CPU, so a bf16 query/key is rounded once, after the rotation,
+        # not after each of its products and sums
         self.rope_dtype = torch.float32 if self.device.type == "cpu" else dtype
         self.rope_cos = torch.cat((cos, cos), dim=-1).to(device=self.device, dtype=self.rope_dtype)  # [max_context, D]
         self.rope_sin = torch.cat((-sin, sin), dim=-1).to(device=self.device, dtype=self.rope_dtype)
