@@ -201,6 +201,12 @@ class ProgramStateGroup:
     def __getitem__(self, i: int) -> ProgramState:
         return self.states[i]
 
+    def __setitem__(self, i: int, value: ProgramState) -> None:
+        """`forks[i] += "..."` extends branch i in place (Python then stores the same state back);
+        a branch cannot be replaced by another state."""
+        if value is not self.states[i]:
+            raise TypeError(f"fork branch {i} cannot be replaced; extend it with forks[{i}] += ...")
+
     def __len__(self) -> int:
         return len(self.states)
 

@@ -156,3 +156,25 @@ def test_a_refused_pin_falls_back_to_plain_prefix_caching():
 
     prog.run(backend=be)
     assert be.log[0]["prompt"] == "shared prefix" and be.log[0]["sampling"] == {"max_new_tokens": 0}
+
+
+def test_branches_extended_one_by_one_then_together():
+    """SGLang's parallel-decoding idiom: each branch gets its own text with forks[i] += ..., then all
+    generate; a branch cannot be swapped for another state."""
+    be = FakeBackend(respond=lambda p, sp: " <" + p.split("Path ")[-1][:1] + ">")
+
+    @sgl.function
+    def prog(s):
+        s += "Question: which way?"
+        forks = s.fork(3)
+        for i in range(3):
+            forks[i] += f" Path {i}:"
+        forks += sgl.gen("step", max_tokens=8)
+        forks.join()
+        with pytest.raises(TypeError, match="cannot be replaced"):
+            forks[0] = forks[1]
+
+    state = prog.run(backend=be)
+    assert state["step"] == [" <0>", " <1>", " <2>"]
+    prompts = sorted(r["prompt"] for r in be.log if "Path" in r["prompt"])
+    assert prompts == [f"Question: which way? Path {i}:" for i in range(3)]
