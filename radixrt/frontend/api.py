@@ -21,6 +21,9 @@ from radixrt.frontend.runner import (cache_program, get_default_backend, resolve
                                      run_program_batch, set_default_backend)
 from radixrt.frontend.tracer import TraceResult, signature_names, trace_program
 
+# gen(n=...): samples of one gen (each one request sharing the prompt's pages)
+MAX_GEN_SAMPLES = 64
+
 __all__ = ["function", "Function", "SglFunction", "gen", "gen_int", "gen_string", "select", "system", "user",
            "assistant", "system_begin", "system_end", "user_begin", "user_end", "assistant_begin",
            "assistant_end", "set_default_backend", "get_default_backend", "flush_cache", "get_server_info",
@@ -118,8 +121,8 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
     if choices:
         return ir.Select(name, choices, 0.0 if temperature is None else temperature,
                          choices_method or token_length_normalized)
-    if n not in (None, 1):
-        raise ValueError("gen(n > 1) is not supported; use s.fork(n) and a gen in each branch")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_GEN_SAMPLES):
+        raise ValueError(f"gen n must be an int in [1, {MAX_GEN_SAMPLES}], got {n!r}")
     if regex is not None:
         try:
             re.compile(regex)
@@ -131,7 +134,7 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
     params = ir.GenParams(max_tokens=max_tokens, min_tokens=min_tokens, stop=stop, stop_token_ids=stop_token_ids,
                           temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                           frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-                          repetition_penalty=repetition_penalty, ignore_eos=ignore_eos, seed=seed, regex=regex,
+                          repetition_penalty=repetition_penalty, ignore_eos=ignore_eos, seed=seed, n=n, regex=regex,
                           json_schema=ir.json_schema_string(json_schema), dtype=dtype,
                           return_logprob=return_logprob, logprob_start_len=logprob_start_len,
                           top_logprobs_num=top_logprobs_num)

@@ -89,9 +89,14 @@ class Backend:
         self._chat_template = template
 
     def generate(self, text: str, sampling_params: dict, program_id: str | None = None,
-                 **logprob_options: Any) -> tuple[str, dict]:
-        result = _check(self._generate(prompt=text, sampling_params=sampling_params,
-                                       program_id=program_id, **logprob_options))
+                 **logprob_options: Any) -> tuple[str | list[str], dict | list[dict]]:
+        """(text, meta_info); with sampling_params n > 1, a list of each, one per sample."""
+        result = self._generate(prompt=text, sampling_params=sampling_params, program_id=program_id,
+                                **logprob_options)
+        if isinstance(result, list):  # n > 1: the runtime answers one result per sample
+            results = [_check(r) for r in result]
+            return [r["text"] for r in results], [r["meta_info"] for r in results]
+        result = _check(result)
         return result["text"], result["meta_info"]
 
     def generate_stream(self, text: str, sampling_params: dict, program_id: str | None = None,

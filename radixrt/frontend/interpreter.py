@@ -173,9 +173,11 @@ class StreamExecutor:
     def _gen(self, gen: ir.Gen) -> None:
         sampling, logprob = self._sampling(gen)
         pid = self.program.program_id
-        if not self.stream:
+        if not self.stream or sampling.get("n", 1) > 1:
             text, meta = self.backend.generate(self.text_, sampling, program_id=pid, **logprob)
-            self._fill(text)
+            # n > 1: the variable (and its meta info) holds every sample, in order; the program's text
+            # goes on with the first, as SGLang's interpreter does (a stream gets it whole, at the end)
+            self._fill(text[0] if isinstance(text, list) else text)
             self._set(gen.name, text, meta)
             return
         value, meta = "", None

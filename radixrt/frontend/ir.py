@@ -27,7 +27,7 @@ _SAMPLING_NAMES = {
     "stop_token_ids": "stop_token_ids", "temperature": "temperature", "top_p": "top_p",
     "top_k": "top_k", "min_p": "min_p", "frequency_penalty": "frequency_penalty",
     "presence_penalty": "presence_penalty", "repetition_penalty": "repetition_penalty",
-    "ignore_eos": "ignore_eos", "seed": "seed", "regex": "regex", "json_schema": "json_schema",
+    "ignore_eos": "ignore_eos", "seed": "seed", "regex": "regex", "json_schema": "json_schema", "n": "n",
 }
 
 
@@ -47,6 +47,7 @@ class GenParams:
     repetition_penalty: float | None = None
     ignore_eos: bool | None = None
     seed: int | None = None
+    n: int | None = None  # samples of one gen: the variable gets a list
     regex: str | None = None
     json_schema: str | None = None
     dtype: Any = None

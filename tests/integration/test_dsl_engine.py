@@ -145,3 +145,43 @@ def test_a_failing_gen_on_the_engine_names_the_program_line():
     with pytest.raises(sgl.ProgramError, match="BAD_TEMPERATURE") as info:
         bad.run(backend=be)
     assert "temperature" in str(info.value)
+
+
+def test_gen_n_samples_equal_single_seeded_gens_and_share_the_prompt():
+    """gen(n=k): the variable is a list of k samples; sample i is exactly the same gen alone with seed + i
+    (the runtime's n rule); the program's text goes on with the first sample; the prompt is computed
+    once, the other samples read it from the cache."""
+    be = engine_backend()
+    prompt = ("A list of animals that live in the sea, one per line, with a short note on each. " * 3) + "\n1."
+    sampling = {"max_tokens": 8, "temperature": 1.0, "top_p": 0.95}
+
+    @sgl.function
+    def samples(s):
+        s += prompt
+        s += sgl.gen("animal", n=3, seed=21, **sampling)
+        s += " (end)"
+
+    before = be.get_server_info()
+    state = samples.run(backend=be)
+    after = be.get_server_info()
+    animals = state["animal"]
+    assert isinstance(animals, list) and len(animals) == 3 and len(set(animals)) > 1, animals
+    assert state.text() == prompt + animals[0] + " (end)"
+    metas = state.get_meta_info("animal")
+    assert len(metas) == 3 and all(m["completion_tokens"] >= 1 for m in metas)
+    num_prompt = len(be.tokenize(prompt))
+    computed = (after["prompt_tokens"] - before["prompt_tokens"]) - (after["cached_tokens"] - before["cached_tokens"])
+    # the other two samples each recompute only the prompt's last token (its logits start their draw)
+    assert computed <= num_prompt + 2, (computed, num_prompt)
+
+    @sgl.function
+    def single(s, seed):
+        s += prompt
+        s += sgl.gen("animal", n=1, seed=seed, **sampling)
+
+    assert [single.run(backend=be, seed=21 + i)["animal"] for i in range(3)] == animals
+    for bad in (0, True, 2.0, 65):
+        with pytest.raises(ValueError, match="gen n must be"):
+            sgl.gen("x", n=bad)
+    be.engine.check_integrity()
+    be.shutdown()

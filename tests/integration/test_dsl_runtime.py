@@ -65,3 +65,15 @@ def test_after_shutdown_the_backend_names_the_url():
     rt.shutdown()
     with pytest.raises(ConnectionError, match=url.replace(".", r"\.")):
         endpoint.get_server_info()
+
+
+def test_gen_n_same_on_runtime_and_engine(runtime):
+    @sgl.function
+    def samples(s):
+        s += "Three colours I like: red,"
+        s += sgl.gen("colour", n=3, seed=5, max_tokens=4, temperature=1.0)
+
+    over_http = samples.run(backend=runtime)
+    in_process = samples.run(backend=engine_backend())
+    assert isinstance(over_http["colour"], list) and len(over_http["colour"]) == 3
+    assert over_http["colour"] == in_process["colour"] and over_http.text() == in_process.text()
