@@ -36,6 +36,9 @@ class ServerConfig:
     schedule_policy: str = _opt("lpm", "lpm (longest cached prefix first) or fcfs", ("lpm", "fcfs"))
     random_seed: int = _opt(0, "seed for requests that give none")
     enable_jump_forward: bool = _opt(True, "feed the text a grammar forces as a draft the model verifies in one forward")
+    quantization: str = _opt("auto", "auto: on a CPU running bf16, weights that are exactly 4-bit groups (a Q4 "
+                                     "GGUF such as the default model's) also keep a 4-bit copy that steps of "
+                                     "<= 4 rows read (a quarter of the bytes); none: bf16 only", ("auto", "none"))
     speculative_algorithm: str = _opt("none", "ngram: draft a request's next tokens from an earlier occurrence of "
                                               "its last tokens in its prompt/output, verified in one forward "
                                               "(output unchanged); none: off", ("none", "ngram"))
@@ -69,7 +72,8 @@ class ServerConfig:
             raise ValueError("max_running_requests must be >= 1")
         if not 1 <= self.speculative_num_draft_tokens <= 64:
             raise ValueError(f"speculative_num_draft_tokens must be in [1, 64], got {self.speculative_num_draft_tokens}")
-        for name in ("dtype", "attention_backend", "schedule_policy", "log_level", "speculative_algorithm"):
+        for name in ("dtype", "attention_backend", "schedule_policy", "log_level", "speculative_algorithm",
+                     "quantization"):
             choices = self.__dataclass_fields__[name].metadata["choices"]
             value = getattr(self, name)
             if value is not None and choices and value not in choices:

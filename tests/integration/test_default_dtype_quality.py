@@ -27,7 +27,25 @@ QUESTIONS = [
 
 
 def test_default_dtype_top1_agreement_with_transformers_fp32(hf_model, tokenizer):
+    agreement(hf_model, tokenizer)
+
+
+def test_four_bit_weights_top1_agreement_with_transformers_fp32(hf_model, tokenizer, monkeypatch):
+    """The default keeps 4-bit copies of the default model's Q4 weights for steps of a few rows (decode
+    at small batch), which a teacher-forced prompt never takes: force them at every row count and hold
+    them to the same floor."""
+    from radixrt.runtime.model import int4_weight
+    monkeypatch.setattr(int4_weight, "MAX_ROWS", 1 << 30)
+    agreement(hf_model, tokenizer, need_int4=True)
+
+
+def agreement(hf_model, tokenizer, need_int4: bool = False) -> None:
     engine = Engine()
+    model = engine.scheduler.runner.model
+    if need_int4 and model.layers[0].qkv.int4 is None:
+        engine.shutdown()
+        import pytest
+        pytest.skip(f"no 4-bit copies on this machine (dtype {engine.scheduler.runner.dtype_name})")
     try:
         dtype = engine.scheduler.runner.dtype_name
         agree = total = 0
@@ -55,6 +73,6 @@ def test_default_dtype_top1_agreement_with_transformers_fp32(hf_model, tokenizer
     finally:
         engine.shutdown()
     rate = agree / total
-    print(f"default dtype {dtype}: top-1 agreement {agree}/{total} = {rate:.4f}")
+    print(f"default dtype {dtype}{' 4-bit weights' if need_int4 else ''}: top-1 agreement {agree}/{total} = {rate:.4f}")
     assert total == len(QUESTIONS) * NUM_TOKENS
     assert rate >= FLOOR, f"default dtype {dtype}: teacher-forced top-1 agreement {rate:.4f} < {FLOOR}"

@@ -12,6 +12,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from radixrt.runtime.model import int4_weight
+from radixrt.runtime.model.int4_weight import Int4Weight
+
 # The row count oneDNN is told to expect: decode batches; it serves 1..256+ rows nearly as well.
 PACK_BATCH_HINT = 16
 
@@ -27,9 +30,13 @@ def can_prepack(weight: torch.Tensor) -> bool:
 
 
 class Linear:
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, prepack: bool = True):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, prepack: bool = True,
+                 int4: Int4Weight | None = None):
+        """int4: the same weight as 4-bit groups (int4_weight.py), used for steps of at most
+        int4_weight.MAX_ROWS rows of a bf16 model; its bias-free matmul is the only difference."""
         self.out_features, self.in_features = weight.shape
         self.bias = bias
+        self.int4 = int4 if bias is None and weight.dtype == torch.bfloat16 else None
         self.packed = prepack and can_prepack(weight)
         # the plain weight is dropped when packed: the packed copy is the only one kept
         self.weight = weight
@@ -41,6 +48,8 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, in_features] -> [T, out_features]."""
+        if self.int4 is not None and x.shape[0] <= int4_weight.MAX_ROWS:
+            return self.int4(x)
         if self.packed:
             return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.weight, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)

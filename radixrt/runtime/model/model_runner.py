@@ -7,6 +7,7 @@ import os
 import torch
 
 from radixrt.runtime.config import ServerConfig
+from radixrt.runtime.model import int4_weight
 from radixrt.runtime.model.dtype_choice import pick_dtype
 from radixrt.runtime.model.forward_batch import BatchItem, build_forward_batch
 from radixrt.runtime.model.kv_cache import KVCache, ReqToSlotTable
@@ -70,7 +71,15 @@ class ModelRunner:
         hf_config = load_config(model_dir)
         self.tokenizer = load_tokenizer(model_dir)
         self.model = LlamaForCausalLM(hf_config, self.dtype, self.device)
-        self.model.load_weights(load_state_dict(model_dir, self.dtype))
+        int4 = (config.quantization == "auto" and self.dtype == torch.bfloat16 and self.device.type == "cpu"
+                and int4_weight.available())
+        # the 4-bit copies are recovered from the unrounded float32 weights
+        self.model.load_weights(load_state_dict(model_dir, torch.float32 if int4 else self.dtype), int4=int4)
+        if int4:
+            linears = [lin for layer in self.model.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+            linears.append(self.model.lm_head)
+            log.info("4-bit copies for steps of <= %d rows: %d of %d linear weights are exact 4-bit groups",
+                     int4_weight.MAX_ROWS, sum(lin.int4 is not None for lin in linears), len(linears))
         self.vocab_size = self.model.vocab_size
         self.eos_token_ids = eos_token_ids(hf_config, model_dir, self.tokenizer)
         self.context_length = min(config.context_length or self.model.max_context, self.model.max_context)

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from radixrt.runtime.model.forward_batch import ForwardBatch
 from radixrt.runtime.model.kv_cache import KVCache
+from radixrt.runtime.model.int4_weight import Int4Weight
 from radixrt.runtime.model.linear import Linear
 
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -101,10 +102,15 @@ class LlamaForCausalLM:
         self.final_norm: torch.Tensor | None = None
         self.lm_head: Linear | None = None
 
-    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Takes HF parameter names (model.layers.N.self_attn.q_proj.weight, ...); fuses as it goes."""
+    def load_weights(self, state_dict: dict[str, torch.Tensor], int4: bool = False) -> None:
+        """Takes HF parameter names (model.layers.N.self_attn.q_proj.weight, ...); fuses as it goes.
+        int4: also keep a 4-bit copy of every linear weight that is exactly 4-bit groups (a Q4 GGUF's),
+        for steps of a few rows (int4_weight.py); the state dict must then be float32, unrounded."""
         sd = {k.removeprefix("model."): v for k, v in state_dict.items()}
         used: set[str] = set()
+
+        def int4_of(*names: str) -> Int4Weight | None:
+            return Int4Weight.from_exact(torch.cat([sd[n] for n in names])) if int4 else None
 
         def take(name: str, required: bool = True) -> torch.Tensor | None:
             if name not in sd:
@@ -124,7 +130,8 @@ class LlamaForCausalLM:
         self.final_norm = check("norm.weight", take("norm.weight"), (H,)).float()
         lm_head = take("lm_head.weight", required=False)
         tied = getattr(self.config, "tie_word_embeddings", False) or lm_head is None
-        self.lm_head = Linear(self.embed if tied else check("lm_head.weight", lm_head, (self.vocab_size, H)))
+        self.lm_head = Linear(self.embed if tied else check("lm_head.weight", lm_head, (self.vocab_size, H)),
+                              int4=int4_of("embed_tokens.weight" if tied else "lm_head.weight"))
         self.layers = []
         for i in range(self.num_layers):
             p = f"layers.{i}."
@@ -142,13 +149,16 @@ class LlamaForCausalLM:
             gate, up = take(mlp + "gate_proj.weight"), take(mlp + "up_proj.weight")
             self.layers.append(_Layer(
                 input_norm=check(p + "input_layernorm", take(p + "input_layernorm.weight"), (H,)).float(),
-                qkv=Linear(qkv_w, qkv_b), qk_norm=qk_norm,
+                qkv=Linear(qkv_w, qkv_b, int4=int4_of(*(attn + n + "_proj.weight" for n in "qkv"))), qk_norm=qk_norm,
                 o=Linear(check(attn + "o_proj", take(attn + "o_proj.weight"), (H, Hq * D)),
-                         take(attn + "o_proj.bias", required=False)),  # Llama attention_bias=True
+                         take(attn + "o_proj.bias", required=False),  # Llama attention_bias=True
+                         int4=int4_of(attn + "o_proj.weight")),
                 post_norm=check(p + "post_attention_layernorm", take(p + "post_attention_layernorm.weight"),
                                 (H,)).float(),
-                gate_up=Linear(check(mlp + "gate_up", torch.cat((gate, up), dim=0), (2 * I, H))),
-                down=Linear(check(mlp + "down_proj", take(mlp + "down_proj.weight"), (H, I))),
+                gate_up=Linear(check(mlp + "gate_up", torch.cat((gate, up), dim=0), (2 * I, H)),
+                               int4=int4_of(mlp + "gate_proj.weight", mlp + "up_proj.weight")),
+                down=Linear(check(mlp + "down_proj", take(mlp + "down_proj.weight"), (H, I)),
+                            int4=int4_of(mlp + "down_proj.weight")),
             ))
         unused = sorted(set(sd) - used - {"lm_head.weight"} - {n for n in sd if n.endswith("rotary_emb.inv_freq")})
         if unused:

@@ -1,0 +1,58 @@
+"""4-bit copies of exactly-4-bit weights (model/int4_weight.py) against an independent truth: the codes
+are rebuilt into the float32 weight, the kernel's product is compared with x @ W^T in float32, and
+Linear picks the copy only for steps of a few rows."""
+import pytest
+import torch
+
+from radixrt.runtime.model import int4_weight
+from radixrt.runtime.model.int4_weight import GROUP, Int4Weight
+from radixrt.runtime.model.linear import Linear
+
+pytestmark = pytest.mark.skipif(not int4_weight.available(), reason="this torch has no CPU int4 kernel")
+
+
+def q4_weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
+    """A Q4_1-style weight: every group of GROUP values along K is q * d + m with q in 0..15, the min and
+    max of each group present (as llama.cpp's quantizer makes them), d and m float16 values."""
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 16, (n, k // GROUP, GROUP), generator=g)
+    codes[..., 0], codes[..., 1] = 0, 15
+    d = (torch.rand(n, k // GROUP, 1, generator=g) * 0.05 + 0.001).half().float()
+    m = (-8 * d + torch.randn(n, k // GROUP, 1, generator=g) * 0.01).half().float()
+    return (codes * d + m).reshape(n, k)
+
+
+def test_exact_four_bit_weight_gets_a_copy_that_multiplies_like_it():
+    w = q4_weight(96, 4 * GROUP)
+    int4 = Int4Weight.from_exact(w)
+    assert int4 is not None
+    x = torch.randn(3, w.shape[1]).bfloat16()
+    expected = x.float() @ w.t()
+    got = int4(x).float()
+    assert got.dtype == torch.float32 and got.shape == expected.shape
+    # bf16 output and bf16 scales: a few parts in a thousand of the output's scale
+    torch.testing.assert_close(got, expected, atol=0.01 * float(expected.abs().max()), rtol=0.02)
+
+
+def test_weights_that_are_not_four_bit_groups_get_none():
+    w = q4_weight(32, 2 * GROUP)
+    w[5, 7] += 1e-3  # one value off the grid of its group
+    assert Int4Weight.from_exact(w) is None
+    assert Int4Weight.from_exact(torch.randn(16, 64)) is None  # a trained float weight
+    assert Int4Weight.from_exact(torch.randn(16, GROUP + 1)) is None  # K not a multiple of the group
+
+
+def test_linear_uses_the_copy_only_for_a_few_rows(monkeypatch):
+    w = q4_weight(64, 2 * GROUP, seed=1)
+    lin = Linear(w.bfloat16(), int4=Int4Weight.from_exact(w))
+    calls = []
+    real = Int4Weight.__call__
+    monkeypatch.setattr(Int4Weight, "__call__", lambda self, x: calls.append(x.shape[0]) or real(self, x))
+    for rows in (1, int4_weight.MAX_ROWS, int4_weight.MAX_ROWS + 1, 64):
+        x = torch.randn(rows, w.shape[1]).bfloat16()
+        out = lin(x).float()
+        torch.testing.assert_close(out, x.float() @ w.t(), atol=0.02 * float(out.abs().max()), rtol=0.02)
+    assert calls == [1, int4_weight.MAX_ROWS]
+    # a float32 model (the token-exact parity path) or a biased linear never takes it
+    assert Linear(w, int4=Int4Weight.from_exact(w)).int4 is None
+    assert Linear(w.bfloat16(), bias=torch.zeros(64).bfloat16(), int4=Int4Weight.from_exact(w)).int4 is None
