@@ -33,9 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -46,6 +44,7 @@ from radixrt.frontend.backends import Backend, EngineBackend
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from program_workloads import workloads  # noqa: E402
+from run_info import git_commit, machine  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -181,27 +180,6 @@ def summarize(runs: list[dict]) -> dict:
     machine can be off by tens of percent, so a single number would claim more than it knows."""
     return {k: {"median": statistics.median(r[k] for r in runs), "min": min(r[k] for r in runs),
                 "max": max(r[k] for r in runs)} for k in SUMMARIZED}
-
-
-def git_commit() -> str:
-    here = os.path.dirname(os.path.abspath(__file__))
-    run = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True, cwd=here)  # noqa: E731
-    commit = run("rev-parse", "--short", "HEAD").stdout.strip()
-    # figures from uncommitted code must not pass for the commit's own
-    return commit + ("-dirty" if commit and run("diff", "--quiet", "HEAD", "--").returncode else "")
-
-
-def machine() -> dict:
-    cpu = platform.processor()  # often empty on Linux: /proc/cpuinfo has the model name
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return {"cpu": cpu or platform.machine(), "cpu_count": os.cpu_count(), "platform": platform.platform(),
-            "python": platform.python_version(),
-            # the machine may be shared: the load when the run started says how quiet it was
-            "loadavg_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None}
 
 
 # ---------------------------------------------------------------------------- report

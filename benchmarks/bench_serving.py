@@ -31,7 +31,6 @@ import json
 import math
 import os
 import pathlib
-import platform
 import random
 import signal
 import socket
@@ -43,6 +42,7 @@ import time
 import httpx
 
 sys.path.insert(0, os.path.dirname(__file__))
+from run_info import git_commit, machine  # noqa: E402
 from workloads import QUESTIONS, shared_prefix_prompts  # noqa: E402
 
 from radixrt.frontend.launcher import wait_until_healthy  # noqa: E402
@@ -282,27 +282,6 @@ def plot(rows: list[dict], path: pathlib.Path) -> None:
                  f"{rows[0]['repeats']} repeats")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-
-
-def git_commit() -> str:
-    here = pathlib.Path(__file__).parent
-    run = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True, cwd=here)  # noqa: E731
-    commit = run("rev-parse", "--short", "HEAD").stdout.strip()
-    # figures from uncommitted code must not pass for the commit's own
-    return commit + ("-dirty" if commit and run("diff", "--quiet", "HEAD", "--").returncode else "")
-
-
-def machine() -> dict:
-    cpu = platform.processor()  # often empty on Linux: /proc/cpuinfo has the model name
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return {"cpu": cpu or platform.machine(), "cpu_count": os.cpu_count(), "platform": platform.platform(),
-            "python": platform.python_version(),
-            # the machine may be shared: the load when the run started says how quiet it was
-            "loadavg_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None}
 
 
 def main() -> None:
