@@ -93,7 +93,7 @@ class TorchAttentionBackend:
             meta.v_buf = torch.empty_like(meta.k_buf)
         outs = []
         if meta.decode is not None:
-            outs.append(self._decode(q[:meta.decode.num_tokens], k_cache, v_cache, meta, scale))
+            outs.append(self._decode(q[:meta.decode.num_reqs], k_cache, v_cache, meta, scale))
         for e in meta.extends:
             # extends (prompts) compute in float32 from a bf16 pool: in bf16 the flash kernel rounds the
             # softmax weights before P.V, which costs the default dtype's teacher-forced agreement with

@@ -43,12 +43,12 @@ class DecodeMeta:
     """The decode group: decode requests, and the short extends after a cached prefix that follow them
     (drafts to verify, cached-prompt tails). They attend in one call to their shared prefix and one
     call to their own positions, with the G q heads of a kv head as query rows (no K/V repeat)."""
-    num_reqs: int                  # rows: one per new token (a request feeding k tokens has k rows)
+    num_reqs: int                  # rows, one per new token (a request feeding k tokens has k): the group
+                                   # owns the first num_reqs rows of T
     kv_len: int                    # Ld: longest KV in the group (own part: minus S)
     kv_idx: torch.Tensor           # [rows * Ld] pool slots (padding points at a valid slot, masked)
     mask: torch.Tensor | None      # [rows, 1, 1, Ld] additive, None when every row sees all Ld keys
     shared: SharedPrefix | None = None  # set: kv_len/kv_idx/mask cover only positions S..
-    num_tokens: int = 0            # rows of T the group owns (its first rows)
 
 
 @dataclass
@@ -94,16 +94,16 @@ class TorchAttentionPlanner:
     def plan(self, fb: AttentionBatch) -> None:
         """Sets fb.attn_meta."""
         num_decode = fb.num_decode
-        runs = _extend_runs(fb.extend_lens_list, num_decode)
+        runs = _extend_runs(fb.extend_lens_list, num_decode)  # the first run, if any, starts at num_decode
         group_end = num_decode
-        if runs and runs[0][0] == num_decode and fb.extend_lens_list[num_decode] <= SHORT_EXTEND_LEN and all(
-                s > e for s, e in zip(fb.seq_lens_list[runs[0][0]:runs[0][1]], fb.extend_lens_list[runs[0][0]:runs[0][1]])):
+        if runs and fb.extend_lens_list[num_decode] <= SHORT_EXTEND_LEN and all(
+                fb.seq_lens_list[i] > fb.extend_lens_list[i] for i in range(*runs[0])):
             # short extends after a cached prefix join the decodes: a step verifying drafts then makes one
             # shared-prefix call and one own call, not two of each (a verify step costs ~a decode step)
             group_end = runs.pop(0)[1]
         decode = self._decode_meta(fb, group_end) if group_end else None
         extends = []
-        q_start = decode.num_tokens if decode else 0
+        q_start = decode.num_reqs if decode else 0
         for lo, hi in runs:
             extends.append(self._extend_meta(fb, lo, hi, q_start))
             q_start += sum(fb.extend_lens_list[lo:hi])
@@ -151,13 +151,13 @@ class TorchAttentionPlanner:
                 valid = k_pos[None, :] < fb.seq_lens[:nd, None]  # [Bd, Ld - S]
                 kv_idx = kv_idx.masked_fill(~valid, 0)  # stale table entries past seq_len: any in-range slot
                 mask = _additive(valid[:, None, None, :], device)
-            return DecodeMeta(nd, kv_len - start, kv_idx.reshape(-1), mask, shared, nd)
+            return DecodeMeta(nd, kv_len - start, kv_idx.reshape(-1), mask, shared)
         row_req = torch.repeat_interleave(torch.arange(nd, device=device), fb.extend_lens[:nd])  # [Tg]
         row_pos = fb.prefix_lens[row_req] + torch.arange(num_tokens, device=device) - fb.qo_indptr[row_req]
         visible = k_pos[None, :] <= row_pos[:, None]  # [Tg, Ld - S]: up to the row's own position
         kv_idx = table[row_req, start:].masked_fill(~visible, 0)
         return DecodeMeta(num_tokens, kv_len - start, kv_idx.reshape(-1), _additive(visible[:, None, None, :], device),
-                          shared, num_tokens)
+                          shared)
 
     def _extend_meta(self, fb: AttentionBatch, lo: int, hi: int, q_start: int) -> ExtendMeta:
         """Requests lo..hi-1 (extends), whose new tokens are rows q_start.. of T."""

@@ -91,8 +91,10 @@ class ServerConfig:
                 parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text)
                 continue
             kind = {"int": int, "float": float}.get(str(f.type).split(" |")[0], str)
-            parser.add_argument(flag, type=kind, default=f.default, help=help_text,
-                                choices=f.metadata.get("choices"))
+            choices = f.metadata.get("choices")
+            if choices:  # case-insensitive, so SGLang's spellings (--speculative-algorithm NGRAM) work
+                kind = str.lower
+            parser.add_argument(flag, type=kind, default=f.default, help=help_text, choices=choices)
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "ServerConfig":

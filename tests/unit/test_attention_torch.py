@@ -127,7 +127,7 @@ def test_short_and_long_extends_are_padded_apart():
     out, out2, expected = run_both(fb, num_slots, 3 * NUM_KV_HEADS, seed=1)
     torch.testing.assert_close(out, expected, atol=2e-5, rtol=1e-5)
     d = fb.attn_meta.decode
-    assert d.num_reqs == d.num_tokens == 1 + 1 + 5 + 17  # a row per new token
+    assert d.num_reqs == 1 + 1 + 5 + 17  # a row per new token
     runs = [(e.num_reqs, e.q_len) for e in fb.attn_meta.extends]
     assert runs == [(2, 70), (2, 3), (1, 33)], runs
 
@@ -137,7 +137,7 @@ def test_fresh_short_prompt_stays_out_of_the_decode_group():
     fb, num_slots = make_batch(rng, [40], [(0, 5), (12, 3)], 1)
     out, _, expected = run_both(fb, num_slots, 3 * NUM_KV_HEADS, seed=2)
     torch.testing.assert_close(out, expected, atol=2e-5, rtol=1e-5)
-    assert fb.attn_meta.decode.num_tokens == 1 and [e.num_reqs for e in fb.attn_meta.extends] == [2]
+    assert fb.attn_meta.decode.num_reqs == 1 and [e.num_reqs for e in fb.attn_meta.extends] == [2]
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -150,6 +150,11 @@ def test_cli_flags_come_from_the_config():
     assert defaults == ServerConfig() and defaults.host == "127.0.0.1"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--schedule-policy", "random"])
+    # SGLang spells the algorithm in capitals: choice flags take any case
+    sgl_style = build_parser().parse_args(["serve", "--speculative-algorithm", "NGRAM",
+                                           "--speculative-num-draft-tokens", "3", "--quantization", "none"])
+    cfg = ServerConfig.from_cli_args(sgl_style)
+    assert (cfg.speculative_algorithm, cfg.speculative_num_draft_tokens, cfg.quantization) == ("ngram", 3, "none")
 
 
 def test_ipc_dir_is_private():

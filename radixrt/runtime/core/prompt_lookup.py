@@ -28,8 +28,6 @@ class PromptLookup:
         self._indexed = 0  # n-grams ending before this position are in _next
         self._wait = 0  # steps to skip before drafting again
         self._backoff = 1
-        self.proposed = 0
-        self.accepted = 0
 
     def propose(self, tokens: list[int], limit: int) -> list[int]:
         """Up to min(num_draft, limit) tokens to try after `tokens` (the request's prompt + output)."""
@@ -46,14 +44,11 @@ class PromptLookup:
                 continue
             start = self._next.get(tuple(tokens[n_tok - n:]))
             if start is not None:
-                draft = tokens[start:start + limit]
-                self.proposed += len(draft)
-                return draft
+                return tokens[start:start + limit]
         return []
 
     def record(self, num_drafted: int, num_accepted: int) -> None:
         """The verdict on the last draft: a draft that missed at its first token doubles the wait."""
-        self.accepted += num_accepted
         if num_accepted == 0 and num_drafted:
             self._wait = self._backoff
             self._backoff = min(self._backoff * 2, MAX_BACKOFF_STEPS)
