@@ -11,7 +11,8 @@ Engines, all in the dtype radixrt's default picks on this machine (dtype auto), 
 Every figure is the median of --repeats alternating runs (min-max shown). Cached tokens are compared
 with an upper bound: per request, its longest common prefix with any other prompt (less its last token).
 Then decode tok/s at batch 1/8/32 against the matmul rate measured at the same shapes and dtype.
-Raw results (and the commit) go to benchmarks/results/shared_prefix.json.
+Also the cost of the cache view's per-node hit counting (RadixCache.record_hit, once per admitted request),
+timed inside radixrt's runs. Raw results (and the commit) go to benchmarks/results/shared_prefix.json.
 """
 from __future__ import annotations
 
@@ -117,6 +118,21 @@ def flops_per_token(engine: Engine) -> float:
     return 2.0 * (params + model.lm_head.numel())
 
 
+def time_hit_counting(engine: Engine) -> dict:
+    """Wrap the tree's per-request hit counting with a timer; the returned dict accumulates calls/seconds."""
+    tree = engine.scheduler.tree
+    record_hit = tree.record_hit
+    acc = {"calls": 0, "seconds": 0.0}
+
+    def timed(node) -> None:
+        t0 = time.perf_counter()
+        record_hit(node)
+        acc["seconds"] += time.perf_counter() - t0
+        acc["calls"] += 1
+    tree.record_hit = timed
+    return acc
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--num-questions", type=int, default=16)
@@ -134,6 +150,7 @@ def main() -> None:
     ids = [radixrt.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
     prefix_len = min(common_prefix(ids[0], x) for x in ids[1:])
     runs = {"radixrt": lambda: run_engine(radixrt, prompts, new)}
+    hit_counting = time_hit_counting(radixrt)
     cache_off = Engine(disable_radix_cache=True)
     runs["radixrt, cache off"] = lambda: run_engine(cache_off, prompts, new)
     if not args.skip_transformers:
@@ -142,6 +159,7 @@ def main() -> None:
         runs["transformers, prefix KV reused"] = lambda: hf.prefix_reuse(prompts, prefix_len, new)
     for fn in runs.values():  # warm-up, not timed
         fn()
+    hit_counting.update(calls=0, seconds=0.0)
     seconds: dict[str, list[float]] = {k: [] for k in runs}
     outputs: dict[str, list] = {}
     for _ in range(args.repeats):
@@ -163,6 +181,10 @@ def main() -> None:
         outs = outputs[label] if not label.startswith("radixrt") else [o["output_ids"] for o in outputs[label]]
         results["engines"][label] = {"seconds": seconds[label], "tok_s": rates, "median_tok_s": statistics.median(rates),
                                      "greedy_equal_to_radixrt": sum(a == b for a, b in zip(outs, radixrt_ids))}
+    run_seconds = sum(seconds["radixrt"])
+    results["hit_counting"] = {"calls": hit_counting["calls"], "seconds": hit_counting["seconds"],
+                               "us_per_request": 1e6 * hit_counting["seconds"] / max(hit_counting["calls"], 1),
+                               "fraction_of_run": hit_counting["seconds"] / run_seconds}
     results["decode"] = {b: decode_throughput(radixrt, b) for b in (1, 8, 32)}
     results["flops_per_token"] = flops_per_token(radixrt)
 
@@ -178,6 +200,9 @@ def main() -> None:
         print(f"| {label} | {r['median_tok_s']:.1f} ({min(r['tok_s']):.1f}-{max(r['tok_s']):.1f}) | "
               f"{base / r['median_tok_s']:.2f}x | {effect[label]} | {r['greedy_equal_to_radixrt']}/{n} |")
     print(f"\ncached tokens: {cached} of at most {bound} ({100 * cached / max(bound, 1):.1f}% of the upper bound)")
+    hc = results["hit_counting"]
+    print(f"cache-view hit counting: {hc['calls']} requests, {hc['us_per_request']:.1f} us each, "
+          f"{100 * hc['fraction_of_run']:.4f}% of radixrt's run time")
     print("\n| decode batch | tok/s | GFLOP/s | fraction of the matmul rate at that batch |")
     print("|---|---|---|---|")
     for b, tok_s in results["decode"].items():

@@ -31,6 +31,8 @@ class ServerConfig:
                                              "batch); more is a 400")
     context_length: int | None = _opt(None, "longest prompt+output; default the model's")
     disable_radix_cache: bool = _opt(False, "turn prefix caching off")
+    session_ttl: float = _opt(600.0, "seconds a session's last turn stays pinned without a new turn (requests "
+                                     "with a session_id; POST /close_session ends one sooner)")
     attention_backend: str | None = _opt(None, "torch or triton; default triton on CUDA, torch on CPU",
                                          ("torch", "triton"))
     schedule_policy: str = _opt("lpm", "lpm (longest cached prefix first) or fcfs", ("lpm", "fcfs"))

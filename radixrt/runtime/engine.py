@@ -12,7 +12,9 @@ import time
 import uuid
 from typing import Any, Iterator
 
+from radixrt.runtime.cache_tree_text import add_previews, check_view_limits
 from radixrt.runtime.config import ServerConfig
+from radixrt.runtime.core.cache_view import DEFAULT_MAX_DEPTH, DEFAULT_MAX_NODES
 from radixrt.runtime.core.pins import MAX_PIN_TTL_S
 from radixrt.runtime.incremental_detokenizer import IncrementalDetokenizer
 from radixrt.runtime.messages import TokenizedGenerateReq, TokenOut
@@ -63,8 +65,12 @@ class Engine:
     def generate(self, prompt: str | list[str] | None = None, sampling_params: dict | list[dict] | None = None,
                  input_ids: list[int] | list[list[int]] | None = None, return_logprob: bool = False,
                  logprob_start_len: int | None = None, top_logprobs_num: int = 0, stream: bool = False,
-                 program_id: str | None = None) -> dict | list[dict] | Iterator[dict]:
+                 program_id: str | None = None, session_id: str | None = None) -> dict | list[dict] | Iterator[dict]:
+        """session_id: this is a turn of that conversation; when it finishes its text stays pinned in the
+        cache until the session's next turn, close_session, or the session ttl (core/sessions.py)."""
         single, ids_list = self._tokenize(prompt, input_ids)
+        if session_id is not None and len(ids_list) != 1:
+            raise ValueError("session_id needs a single prompt (a session continues one conversation)")
         params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(ids_list)
         if len(params) != len(ids_list):
             raise ValueError(f"got {len(params)} sampling_params for {len(ids_list)} prompts")
@@ -75,7 +81,8 @@ class Engine:
             start = check_prompt(ids, sp, self.scheduler.limits, return_logprob=return_logprob,
                                  logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num)
             msgs.append(expand_n(self._new_rid(), ids, sp, stream=stream, return_logprob=return_logprob,
-                                 logprob_start_len=start, top_logprobs_num=top_logprobs_num, program_id=program_id))
+                                 logprob_start_len=start, top_logprobs_num=top_logprobs_num, program_id=program_id,
+                                 session_id=session_id))
         flat = [m for copies in msgs for m in copies]
         if stream:
             if len(flat) != 1:
@@ -103,6 +110,11 @@ class Engine:
         with self._lock:
             return self.scheduler.unpin(handle)
 
+    def close_session(self, session_id: str) -> bool:
+        """End a session: its pinned turn may be evicted again. False when there is no such session."""
+        with self._lock:
+            return self.scheduler.close_session(session_id)
+
     def flush_cache(self) -> bool:
         with self._lock:
             return self.scheduler.flush_cache()
@@ -110,6 +122,13 @@ class Engine:
     def get_server_info(self) -> dict:
         with self._lock:
             return {**dataclasses.asdict(self.config), **self.scheduler.server_info()}
+
+    def get_cache_tree(self, max_depth: int = DEFAULT_MAX_DEPTH, max_nodes: int = DEFAULT_MAX_NODES) -> dict:
+        """What the radix tree holds, as `GET /cache_tree` returns it (text previews included)."""
+        check_view_limits(max_depth, max_nodes)
+        with self._lock:
+            view = self.scheduler.cache_tree(max_depth, max_nodes)
+        return add_previews(view, self.tokenizer)
 
     def check_integrity(self) -> None:
         with self._lock:

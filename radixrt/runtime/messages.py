@@ -45,6 +45,7 @@ class TokenizedGenerateReq:
     program_id: str | None = None
     arrival_time: float = 0.0
     pin_ttl_s: float | None = None  # keep the prompt pinned in the cache after it finishes (handle = rid)
+    session_id: str | None = None  # a turn of this session: pinned when finished, until the next turn (sessions.py)
 
 
 @message
@@ -60,6 +61,17 @@ class FlushCacheReq:
 @message
 class GetServerInfoReq:
     pass
+
+
+@message
+class GetCacheTreeReq:
+    max_depth: int
+    max_nodes: int
+
+
+@message
+class CacheTreeOut:
+    view: dict[str, Any]  # core/cache_view.py's view (token ids), or {"error": ...}
 
 
 @message
@@ -136,6 +148,11 @@ class ProcessFailed:
     """A child process could not start; error is the reason (a traceback's last line)."""
     name: str
     error: str
+
+
+@message
+class CloseSessionReq:
+    session_id: str
 
 
 @message

@@ -12,10 +12,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from radixrt.runtime.core.sessions import MAX_SESSION_ID_CHARS
 from radixrt.runtime.messages import TokenizedGenerateReq
-from radixrt.runtime.sampling_params import MAX_TOP_LOGPROBS, SamplingParams
+from radixrt.runtime.sampling_params import MAX_TOP_LOGPROBS, CONSTRAINT_FIELDS, SamplingParams
 
-CONSTRAINT_KINDS = ("regex", "json_schema", "choices")
+CONSTRAINT_KINDS = CONSTRAINT_FIELDS  # a constraint's kind is the name of its sampling parameter
 
 
 class RequestError(ValueError):
@@ -59,6 +60,9 @@ def check_prompt(input_ids: Any, sp: SamplingParams, limits: EdgeLimits, *, retu
     if sp.max_new_tokens > limits.context_len:
         raise RequestError(f"max_new_tokens is {sp.max_new_tokens} but this model's context length is "
                            f"{limits.context_len}", param="max_tokens", code="context_length_exceeded")
+    bad_bias = [t for t, _ in sp.logit_bias_pairs() if t >= vocab]
+    if bad_bias:
+        raise RequestError(f"logit_bias keys must be token ids in [0, {vocab}), got {bad_bias[:3]}", param="logit_bias")
     bad_stop = [t for t in sp.stop_token_ids if t >= vocab]
     if bad_stop:
         raise RequestError(f"stop_token_ids must be token ids in [0, {vocab}), got {bad_stop[:3]}",
@@ -79,8 +83,15 @@ def check_prompt(input_ids: Any, sp: SamplingParams, limits: EdgeLimits, *, retu
 
 def expand_n(base_rid: str, input_ids: list[int], sp: SamplingParams, *, stream: bool = False,
              return_logprob: bool = False, logprob_start_len: int = -1, top_logprobs_num: int = 0,
-             program_id: str | None = None, pin_ttl_s: float | None = None) -> list[TokenizedGenerateReq]:
+             program_id: str | None = None, pin_ttl_s: float | None = None,
+             session_id: str | None = None) -> list[TokenizedGenerateReq]:
     """One prompt -> sp.n scheduler requests: rid base (n = 1) or base-0..base-{n-1}, seeds seed+i."""
+    if session_id is not None:
+        if not isinstance(session_id, str) or not 0 < len(session_id) <= MAX_SESSION_ID_CHARS:
+            raise RequestError(f"session_id must be a string of 1 to {MAX_SESSION_ID_CHARS} characters",
+                               param="session_id")
+        if sp.n != 1:
+            raise RequestError("session_id needs n = 1 (a session continues one conversation)", param="session_id")
     reqs = []
     for i in range(sp.n):
         seed = None if sp.seed is None else sp.seed + i
@@ -88,7 +99,7 @@ def expand_n(base_rid: str, input_ids: list[int], sp: SamplingParams, *, stream:
             rid=base_rid if sp.n == 1 else f"{base_rid}-{i}", input_ids=list(input_ids),
             sampling_params=dataclasses.replace(sp, n=1, seed=seed).to_dict(), return_logprob=return_logprob,
             logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num, stream=stream,
-            program_id=program_id, arrival_time=time.time(), pin_ttl_s=pin_ttl_s))
+            program_id=program_id, arrival_time=time.time(), pin_ttl_s=pin_ttl_s, session_id=session_id))
     return reqs
 
 

@@ -26,6 +26,10 @@ MAX_CHOICES = 256
 MAX_CHOICE_CHARS = 1024
 
 
+MAX_LOGIT_BIAS = 300  # OpenAI's limit
+CONSTRAINT_FIELDS = ("regex", "json_schema", "choices", "tool_call_grammar")  # at most one per request
+
+
 @dataclass
 class SamplingParams:
     max_new_tokens: int = 128
@@ -47,6 +51,11 @@ class SamplingParams:
     regex: str | None = None
     json_schema: str | None = None  # a JSON string, as SGLang takes it
     choices: list[str] | None = None
+    # radixrt's: tool calls in the fallback format (constrained/tool_call_regex.py); the OpenAI chat route
+    # sets it for tools with tool_choice required / a named function / auto once a call is opened
+    tool_call_grammar: str | None = None
+    # OpenAI's / SGLang's: token id (a decimal string, as JSON keys are) -> added to that token's logit
+    logit_bias: dict[str, float] | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> "SamplingParams":
@@ -61,12 +70,18 @@ class SamplingParams:
             d.pop("stop", None)
         if d.get("stop_token_ids") is None:
             d.pop("stop_token_ids", None)
+        if isinstance(d.get("logit_bias"), dict):  # ids as ints (the Engine) or strings (JSON) alike
+            d["logit_bias"] = {str(k) if isinstance(k, int) and not isinstance(k, bool) else k: v
+                               for k, v in d["logit_bias"].items()}
         p = cls(**d)
         p.validate()
         return p
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def logit_bias_pairs(self) -> list[tuple[int, float]]:
+        return [(int(k), float(v)) for k, v in (self.logit_bias or {}).items()]
 
     @property
     def is_greedy(self) -> bool:
@@ -124,6 +139,14 @@ class SamplingParams:
                                               for c in self.choices)),
              "choices", f"must be a non-empty list of at most {MAX_CHOICES} strings of at most "
                         f"{MAX_CHOICE_CHARS} characters")
-        constraints = [k for k in ("regex", "json_schema", "choices") if getattr(self, k) is not None]
+        need(self.tool_call_grammar is None or (isinstance(self.tool_call_grammar, str)
+                                                and len(self.tool_call_grammar) <= MAX_JSON_SCHEMA_CHARS),
+             "tool_call_grammar", f"must be a JSON string of at most {MAX_JSON_SCHEMA_CHARS} characters")
+        need(self.logit_bias is None or (
+            isinstance(self.logit_bias, dict) and len(self.logit_bias) <= MAX_LOGIT_BIAS
+            and all(isinstance(k, str) and k.isdigit() and len(k) <= 9 for k in self.logit_bias)
+            and all(is_num(v) and -100 <= v <= 100 for v in self.logit_bias.values())),
+            "logit_bias", f"must map at most {MAX_LOGIT_BIAS} token ids to numbers in [-100, 100]")
+        constraints = [k for k in CONSTRAINT_FIELDS if getattr(self, k) is not None]
         if len(constraints) > 1:
             raise ValueError(f"sampling parameters {' and '.join(constraints)} cannot be combined")

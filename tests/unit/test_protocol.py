@@ -33,7 +33,6 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 @pytest.mark.parametrize("body, param, words", [
     ({**CHAT, "temperature": "0.5"}, "temperature", "valid number"),  # strict: no string coercion
     ({**CHAT, "n": True}, "n", "valid integer"),
-    ({**CHAT, "wat": 1}, "wat", "Extra inputs"),
     ({**CHAT, "messages": [{"role": "robot", "content": "x"}]}, "messages", "messages.0.role"),
     ({**CHAT, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "u"}]}]}, "messages",
      "messages.0.content"),
@@ -96,8 +95,18 @@ def test_sampling_dict_maps_openai_names_to_sampling_params():
     assert sp == expected
     assert SamplingParams.from_dict(sampling_dict(parse_body(CompletionRequest, b'{"prompt": "x"}'), 4)) == \
         SamplingParams(max_new_tokens=4)  # unset OpenAI fields keep SGLang's defaults
-    with pytest.raises(APIError, match="logit_bias"):
-        sampling_dict(parse_body(CompletionRequest, b'{"prompt": "x", "logit_bias": {"1": 5}}'), 4)
+    biased = sampling_dict(parse_body(CompletionRequest, b'{"prompt": "x", "logit_bias": {"1": 5}}'), 4)
+    assert SamplingParams.from_dict(biased).logit_bias_pairs() == [(1, 5.0)]
+    for bad in ({"x": 1}, {"1": 101}, {"1": float("nan")}, {str(i): 1 for i in range(301)}):
+        with pytest.raises(ValueError, match="logit_bias"):
+            SamplingParams.from_dict({"logit_bias": bad})
+
+
+def test_unknown_top_level_fields_are_ignored_and_named():
+    req = parse_body(ChatCompletionRequest, json.dumps({**CHAT, "metadata": {"a": 1}, "reasoning_effort": "low"}).encode())
+    assert req.ignored_fields() == ["metadata", "reasoning_effort"]
+    e = api_error(ChatCompletionRequest, {**CHAT, "messages": [{"role": "user", "content": "x", "wat": 1}]})
+    assert e.param == "messages" and "Extra inputs" in e.message  # nested objects stay strict
 
 
 @pytest.mark.parametrize("name, value", [("temperature", -1), ("top_p", 0), ("top_k", 0), ("n", 100),

@@ -351,3 +351,17 @@ def test_logprobs_are_raw_log_softmax_and_top_sorted():
         assert [t for _, t in top] == list(want_ids)
         np.testing.assert_allclose([lp for lp, _ in top], ref[want_ids], atol=1e-5)
     assert sample(logits, [row() for _ in range(6)]).logprobs is None
+
+
+def test_logit_bias_is_added_to_the_logits_after_penalties():
+    logits = rand_logits(3, 50, seed=7)
+    rows = [row(output_ids=[4, 4], repetition_penalty=1.3, logit_bias={"4": 2.5, "9": -100}),
+            row(logit_bias={0: 100}),  # int keys work too
+            row()]
+    out = apply_penalties(logits, rows)
+    expected = np_penalised(logits[0].numpy(), row(output_ids=[4, 4], repetition_penalty=1.3))
+    expected[4] += 2.5
+    expected[9] -= 100
+    np.testing.assert_allclose(out[0].numpy(), expected, rtol=1e-6)
+    assert sample(logits, rows).next_ids[1] == 0  # +100 wins the greedy pick
+    assert torch.equal(out[2], logits[2]) and torch.equal(logits, rand_logits(3, 50, seed=7))  # others untouched

@@ -12,8 +12,9 @@ from typing import Any
 from radixrt.runtime.constrained.json_schema.to_regex import choices_regex, json_object_regex, schema_to_regex
 from radixrt.runtime.constrained.pattern import check_user_regex
 from radixrt.runtime.constrained.regex_builder import GrammarError
+from radixrt.runtime.constrained.tool_call_regex import tool_call_regex
 
-KINDS = ("regex", "json_schema", "choices", "json_object")
+KINDS = ("regex", "json_schema", "choices", "json_object", "tool_call_grammar")
 JSON_OBJECT_DEPTH = 2  # nesting levels of a response_format json_object (outer object included)
 MAX_SCHEMA_DEPTH = 32
 MAX_SCHEMA_NODES = 10_000
@@ -57,6 +58,13 @@ def grammar_key(kind: str, spec: Any) -> tuple:
         if not isinstance(spec, str):
             raise GrammarError("regex must be a string")
         return kind, spec
+    if kind == "tool_call_grammar":
+        try:
+            parsed = json.loads(spec) if isinstance(spec, (str, bytes)) else spec
+        except (ValueError, RecursionError) as e:
+            raise GrammarError(f"tool_call_grammar is not valid JSON: {e}") from None
+        check_schema_size(parsed)
+        return kind, json.dumps(parsed, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
     return kind, None
 
 
@@ -70,4 +78,6 @@ def spec_regex(key: tuple) -> str:
         return schema_to_regex(json.loads(spec))
     if kind == "choices":
         return choices_regex(list(spec))
+    if kind == "tool_call_grammar":
+        return tool_call_regex(json.loads(spec))
     return json_object_regex(JSON_OBJECT_DEPTH)

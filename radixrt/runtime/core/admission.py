@@ -16,6 +16,7 @@ from radixrt.runtime.core.radix_cache import RadixCache
 from radixrt.runtime.core.req import Req
 from radixrt.runtime.core.req_memory import ReqMemory
 from radixrt.runtime.core.scheduler_stats import SchedulerStats
+from radixrt.runtime.core.sessions import SessionTable
 
 
 log = logging.getLogger(__name__)
@@ -35,11 +36,13 @@ def match_ids(req: Req) -> list[int]:
 
 
 class Admission:
-    def __init__(self, config: ServerConfig, tree: RadixCache, memory: ReqMemory, stats: SchedulerStats):
+    def __init__(self, config: ServerConfig, tree: RadixCache, memory: ReqMemory, stats: SchedulerStats,
+                 sessions: SessionTable):
         self.config = config
         self.tree = tree
         self.memory = memory
         self.stats = stats
+        self.sessions = sessions
 
     def admit(self, waiting: list[Req], running: list[Req], budget: int, inflight: list[list[int]],
               extend_item) -> list[tuple[Req, PlanItem]]:
@@ -80,6 +83,9 @@ class Admission:
                 req.admitted = True
                 req.prefix_hit_len = cached
                 self.stats.on_admit(len(req.origin_input_ids), cached)
+                self.tree.record_hit(node)  # the cache view's per-prefix hits, once per request
+                if req.session_id is not None:
+                    self.sessions.on_admit(req.session_id, len(req.origin_input_ids), cached)
             waiting.remove(req)
             running.append(req)
             items.append((req, extend_item(req, target, 0)))

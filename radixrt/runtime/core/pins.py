@@ -63,6 +63,10 @@ class PinTable:
         for handle in [h for h, (_, expiry, _) in self._pins.items() if expiry <= now]:
             self.unpin(handle)
 
+    def pinned_nodes(self) -> list[object]:
+        """The last node of every pinned path (a node may appear once per pin)."""
+        return [node for node, _, _ in self._pins.values()]
+
     def clear(self) -> None:
         for handle in list(self._pins):
             self.unpin(handle)

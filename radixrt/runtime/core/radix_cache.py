@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import time
 from typing import Any
 
 from radixrt.runtime.core.page_allocator import PageAllocator
@@ -25,6 +26,8 @@ class TreeNode:
         self.children: dict[Any, TreeNode] = {}
         self.lock_ref = 0
         self.last_access = 0
+        self.last_access_time = 0.0  # time.time() of the last match or insert through it (for the cache view)
+        self.hits = 0  # requests admitted with a cached prefix that ran through this whole edge
         self.node_id = next(TreeNode._ids)  # ties in the LRU heap break deterministically
 
     def __repr__(self) -> str:
@@ -66,6 +69,8 @@ class RadixCache:
         # same lock and age as before the cut, so counts and LRU order do not change
         upper.lock_ref = child.lock_ref
         upper.last_access = child.last_access
+        upper.last_access_time = child.last_access_time
+        upper.hits = child.hits  # every match through the whole child ran through its first part
         child.parent.children[self._child_key(upper.key)] = upper
         child.key = child.key[split_len:]
         child.value = child.value[num_pages:]
@@ -82,6 +87,7 @@ class RadixCache:
         if self.disable:
             return [], self.root
         self._clock += 1
+        now = time.time()
         page_ids: list[int] = []
         node, pos = self.root, 0
         aligned_len = len(token_ids) - len(token_ids) % self.page_size
@@ -93,7 +99,7 @@ class RadixCache:
             assert match_len > 0, "child keyed by its first page must match that page"
             if match_len < len(child.key):
                 child = self._split(child, match_len)
-            child.last_access = self._clock
+            child.last_access, child.last_access_time = self._clock, now
             page_ids.extend(child.value)
             node, pos = child, pos + match_len
         return page_ids, node
@@ -103,19 +109,20 @@ class RadixCache:
             raise ValueError(f"insert needs len(token_ids) == len(page_ids) * page_size, got "
                              f"{len(token_ids)} tokens, {len(page_ids)} pages, page_size {self.page_size}")
         self._clock += 1
+        now = time.time()
         node, pos = self.root, 0
         while pos < len(token_ids):
             child = node.children.get(self._child_key(token_ids, pos))
             if child is None:
                 new = TreeNode(list(token_ids[pos:]), list(page_ids[pos // self.page_size:]), node)
-                new.last_access = self._clock
+                new.last_access, new.last_access_time = self._clock, now
                 node.children[self._child_key(new.key)] = new
                 self.evictable_pages += len(new.value)
                 return pos, new
             match_len = self._match_len(child.key, token_ids, pos)
             if match_len < len(child.key):
                 child = self._split(child, match_len)
-            child.last_access = self._clock
+            child.last_access, child.last_access_time = self._clock, now
             node, pos = child, pos + match_len
         return pos, node
 
@@ -129,6 +136,13 @@ class RadixCache:
         if self.disable:
             return len(token_ids)
         return self._insert(token_ids, page_ids)[0]
+
+    def record_hit(self, node: TreeNode) -> None:
+        """A request was admitted with the cached prefix ending at node: count it on every node of that
+        path (O(matched nodes); match_prefix split the last edge, so the path covers whole edges)."""
+        while node is not None and node is not self.root:
+            node.hits += 1
+            node = node.parent
 
     # ---- locking and eviction ------------------------------------------------------
 

@@ -28,6 +28,7 @@ class Req:
         self.stream = stream
         self.program_id = program_id
         self.pin_ttl_s: float | None = None  # pin the prompt in the tree when finished
+        self.session_id: str | None = None   # a session's turn: pinned when finished (sessions.py)
         self.arrival_time = time.time() if arrival_time is None else arrival_time
 
         # memory

@@ -3,8 +3,8 @@
 One `step()` plans one forward over a mixed batch (decode requests first, then decodes that
 carry a jump-forward draft to verify, then extends: prefill chunks, resumed requests), hands
 the plan (plain data, core/plan.py) to the model runner and applies the sampled tokens. Deltas
-come back as TokenOut messages. Admission, drafts, memory moves and finish rules live in their
-own modules beside this one.
+come back as TokenOut messages. Admission, drafts, memory moves, finish rules and the admin calls
+(scheduler_admin.py) live in their own modules beside this one.
 """
 from __future__ import annotations
 
@@ -18,12 +18,14 @@ from radixrt.runtime.core.faults import FaultInjector
 from radixrt.runtime.core.outbox import Outbox
 from radixrt.runtime.core.page_allocator import PageAllocator, TableRows, slots_of
 from radixrt.runtime.core.pins import PinTable
+from radixrt.runtime.core.sessions import SessionTable
 from radixrt.runtime.core.plan import ItemResult, PlanItem, PlanItemError
 from radixrt.runtime.core.radix_cache import RadixCache
 from radixrt.runtime.core.req import Req
 from radixrt.runtime.core.req_finish import abort_reason, apply_prompt_logprobs, apply_sampled_token, sample_rows
 from radixrt.runtime.core.req_memory import ReqMemory
-from radixrt.runtime.core.scheduler_stats import SchedulerStats, check_integrity, server_info
+from radixrt.runtime.core.scheduler_admin import SchedulerAdmin
+from radixrt.runtime.core.scheduler_stats import SchedulerStats
 from radixrt.runtime.incremental_detokenizer import IncrementalDetokenizer
 from radixrt.runtime.messages import TokenizedGenerateReq, TokenOut
 from radixrt.runtime.request_edge import EdgeLimits, check_prompt, constraint_of
@@ -32,7 +34,7 @@ from radixrt.runtime.sampling_params import SamplingParams
 log = logging.getLogger(__name__)
 
 
-class Scheduler:
+class Scheduler(SchedulerAdmin):
     def __init__(self, config: ServerConfig, runner):
         """runner: model/model_runner.ModelRunner (scheduler_factory builds both) or a test's fake."""
         self.config = config
@@ -51,8 +53,9 @@ class Scheduler:
         self.running: list[Req] = []
         self.outbox = Outbox()
         self.pins = PinTable(self.tree, self.pool_tokens)
+        self.sessions = SessionTable(self.pins, config.session_ttl)
         self.stats = SchedulerStats()
-        self.admission = Admission(config, self.tree, self.memory, self.stats)
+        self.admission = Admission(config, self.tree, self.memory, self.stats, self.sessions)
         self.grammar_backend = None
         self.faults = FaultInjector()
         self.model_info = {
@@ -87,6 +90,7 @@ class Scheduler:
                   top_logprobs_num=msg.top_logprobs_num, stream=msg.stream, program_id=msg.program_id,
                   arrival_time=msg.arrival_time or None)
         req.pin_ttl_s = msg.pin_ttl_s
+        req.session_id = msg.session_id
         if sampling.stop:
             req.stop_matcher = IncrementalDetokenizer(self.tokenizer, sampling.stop, sampling.skip_special_tokens)
         constraint = constraint_of(sampling)
@@ -122,6 +126,7 @@ class Scheduler:
 
     def step(self) -> list[TokenOut]:
         self.pins.expire()
+        self.sessions.expire()
         self.admission.collect_grammars(self.waiting, self.faults.check, self._fail)
         plan = self._plan()
         if plan:
@@ -266,12 +271,16 @@ class Scheduler:
 
     def _finish(self, req: Req, reason: dict) -> None:
         req.draft_ids, req.draft_states = [], []
-        pin_ids = req.fill_ids[:req.kv_len] if req.pin_ttl_s is not None and req.table_row is not None else None
+        keep = (req.pin_ttl_s is not None or req.session_id is not None) and req.table_row is not None
+        pin_ids = req.fill_ids[:req.kv_len] if keep else None
         if req.table_row is not None:
             self._release(req)
         if pin_ids is not None and reason["type"] != "abort":
-            handle = self.pins.pin(pin_ids, req.pin_ttl_s)
-            reason = {**reason, "pinned": handle is not None, "pin_handle": handle}
+            if req.pin_ttl_s is not None:
+                handle = self.pins.pin(pin_ids, req.pin_ttl_s)
+                reason = {**reason, "pinned": handle is not None, "pin_handle": handle}
+            if req.session_id is not None:
+                self.sessions.on_finish(req.session_id, pin_ids)
         req.finished_reason = reason
         self.stats.on_finish(req)
         self.outbox.emit(req)
@@ -295,20 +304,3 @@ class Scheduler:
         req.num_preemptions += 1
         self.stats.num_preemptions += 1
         self.waiting.insert(0, req)
-
-    # ---------------------------------------------------------------- admin
-    def unpin(self, handle: str) -> bool:
-        return self.pins.unpin(handle)
-
-    def flush_cache(self) -> bool:
-        if self.running:
-            return False
-        return self.tree.reset()
-
-    def server_info(self, walk: bool = True) -> dict:
-        """Live figures; walk: also run the full integrity check (O(pages)) instead of reporting the
-        last one's result. The serving loop walks only when idle, so a scrape never costs a step."""
-        return server_info(self, walk)
-
-    def check_integrity(self) -> None:
-        check_integrity(self)

@@ -65,6 +65,7 @@ def server_info(s: Any, walk: bool = True) -> dict:
         "num_preemptions": st.num_preemptions,
         "num_pins": len(s.pins),
         "num_pinned_tokens": s.pins.num_pinned_tokens,
+        **s.sessions.info(),
         "num_requests_admitted": st.num_admitted,
         "num_requests_finished": st.num_finished,
         "num_requests_aborted": st.num_aborted,

@@ -4,7 +4,8 @@ The model runner calls `sample` once per step with one logits row per request th
 next token. Order of work, per row (what HF `generate` and the OpenAI API do):
 
   1. constrained-decoding mask and `blocked_ids` -> -inf          (before everything else)
-  2. repetition_penalty on prompt+output tokens (HF), then frequency/presence on output tokens (OpenAI)
+  2. repetition_penalty on prompt+output tokens (HF), then frequency/presence on output tokens (OpenAI),
+     then logit_bias (OpenAI: added to the logit)
   3. greedy rows (temperature 0 or top_k 1): argmax
   4. sampled rows: softmax(logits / temperature); keep top_k; keep the top_p nucleus of what is
      left (renormalised, as HF's warpers chain); drop tokens below min_p * max prob; draw. The draw
@@ -105,7 +106,8 @@ def apply_masks(logits: torch.Tensor, rows: list[SampleRow], allowed_mask: torch
 
 def apply_penalties(logits: torch.Tensor, rows: list[SampleRow], in_place: bool = False) -> torch.Tensor:
     """repetition_penalty (HF: seen logit > 0 is divided, else multiplied) over prompt+output tokens,
-    then logit -= frequency_penalty * count + presence_penalty * (count > 0) over output tokens (OpenAI).
+    then logit -= frequency_penalty * count + presence_penalty * (count > 0) over output tokens (OpenAI),
+    then logit += logit_bias[token] (OpenAI).
 
     Scatter ops on the flat (row * V + token) indices of the rows that have penalties, so the cost is
     the number of tokens, not B * V. Duplicate indices are fine: index_put_ writes the same value
@@ -115,7 +117,8 @@ def apply_penalties(logits: torch.Tensor, rows: list[SampleRow], in_place: bool 
     rep_rows = [i for i, r in enumerate(rows) if r.params.repetition_penalty != 1.0]
     out_rows = [i for i, r in enumerate(rows) if r.output_ids and
                 (r.params.frequency_penalty != 0.0 or r.params.presence_penalty != 0.0)]
-    if not rep_rows and not out_rows:
+    bias_rows = [i for i, r in enumerate(rows) if r.params.logit_bias]
+    if not rep_rows and not out_rows and not bias_rows:
         return logits
     out = logits if in_place else logits.clone(memory_format=torch.contiguous_format)
     flat = out.view(-1)  # [B * V]; in_place callers pass a contiguous tensor
@@ -131,6 +134,10 @@ def apply_penalties(logits: torch.Tensor, rows: list[SampleRow], in_place: bool 
                                   for i in out_rows], vocab_size, out.device)
         flat[idx] = flat[idx] - pen[0]
         flat.index_add_(0, idx, -pen[1])
+    if bias_rows:  # token ids are unique per row (dict keys) and checked < V at the request edge
+        pairs = [(i * vocab_size + t, b) for i in bias_rows for t, b in rows[i].params.logit_bias_pairs()]
+        flat.index_add_(0, _index_tensor([f for f, _ in pairs], out.device),
+                        torch.tensor([b for _, b in pairs], dtype=out.dtype).to(out.device))
     return out
 
 

@@ -1,7 +1,8 @@
 """The FastAPI app: SGLang-native /generate, admin routes, /metrics, and the OpenAI routes.
 
 Every error is an OpenAI-style body {"error": {"message", "type", "param", "code"}}.
-With --api-key, every route but /health needs `Authorization: Bearer <key>`.
+With --api-key, every route but /health and the dashboard's static page (cache_routes.py) needs
+`Authorization: Bearer <key>`.
 """
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from radixrt.runtime.serving.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from radixrt.runtime.serving.openai_routes import SSE_HEADERS, add_openai_routes
+from radixrt.runtime.serving.cache_routes import PUBLIC_PATHS, add_cache_routes
 from radixrt.runtime.serving.pin_routes import add_pin_routes
+from radixrt.runtime.serving.tokenize_routes import add_tokenize_routes
 from radixrt.runtime.request_edge import SequenceResult, generate_output
 from radixrt.runtime.serving.browser_guard import BrowserGuard
 from radixrt.runtime.serving.protocol import (
@@ -28,7 +31,8 @@ from radixrt.runtime.serving.tokenizer_manager import TokenizerManager
 logger = logging.getLogger(__name__)
 
 _ROUTES = {"/generate", "/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/get_model_info",
-           "/get_server_info", "/flush_cache", "/metrics", "/pin_prefix", "/unpin"}
+           "/get_server_info", "/flush_cache", "/metrics", "/pin_prefix", "/unpin", "/cache_tree", "/tokenize", "/detokenize",
+           "/model_info", "/server_info", "/close_session", *PUBLIC_PATHS}
 
 
 class GateMiddleware:
@@ -53,7 +57,7 @@ class GateMiddleware:
         if not self.guard.content_type_ok(scope["method"], headers.get("content-type"), has_body):
             return 415, error_body("POST bodies must be JSON: send Content-Type: application/json",
                                    param="content-type", code="unsupported_media_type")
-        if self.expected is not None and scope["path"] != "/health":
+        if self.expected is not None and scope["path"] != "/health" and scope["path"] not in PUBLIC_PATHS:
             if not hmac.compare_digest(headers.get("authorization", "").encode("latin-1"), self.expected):
                 return 401, error_body("invalid or missing API key (Authorization: Bearer <key>)",
                                        "invalid_request_error", code="invalid_api_key")
@@ -123,7 +127,7 @@ def create_app(tm: TokenizerManager, served_model_name: str, metrics: ServerMetr
             raise APIError("give exactly one of text and input_ids", param="text")
         if req.text is not None:
             batch = isinstance(req.text, list)
-            prompts = await tm.encode(req.text if batch else [req.text])
+            prompts = await tm.encode(req.text if batch else [req.text], add_special_tokens=True)
         else:
             batch = bool(req.input_ids) and isinstance(req.input_ids[0], list)
             prompts = req.input_ids if batch else [req.input_ids]
@@ -137,8 +141,12 @@ def create_app(tm: TokenizerManager, served_model_name: str, metrics: ServerMetr
         reqs, flat_logprob = [], []  # n copies of prompt i follow each other (SGLang's order)
         for i, ids in enumerate(prompts):
             sp = await tm.validate_sampling(params[i])
+            if req.session_id is not None and len(prompts) > 1:
+                raise APIError("session_id needs a single prompt (a session continues one conversation)",
+                               param="session_id")
             copies = tm.make_requests(ids, sp, stream=req.stream, return_logprob=return_logprob[i],
-                                      logprob_start_len=starts[i], top_logprobs_num=tops[i], program_id=req.program_id)
+                                      logprob_start_len=starts[i], top_logprobs_num=tops[i], program_id=req.program_id,
+                                      session_id=req.session_id)
             reqs += copies
             flat_logprob += [return_logprob[i]] * len(copies)
         many = batch or len(reqs) > 1
@@ -166,10 +174,12 @@ def create_app(tm: TokenizerManager, served_model_name: str, metrics: ServerMetr
         return JSONResponse(error_body(reason, "server_error", code=503), 503)
 
     @app.get("/get_model_info")
+    @app.get("/model_info")  # SGLang serves both names
     async def get_model_info() -> dict[str, Any]:
         return {**tm.model_info, "served_model_name": served_model_name, "tokenizer_path": config.model_path}
 
     @app.get("/get_server_info")
+    @app.get("/server_info")
     async def get_server_info() -> dict[str, Any]:
         info = await tm.server_info()
         cfg = dataclasses.asdict(config)
@@ -193,6 +203,8 @@ def create_app(tm: TokenizerManager, served_model_name: str, metrics: ServerMetr
 
     add_openai_routes(app, tm, served_model_name)
     add_pin_routes(app, tm)
+    add_cache_routes(app, tm)
+    add_tokenize_routes(app, tm)
     guard = BrowserGuard(config.host, config.port, config.allowed_hosts, config.allowed_origins)
     app.add_middleware(GateMiddleware, api_key=config.api_key, metrics=metrics, guard=guard)
     return app

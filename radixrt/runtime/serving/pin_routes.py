@@ -1,4 +1,5 @@
-"""POST /pin_prefix and /unpin: a program keeps a fork's shared prefix pinned over HTTP.
+"""POST /pin_prefix and /unpin: a program keeps a fork's shared prefix pinned over HTTP; POST
+/close_session ends a session (core/sessions.py) and lets its pinned turn go.
 
 /pin_prefix computes the prompt's KV (max_new_tokens=0) and leaves its radix path locked
 under a handle until /unpin or the ttl; the scheduler may refuse (handle null), and the DSL
@@ -12,7 +13,7 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from radixrt.runtime.core.pins import MAX_PIN_TTL_S
-from radixrt.runtime.messages import UnpinReq
+from radixrt.runtime.messages import CloseSessionReq, UnpinReq
 from radixrt.runtime.request_edge import SequenceResult
 from radixrt.runtime.serving.protocol import APIError, collect_results, parse_body, read_body
 
@@ -23,6 +24,11 @@ class PinPrefixRequest(BaseModel):
     input_ids: list[int] | None = None
     program_id: str | None = None
     ttl_s: float = Field(default=600.0, gt=0, le=MAX_PIN_TTL_S)
+
+
+class CloseSessionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    session_id: str
 
 
 class UnpinRequest(BaseModel):
@@ -38,7 +44,7 @@ def add_pin_routes(app: FastAPI, tm: Any) -> None:
         req: PinPrefixRequest = parse_body(PinPrefixRequest, await read_body(request, config.max_request_body_bytes))
         if (req.text is None) == (req.input_ids is None):
             raise APIError("give exactly one of text and input_ids", param="text")
-        ids = (await tm.encode([req.text]))[0] if req.text is not None else req.input_ids
+        ids = (await tm.encode([req.text], add_special_tokens=True))[0] if req.text is not None else req.input_ids
         reqs = tm.make_requests(ids, await tm.validate_sampling({"max_new_tokens": 0}), stream=False,
                                 program_id=req.program_id, pin_ttl_s=req.ttl_s)
         handle = tm.generate(reqs)
@@ -52,4 +58,11 @@ def add_pin_routes(app: FastAPI, tm: Any) -> None:
         req: UnpinRequest = parse_body(UnpinRequest, await read_body(request, config.max_request_body_bytes))
         tm.check_alive()
         tm.send_admin(UnpinReq(handle=req.handle))  # fire and forget: an unknown handle is a no-op
+        return {"success": True}
+
+    @app.post("/close_session")
+    async def close_session(request: Request) -> dict[str, Any]:
+        req: CloseSessionRequest = parse_body(CloseSessionRequest, await read_body(request, config.max_request_body_bytes))
+        tm.check_alive()
+        tm.send_admin(CloseSessionReq(session_id=req.session_id))  # an unknown session is a no-op
         return {"success": True}

@@ -79,6 +79,7 @@ class GenerateRequest(_Strict):
     return_text_in_logprobs: bool = False
     rid: Union[str, list[str], None] = None  # accepted for SGLang compatibility; ids are assigned here
     program_id: str | None = None
+    session_id: str | None = None  # radixrt's: keep this conversation's turns cached (core/sessions.py)
 
 
 # ----------------------------------------------------------------- OpenAI-compatible
@@ -101,7 +102,10 @@ class ResponseFormat(_Strict):
 
 
 class _SamplingFields(_Strict):
-    """Sampling fields shared by both OpenAI routes (with SGLang's extras)."""
+    """Sampling fields shared by both OpenAI routes (with SGLang's extras). Unknown top-level fields are
+    accepted and ignored (clients send metadata, user, reasoning_effort, ...): `ignored_fields` names them
+    for the route's warning header and log."""
+    model_config = ConfigDict(extra="allow", strict=True)
     model: str | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -125,6 +129,10 @@ class _SamplingFields(_Strict):
     skip_special_tokens: bool | None = None
     regex: str | None = None
     json_schema: str | None = None
+    session_id: str | None = None  # radixrt's: keep this conversation's turns cached (core/sessions.py)
+
+    def ignored_fields(self) -> list[str]:
+        return sorted(self.model_extra or {})
 
 
 class CompletionRequest(_SamplingFields):
@@ -155,6 +163,14 @@ class ChatMessage(_Strict):
             return self.content
         return "".join(p.text for p in self.content)
 
+    def as_dict(self) -> dict[str, Any]:
+        """The message as a chat template takes it: OpenAI's `developer` role is `system` to a template."""
+        d: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        for key in ("name", "tool_call_id", "tool_calls"):
+            if getattr(self, key) is not None:
+                d[key] = getattr(self, key)
+        return d
+
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
@@ -167,6 +183,7 @@ class ChatCompletionRequest(_SamplingFields):
     parallel_tool_calls: bool | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None  # passed to the chat template (e.g. enable_thinking)
 
 
 def constraint_from_request(req: _SamplingFields) -> dict[str, str]:
@@ -193,14 +210,12 @@ def constraint_from_request(req: _SamplingFields) -> dict[str, str]:
 
 def sampling_dict(req: _SamplingFields, max_new_tokens: int) -> dict[str, Any]:
     """The OpenAI fields as a SamplingParams dict (not yet validated: SamplingParams.from_dict does that)."""
-    if req.logit_bias:
-        raise APIError("logit_bias is not supported", param="logit_bias")
     d: dict[str, Any] = {"max_new_tokens": max_new_tokens, "n": req.n}
     pairs = {"temperature": req.temperature, "top_p": req.top_p, "presence_penalty": req.presence_penalty,
              "frequency_penalty": req.frequency_penalty, "seed": req.seed, "top_k": req.top_k, "min_p": req.min_p,
              "repetition_penalty": req.repetition_penalty, "min_new_tokens": req.min_tokens,
              "stop_token_ids": req.stop_token_ids, "ignore_eos": req.ignore_eos,
-             "skip_special_tokens": req.skip_special_tokens, "stop": req.stop}
+             "skip_special_tokens": req.skip_special_tokens, "stop": req.stop, "logit_bias": req.logit_bias}
     d.update({k: v for k, v in pairs.items() if v is not None})
     d.update(constraint_from_request(req))
     return d

@@ -19,8 +19,8 @@ from radixrt.runtime import messages
 from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.serving.process_control import StopFlag, set_parent_death_signal
 from radixrt.runtime.messages import (
-    AbortReq, UnpinReq, BatchTokenOut, DetokenizeReq, FlushCacheOut, FlushCacheReq, GetServerInfoReq, HealthCheckOut,
-    HealthCheckReq, ProcessFailed, ProcessReady, SchedulerInfo, TokenizedGenerateReq, TokenOut)
+    AbortReq, UnpinReq, BatchTokenOut, CacheTreeOut, CloseSessionReq, DetokenizeReq, FlushCacheOut, FlushCacheReq, GetCacheTreeReq,
+    GetServerInfoReq, HealthCheckOut, HealthCheckReq, ProcessFailed, ProcessReady, SchedulerInfo, TokenizedGenerateReq, TokenOut)
 
 logger = logging.getLogger(__name__)
 
@@ -64,8 +64,12 @@ class SchedulerLoop:
             # the integrity walk only when idle: a scrape (/metrics, /get_server_info) never costs a step
             info = s.server_info(walk=not s.has_work())
             self.to_tokenizer.send(messages.encode(SchedulerInfo(info=info)))
+        elif isinstance(msg, GetCacheTreeReq):
+            self.to_tokenizer.send(messages.encode(CacheTreeOut(view=s.cache_tree(msg.max_depth, msg.max_nodes))))
         elif isinstance(msg, UnpinReq):
             s.unpin(msg.handle)
+        elif isinstance(msg, CloseSessionReq):
+            s.close_session(msg.session_id)
         elif isinstance(msg, FlushCacheReq):
             self.to_tokenizer.send(messages.encode(FlushCacheOut(success=bool(s.flush_cache()))))
         else:
@@ -91,6 +95,8 @@ class SchedulerLoop:
                     self.to_tokenizer.send(messages.encode(SchedulerInfo(info={"error": f"{type(e).__name__}: {e}"})))
                 elif isinstance(msg, FlushCacheReq):
                     self.to_tokenizer.send(messages.encode(FlushCacheOut(success=False)))
+                elif isinstance(msg, GetCacheTreeReq):
+                    self.to_tokenizer.send(messages.encode(CacheTreeOut(view={"error": f"{type(e).__name__}: {e}"})))
 
     def run(self, flag: StopFlag) -> None:
         s = self.scheduler

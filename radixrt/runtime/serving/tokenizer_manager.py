@@ -22,8 +22,9 @@ from radixrt.runtime import messages
 from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.serving.process_control import wait_for_children
 from radixrt.runtime.messages import (
-    AbortReq, BatchTextOut, FlushCacheOut, FlushCacheReq, GetServerInfoReq, HealthCheckOut, HealthCheckReq,
-    SchedulerInfo, TokenizedGenerateReq)
+    AbortReq, BatchTextOut, CacheTreeOut, FlushCacheOut, FlushCacheReq, GetCacheTreeReq, GetServerInfoReq,
+    HealthCheckOut, HealthCheckReq, SchedulerInfo, TokenizedGenerateReq)
+from radixrt.runtime.cache_tree_text import add_previews
 from radixrt.runtime.serving.metrics import ServerMetrics
 from radixrt.runtime.serving.request_handle import ReqState, RequestHandle
 from radixrt.runtime.serving.protocol import APIError, from_value_error
@@ -54,6 +55,7 @@ class TokenizerManager:
         self._rid_counter = itertools.count()
         self._info_waiters: collections.deque[asyncio.Future] = collections.deque()
         self._flush_waiters: collections.deque[asyncio.Future] = collections.deque()
+        self._tree_waiters: collections.deque[asyncio.Future] = collections.deque()
         self._health_waiters: dict[int, asyncio.Future] = {}
         self._probe_ids = itertools.count()
         self._grammar = None
@@ -111,6 +113,8 @@ class TokenizerManager:
                 _resolve_next(self._info_waiters, msg.info)
             elif isinstance(msg, FlushCacheOut):
                 _resolve_next(self._flush_waiters, msg.success)
+            elif isinstance(msg, CacheTreeOut):
+                _resolve_next(self._tree_waiters, msg.view)
             elif isinstance(msg, HealthCheckOut):
                 self.last_heartbeat = time.monotonic()
                 fut = self._health_waiters.pop(msg.probe_id, None)
@@ -159,7 +163,7 @@ class TokenizerManager:
                                             "finished_reason": {"type": "abort", "message": reason},
                                             "server_error": True}))
         self.states.clear()
-        for fut in [*self._info_waiters, *self._flush_waiters, *self._health_waiters.values()]:
+        for fut in [*self._info_waiters, *self._flush_waiters, *self._tree_waiters, *self._health_waiters.values()]:
             if not fut.done():
                 fut.set_exception(APIError(reason, 503, "server_error"))
 
@@ -180,11 +184,13 @@ class TokenizerManager:
         if self.dead_reason is not None:
             raise APIError(f"the server is shutting down: {self.dead_reason}", 503, "server_error")
 
-    async def encode(self, texts: list[str]) -> list[list[int]]:
-        """Token ids of each text (no special tokens added, as the Engine does). Long inputs are
-        tokenized on a worker thread so one huge prompt does not stall every other stream."""
+    async def encode(self, texts: list[str], add_special_tokens: bool = False) -> list[list[int]]:
+        """Token ids of each text. Raw prompts (/generate, /v1/completions) pass add_special_tokens=True:
+        the BOS token exactly when the tokenizer's config says to add one, as transformers does; a chat
+        template's text already carries its own. Long inputs are tokenized on a worker thread so one
+        huge prompt does not stall every other stream."""
         def run() -> list[list[int]]:
-            return [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
+            return [self.tokenizer.encode(t, add_special_tokens=add_special_tokens) for t in texts]
         return run() if sum(len(t) for t in texts) < 20_000 else await asyncio.to_thread(run)
 
     async def validate_sampling(self, params: dict[str, Any] | None) -> SamplingParams:
@@ -225,16 +231,17 @@ class TokenizerManager:
 
     def make_requests(self, input_ids: list[int], sp: SamplingParams, *, stream: bool, return_logprob: bool = False,
                       logprob_start_len: int | None = None, top_logprobs_num: int = 0,
-                      program_id: str | None = None, pin_ttl_s: float | None = None) -> list[TokenizedGenerateReq]:
+                      program_id: str | None = None, pin_ttl_s: float | None = None,
+                      session_id: str | None = None) -> list[TokenizedGenerateReq]:
         """One prompt -> sp.n scheduler requests (seeds seed+i), after checking it can ever run."""
         try:
             start = check_prompt(input_ids, sp, self.limits, return_logprob=return_logprob,
                                  logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num)
+            return expand_n(self.new_rid(), input_ids, sp, stream=stream, return_logprob=return_logprob,
+                            logprob_start_len=start, top_logprobs_num=top_logprobs_num, program_id=program_id,
+                            pin_ttl_s=pin_ttl_s, session_id=session_id)
         except RequestError as e:
             raise from_value_error(e) from None
-        return expand_n(self.new_rid(), input_ids, sp, stream=stream, return_logprob=return_logprob,
-                        logprob_start_len=start, top_logprobs_num=top_logprobs_num, program_id=program_id,
-                        pin_ttl_s=pin_ttl_s)
 
     def generate(self, reqs: list[TokenizedGenerateReq]) -> RequestHandle:
         self.check_alive()
@@ -280,6 +287,13 @@ class TokenizerManager:
 
     async def flush_cache(self, timeout: float = 30.0) -> bool:
         return await self._ask(FlushCacheReq(), self._flush_waiters, timeout)
+
+    async def cache_tree(self, max_depth: int, max_nodes: int, timeout: float = 30.0) -> dict[str, Any]:
+        """The scheduler's cache view with text previews (decoded here: the scheduler has no tokenizer)."""
+        view = await self._ask(GetCacheTreeReq(max_depth=max_depth, max_nodes=max_nodes), self._tree_waiters, timeout)
+        if "error" in view:
+            raise APIError(f"the cache view failed: {view['error']}", 500, "server_error")
+        return add_previews(view, self.tokenizer)
 
     async def health_probe(self, timeout: float = 20.0) -> bool:
         """True when the scheduler answers a probe in time (one scheduler step at most)."""

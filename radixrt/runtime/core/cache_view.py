@@ -1,0 +1,96 @@
+"""What the radix tree holds, as plain data for `GET /cache_tree`, the dashboard and `radixrt cache-tree`.
+
+Each node reports its edge (token count and the first few token ids, which the caller with a tokenizer
+turns into a text preview), the requests that matched through it (`hits`), the cached tokens those
+matches served (`tokens_served` = hits x edge tokens: a match never ends inside an edge, because
+match_prefix splits it there), its age, lock references and pins. A big tree is summarised, not dumped:
+children are visited largest subtree first, and past `max_depth` levels or `max_nodes` nodes the rest
+of a node's children are folded into its `omitted` figures. Building the view walks the tree once.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from radixrt.runtime.core.radix_cache import RadixCache, TreeNode
+
+DEFAULT_MAX_DEPTH = 16
+DEFAULT_MAX_NODES = 500
+MAX_NODES_LIMIT = 10_000   # what a caller may ask for at most (a view is JSON sent over HTTP)
+MAX_DEPTH_LIMIT = 256
+PREVIEW_TOKENS = 24        # token ids of an edge sent for its text preview
+
+
+def _subtree_totals(root: TreeNode) -> dict[int, tuple[int, int, int]]:
+    """node_id -> (nodes, tokens, hits) of the subtree below and including each node, one post-order walk."""
+    totals: dict[int, tuple[int, int, int]] = {}
+    stack: list[tuple[TreeNode, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        if not done:
+            stack.append((node, True))
+            stack.extend((c, False) for c in node.children.values())
+            continue
+        nodes, tokens, hits = 1, len(node.key), node.hits
+        for c in node.children.values():
+            n, t, h = totals[c.node_id]
+            nodes, tokens, hits = nodes + n, tokens + t, hits + h
+        totals[node.node_id] = (nodes, tokens, hits)
+    return totals
+
+
+def cache_tree_view(tree: RadixCache, pinned: list[TreeNode], max_depth: int = DEFAULT_MAX_DEPTH,
+                    max_nodes: int = DEFAULT_MAX_NODES, preview_tokens: int = PREVIEW_TOKENS) -> dict[str, Any]:
+    """{"root": node, "num_nodes", "num_tokens", "num_nodes_shown", "page_size", "disabled"}; each node:
+    {"id", "num_tokens", "preview_ids", "hits", "tokens_served", "prefix_len", "last_access_age_s",
+    "lock_ref", "pins", "subtree_tokens", "children", "omitted": None or {"nodes", "tokens", "hits"}}."""
+    if max_depth < 1 or max_nodes < 1:
+        raise ValueError(f"max_depth and max_nodes must be >= 1, got {max_depth} and {max_nodes}")
+    now = time.time()
+    pins: dict[int, int] = {}
+    for node in pinned:  # a pin locks its whole path
+        while node is not None and node is not tree.root:
+            pins[node.node_id] = pins.get(node.node_id, 0) + 1
+            node = node.parent
+    totals = _subtree_totals(tree.root)
+    shown = 0  # nodes in the view besides the root
+
+    def describe(node: TreeNode, prefix_len: int) -> dict[str, Any]:
+        n = len(node.key)
+        return {
+            "id": node.node_id,
+            "num_tokens": n,
+            "preview_ids": node.key[:preview_tokens],
+            "hits": node.hits,
+            "tokens_served": node.hits * n,
+            "prefix_len": prefix_len + n,
+            "last_access_age_s": round(now - node.last_access_time, 3) if node.last_access_time else None,
+            "lock_ref": node.lock_ref,
+            "pins": pins.get(node.node_id, 0),
+            "subtree_tokens": totals[node.node_id][1],
+            "children": [],
+            "omitted": None,
+        }
+
+    root = describe(tree.root, 0)
+    root["last_access_age_s"] = None
+    # breadth-first, so a node budget keeps the upper levels whole; siblings largest first
+    frontier: list[tuple[TreeNode, dict[str, Any], int]] = [(tree.root, root, 0)]
+    while frontier:
+        nxt = []
+        for node, out, depth in frontier:
+            children = sorted(node.children.values(), key=lambda c: (-totals[c.node_id][1], c.node_id))
+            for i, child in enumerate(children):
+                if depth >= max_depth or shown >= max_nodes:
+                    rest = [totals[c.node_id] for c in children[i:]]
+                    out["omitted"] = {"nodes": sum(r[0] for r in rest), "tokens": sum(r[1] for r in rest),
+                                      "hits": sum(r[2] for r in rest)}
+                    break
+                view = describe(child, out["prefix_len"])
+                out["children"].append(view)
+                shown += 1
+                nxt.append((child, view, depth + 1))
+        frontier = nxt
+    nodes, tokens, _ = totals[tree.root.node_id]
+    return {"root": root, "num_nodes": nodes - 1, "num_tokens": tokens, "num_nodes_shown": shown,
+            "page_size": tree.page_size, "disabled": tree.disable}

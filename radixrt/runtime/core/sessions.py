@@ -1,0 +1,93 @@
+"""Sessions: a multi-turn conversation keeps its last turn pinned in the radix tree.
+
+A request may carry a session_id. When it finishes, its prompt + output (what has KV) is pinned
+(pins.py: within the pool's pin caps) and the session's previous pin is let go, in that order, so the
+part the two turns share never looks free. The next turn, whose prompt extends that text, is then a
+cache hit for all of it even when other traffic has filled the pool. A session ends when it is closed,
+when its pin's ttl passes without a new turn, or when MAX_SESSIONS newer sessions push it out. Per
+session the table counts turns and prompt / cached tokens (its hit rate) for /get_server_info.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from radixrt.runtime.core.pins import PinTable
+
+MAX_SESSIONS = 4096
+MAX_REPORTED = 64  # sessions listed in server_info (the most recently used)
+MAX_SESSION_ID_CHARS = 128
+
+
+@dataclass
+class Session:
+    handle: str | None = None   # the pin holding the last turn (None: not pinned, e.g. refused by the caps)
+    turns: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    pinned_tokens: int = 0
+
+
+class SessionTable:
+    def __init__(self, pins: PinTable, ttl_s: float):
+        self.pins = pins
+        self.ttl_s = ttl_s
+        self._sessions: OrderedDict[str, Session] = OrderedDict()  # least recently used first
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def on_admit(self, session_id: str, prompt_tokens: int, cached_tokens: int) -> None:
+        s = self._touch(session_id)
+        s.turns += 1
+        s.prompt_tokens += prompt_tokens
+        s.cached_tokens += cached_tokens
+
+    def on_finish(self, session_id: str, token_ids: list[int]) -> None:
+        """Pin the finished turn's tokens (those with KV), then let the previous turn's pin go."""
+        s = self._touch(session_id)
+        handle = self.pins.pin(token_ids, self.ttl_s) if token_ids else None
+        if handle is not None or s.handle is None or self.pins.expiry(s.handle) is None:
+            self._unpin(s)
+            s.handle = handle
+            s.pinned_tokens = len(token_ids) if handle is not None else 0
+        # refused (over the caps) with an older pin alive: the older turn stays pinned; it is still a
+        # prefix of what comes next
+
+    def close(self, session_id: str) -> bool:
+        s = self._sessions.pop(session_id, None)
+        if s is None:
+            return False
+        self._unpin(s)
+        return True
+
+    def expire(self) -> None:
+        """Forget sessions whose pin lapsed (pins.expire ran first)."""
+        for sid in [sid for sid, s in self._sessions.items() if s.handle is not None
+                    and self.pins.expiry(s.handle) is None]:
+            del self._sessions[sid]
+
+    def clear(self) -> None:
+        for sid in list(self._sessions):
+            self.close(sid)
+
+    def info(self) -> dict:
+        recent = list(self._sessions.items())[-MAX_REPORTED:][::-1]
+        return {"num_sessions": len(self._sessions),
+                "sessions": {sid: {"turns": s.turns, "prompt_tokens": s.prompt_tokens,
+                                   "cached_tokens": s.cached_tokens, "pinned_tokens": s.pinned_tokens,
+                                   "hit_rate": s.cached_tokens / s.prompt_tokens if s.prompt_tokens else 0.0}
+                             for sid, s in recent}}
+
+    def _touch(self, session_id: str) -> Session:
+        s = self._sessions.pop(session_id, None) or Session()
+        self._sessions[session_id] = s  # most recently used last
+        while len(self._sessions) > MAX_SESSIONS:
+            _, oldest = self._sessions.popitem(last=False)
+            self._unpin(oldest)
+        return s
+
+    def _unpin(self, s: Session) -> None:
+        if s.handle is not None:
+            self.pins.unpin(s.handle)
+            s.handle, s.pinned_tokens = None, 0

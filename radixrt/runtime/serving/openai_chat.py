@@ -1,0 +1,246 @@
+"""POST /v1/chat/completions: the chat template, plain answers, and tool calls (tool_calls.py).
+
+With tools and tool_choice `required` or a named function, every choice is grammar-constrained to calls
+from its first token. With `auto` (one choice) the answer runs unconstrained with `<tool_call>` as an
+extra stop string; if the model opens a call, a second phase continues from the same prefix (a radix
+cache hit) constrained to calls. Stream and non-stream read calls with the same incremental parser.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from radixrt.runtime.request_edge import SequenceResult
+from radixrt.runtime.serving import tool_calls
+from radixrt.runtime.serving.protocol import (
+    SSE_DONE, APIError, ChatCompletionRequest, accumulate, parse_body, raise_error, read_body, sse, until_disconnect)
+from radixrt.runtime.serving.tool_call_parser import OPEN, ArgsDelta, CallEnd, CallStart, Content, ToolCallParser
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class ChatRoute:
+    def __init__(self, routes: Any):
+        self.routes = routes  # OpenAIRoutes: model check, request preparation, usage, logprobs, finish reasons
+        self.tm = routes.tm
+
+    async def prompt_ids(self, req: ChatCompletionRequest, plan: tool_calls.ToolPlan | None) -> list[int]:
+        msgs = [m.as_dict() for m in req.messages]
+        if req.continue_final_message and msgs[-1]["role"] != "assistant":
+            raise APIError("continue_final_message needs the last message to be from the assistant", param="messages")
+        kwargs = dict(req.chat_template_kwargs or {})
+        tokenizer = self.tm.tokenizer
+        if req.tools and tool_calls.template_renders_tools(tokenizer):
+            kwargs["tools"] = req.tools
+        else:
+            msgs = tool_calls.fallback_messages(msgs, plan)
+        try:
+            text = tokenizer.apply_chat_template(
+                msgs, tokenize=False, add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
+                continue_final_message=req.continue_final_message, **kwargs)
+        except Exception as e:  # the template itself refuses (e.g. roles out of order)
+            raise APIError(f"the chat template rejected the messages: {e}", param="messages") from None
+        return (await self.tm.encode([text]))[0]
+
+    async def __call__(self, request: Request) -> Any:
+        req: ChatCompletionRequest = parse_body(
+            ChatCompletionRequest, await read_body(request, self.tm.config.max_request_body_bytes))
+        return self.routes.reply(req, await self.answer(request, req))
+
+    async def answer(self, request: Request, req: ChatCompletionRequest) -> Any:
+        self.routes.check_model(req.model)
+        if req.top_logprobs and not req.logprobs:
+            raise APIError("top_logprobs needs logprobs to be true", param="top_logprobs")
+        plan = tool_calls.plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
+        prompt = await self.prompt_ids(req, plan)
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        if plan is not None and plan.mode != "none":
+            return await self.with_tools(request, req, plan, prompt, max_tokens)
+        handle, results, prompt_tokens = await self.routes.prepare(req, [prompt], max_tokens, req.logprobs,
+                                                                   req.top_logprobs or 0)
+        base = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": self.routes.model_name}
+
+        def lp(res: SequenceResult, start: int) -> dict[str, Any] | None:
+            return self.routes.chat_logprobs(res.output_logprobs, res.output_top_logprobs, start) if req.logprobs else None
+
+        if req.stream:
+            cbase = {**base, "object": "chat.completion.chunk"}
+            first = [sse({**cbase, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                                "logprobs": None, "finish_reason": None}]})
+                     for i in range(len(results))]
+
+            def chunk(i: int, res: SequenceResult, text: str, start: int) -> dict[str, Any]:
+                delta = {"content": text} if text else {}
+                return {**cbase, "choices": [{"index": i, "delta": delta, "logprobs": lp(res, start),
+                                              "finish_reason": self.routes.finish_reason(res),
+                                              "matched_stop": self.routes.matched_stop(res)}]}
+
+            gen = self.routes.stream(handle, results, first, chunk,
+                                     *self.routes.usage_options(req, cbase, results, prompt_tokens))
+            return StreamingResponse(gen, media_type="text/event-stream", headers=SSE_HEADERS)
+        await self.routes.run(request, handle, results)
+        return {**base, "object": "chat.completion",
+                "choices": [{"index": i, "message": {"role": "assistant", "content": r.text},
+                             "logprobs": lp(r, 0), "finish_reason": self.routes.finish_reason(r),
+                             "matched_stop": self.routes.matched_stop(r)}
+                            for i, r in enumerate(results)],
+                "usage": self.routes.usage(results, prompt_tokens)}
+
+    # ---------------------------------------------------------------- tools
+    async def with_tools(self, request: Request, req: ChatCompletionRequest, plan: tool_calls.ToolPlan,
+                         prompt: list[int], max_tokens: int | None) -> Any:
+        if req.logprobs:
+            raise APIError("logprobs together with tools is not supported", param="logprobs")
+        if req.response_format is not None or req.regex is not None or req.json_schema is not None:
+            raise APIError("tools cannot be combined with response_format, regex or json_schema", param="tools")
+        if plan.mode == "auto" and req.n != 1:
+            raise APIError("tool_choice auto supports n = 1 only (use required or a named function)", param="n")
+        run = ToolRun(self, req, plan, prompt, max_tokens)
+        await run.start()
+        base = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": self.routes.model_name}
+        if req.stream:
+            return StreamingResponse(run.sse({**base, "object": "chat.completion.chunk"}),
+                                     media_type="text/event-stream", headers=SSE_HEADERS)
+        try:
+            async def drain() -> None:
+                async for _ in run.events():
+                    pass
+            await until_disconnect(request, drain())
+        finally:
+            run.close()
+        return {**base, "object": "chat.completion", "choices": [run.choice(i) for i in range(run.n)],
+                "usage": run.usage()}
+
+
+class ToolRun:
+    """One chat request with tools: its phases, and per choice the parser and what it produced."""
+
+    def __init__(self, chat: ChatRoute, req: ChatCompletionRequest, plan: tool_calls.ToolPlan, prompt: list[int],
+                 max_tokens: int | None):
+        self.chat, self.req, self.plan, self.prompt, self.max_tokens = chat, req, plan, prompt, max_tokens
+        self.n = req.n
+        self.parsers = [ToolCallParser() for _ in range(self.n)]
+        self.content = [""] * self.n
+        self.calls: list[list[dict[str, Any]]] = [[] for _ in range(self.n)]
+        self.finish: list[str | None] = [None] * self.n
+        self.phase_results: list[list[SequenceResult]] = []
+        self.prompt_tokens = 0
+        self.handle: Any = None
+
+    async def start(self) -> None:
+        """Phase 1 (refusals are a 400 before anything is sent)."""
+        if self.plan.mode == "auto":
+            stop = self.req.stop if isinstance(self.req.stop, list) else [self.req.stop] * (self.req.stop is not None)
+            extra = {"stop": [*stop, OPEN]}
+        else:
+            extra = {"tool_call_grammar": self.plan.grammar(opened=False)}
+        await self._phase(self.prompt, self.max_tokens, extra)
+
+    async def _phase(self, prompt: list[int], max_tokens: int | None, extra: dict[str, Any]) -> None:
+        self.handle, results, prompt_tokens = await self.chat.routes.prepare(self.req, [prompt], max_tokens, False, 0,
+                                                                            extra=extra)
+        self.phase_results.append(results)
+        self.prompt_tokens = self.prompt_tokens or prompt_tokens
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.close()
+
+    def _apply(self, idx: int, events: list) -> list:
+        for e in events:
+            if isinstance(e, Content):
+                self.content[idx] += e.text
+            elif isinstance(e, CallStart):
+                self.calls[idx].append({"id": tool_calls.new_call_id(), "type": "function",
+                                        "function": {"name": e.name, "arguments": ""}})
+            elif isinstance(e, ArgsDelta):
+                self.calls[idx][e.index]["function"]["arguments"] += e.text
+        return events
+
+    async def events(self) -> AsyncIterator[tuple[int, list]]:
+        """(choice, parser events) as the text arrives, through every phase; sets finish reasons."""
+        reopen = None
+        results = self.phase_results[0]
+        async for idx, out, failed in accumulate(self.handle, results):
+            if failed is not None:
+                raise_error(results[idx])
+            yield idx, self._apply(idx, self.parsers[idx].feed(out.get("text", "")))
+            res = results[idx]
+            if res.finished:
+                if self.plan.mode == "auto" and (res.finished_reason or {}).get("matched") == OPEN:
+                    reopen = res
+                else:
+                    yield idx, self._end(idx, res)
+        if reopen is None:
+            return
+        self.handle.close()
+        # the model opened a call: continue from the same prefix, constrained to calls from here
+        yield 0, self._apply(0, self.parsers[0].feed(OPEN))
+        text_ids = (await self.chat.tm.encode([reopen.text + OPEN]))[0]
+        used = reopen.completion_tokens
+        left = None if self.max_tokens is None else max(1, self.max_tokens - used)
+        await self._phase(self.prompt + text_ids, left, {"tool_call_grammar": self.plan.grammar(opened=True)})
+        results = self.phase_results[-1]
+        async for idx, out, failed in accumulate(self.handle, results):
+            if failed is not None:
+                raise_error(results[idx])
+            yield 0, self._apply(0, self.parsers[0].feed(out.get("text", "")))
+            if results[idx].finished:
+                yield 0, self._end(0, results[idx])
+
+    def _end(self, idx: int, res: SequenceResult) -> list:
+        events = self._apply(idx, self.parsers[idx].finish())
+        done = self.parsers[idx].num_calls
+        self.finish[idx] = "tool_calls" if done and not self.parsers[idx].in_call else self.chat.routes.finish_reason(res)
+        return events
+
+    def choice(self, i: int) -> dict[str, Any]:
+        message = {"role": "assistant", "content": self.content[i] or None}
+        if self.calls[i]:
+            message["tool_calls"] = self.calls[i]
+        return {"index": i, "message": message, "logprobs": None, "finish_reason": self.finish[i]}
+
+    def usage(self) -> dict[str, Any]:
+        everything = [r for phase in self.phase_results for r in phase]
+        usage = self.chat.routes.usage(everything, self.prompt_tokens)
+        usage["prompt_tokens_details"]["cached_tokens"] = sum(r.cached_tokens for r in self.phase_results[0])
+        return usage
+
+    async def sse(self, cbase: dict[str, Any]) -> AsyncIterator[bytes]:
+        opts = self.req.stream_options
+        continuous = opts is not None and opts.continuous_usage_stats
+
+        def chunk(idx: int, delta: dict[str, Any], finish: str | None = None) -> bytes:
+            obj = {**cbase, "choices": [{"index": idx, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+            if continuous:
+                obj["usage"] = self.usage()
+            return sse(obj)
+
+        try:
+            for i in range(self.n):
+                yield chunk(i, {"role": "assistant", "content": ""})
+            async for idx, events in self.events():
+                for e in events:
+                    if isinstance(e, Content) and e.text:
+                        yield chunk(idx, {"content": e.text})
+                    elif isinstance(e, CallStart):
+                        call = self.calls[idx][e.index]
+                        yield chunk(idx, {"tool_calls": [{"index": e.index, "id": call["id"], "type": "function",
+                                                          "function": {"name": e.name, "arguments": ""}}]})
+                    elif isinstance(e, ArgsDelta):
+                        yield chunk(idx, {"tool_calls": [{"index": e.index, "function": {"arguments": e.text}}]})
+                    elif isinstance(e, CallEnd):
+                        pass  # OpenAI has no event for it; the finish reason comes with the last chunk
+                if self.finish[idx] is not None:
+                    yield chunk(idx, {}, self.finish[idx])
+            if opts is not None and opts.include_usage:
+                yield sse({**cbase, "choices": [], "usage": self.usage()})
+        except APIError as e:
+            yield sse(e.body())
+        finally:
+            self.close()
+        yield SSE_DONE
