@@ -67,12 +67,15 @@ class Function:
             raise ValueError(f"{self.name}() has no argument(s) {', '.join(unknown)}")
         return Function(self.func, {**self.bind_arguments, **kwargs}, self.num_api_spec_tokens)
 
-    def run(self, *args: Any, stream: bool = False, backend: Any = None, **kwargs: Any) -> Any:
+    def run(self, *args: Any, stream: bool = False, backend: Any = None, session_id: str | None = None,
+            **kwargs: Any) -> Any:
         """Run once; returns the ProgramState. Keyword arguments named like sampling
         parameters (max_new_tokens, temperature, stop, ...) set the defaults of every gen;
-        the others are the program's arguments."""
+        the others are the program's arguments. session_id: a multi-turn program's runs are turns of
+        one conversation; the runtime keeps the last one cached until the next (or close_session)."""
         sampling = {k: kwargs.pop(k) for k in list(kwargs) if k in _SAMPLING_KEYS and k not in self.arg_names}
-        state, error = run_program(self, backend, args, kwargs, _defaults(**sampling), stream=stream)
+        state, error = run_program(self, backend, args, kwargs, _defaults(**sampling), stream=stream,
+                                   session_id=session_id)
         if error is not None:
             raise for_user(error)
         return state

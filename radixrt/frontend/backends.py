@@ -89,10 +89,11 @@ class Backend:
         self._chat_template = template
 
     def generate(self, text: str, sampling_params: dict, program_id: str | None = None,
-                 **logprob_options: Any) -> tuple[str | list[str], dict | list[dict]]:
-        """(text, meta_info); with sampling_params n > 1, a list of each, one per sample."""
+                 session_id: str | None = None, **logprob_options: Any) -> tuple[str | list[str], dict | list[dict]]:
+        """(text, meta_info); with sampling_params n > 1, a list of each, one per sample. session_id: the
+        runtime keeps this turn pinned until the session's next one (Engine.generate)."""
         result = self._generate(prompt=text, sampling_params=sampling_params, program_id=program_id,
-                                **logprob_options)
+                                **({"session_id": session_id} if session_id is not None else {}), **logprob_options)
         if isinstance(result, list):  # n > 1: the runtime answers one result per sample
             results = [_check(r) for r in result]
             return [r["text"] for r in results], [r["meta_info"] for r in results]
@@ -100,9 +101,10 @@ class Backend:
         return result["text"], result["meta_info"]
 
     def generate_stream(self, text: str, sampling_params: dict, program_id: str | None = None,
-                        **logprob_options: Any) -> Iterator[tuple[str, dict]]:
+                        session_id: str | None = None, **logprob_options: Any) -> Iterator[tuple[str, dict]]:
+        session = {"session_id": session_id} if session_id is not None else {}
         for delta, meta in self._generate_stream(prompt=text, sampling_params=sampling_params,
-                                                 program_id=program_id, **logprob_options):
+                                                 program_id=program_id, **session, **logprob_options):
             _check({"meta_info": meta})
             yield delta, meta
 
@@ -226,6 +228,9 @@ class EngineBackend(Backend):
 
     def unpin(self, handle: Any) -> None:
         self.engine.unpin(handle)
+
+    def close_session(self, session_id: str) -> None:
+        self.engine.close_session(session_id)
 
     def flush_cache(self) -> bool:
         return self.engine.flush_cache()

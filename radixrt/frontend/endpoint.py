@@ -162,6 +162,9 @@ class RuntimeEndpoint(Backend):
     def unpin(self, handle: Any) -> None:
         self._call("POST", "/unpin", {"handle": handle}, allow_404=True)
 
+    def close_session(self, session_id: str) -> None:
+        self._call("POST", "/close_session", {"session_id": session_id})
+
     def flush_cache(self, empty_cache: bool = True) -> bool:
         res = self._call("POST", "/flush_cache", {})
         try:

@@ -173,6 +173,8 @@ class StreamExecutor:
     def _gen(self, gen: ir.Gen) -> None:
         sampling, logprob = self._sampling(gen)
         pid = self.program.program_id
+        if self.program.session_id is not None:
+            logprob = {**logprob, "session_id": self.program.session_id}
         if not self.stream or sampling.get("n", 1) > 1:
             text, meta = self.backend.generate(self.text_, sampling, program_id=pid, **logprob)
             # n > 1: the variable (and its meta info) holds every sample, in order; the program's text

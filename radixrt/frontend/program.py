@@ -16,8 +16,10 @@ from radixrt.frontend import ir
 class Program:
     """What all states of one run share: its id, its backend, pinned prefixes, executors."""
 
-    def __init__(self, backend: Any, defaults: ir.GenParams, stream: bool, chat_template: Any = None):
+    def __init__(self, backend: Any, defaults: ir.GenParams, stream: bool, chat_template: Any = None,
+                 session_id: str | None = None):
         self.backend = backend
+        self.session_id = session_id  # every gen of the run is a turn of this runtime session
         self.defaults = defaults
         self.stream = stream
         self.program_id = uuid.uuid4().hex

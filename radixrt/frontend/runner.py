@@ -112,10 +112,10 @@ def _execute(function: Any, arguments: dict, program: Program, state: ProgramSta
 
 
 def run_program(function: Any, backend: Any, args: tuple, kwargs: dict, defaults: ir.GenParams,
-                stream: bool = False) -> tuple[ProgramState, BaseException | None]:
+                stream: bool = False, session_id: str | None = None) -> tuple[ProgramState, BaseException | None]:
     """Run (or, streaming, start) the program; returns its state and its failure, if any."""
     arguments = bind_arguments(function, args, kwargs)
-    program = Program(resolve_backend(backend), defaults, stream)
+    program = Program(resolve_backend(backend), defaults, stream, session_id=session_id)
     state = ProgramState(StreamExecutor(program))
     if stream:
         threading.Thread(target=_execute, args=(function, arguments, program, state),

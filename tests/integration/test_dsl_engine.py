@@ -184,3 +184,34 @@ def test_gen_n_samples_equal_single_seeded_gens_and_share_the_prompt():
         with pytest.raises(ValueError, match="gen n must be"):
             sgl.gen("x", n=bad)
     be.engine.check_integrity()  # the engine is shared by this module's tests (dsl_shared): no shutdown
+
+
+def test_a_multi_turn_program_keeps_its_turns_cached_in_a_session():
+    """Runs of one program with session_id are turns of a conversation: each turn's KV stays pinned until the
+    next, so unrelated traffic that fills the small pool does not evict it (cached_tokens is the truth)."""
+    engine = sgl.Engine(dtype="float32", max_total_tokens=1024)
+    backend = sgl.EngineBackend(engine)
+
+    @sgl.function
+    def turn(s, history, question):
+        s += history
+        s += sgl.user(question)
+        s += sgl.assistant(sgl.gen("answer", max_tokens=8, temperature=0))
+
+    try:
+        history, kept = "", None
+        for i, question in enumerate(["Hi, who are you?", "Where do you live?", "What do you like?"]):
+            state = turn.run(history=history, question=question, backend=backend, session_id="dsl")
+            meta = state.get_meta_info("answer")
+            if kept is not None:
+                assert meta["cached_tokens"] >= kept, (i, meta)
+            kept = meta["prompt_tokens"] + meta["completion_tokens"] - 1  # the last sampled token has no KV
+            history = state.text()
+            for k in range(3):  # unrelated traffic: 3 x ~300 tokens fill the 1,024-token pool
+                engine.generate(f"Unrelated filler {i}-{k}: " + "lorem ipsum " * 140, {"max_new_tokens": 1})
+        assert engine.get_server_info()["sessions"]["dsl"]["turns"] == 3
+        backend.close_session("dsl")
+        engine.check_integrity()
+        assert engine.get_server_info()["num_pins"] == 0
+    finally:
+        engine.shutdown()

@@ -358,3 +358,45 @@ def test_abort_in_the_middle_of_a_chunked_prefill(page_size):
     assert ids(outs, "again") == reference_output(p, 6, VOCAB, 0)
     assert outs["again"][-1].cached_tokens == (32 // page_size) * page_size  # the aborted chunks were kept
     assert_all_pages_back(s)
+
+
+@pytest.mark.parametrize("chunk", [16, 512])
+def test_pins_and_sessions_yield_to_a_request_that_cannot_otherwise_run(chunk):
+    """A prompt that fits the pool but not the pool minus what is pinned must still run (pins let go,
+    oldest first), with the reference output; before, it waited for the pins' ttl."""
+    s = make(page_size=1, num_tokens=200, chunk=chunk)
+    for i, sid in enumerate(["a", "b"]):  # two sessions, each pinning ~45 tokens of the 200
+        prompt = [11 + i] * 5 + list(range(1, 40))
+        s.add_request(TokenizedGenerateReq(rid=f"turn-{sid}", input_ids=prompt, session_id=sid,
+                                           sampling_params={"max_new_tokens": 2}))
+        drain(s)
+    assert s.server_info()["num_pins"] == 2 and s.server_info()["num_sessions"] == 2
+    big = [(k * 3) % 40 + 10 for k in range(150)]  # 150 + 20 > 200 - 90 pinned
+    submit(s, "big", big, max_new_tokens=20, ignore_eos=True)
+    outs = drain(s, max_steps=500)
+    assert ids(outs, "big") == reference_output(big, 20, VOCAB, eos=None)
+    info = s.server_info()
+    assert info["num_pins"] < 2 and info["num_sessions"] < 2  # the oldest went first
+    s.sessions.clear()
+    assert_all_pages_back(s)
+
+
+def test_session_keeps_its_last_turn_and_counts_hits():
+    s = make(page_size=4, num_tokens=400)
+    prompt = [9] * 10 + list(range(1, 30))
+    for turn in range(3):
+        s.add_request(TokenizedGenerateReq(rid=f"t{turn}", input_ids=prompt, session_id="chat",
+                                           sampling_params={"max_new_tokens": 5, "ignore_eos": True}))
+        outs = drain(s)
+        out = ids(outs, f"t{turn}")
+        if turn:  # everything the last turn left pinned, in whole pages (the last sampled token has no KV)
+            assert outs[f"t{turn}"][-1].cached_tokens == kept // 4 * 4
+        for i in range(8):  # unrelated traffic fills the pool
+            submit(s, f"x{turn}-{i}", [(i * 5 + k) % 40 + 10 for k in range(40)], max_new_tokens=8, ignore_eos=True)
+        drain(s)
+        kept = len(prompt) + len(out) - 1
+        prompt = prompt + out + [3, 4]
+    info = s.server_info()["sessions"]["chat"]
+    assert info["turns"] == 3 and info["cached_tokens"] > 0
+    assert s.close_session("chat") and not s.close_session("chat")
+    assert_all_pages_back(s)

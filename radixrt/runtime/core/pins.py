@@ -1,8 +1,9 @@
 """Prefixes a program keeps pinned in the radix cache (a fork's shared prefix until join).
 
 A pin is a lock on a tree path that outlives the request that computed it. It expires
-after its ttl so a client that dies cannot hold memory forever, and the table refuses
-pins past a share of the pool so pins can never starve running requests.
+after its ttl so a client that dies cannot hold memory forever, the table refuses pins
+past a share of the pool, and when a request cannot run for want of memory the scheduler
+lets pins go, oldest first (drop_oldest): a pin is a cache hint, never a reason to wait.
 """
 from __future__ import annotations
 
@@ -62,6 +63,12 @@ class PinTable:
         now = time.monotonic()
         for handle in [h for h, (_, expiry, _) in self._pins.items() if expiry <= now]:
             self.unpin(handle)
+
+    def drop_oldest(self) -> bool:
+        """Let the oldest pin go (memory is needed for a request that cannot run otherwise)."""
+        if not self._pins:
+            return False
+        return self.unpin(next(iter(self._pins)))
 
     def pinned_nodes(self) -> list[object]:
         """The last node of every pinned path (a node may appear once per pin)."""

@@ -161,9 +161,16 @@ class Scheduler(SchedulerAdmin):
     def _plan(self) -> list[tuple[Req, PlanItem]]:
         decodes = self._plan_decodes()
         extends = self._plan_extends()
-        if not decodes and not extends and self.running:
-            # every running request is stuck on memory: free the newest so the rest progress
-            self._preempt(self._newest_running())
+        if not decodes and not extends:
+            stuck = self.running or any(r.grammar_future is None for r in self.waiting)
+            if stuck and len(self.pins):
+                # nothing can run for want of memory: pinned prefixes are a cache hint, and they yield
+                # (oldest first) to requests that could otherwise never run; the next step retries
+                log.info("memory is short for the next request: releasing the oldest pinned prefix")
+                self.pins.drop_oldest()
+            elif self.running:
+                # every running request is stuck on memory: free the newest so the rest progress
+                self._preempt(self._newest_running())
         return decodes + extends
 
     def _plan_decodes(self) -> list[tuple[Req, PlanItem]]:
