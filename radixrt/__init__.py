@@ -12,7 +12,8 @@
 from typing import Any
 
 from radixrt.frontend import (Backend, BackendError, ChatTemplate, ChoicesDecision, EngineBackend, Function,
-                              ProgramError, ProgramState, ProgramStateGroup, Runtime, RuntimeEndpoint, SglFunction,
+                              OpenAI, ProgramError, ProgramState, ProgramStateGroup, Runtime, RuntimeEndpoint,
+                              SglFunction,
                               assistant, assistant_begin, assistant_end, flush_cache, function, gen, gen_int,
                               gen_string, get_default_backend, get_server_info, greedy_token_selection, image,
                               select, set_default_backend, system, system_begin, system_end,
@@ -40,7 +41,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'radixrt' has no attribute {name!r}")
 
 
-__all__ = ["Engine", "Runtime", "RuntimeEndpoint", "EngineBackend", "Backend", "BackendError", "ProgramError",
+__all__ = ["Engine", "Runtime", "RuntimeEndpoint", "EngineBackend", "OpenAI", "Backend", "BackendError", "ProgramError",
            "ProgramState", "ProgramStateGroup", "ChatTemplate", "ChoicesDecision", "Function", "SglFunction",
            "function", "gen", "gen_int", "gen_string", "select", "system", "user", "assistant", "system_begin",
            "system_end", "user_begin", "user_end", "assistant_begin", "assistant_end", "set_default_backend",

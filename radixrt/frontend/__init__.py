@@ -10,4 +10,5 @@ from radixrt.frontend.choices import (ChoicesDecision, greedy_token_selection, t
 from radixrt.frontend.endpoint import RuntimeEndpoint
 from radixrt.frontend.errors import ProgramError
 from radixrt.frontend.launcher import Runtime
+from radixrt.frontend.openai_backend import OpenAI
 from radixrt.frontend.state import ProgramState, ProgramStateGroup

@@ -43,7 +43,8 @@ def _defaults(max_new_tokens: int = 128, min_new_tokens: int | None = None, stop
                         top_k=top_k, min_p=min_p, frequency_penalty=frequency_penalty,
                         presence_penalty=presence_penalty, repetition_penalty=repetition_penalty,
                         ignore_eos=ignore_eos, seed=seed, return_logprob=return_logprob,
-                        logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num)
+                        logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
+                        return_text_in_logprobs=return_text_in_logprobs)
 
 
 _SAMPLING_KEYS = frozenset(_defaults.__code__.co_varnames[:_defaults.__code__.co_argcount])
@@ -140,7 +141,7 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
                           repetition_penalty=repetition_penalty, ignore_eos=ignore_eos, seed=seed, n=n, regex=regex,
                           json_schema=ir.json_schema_string(json_schema), dtype=dtype,
                           return_logprob=return_logprob, logprob_start_len=logprob_start_len,
-                          top_logprobs_num=top_logprobs_num)
+                          top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs)
     if dtype is not None:
         params.resolve(ir.GenParams())  # reject a bad dtype here, at the program's line
     return ir.Gen(name, params)

@@ -175,6 +175,8 @@ class StreamExecutor:
         pid = self.program.program_id
         if self.program.session_id is not None:
             logprob = {**logprob, "session_id": self.program.session_id}
+        if getattr(self.backend, "wants_messages", False):  # a chat API (sgl.OpenAI): the finished messages
+            logprob = {**logprob, "messages": list(self.messages_)}
         if not self.stream or sampling.get("n", 1) > 1:
             text, meta = self.backend.generate(self.text_, sampling, program_id=pid, **logprob)
             # n > 1: the variable (and its meta info) holds every sample, in order; the program's text
@@ -194,8 +196,9 @@ class StreamExecutor:
         self._set(gen.name, value, meta)
 
     def _select(self, sel: ir.Select) -> None:
+        chat = {"messages": list(self.messages_)} if getattr(self.backend, "wants_messages", False) else {}
         decision = self.backend.select(self.text_, sel.choices, sel.temperature, sel.choices_method,
-                                       program_id=self.program.program_id)
+                                       program_id=self.program.program_id, **chat)
         self._fill(decision.decision)
         self._set(sel.name, decision.decision, decision.meta_info)
 

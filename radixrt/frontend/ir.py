@@ -54,6 +54,7 @@ class GenParams:
     return_logprob: bool | None = None
     logprob_start_len: int | None = None
     top_logprobs_num: int | None = None
+    return_text_in_logprobs: bool | None = None
 
     def resolve(self, defaults: "GenParams") -> tuple[dict[str, Any], dict[str, Any]]:
         """Merge over `defaults`; returns (sampling_params for the runtime, logprob options)."""
@@ -73,8 +74,8 @@ class GenParams:
             sampling.pop("json_schema", None)
             sampling["stop"] = list(sampling.get("stop", [])) + [s for s in extra_stop
                                                                  if s not in sampling.get("stop", [])]
-        logprob = {k: merged[k] for k in ("return_logprob", "logprob_start_len", "top_logprobs_num")
-                   if merged[k] is not None}
+        logprob = {k: merged[k] for k in ("return_logprob", "logprob_start_len", "top_logprobs_num",
+                                          "return_text_in_logprobs") if merged[k] is not None}
         return sampling, logprob
 
 

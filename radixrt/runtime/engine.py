@@ -27,9 +27,11 @@ _CONFIG_FIELDS = {f.name for f in dataclasses.fields(ServerConfig)}
 class _Sequence:
     """One scheduler request of a generate call: its result so far and its text stream."""
 
-    def __init__(self, msg: TokenizedGenerateReq, tokenizer: Any):
+    def __init__(self, msg: TokenizedGenerateReq, tokenizer: Any, text_in_logprobs: bool = False):
         sp = msg.sampling_params
         self.msg = msg
+        self.tokenizer = tokenizer
+        self.text_in_logprobs = text_in_logprobs  # logprob entries carry the token's text (SGLang's option)
         self.result = SequenceResult(msg.rid)
         self.text = IncrementalDetokenizer(tokenizer, sp.get("stop") or [], sp.get("skip_special_tokens", True))
         self.shown = ""  # text released to a stream so far
@@ -43,7 +45,8 @@ class _Sequence:
         return self.result.finished
 
     def output(self) -> dict:
-        return generate_output(self.result, self.msg.return_logprob, lambda t: None)
+        token_text = (lambda t: self.tokenizer.decode([t])) if self.text_in_logprobs else (lambda t: None)
+        return generate_output(self.result, self.msg.return_logprob, token_text)
 
 
 class Engine:
@@ -65,7 +68,8 @@ class Engine:
     def generate(self, prompt: str | list[str] | None = None, sampling_params: dict | list[dict] | None = None,
                  input_ids: list[int] | list[list[int]] | None = None, return_logprob: bool = False,
                  logprob_start_len: int | None = None, top_logprobs_num: int = 0, stream: bool = False,
-                 program_id: str | None = None, session_id: str | None = None) -> dict | list[dict] | Iterator[dict]:
+                 program_id: str | None = None, session_id: str | None = None,
+                 return_text_in_logprobs: bool = False) -> dict | list[dict] | Iterator[dict]:
         """session_id: this is a turn of that conversation; when it finishes its text stays pinned in the
         cache until the session's next turn, close_session, or the session ttl (core/sessions.py)."""
         single, ids_list = self._tokenize(prompt, input_ids)
@@ -87,8 +91,10 @@ class Engine:
         if stream:
             if len(flat) != 1:
                 raise ValueError("stream=True takes one prompt with n=1")
-            return self._stream(flat[0])
+            return self._stream(flat[0], return_text_in_logprobs)
         seqs = self._run(flat)
+        for seq in seqs.values():
+            seq.text_in_logprobs = return_text_in_logprobs
         results = [[seqs[m.rid].output() for m in copies] for copies in msgs]
         out = [r[0] if len(r) == 1 else r for r in results]
         return out[0] if single else out
@@ -206,8 +212,9 @@ class Engine:
         self._step_until(lambda: all(s.finished for s in seqs.values()))
         return seqs
 
-    def _stream(self, msg: TokenizedGenerateReq) -> Iterator[dict]:
+    def _stream(self, msg: TokenizedGenerateReq, text_in_logprobs: bool = False) -> Iterator[dict]:
         seq = self._submit([msg])[msg.rid]
+        seq.text_in_logprobs = text_in_logprobs
         res = seq.result
         sent_ids = 0
         try:

@@ -176,7 +176,11 @@ def create_app(tm: TokenizerManager, served_model_name: str, metrics: ServerMetr
     @app.get("/get_model_info")
     @app.get("/model_info")  # SGLang serves both names
     async def get_model_info() -> dict[str, Any]:
-        return {**tm.model_info, "served_model_name": served_model_name, "tokenizer_path": config.model_path}
+        # the chat template travels too, so a client (the DSL over HTTP or sgl.OpenAI) renders roles as we do
+        tok = tm.tokenizer
+        return {**tm.model_info, "served_model_name": served_model_name, "tokenizer_path": config.model_path,
+                "chat_template": getattr(tok, "chat_template", None), "bos_token": tok.bos_token,
+                "eos_token": tok.eos_token}
 
     @app.get("/get_server_info")
     @app.get("/server_info")

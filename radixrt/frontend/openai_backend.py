@@ -1,0 +1,164 @@
+"""sgl.OpenAI: run programs against any OpenAI-compatible server (hosted, vLLM, SGLang, radixrt) through the
+`openai` client.
+
+Two modes. Completion (`is_chat_model=False`, the default with a `base_url`): the program's text, role
+markers included, is the prompt of /v1/completions, so a program produces exactly the text it would on
+the Engine. Chat (`is_chat_model=True`, the default for OpenAI's own models): each gen sends the finished
+messages to /v1/chat/completions; the gen must then open the assistant's turn (`s += sgl.assistant(sgl.gen(...))`),
+as in SGLang's OpenAI backend.
+
+What is approximate: `select` has no prompt logprobs to rank choices by over this API (OpenAI's
+completions cannot echo the prompt's logprobs), so it generates one of the choices greedily under a
+regex constraint (a server without `regex` support generates freely and the choice the text starts with,
+or else the nearest, is taken); its meta_info says so. Constraints: regex (and gen dtype) go as the
+`regex` extra field (radixrt, SGLang and vLLM take it); json_schema as `response_format`. Logprobs,
+pins and cache administration are not available here and raise NotImplementedError naming them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any, Iterator
+
+import requests
+
+from radixrt.frontend import chat_template as ct
+from radixrt.frontend.backends import Backend
+from radixrt.frontend.choices import ChoicesDecision
+
+# completion models among OpenAI's own (the rest of its models are chat models)
+COMPLETION_MODELS = ("gpt-3.5-turbo-instruct", "babbage-002", "davinci-002")
+MAX_CHOICE_TOKENS = 256
+
+
+class OpenAI(Backend):
+    def __init__(self, model_name: str, base_url: str | None = None, api_key: str | None = None,
+                 is_chat_model: bool | None = None, chat_template: ct.ChatTemplate | None = None, **client_kwargs: Any):
+        super().__init__()
+        try:
+            import openai
+        except ImportError:
+            raise ImportError("sgl.OpenAI needs the openai package: pip install openai") from None
+        self.model_name = model_name
+        self.base_url = base_url
+        self.client = openai.OpenAI(base_url=base_url, api_key=api_key or os.environ.get("OPENAI_API_KEY", "none"),
+                                    **client_kwargs)
+        self.is_chat_model = (base_url is None and model_name not in COMPLETION_MODELS) if is_chat_model is None \
+            else is_chat_model
+        self.wants_messages = self.is_chat_model  # the interpreter passes the finished messages
+        if chat_template is not None:
+            self.set_chat_template(chat_template)
+
+    # ---- the chat template: the server's own when it publishes it (radixrt, SGLang), else ChatML
+    def _template_source(self) -> tuple[str | None, str, str]:
+        if self.base_url is not None:
+            root = re.sub(r"/v1/?$", "", self.base_url.rstrip("/"))
+            try:
+                info = requests.get(root + "/get_model_info", timeout=30).json()
+                if isinstance(info, dict) and info.get("chat_template"):
+                    return info["chat_template"], info.get("bos_token") or "", info.get("eos_token") or ""
+            except (requests.RequestException, ValueError):
+                pass
+        return None, "", ""
+
+    # ---- requests
+    @staticmethod
+    def _request(sampling_params: dict) -> tuple[dict[str, Any], dict[str, Any]]:
+        """SGLang sampling params -> (OpenAI arguments, extra_body)."""
+        sp = dict(sampling_params)
+        args: dict[str, Any] = {}
+        for ours, theirs in (("max_new_tokens", "max_tokens"), ("temperature", "temperature"), ("top_p", "top_p"),
+                             ("frequency_penalty", "frequency_penalty"), ("presence_penalty", "presence_penalty"),
+                             ("seed", "seed"), ("n", "n"), ("stop", "stop")):
+            if sp.get(ours) is not None:
+                args[theirs] = sp.pop(ours)
+        if sp.get("json_schema") is not None:
+            args["response_format"] = {"type": "json_schema", "json_schema": {
+                "name": "output", "schema": json.loads(sp.pop("json_schema"))}}
+        extra = {k: v for k, v in sp.items() if v is not None}  # regex, top_k, min_p, min_tokens, ignore_eos, ...
+        if "min_new_tokens" in extra:
+            extra["min_tokens"] = extra.pop("min_new_tokens")
+        return args, extra
+
+    def _call(self, text: str, messages: list[dict] | None, sampling_params: dict, stream: bool) -> Any:
+        args, extra = self._request(sampling_params)
+        if not self.is_chat_model and "response_format" in args:  # not a completions argument of the client
+            extra["response_format"] = args.pop("response_format")
+        common = dict(model=self.model_name, stream=stream, extra_body=extra or None, **args)
+        if self.is_chat_model:
+            return self.client.chat.completions.create(messages=self._chat_messages(text, messages), **common)
+        return self.client.completions.create(prompt=text, **common)
+
+    def _chat_messages(self, text: str, messages: list[dict] | None) -> list[dict]:
+        prefix, _ = self.get_chat_template().get_prefix_and_suffix("assistant", messages or [])
+        if messages is None or not text.endswith(prefix):
+            raise ValueError("on a chat model (sgl.OpenAI with is_chat_model=True) a gen must open the assistant's "
+                             "turn: s += sgl.assistant(sgl.gen(...)) after the other messages")
+        return [dict(m) for m in messages]
+
+    @staticmethod
+    def _meta(response: Any, choice: Any) -> dict:
+        usage = response.usage
+        details = getattr(usage, "prompt_tokens_details", None) if usage is not None else None
+        return {"id": response.id, "finish_reason": {"type": choice.finish_reason},
+                "prompt_tokens": usage.prompt_tokens if usage else None,
+                "completion_tokens": usage.completion_tokens if usage else None,
+                "cached_tokens": getattr(details, "cached_tokens", None)}
+
+    def _text(self, choice: Any) -> str:
+        return (choice.message.content or "") if self.is_chat_model else choice.text
+
+    @staticmethod
+    def _no_logprobs(options: dict) -> None:
+        if options.get("return_logprob") or options.get("top_logprobs_num"):
+            raise NotImplementedError("return_logprob / top_logprobs_num are not available on sgl.OpenAI")
+
+    def generate(self, text: str, sampling_params: dict, program_id: str | None = None,
+                 session_id: str | None = None, messages: list[dict] | None = None,
+                 **logprob_options: Any) -> tuple[str | list[str], dict | list[dict]]:
+        self._no_logprobs(logprob_options)
+        response = self._call(text, messages, sampling_params, stream=False)
+        texts = [self._text(c) for c in response.choices]
+        metas = [self._meta(response, c) for c in response.choices]
+        if sampling_params.get("n", 1) > 1:
+            return texts, metas
+        return texts[0], metas[0]
+
+    def generate_stream(self, text: str, sampling_params: dict, program_id: str | None = None,
+                        session_id: str | None = None, messages: list[dict] | None = None,
+                        **logprob_options: Any) -> Iterator[tuple[str, dict]]:
+        self._no_logprobs(logprob_options)
+        meta: dict = {}
+        for chunk in self._call(text, messages, sampling_params, stream=True):
+            if not chunk.choices:
+                continue
+            c = chunk.choices[0]
+            delta = (c.delta.content or "") if self.is_chat_model else c.text
+            if c.finish_reason is not None:
+                meta = {"id": chunk.id, "finish_reason": {"type": c.finish_reason}}
+            yield delta, meta
+
+    def select(self, prefix: str, choices: list[str], temperature: float, choices_method: Any,
+               program_id: str | None = None, messages: list[dict] | None = None) -> ChoicesDecision:
+        """Approximate (see the module docstring): a greedy generation constrained to the choices."""
+        pattern = "(?:" + "|".join(re.escape(c) for c in choices) + ")"
+        params = {"max_new_tokens": MAX_CHOICE_TOKENS, "temperature": 0.0, "regex": pattern}
+        text, meta = self.generate(prefix, params, program_id, messages=messages)
+        decision = next((c for c in sorted(choices, key=len, reverse=True) if text.startswith(c)), None)
+        if decision is None:  # the server ignored the constraint: the choice sharing the longest start
+            decision = max(choices, key=lambda c: (len(os.path.commonprefix([c, text])), -len(c)))
+        return ChoicesDecision(decision, {"method": "constrained greedy generation (approximate: no prompt "
+                                                    "logprobs over the OpenAI API)", "generated": text, **meta})
+
+    def cache_prefix(self, text: str, program_id: str | None = None) -> dict:
+        return {}  # no cache control over this API; the server may still cache prefixes itself
+
+    def flush_cache(self) -> bool:
+        raise NotImplementedError("flush_cache is not available on sgl.OpenAI")
+
+    def get_server_info(self) -> dict:
+        raise NotImplementedError("get_server_info is not available on sgl.OpenAI")
+
+    def get_model_name(self) -> str:
+        return self.model_name
