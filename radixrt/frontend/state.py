@@ -59,13 +59,16 @@ class ProgramState:
 
     # ---- fork ----------------------------------------------------------------------------
     def fork(self, size: int = 1, position_ids_offset: Any = None) -> "ProgramStateGroup":
+        if position_ids_offset is not None:  # branches always continue at their own next position here
+            raise NotImplementedError("fork(position_ids_offset=...) is not supported: radixrt gives every token "
+                                      "its position in the sequence")
         site = user_call_site()
         branches, handle = self.stream_executor.fork(size, site)
         return ProgramStateGroup([ProgramState(b) for b in branches], self, handle)
 
     @contextmanager
     def copy(self, position_ids_offset: Any = None) -> Iterator["ProgramState"]:
-        group = self.fork(1)
+        group = self.fork(1, position_ids_offset)
         try:
             yield group[0]
         finally:

@@ -75,10 +75,18 @@ def test_openai_chat_mode_sends_messages(backends, server):
         gen_outside_assistant.run(backend=chat)
 
 
-def test_unsupported_modalities_say_so():
+@sgl.function
+def fork_with_offsets(s):
+    s += "x"
+    s.fork(2, position_ids_offset=[0, 0])
+
+
+def test_unsupported_constructs_say_so():
     with pytest.raises(NotImplementedError, match="image"):
         sgl.image("cat.png")
     with pytest.raises(NotImplementedError, match="video"):
         sgl.video("clip.mp4", num_frames=4)
+    with pytest.raises(NotImplementedError, match="position_ids_offset"):
+        fork_with_offsets.run(backend=engine_backend())
     with pytest.raises(NotImplementedError, match="flush_cache"):
         sgl.OpenAI("default", base_url="http://127.0.0.1:9/v1").flush_cache()
