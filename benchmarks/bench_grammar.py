@@ -1,6 +1,6 @@
 """Constrained decoding benchmark: JSONSchemaBench coverage, compile time, per-step mask cost.
 
-    python benchmarks/bench_grammar.py [--limit N] [--timeout 5] [--data DIR]
+    python benchmarks/bench_grammar.py [--backend outlines|llguidance] [--limit N] [--timeout 5] [--data DIR]
 
 Part 1, coverage on the MaskBench sample (../shared/data/jsonschemabench next to the repo, 619 schemas): each
 schema runs in a forked child (so a compile that overruns the timeout can be killed): schema ->
@@ -12,7 +12,10 @@ in the MaskBench sense (compiled and every instance judged right). Valid instanc
 reject are mostly our chosen subsets (declaration key order, no undeclared keys, bounded
 whitespace), not errors.
 
-Part 2, cost per schema size: compile time, and per decoding step the mask cost per request:
+With --backend llguidance the same walk runs on llguidance's matcher (the schema -> its grammar, a matcher,
+its first mask: "compile"; then the bitmask fill per token), results in grammar_llguidance.json.
+
+Part 2 (outlines only), cost per schema size: compile time, and per decoding step the mask cost per request:
 outlines-core writing the bitmask (`write_mask_into`) and our whole fill_mask (bitmask + unpack
 to a bool row), p50/p99 in µs over random walks.
 """
@@ -92,7 +95,44 @@ def _child(backend: GrammarBackend, tokenizer, path: str, conn) -> None:
     conn.send({"status": "done", "results": results, "write_us": write_us})
 
 
-def coverage(backend, tokenizer, files: list[str], timeout: float) -> dict:
+def _child_llg(backend, tokenizer, path: str, conn) -> None:
+    from llguidance import LLMatcher
+    from llguidance.torch import fill_next_token_bitmask
+
+    from radixrt.runtime.constrained.llg_backend import grammar_for
+    data = json.load(open(path))
+    try:
+        t0 = time.perf_counter()
+        grammar = grammar_for(grammar_key("json_schema", data["schema"]))
+        t1 = time.perf_counter()
+    except GrammarError as e:
+        conn.send({"status": "rejected", "reason": str(e)})
+        return
+    conn.send({"status": "converted", "convert_s": t1 - t0})
+    matcher = LLMatcher(backend.tokenizer, grammar)
+    buf = torch.zeros((1, backend.num_words), dtype=torch.int32)
+    if not matcher.is_error():
+        fill_next_token_bitmask(matcher, buf, 0)  # llguidance builds lazily: the first mask is part of compiling
+    if matcher.is_error():
+        conn.send({"status": "compile_error", "reason": matcher.get_error()[:200]})
+        return
+    conn.send({"status": "compiled", "compile_s": time.perf_counter() - t0})
+    results, write_us = [], []
+    for test in data["tests"]:
+        text = json.dumps(test["data"], ensure_ascii=False, separators=(",", ":"))
+        m, ok = LLMatcher(backend.tokenizer, grammar), True
+        for tok in tokenizer.encode(text, add_special_tokens=False):
+            t = time.perf_counter()
+            fill_next_token_bitmask(m, buf, 0)
+            write_us.append((time.perf_counter() - t) * 1e6)
+            if not m.consume_token(tok):
+                ok = False
+                break
+        results.append((bool(test["valid"]), ok and m.is_accepting(), text[:160]))
+    conn.send({"status": "done", "results": results, "write_us": write_us})
+
+
+def coverage(backend, tokenizer, files: list[str], timeout: float, child=_child) -> dict:
     ctx = mp.get_context("fork")
     status, reasons = Counter(), Counter()
     compile_s, write_us, unsound = [], [], []
@@ -103,7 +143,7 @@ def coverage(backend, tokenizer, files: list[str], timeout: float) -> dict:
     for n, path in enumerate(files):
         per_cat.setdefault(category(path), [0, 0, 0])
         recv, send = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_child, args=(backend, tokenizer, path, send), daemon=True)
+        proc = ctx.Process(target=child, args=(backend, tokenizer, path, send), daemon=True)
         proc.start()
         msg, final = None, "timeout"
         deadline = time.monotonic() + 60
@@ -259,19 +299,29 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=None, help="first N schemas (sorted by name)")
     ap.add_argument("--timeout", type=float, default=5.0, help="compile budget per schema, seconds")
     ap.add_argument("--skip-coverage", action="store_true")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "grammar.json"))
+    ap.add_argument("--backend", default="outlines", choices=["outlines", "llguidance"])
+    ap.add_argument("--out", default=None, help="default results/grammar.json (outlines), grammar_llguidance.json")
     args = ap.parse_args()
     torch.set_num_threads(1)
     tokenizer = load_tokenizer(resolve_model(None))
     vocab_size = len(tokenizer)
-    backend = GrammarBackend(tokenizer, vocab_size, [tokenizer.eos_token_id], compile_timeout=args.timeout)
     results = {"commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                         text=True).stdout.strip(),
                "machine": {"cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count()},
-               "step_costs": step_costs(backend, vocab_size)}
+               "backend": args.backend}
+    if args.backend == "llguidance":
+        from radixrt.runtime.constrained.llg_backend import LLGuidanceBackend
+        backend = LLGuidanceBackend(tokenizer, vocab_size, [tokenizer.eos_token_id], compile_timeout=args.timeout)
+        child = _child_llg
+    else:
+        backend = GrammarBackend(tokenizer, vocab_size, [tokenizer.eos_token_id], compile_timeout=args.timeout)
+        child = _child
+        results["step_costs"] = step_costs(backend, vocab_size)
     if not args.skip_coverage:
         files = sorted(glob.glob(os.path.join(args.data, "*.json")))[: args.limit]
-        results["coverage"] = coverage(backend, tokenizer, files, args.timeout)
+        results["coverage"] = coverage(backend, tokenizer, files, args.timeout, child)
+    name = "grammar.json" if args.backend == "outlines" else "grammar_llguidance.json"
+    args.out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", name)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
     print(f"raw results: {args.out}")

@@ -46,6 +46,9 @@ class ServerConfig:
                                               "(output unchanged); none: off", ("none", "ngram"))
     speculative_num_draft_tokens: int = _opt(4, "most draft tokens a request verifies in one step (ngram)")
     grammar_compile_timeout: float = _opt(10.0, "seconds a regex/schema may take to compile")
+    grammar_backend: str = _opt("outlines", "constrained decoding engine: outlines (outlines-core, DFA) or "
+                                            "llguidance (Earley; also context-free grammars). ebnf requests use "
+                                            "llguidance whichever is chosen", ("outlines", "llguidance"))
     grammar_cache_size: int = _opt(256, "compiled grammars kept (LRU)")
     grammar_compile_workers: int = _opt(1, "processes that compile grammars (killed at the timeout; niced)")
     grammar_compile_memory_mb: int = _opt(2048, "address space one grammar compile may use")

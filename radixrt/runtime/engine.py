@@ -145,8 +145,9 @@ class Engine:
             for rid in list(self._sequences):
                 self.scheduler.abort(rid)
             self._sequences.clear()
-            if self.scheduler.grammar_backend is not None:
-                self.scheduler.grammar_backend.shutdown()
+            if self.scheduler.grammar_backends is not None:
+                for backend in self.scheduler.grammar_backends.built():
+                    backend.shutdown()
 
     def __enter__(self) -> "Engine":
         return self
@@ -177,7 +178,7 @@ class Engine:
         constraint = constraint_of(sp)
         if constraint is not None:
             with self._lock:
-                grammar = self.scheduler.get_grammar_backend()
+                grammar = self.scheduler.get_grammar_backend(constraint[0])
             grammar.validate(*constraint)  # thread-safe; outside the lock so other callers' steps go on
 
     def _submit(self, msgs: list[TokenizedGenerateReq]) -> dict[str, _Sequence]:

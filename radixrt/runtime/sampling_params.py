@@ -27,7 +27,7 @@ MAX_CHOICE_CHARS = 1024
 
 
 MAX_LOGIT_BIAS = 300  # OpenAI's limit
-CONSTRAINT_FIELDS = ("regex", "json_schema", "choices", "tool_call_grammar")  # at most one per request
+CONSTRAINT_FIELDS = ("regex", "json_schema", "choices", "tool_call_grammar", "ebnf")  # at most one per request
 
 
 @dataclass
@@ -54,6 +54,7 @@ class SamplingParams:
     # radixrt's: tool calls in the fallback format (constrained/tool_call_regex.py); the OpenAI chat route
     # sets it for tools with tool_choice required / a named function / auto once a call is opened
     tool_call_grammar: str | None = None
+    ebnf: str | None = None  # SGLang's: a context-free grammar (GBNF `root ::= ...`, or Lark); llguidance enforces it
     # OpenAI's / SGLang's: token id (a decimal string, as JSON keys are) -> added to that token's logit
     logit_bias: dict[str, float] | None = None
 
@@ -139,6 +140,8 @@ class SamplingParams:
                                               for c in self.choices)),
              "choices", f"must be a non-empty list of at most {MAX_CHOICES} strings of at most "
                         f"{MAX_CHOICE_CHARS} characters")
+        need(self.ebnf is None or (isinstance(self.ebnf, str) and 0 < len(self.ebnf) <= MAX_JSON_SCHEMA_CHARS),
+             "ebnf", f"must be a grammar string of at most {MAX_JSON_SCHEMA_CHARS} characters")
         need(self.tool_call_grammar is None or (isinstance(self.tool_call_grammar, str)
                                                 and len(self.tool_call_grammar) <= MAX_JSON_SCHEMA_CHARS),
              "tool_call_grammar", f"must be a JSON string of at most {MAX_JSON_SCHEMA_CHARS} characters")

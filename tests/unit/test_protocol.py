@@ -12,9 +12,10 @@ import pytest
 
 from radixrt.runtime import messages
 from radixrt.runtime.config import ServerConfig
+from radixrt.runtime.serving.openai_sampling import JSON_OBJECT_LARK, constraint_from_request, sampling_dict
 from radixrt.runtime.serving.protocol import (
-    APIError, ChatCompletionRequest, CompletionRequest, GenerateRequest, constraint_from_request,
-    from_value_error, parse_body, raise_error, sampling_dict, sse)
+    APIError, ChatCompletionRequest, CompletionRequest, GenerateRequest, from_value_error, parse_body, raise_error,
+    sse)
 from radixrt.runtime.request_edge import SequenceResult
 from radixrt.runtime.sampling_params import SamplingParams
 
@@ -65,7 +66,13 @@ def test_valid_bodies_parse():
 
 def test_response_format_to_json_schema():
     req = parse_body(ChatCompletionRequest, json.dumps({**CHAT, "response_format": {"type": "json_object"}}).encode())
-    assert json.loads(constraint_from_request(req)["json_schema"]) == {"type": "object"}
+    assert constraint_from_request(req) == {"ebnf": JSON_OBJECT_LARK}  # llguidance installed: real JSON
+    grammar = parse_body(ChatCompletionRequest, json.dumps({**CHAT, "response_format": {
+        "type": "grammar", "grammar": 'start: "a"+'}}).encode())
+    assert constraint_from_request(grammar) == {"ebnf": 'start: "a"+'}
+    empty = parse_body(ChatCompletionRequest, json.dumps({**CHAT, "response_format": {"type": "grammar"}}).encode())
+    with pytest.raises(APIError, match="needs grammar"):
+        constraint_from_request(empty)
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
     req = parse_body(ChatCompletionRequest, json.dumps({**CHAT, "response_format": {
         "type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}}}).encode())

@@ -14,7 +14,8 @@ from radixrt.runtime.constrained.pattern import check_user_regex
 from radixrt.runtime.constrained.regex_builder import GrammarError
 from radixrt.runtime.constrained.tool_call_regex import tool_call_regex
 
-KINDS = ("regex", "json_schema", "choices", "json_object", "tool_call_grammar")
+KINDS = ("regex", "json_schema", "choices", "json_object", "tool_call_grammar", "ebnf")
+CFG_KINDS = ("ebnf",)  # context-free: only a backend with CFG support (llguidance) can enforce these
 JSON_OBJECT_DEPTH = 2  # nesting levels of a response_format json_object (outer object included)
 MAX_SCHEMA_DEPTH = 32
 MAX_SCHEMA_NODES = 10_000
@@ -58,6 +59,10 @@ def grammar_key(kind: str, spec: Any) -> tuple:
         if not isinstance(spec, str):
             raise GrammarError("regex must be a string")
         return kind, spec
+    if kind == "ebnf":
+        if not isinstance(spec, str) or not spec.strip():
+            raise GrammarError("ebnf must be a non-empty grammar string")
+        return kind, spec
     if kind == "tool_call_grammar":
         try:
             parsed = json.loads(spec) if isinstance(spec, (str, bytes)) else spec
@@ -80,4 +85,6 @@ def spec_regex(key: tuple) -> str:
         return choices_regex(list(spec))
     if kind == "tool_call_grammar":
         return tool_call_regex(json.loads(spec))
+    if kind in CFG_KINDS:
+        raise GrammarError(f"{kind} is a context-free grammar: it needs the llguidance backend (pip install llguidance)")
     return json_object_regex(JSON_OBJECT_DEPTH)

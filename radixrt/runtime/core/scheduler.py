@@ -56,7 +56,7 @@ class Scheduler(SchedulerAdmin):
         self.sessions = SessionTable(self.pins, config.session_ttl)
         self.stats = SchedulerStats()
         self.admission = Admission(config, self.tree, self.memory, self.stats, self.sessions)
-        self.grammar_backend = None
+        self.grammar_backends = None  # constrained/choose.py's BackendChooser, built on the first constraint
         self.faults = FaultInjector()
         self.model_info = {
             "model_path": runner.model_path, "context_length": self.context_len,
@@ -95,20 +95,20 @@ class Scheduler(SchedulerAdmin):
             req.stop_matcher = IncrementalDetokenizer(self.tokenizer, sampling.stop, sampling.skip_special_tokens)
         constraint = constraint_of(sampling)
         if constraint is not None:
-            req.grammar_future = self.get_grammar_backend().request(*constraint)
+            req.grammar_future = self.get_grammar_backend(constraint[0]).request(*constraint)
         self.waiting.append(req)
         return self.outbox.drain()
 
-    def get_grammar_backend(self):
-        if self.grammar_backend is None:
-            from radixrt.runtime.constrained import GrammarBackend
-            self.grammar_backend = GrammarBackend(
-                self.tokenizer, self.runner.vocab_size, self._eos_list,
-                cache_size=self.config.grammar_cache_size, compile_timeout=self.config.grammar_compile_timeout,
-                enable_jump_forward=self.config.enable_jump_forward,
-                compile_workers=self.config.grammar_compile_workers,
-                compile_memory_mb=self.config.grammar_compile_memory_mb)
-        return self.grammar_backend
+    def get_grammar_backend(self, kind: str = "regex"):
+        """The grammar backend that serves constraints of `kind` (--grammar-backend; ebnf: llguidance)."""
+        if self.grammar_backends is None:
+            from radixrt.runtime.constrained.choose import BackendChooser, make_backend
+            cfg = self.config
+            self.grammar_backends = BackendChooser(cfg.grammar_backend, lambda name: make_backend(
+                name, self.tokenizer, self.runner.vocab_size, self._eos_list, cache_size=cfg.grammar_cache_size,
+                compile_timeout=cfg.grammar_compile_timeout, enable_jump_forward=cfg.enable_jump_forward,
+                compile_workers=cfg.grammar_compile_workers, compile_memory_mb=cfg.grammar_compile_memory_mb))
+        return self.grammar_backends.for_kind(kind)
 
     def abort(self, rid: str) -> list[TokenOut]:
         for req in self.waiting:

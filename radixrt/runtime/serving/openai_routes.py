@@ -15,9 +15,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from radixrt.runtime.request_edge import SequenceResult
 from radixrt.runtime.serving.openai_chat import ChatRoute
+from radixrt.runtime.serving.openai_sampling import sampling_dict
 from radixrt.runtime.serving.protocol import (
-    SSE_DONE, APIError, accumulate, collect_results, CompletionRequest, parse_body, read_body,
-    sampling_dict, sse)
+    SSE_DONE, APIError, accumulate, collect_results, CompletionRequest, parse_body, read_body, sse)
 from radixrt.runtime.serving.request_handle import RequestHandle
 from radixrt.runtime.serving.tokenizer_manager import TokenizerManager
 

@@ -97,8 +97,9 @@ class JsonSchemaSpec(BaseModel):
 
 
 class ResponseFormat(_Strict):
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema", "grammar"]
     json_schema: JsonSchemaSpec | None = None
+    grammar: str | None = None  # type "grammar": a Lark (or GBNF) grammar, enforced by llguidance
 
 
 class _SamplingFields(_Strict):
@@ -129,6 +130,7 @@ class _SamplingFields(_Strict):
     skip_special_tokens: bool | None = None
     regex: str | None = None
     json_schema: str | None = None
+    ebnf: str | None = None  # SGLang's: a context-free grammar (GBNF or Lark)
     session_id: str | None = None  # radixrt's: keep this conversation's turns cached (core/sessions.py)
 
     def ignored_fields(self) -> list[str]:
@@ -184,41 +186,6 @@ class ChatCompletionRequest(_SamplingFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None  # passed to the chat template (e.g. enable_thinking)
-
-
-def constraint_from_request(req: _SamplingFields) -> dict[str, str]:
-    """regex / json_schema / response_format -> the sampling-param form (json_schema as a JSON string)."""
-    import json
-
-    out: dict[str, str] = {}
-    if req.regex is not None:
-        out["regex"] = req.regex
-    if req.json_schema is not None:
-        out["json_schema"] = req.json_schema
-    rf = req.response_format
-    if rf is not None and rf.type != "text":
-        if out:
-            raise APIError("response_format cannot be combined with regex or json_schema", param="response_format")
-        if rf.type == "json_object":
-            out["json_schema"] = '{"type": "object"}'
-        else:
-            if rf.json_schema is None or rf.json_schema.schema_ is None:
-                raise APIError("response_format json_schema needs json_schema.schema", param="response_format")
-            out["json_schema"] = json.dumps(rf.json_schema.schema_)
-    return out
-
-
-def sampling_dict(req: _SamplingFields, max_new_tokens: int) -> dict[str, Any]:
-    """The OpenAI fields as a SamplingParams dict (not yet validated: SamplingParams.from_dict does that)."""
-    d: dict[str, Any] = {"max_new_tokens": max_new_tokens, "n": req.n}
-    pairs = {"temperature": req.temperature, "top_p": req.top_p, "presence_penalty": req.presence_penalty,
-             "frequency_penalty": req.frequency_penalty, "seed": req.seed, "top_k": req.top_k, "min_p": req.min_p,
-             "repetition_penalty": req.repetition_penalty, "min_new_tokens": req.min_tokens,
-             "stop_token_ids": req.stop_token_ids, "ignore_eos": req.ignore_eos,
-             "skip_special_tokens": req.skip_special_tokens, "stop": req.stop, "logit_bias": req.logit_bias}
-    d.update({k: v for k, v in pairs.items() if v is not None})
-    d.update(constraint_from_request(req))
-    return d
 
 
 # ----------------------------------------------------------------- HTTP plumbing shared by the routes

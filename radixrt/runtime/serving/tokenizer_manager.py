@@ -83,8 +83,8 @@ class TokenizerManager:
         self._heartbeat_task = asyncio.create_task(self._heartbeat_loop())
 
     async def close(self) -> None:
-        if self._grammar is not None:
-            self._grammar.shutdown()
+        for backend in self._grammar.built() if self._grammar is not None else []:
+            backend.shutdown()
         for task in (self._recv_task, self._heartbeat_task):
             if task is not None:
                 task.cancel()
@@ -204,16 +204,18 @@ class TokenizerManager:
         return sp
 
     def _make_grammar_backend(self) -> Any:
-        """For the synchronous 400 check of regex / json_schema (a bad one never reaches the scheduler)."""
+        """For the synchronous 400 check of a constraint (a bad one never reaches the scheduler)."""
         try:
-            from radixrt.runtime.constrained import GrammarBackend
+            from radixrt.runtime.constrained.choose import BackendChooser, make_backend
         except ImportError:
             return None  # then the scheduler refuses a bad constraint itself (an abort with the error)
-        return GrammarBackend(self.tokenizer, int(self.model_info["vocab_size"]), list(self.model_info["eos_token_ids"]),
-                              cache_size=self.config.grammar_cache_size, compile_timeout=self.config.grammar_compile_timeout,
-                              enable_jump_forward=False, index=False,
-                              compile_workers=self.config.grammar_compile_workers,
-                              compile_memory_mb=self.config.grammar_compile_memory_mb)
+        cfg, info = self.config, self.model_info
+        chooser = BackendChooser(cfg.grammar_backend, lambda name: make_backend(
+            name, self.tokenizer, int(info["vocab_size"]), list(info["eos_token_ids"]), index=False,
+            cache_size=cfg.grammar_cache_size, compile_timeout=cfg.grammar_compile_timeout, enable_jump_forward=False,
+            compile_workers=cfg.grammar_compile_workers, compile_memory_mb=cfg.grammar_compile_memory_mb))
+        chooser.for_kind("regex")  # the configured backend now (outlines walks the vocabulary: ~0.5 s)
+        return chooser
 
     async def _validate_constraint(self, kind: str, spec: Any) -> None:
         """Schema normalisation can be slow or explosive: it runs in the grammar workers (killed at the
@@ -221,7 +223,7 @@ class TokenizerManager:
         if self._grammar is None:
             return
         try:
-            await asyncio.to_thread(self._grammar.validate, kind, spec)
+            await asyncio.to_thread(lambda: self._grammar.for_kind(kind).validate(kind, spec))
         except ValueError as e:
             raise APIError(f"invalid {kind}: {e}", param=kind) from None
 

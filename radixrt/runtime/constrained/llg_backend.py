@@ -1,0 +1,202 @@
+"""The llguidance grammar backend (`--grammar-backend llguidance`; PyPI `llguidance`): the same interface as
+GrammarBackend (validate, request -> a future of a per-request state; states write mask rows, accept
+tokens, say when they end and draft forced tokens), on llguidance's Earley parser instead of a DFA.
+
+Why a second backend: context-free grammars (`ebnf`, Lark), JSON of any depth for `json_object`, and
+llguidance's own JSON-schema compiler. Grammars are built lazily by llguidance, so a matcher is created
+in microseconds to milliseconds on a worker thread (a deadline as for outlines compiles); llguidance
+bounds its own work per token (its parser limits), so one grammar cannot stall the step.
+
+Spec -> grammar: regex and choices -> its regex grammar (Rust regex syntax, as ours); json_schema with
+the whitespace outlines is given ("[ ]?" between tokens); json_object -> any JSON object, nested to any
+depth, with bounded whitespace (newlines and indentation allowed, at most JSON_OBJECT_MAX_WS a time);
+ebnf (GBNF, SGLang's parameter) and lark -> its Lark grammar; tool_call_grammar -> the regex of
+tool_call_regex.py.
+"""
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import torch
+
+from radixrt.runtime.constrained.regex_builder import GrammarError
+from radixrt.runtime.constrained.spec import grammar_key, spec_regex
+
+JSON_SCHEMA_OPTIONS = {"whitespace_flexible": False, "whitespace_pattern": "[ ]?"}
+JSON_OBJECT_MAX_WS = 40
+JSON_OBJECT_OPTIONS = {"whitespace_flexible": False, "whitespace_pattern": "[ \\t\\n\\r]{0,%d}" % JSON_OBJECT_MAX_WS}
+MAX_DRAFT_TOKENS = 16
+
+
+def available() -> bool:
+    try:
+        import llguidance  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def grammar_for(key: tuple) -> str:
+    """The llguidance grammar (its serialized form) of a grammar key; GrammarError if it cannot be built."""
+    from llguidance import LLMatcher
+    from llguidance.gbnf_to_lark import any_to_lark
+
+    kind, spec = key
+    try:
+        if kind == "json_schema":
+            return LLMatcher.grammar_from_json_schema(json.loads(spec), defaults=JSON_SCHEMA_OPTIONS)
+        if kind == "json_object":
+            return LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OBJECT_OPTIONS)
+        if kind in ("ebnf", "lark"):
+            return LLMatcher.grammar_from_lark(any_to_lark(spec))
+        return LLMatcher.grammar_from_regex(spec_regex(key))  # regex, choices, tool_call_grammar
+    except GrammarError:
+        raise
+    except Exception as e:  # llguidance's own refusals (ValueError, its parse errors)
+        raise GrammarError(f"cannot build the {kind} grammar: {str(e)[:300]}") from None
+
+
+class LLGFuture:
+    def __init__(self, kind: str, future: Future, deadline: float, timeout: float):
+        self._kind, self._future, self._deadline, self._timeout = kind, future, deadline, timeout
+
+    def done(self) -> bool:
+        return self._future.done() or time.monotonic() >= self._deadline
+
+    def result(self) -> "LLGState":
+        if not self._future.done():
+            raise GrammarError(f"building the {self._kind} grammar took longer than {self._timeout:g} s")
+        return self._future.result()
+
+
+class LLGuidanceBackend:
+    name = "llguidance"
+
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: list[int], compile_timeout: float = 10.0,
+                 enable_jump_forward: bool = True, **_: Any):
+        import llguidance.hf
+
+        self.vocab_size = vocab_size
+        self.eos_token_ids = sorted({int(e) for e in eos_token_ids})
+        self.compile_timeout = compile_timeout
+        self.jump_forward = enable_jump_forward
+        self.tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size)
+        self.num_words = (max(vocab_size, self.tokenizer.vocab_size) + 31) // 32
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="radixrt-llg")
+        self.cached_bytes = 0  # nothing cached: llguidance builds its automata lazily per matcher
+
+    def validate(self, kind: str, spec: Any) -> None:
+        from llguidance import LLMatcher
+
+        grammar = grammar_for(grammar_key(kind, spec))
+        error = LLMatcher.validate_grammar(grammar, self.tokenizer)
+        if error:
+            raise GrammarError(f"invalid {kind}: {str(error)[:300]}")
+
+    def _build(self, kind: str, spec: Any) -> "LLGState":
+        from llguidance import LLMatcher
+
+        matcher = LLMatcher(self.tokenizer, grammar_for(grammar_key(kind, spec)))
+        if matcher.is_error():
+            raise GrammarError(f"invalid {kind}: {matcher.get_error()[:300]}")
+        return LLGState(matcher, f"{kind} grammar", self.eos_token_ids, self.num_words, self.jump_forward)
+
+    def request(self, kind: str, spec: Any) -> LLGFuture:
+        return LLGFuture(kind, self._pool.submit(self._build, kind, spec), time.monotonic() + self.compile_timeout,
+                         self.compile_timeout)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class _Position:
+    """The mask at a draft position (after some forced tokens), computed on a copy of the matcher."""
+
+    ended = False
+
+    def __init__(self, words: np.ndarray, accepting: bool, stopped: bool, eos_token_ids: list[int]):
+        self.words, self.accepting, self.stopped = words, accepting, stopped
+        self.eos_token_ids = eos_token_ids
+        self.num_words = words.size
+
+    def write_bits(self, words: torch.Tensor) -> None:
+        words.copy_(torch.from_numpy(self.words[:words.numel()]))
+
+    def eos_open(self) -> bool:
+        return self.accepting
+
+
+class LLGState:
+    """Per-request llguidance matcher. Used only by the scheduler thread."""
+
+    def __init__(self, matcher: Any, description: str, eos_token_ids: list[int], num_words: int, jump_forward: bool):
+        self.matcher = matcher
+        self.description = description
+        self.eos_token_ids = eos_token_ids
+        self.num_words = num_words
+        self.jump_forward = jump_forward
+        self._eos_accepted = False
+
+    @property
+    def ended(self) -> bool:
+        return self._eos_accepted
+
+    def eos_open(self) -> bool:
+        return not self._eos_accepted and self.matcher.is_accepting()
+
+    def is_final(self) -> bool:
+        return self.matcher.is_accepting()
+
+    def _fill(self, matcher: Any, words: torch.Tensor) -> None:
+        from llguidance.torch import fill_next_token_bitmask
+
+        fill_next_token_bitmask(matcher, words.view(1, -1), 0)
+
+    def write_bits(self, words: torch.Tensor) -> None:
+        if self._eos_accepted:
+            words.zero_()
+            return
+        self._fill(self.matcher, words)
+
+    def accept(self, token_id: int) -> None:
+        if self._eos_accepted:
+            raise GrammarError(f"token {token_id} after the grammar already ended")
+        if token_id in self.eos_token_ids:
+            if not self.matcher.is_accepting():
+                raise GrammarError(f"EOS token {token_id} before the {self.description} is complete")
+            self._eos_accepted = True
+            return
+        if not self.matcher.consume_token(token_id):
+            raise GrammarError(f"token {token_id} is not allowed by the {self.description} here")
+
+    def is_terminated(self) -> bool:
+        return self._eos_accepted or self.matcher.is_stopped()
+
+    def ends_at(self, position: _Position) -> bool:
+        return position.stopped
+
+    def at(self, position: _Position) -> _Position:
+        return position
+
+    def draft(self, max_tokens: int) -> tuple[list[int], list[_Position]]:
+        """The tokens the grammar forces from here (llguidance's fast-forward), and the mask after each."""
+        if not self.jump_forward or self._eos_accepted or max_tokens <= 0 or self.matcher.is_stopped():
+            return [], []
+        ids = list(self.matcher.compute_ff_tokens())[:min(max_tokens, MAX_DRAFT_TOKENS)]
+        if not ids:
+            return [], []
+        copy = self.matcher.deep_copy()
+        positions = []
+        for i, t in enumerate(ids):
+            if not copy.consume_token(t):
+                ids = ids[:i]
+                break
+            words = torch.zeros(self.num_words, dtype=torch.int32)
+            if not copy.is_stopped():
+                self._fill(copy, words)
+            positions.append(_Position(words.numpy(), copy.is_accepting(), copy.is_stopped(), self.eos_token_ids))
+        return ids, positions

@@ -1,0 +1,158 @@
+"""The second grammar backend (llguidance), context-free grammars (`ebnf`) and json_object as real JSON,
+on the real model.
+
+Truth: `jsonschema` for schema output (test_constrained.py's 35+ schemas, now under llguidance), an
+independent Lark parser (the `lark` package) for ebnf output, `json.loads` for json_object, and the
+outlines backend's own output for a batch that mixes backends. Jump-forward on == off, token for token.
+"""
+import json
+
+import pytest
+from test_constrained import CONTEXTS, MAX_NEW_TOKENS, SCHEMAS, SUITE, SUITE_NAMES, chat, validator
+
+from radixrt import Engine
+
+pytestmark = pytest.mark.integration
+llguidance = pytest.importorskip("llguidance", reason="the llguidance backend needs pip install llguidance")
+lark = pytest.importorskip("lark", reason="the ebnf checks parse with lark (pip install lark)")
+
+
+# GBNF (SGLang's ebnf) grammars and the same languages in Lark for the independent parser
+GRAMMARS = {
+    "arithmetic": ('root ::= expr\nexpr ::= term (("+" | "-") term)*\nterm ::= factor (("*" | "/") factor)*\n'
+                   'factor ::= [0-9]+ | "(" expr ")"',
+                   'start: expr\nexpr: term (("+"|"-") term)*\nterm: factor (("*"|"/") factor)*\n'
+                   'factor: /[0-9]+/ | "(" expr ")"'),
+    "sql": ('root ::= "SELECT " cols " FROM " name (" WHERE " name " = " [0-9]+)? ";"\n'
+            'cols ::= name (", " name)*\nname ::= [a-z]+',
+            'start: "SELECT " cols " FROM " NAME (" WHERE " NAME " = " /[0-9]+/)? ";"\ncols: NAME (", " NAME)*\n'
+            'NAME: /[a-z]+/'),
+    "nested_lists": ('root ::= list\nlist ::= "[" (item ("," item)*)? "]"\nitem ::= list | [a-z]',
+                     'start: list\nlist: "[" (item ("," item)*)? "]"\nitem: list | /[a-z]/'),
+}
+
+
+@pytest.fixture(scope="module")
+def engines():
+    llg = Engine(dtype="float32", grammar_backend="llguidance")
+    yield {"llguidance": llg}
+    llg.shutdown()
+
+
+def test_schemas_give_valid_json_under_llguidance(engines):
+    engine = engines["llguidance"]
+    schemas = {**SCHEMAS, **{n: SUITE[n][0] for n in SUITE_NAMES}}
+    backend = engine.scheduler.get_grammar_backend("json_schema")
+    refused = []
+    for name, schema in list(schemas.items()):  # llguidance refuses what it does not implement, by name
+        try:
+            backend.validate("json_schema", json.dumps(schema))
+        except ValueError as e:
+            refused.append((name, str(e)[:80]))
+            del schemas[name]
+    assert len(refused) <= 3, refused
+    assert len(schemas) >= 30
+    prompts = [chat(engine.tokenizer, (f"{CONTEXTS[n]}\n" if n in CONTEXTS else "")
+                    + f"Reply with a JSON object for this schema:\n{json.dumps(s)}") for n, s in schemas.items()]
+    params = [{"json_schema": json.dumps(s), "temperature": 0, "max_new_tokens": MAX_NEW_TOKENS} for s in schemas.values()]
+    outs = engine.generate(prompts, params)
+    finished = 0
+    for (name, schema), out in zip(schemas.items(), outs):
+        if out["meta_info"]["finish_reason"]["type"] != "stop":
+            continue  # cut by max_new_tokens (budget steering is not done yet): nothing to validate
+        finished += 1
+        value = json.loads(out["text"])
+        errors = [e.message for e in validator(schema).iter_errors(value)]
+        assert not errors, f"{name}: {out['text']!r} violates the schema: {errors}"
+    assert finished >= 0.8 * len(schemas), f"only {finished}/{len(schemas)} finished"
+    engine.check_integrity()
+
+
+@pytest.mark.parametrize("name", list(GRAMMARS))
+def test_ebnf_output_parses_with_an_independent_parser(engines, name):
+    gbnf, lark_grammar = GRAMMARS[name]
+    parser = lark.Lark(lark_grammar, parser="earley")
+    engine = Engine(dtype="float32") if name == "sql" else engines["llguidance"]  # sql: the default backend routes
+    try:
+        prompt = chat(engine.tokenizer, f"Write one short example ({name}).")
+        for seed in range(3):
+            out = engine.generate(prompt, {"ebnf": gbnf, "max_new_tokens": 48, "temperature": 0.9, "seed": seed})
+            if out["meta_info"]["finish_reason"]["type"] == "stop":
+                parser.parse(out["text"])  # raises on anything outside the language
+            else:  # cut short: still a prefix of the language (the grammar never let it leave)
+                assert out["meta_info"]["finish_reason"]["type"] == "length"
+    finally:
+        if name == "sql":
+            engine.shutdown()
+
+
+def test_json_object_is_real_json_at_any_depth(engines):
+    from radixrt.runtime.serving.openai_sampling import JSON_OBJECT_LARK
+    engine = engines["llguidance"]
+    prompts = ["A deeply nested JSON object describing a company, its departments, teams and members:",
+               "A JSON object whose values are arrays of arrays of numbers:",
+               'Reply with exactly {"a": {"b": {"c": 1}}, "d": [1, [2]]} and nothing else:']
+    outs = engine.generate([chat(engine.tokenizer, p) for p in prompts],
+                           {"ebnf": JSON_OBJECT_LARK, "max_new_tokens": 200, "temperature": 0})
+    depths = []
+    for out in outs:
+        if out["meta_info"]["finish_reason"]["type"] == "stop":
+            value = json.loads(out["text"])
+            assert isinstance(value, dict)
+            depths.append(_depth(value))
+    assert depths and max(depths) >= 3, [o["text"][:120] for o in outs]
+
+
+def _depth(value) -> int:
+    if isinstance(value, dict):
+        return 1 + max((_depth(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((_depth(v) for v in value), default=0)
+    return 0
+
+
+def test_jump_forward_on_equals_off_under_llguidance(engines):
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                                "kind": {"enum": ["cat", "dog", "fish"]},
+                                                "legs": {"type": "integer", "minimum": 0, "maximum": 8}},
+              "required": ["name", "kind", "legs"], "additionalProperties": False}
+    off = Engine(dtype="float32", grammar_backend="llguidance", enable_jump_forward=False)
+    try:
+        prompts = [chat(off.tokenizer, f"Describe pet number {i} as JSON.") for i in range(4)]
+        params = {"json_schema": json.dumps(schema), "max_new_tokens": 64, "temperature": 0}
+        a = engines["llguidance"].generate(prompts, params)
+        b = off.generate(prompts, params)
+        assert [o["output_ids"] for o in a] == [o["output_ids"] for o in b]
+        drafted = engines["llguidance"].get_server_info()["jump_forward_draft_tokens"]
+        assert drafted > 0 and off.get_server_info()["jump_forward_draft_tokens"] == 0
+    finally:
+        off.shutdown()
+
+
+def test_a_batch_mixing_backends_keeps_each_guarantee():
+    engine = Engine(dtype="float32")  # outlines by default; ebnf goes to llguidance in the same batch
+    try:
+        prompt = chat(engine.tokenizer, "Give an example.")
+        params = [{"regex": r"[0-9]{3}-[0-9]{4}", "max_new_tokens": 16, "temperature": 0},
+                  {"ebnf": GRAMMARS["nested_lists"][0], "max_new_tokens": 24, "temperature": 0},
+                  {"max_new_tokens": 8, "temperature": 0},
+                  {"choices": ["alpha", "beta"], "temperature": 0}]
+        outs = engine.generate([prompt] * 4, params)
+        import re
+        assert re.fullmatch(r"[0-9]{3}-[0-9]{4}", outs[0]["text"])
+        if outs[1]["meta_info"]["finish_reason"]["type"] == "stop":
+            lark.Lark(GRAMMARS["nested_lists"][1]).parse(outs[1]["text"])
+        assert outs[3]["text"] in ("alpha", "beta")
+        alone = engine.generate(prompt, params[0])
+        assert alone["output_ids"] == outs[0]["output_ids"]
+        engine.check_integrity()
+    finally:
+        engine.shutdown()
+
+
+def test_bad_grammars_are_refused_by_name(engines):
+    engine = engines["llguidance"]
+    for params in ({"ebnf": "root ::= (unclosed"}, {"ebnf": ""}, {"regex": "[a-"}):
+        with pytest.raises(ValueError):
+            engine.generate("x", {**params, "max_new_tokens": 4})
+    assert engine.generate("x", {"max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2
