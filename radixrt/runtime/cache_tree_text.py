@@ -43,7 +43,8 @@ def render_text(view: dict[str, Any]) -> str:
             last = i == len(children) - 1 and not node.get("omitted")
             age = child.get("last_access_age_s")
             flags = "".join([f" locked×{child['lock_ref']}" if child["lock_ref"] else "",
-                             f" pinned×{child['pins']}" if child["pins"] else ""])
+                             f" pinned×{child['pins']}" if child["pins"] else "",
+                             f" sessions {','.join(child['sessions'])}" if child.get("sessions") else ""])
             lines.append(f"{indent}{'└─' if last else '├─'} {child['num_tokens']} tok · hits {child['hits']} · "
                          f"served {child['tokens_served']} · {'-' if age is None else f'{age:.0f}s ago'}{flags}  "
                          f"{child['text']!r}")

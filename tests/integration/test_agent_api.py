@@ -182,6 +182,13 @@ def test_session_turns_stay_cached_under_pressure(server, client):
     session = info()["sessions"]["chat-1"]
     assert session["turns"] == 4 and session["cached_tokens"] > 0 and 0 < session["hit_rate"] < 1
     assert info()["num_pins"] == 1
+    tree = httpx.get(server.url + "/cache_tree", timeout=60).json()
+    stack, owned = [tree["root"]], []
+    while stack:
+        node = stack.pop()
+        stack += node["children"]
+        owned += [node["prefix_len"]] if node["sessions"] == ["chat-1"] else []
+    assert owned and max(owned) >= prev - 1  # the cache view names the session holding the last turn
     assert httpx.post(server.url + "/close_session", json={"session_id": "chat-1"}, timeout=60).json()["success"]
     after = info()
     assert after["num_pins"] == 0 and after["num_sessions"] == 0 and after["integrity_ok"]

@@ -79,8 +79,10 @@ def test_pins_locks_and_previews():
     request(alloc, tree, [1, 2, 5], [1, 2, 5, 6])
     pins = PinTable(tree, 256)
     handle = pins.pin([1, 2, 3, 4], ttl_s=60)
-    view = cache_tree_view(tree, pins.pinned_nodes())
+    (pinned_node, _), = pins.pinned_nodes()
+    view = cache_tree_view(tree, [(pinned_node, "chat-7")])
     (shared,) = view["root"]["children"]
+    assert shared["sessions"] == ["chat-7"]
     assert (shared["num_tokens"], shared["pins"], shared["lock_ref"]) == (2, 1, 1)
     pinned_leaf = next(c for c in shared["children"] if c["pins"])
     other = next(c for c in shared["children"] if not c["pins"])
@@ -93,7 +95,7 @@ def test_pins_locks_and_previews():
     assert shared["text"] == "bc" and "preview_ids" not in shared
     assert "pinned×1" in render_text(view)
     pins.unpin(handle)
-    assert cache_tree_view(tree, pins.pinned_nodes())["root"]["children"][0]["pins"] == 0
+    assert cache_tree_view(tree, [])["root"]["children"][0]["pins"] == 0
 
 
 @pytest.mark.parametrize("depth,nodes,field", [(0, 5, "max_depth"), (5, 0, "max_nodes"), ("3", 5, "max_depth"),

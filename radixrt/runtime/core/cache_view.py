@@ -3,7 +3,7 @@
 Each node reports its edge (token count and the first few token ids, which the caller with a tokenizer
 turns into a text preview), the requests that matched through it (`hits`), the cached tokens those
 matches served (`tokens_served` = hits x edge tokens: a match never ends inside an edge, because
-match_prefix splits it there), its age, lock references and pins. A big tree is summarised, not dumped:
+match_prefix splits it there), its age, lock references, pins and the sessions that own them. A big tree is summarised, not dumped:
 children are visited largest subtree first, and past `max_depth` levels or `max_nodes` nodes the rest
 of a node's children are folded into its `omitted` figures. Building the view walks the tree once.
 """
@@ -19,6 +19,7 @@ DEFAULT_MAX_NODES = 500
 MAX_NODES_LIMIT = 10_000   # what a caller may ask for at most (a view is JSON sent over HTTP)
 MAX_DEPTH_LIMIT = 256
 PREVIEW_TOKENS = 24        # token ids of an edge sent for its text preview
+MAX_SESSIONS_LISTED = 8    # session ids named per node (its pins count them all)
 
 
 def _subtree_totals(root: TreeNode) -> dict[int, tuple[int, int, int]]:
@@ -39,18 +40,22 @@ def _subtree_totals(root: TreeNode) -> dict[int, tuple[int, int, int]]:
     return totals
 
 
-def cache_tree_view(tree: RadixCache, pinned: list[TreeNode], max_depth: int = DEFAULT_MAX_DEPTH,
+def cache_tree_view(tree: RadixCache, pinned: list[tuple[TreeNode, str | None]], max_depth: int = DEFAULT_MAX_DEPTH,
                     max_nodes: int = DEFAULT_MAX_NODES, preview_tokens: int = PREVIEW_TOKENS) -> dict[str, Any]:
     """{"root": node, "num_nodes", "num_tokens", "num_nodes_shown", "page_size", "disabled"}; each node:
     {"id", "num_tokens", "preview_ids", "hits", "tokens_served", "prefix_len", "last_access_age_s",
-    "lock_ref", "pins", "subtree_tokens", "children", "omitted": None or {"nodes", "tokens", "hits"}}."""
+    "lock_ref", "pins", "sessions", "subtree_tokens", "children", "omitted": None or {"nodes", "tokens", "hits"}}.
+    pinned: (last node of a pinned path, the session owning the pin or None for a program's pin)."""
     if max_depth < 1 or max_nodes < 1:
         raise ValueError(f"max_depth and max_nodes must be >= 1, got {max_depth} and {max_nodes}")
     now = time.time()
     pins: dict[int, int] = {}
-    for node in pinned:  # a pin locks its whole path
+    sessions: dict[int, list[str]] = {}
+    for node, session in pinned:  # a pin locks its whole path
         while node is not None and node is not tree.root:
             pins[node.node_id] = pins.get(node.node_id, 0) + 1
+            if session is not None and len(sessions.setdefault(node.node_id, [])) < MAX_SESSIONS_LISTED:
+                sessions[node.node_id].append(session)
             node = node.parent
     totals = _subtree_totals(tree.root)
     shown = 0  # nodes in the view besides the root
@@ -67,6 +72,7 @@ def cache_tree_view(tree: RadixCache, pinned: list[TreeNode], max_depth: int = D
             "last_access_age_s": round(now - node.last_access_time, 3) if node.last_access_time else None,
             "lock_ref": node.lock_ref,
             "pins": pins.get(node.node_id, 0),
+            "sessions": sorted(sessions.get(node.node_id, [])),
             "subtree_tokens": totals[node.node_id][1],
             "children": [],
             "omitted": None,

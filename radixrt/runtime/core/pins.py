@@ -70,9 +70,9 @@ class PinTable:
             return False
         return self.unpin(next(iter(self._pins)))
 
-    def pinned_nodes(self) -> list[object]:
-        """The last node of every pinned path (a node may appear once per pin)."""
-        return [node for node, _, _ in self._pins.values()]
+    def pinned_nodes(self) -> list[tuple[object, str]]:
+        """(last node of the pinned path, handle) of every pin."""
+        return [(node, handle) for handle, (node, _, _) in self._pins.items()]
 
     def clear(self) -> None:
         for handle in list(self._pins):

@@ -23,7 +23,9 @@ class SchedulerAdmin:
     def cache_tree(self, max_depth: int = cache_view.DEFAULT_MAX_DEPTH,
                    max_nodes: int = cache_view.DEFAULT_MAX_NODES) -> dict:
         """What the radix tree holds (core/cache_view.py), token ids only."""
-        return cache_view.cache_tree_view(self.tree, self.pins.pinned_nodes(), max_depth, max_nodes)
+        owners = self.sessions.owners()
+        pinned = [(node, owners.get(handle)) for node, handle in self.pins.pinned_nodes()]
+        return cache_view.cache_tree_view(self.tree, pinned, max_depth, max_nodes)
 
     def server_info(self, walk: bool = True) -> dict:
         """Live figures; walk: also run the full integrity check (O(pages)) instead of reporting the

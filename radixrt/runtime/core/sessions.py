@@ -67,6 +67,10 @@ class SessionTable:
                     and self.pins.expiry(s.handle) is None]:
             del self._sessions[sid]
 
+    def owners(self) -> dict[str, str]:
+        """pin handle -> the session holding it."""
+        return {s.handle: sid for sid, s in self._sessions.items() if s.handle is not None}
+
     def clear(self) -> None:
         for sid in list(self._sessions):
             self.close(sid)

@@ -126,14 +126,14 @@ function flatten(view) {
     t.colors.push(node.hits);
     const age = node.last_access_age_s === null ? "–" : node.last_access_age_s.toFixed(0) + " s ago";
     t.custom.push([node.num_tokens, node.hits, node.tokens_served, node.prefix_len, age, node.lock_ref, node.pins,
-                   node.text]);
+                   node.text, (node.sessions || []).join(", ") || "–"]);
     if (!isRoot) rows.push(node);
     for (const child of node.children) stack.push([child, id]);
     if (node.omitted) {
       const o = node.omitted;
       t.ids.push("omitted-" + id); t.labels.push("… " + o.nodes + " more nodes"); t.parents.push(id);
       t.values.push(o.tokens); t.colors.push(o.hits);
-      t.custom.push([o.tokens, o.hits, "–", "–", "–", "–", "–", "summarised: " + o.nodes + " nodes"]);
+      t.custom.push([o.tokens, o.hits, "–", "–", "–", "–", "–", "summarised: " + o.nodes + " nodes", "–"]);
     }
   }
   return [t, rows];
@@ -148,7 +148,7 @@ function onTree(view) {
              colorbar: {title: {text: "hits"}, thickness: 12}},
     hovertemplate: "%{customdata[7]}<br>edge tokens %{customdata[0]} · prefix %{customdata[3]}<br>" +
                    "hits %{customdata[1]} · served %{customdata[2]}<br>last use %{customdata[4]} · " +
-                   "locks %{customdata[5]} · pins %{customdata[6]}<extra></extra>",
+                   "locks %{customdata[5]} · pins %{customdata[6]} · sessions %{customdata[8]}<extra></extra>",
   };
   const title = view.disabled ? "the radix cache is disabled (--disable-radix-cache)"
     : view.num_nodes + " nodes, " + view.num_tokens.toLocaleString() + " tokens" +
