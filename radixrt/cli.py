@@ -64,8 +64,12 @@ def main(argv: list[str] | None = None) -> int:
             config = ServerConfig.from_cli_args(args)
         except ValueError as e:
             parser.error(str(e))
-        from radixrt.runtime.serving.launch import launch_server
-        code = launch_server(config, args.scheduler_class)
+        if config.dp_size > 1:
+            from radixrt.runtime.serving.dp_launch import launch_dp
+            code = launch_dp(config)
+        else:
+            from radixrt.runtime.serving.launch import launch_server
+            code = launch_server(config, args.scheduler_class)
         # Children are stopped and sockets removed: skip the interpreter's slow teardown of torch.
         sys.stdout.flush()
         sys.stderr.flush()

@@ -30,6 +30,8 @@ from radixrt.frontend.choices import ChoicesDecision
 # completion models among OpenAI's own (the rest of its models are chat models)
 COMPLETION_MODELS = ("gpt-3.5-turbo-instruct", "babbage-002", "davinci-002")
 MAX_CHOICE_TOKENS = 256
+_NEUTRAL = {"stop_token_ids": [], "top_k": -1, "min_p": 0.0, "ignore_eos": False, "repetition_penalty": 1.0,
+            "min_new_tokens": 0}  # SGLang sampling defaults that need not be sent
 
 
 class OpenAI(Backend):
@@ -76,7 +78,9 @@ class OpenAI(Backend):
         if sp.get("json_schema") is not None:
             args["response_format"] = {"type": "json_schema", "json_schema": {
                 "name": "output", "schema": json.loads(sp.pop("json_schema"))}}
-        extra = {k: v for k, v in sp.items() if v is not None}  # regex, top_k, min_p, min_tokens, ignore_eos, ...
+        # regex, top_k, min_p, min_tokens, ignore_eos, ...: only when set to something other than their defaults
+        # (a hosted API refuses arguments it does not know)
+        extra = {k: v for k, v in sp.items() if v is not None and _NEUTRAL.get(k, object()) != v}
         if "min_new_tokens" in extra:
             extra["min_tokens"] = extra.pop("min_new_tokens")
         return args, extra

@@ -65,6 +65,10 @@ class ServerConfig:
                                           "before in-flight requests fail and the server exits non-zero")
     max_request_body_bytes: int = _opt(8 * 1024 * 1024, "largest accepted HTTP body")
     num_threads: int | None = _opt(None, "torch intra-op threads on CPU; default all cores")
+    dp_size: int = _opt(1, "data parallel replicas behind sglang-router (pip install sglang-router); the router "
+                           "listens on --host/--port (serving/dp_launch.py)")
+    router_policy: str = _opt("cache_aware", "sglang-router's policy with --dp-size > 1",
+                              ("cache_aware", "round_robin", "random", "power_of_two"))
 
     def __post_init__(self) -> None:
         if self.page_size < 1:
@@ -75,10 +79,12 @@ class ServerConfig:
             raise ValueError(f"max_total_tokens must be >= page_size, got {self.max_total_tokens}")
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be >= 1")
+        if self.dp_size < 1:
+            raise ValueError(f"dp_size must be >= 1, got {self.dp_size}")
         if not 1 <= self.speculative_num_draft_tokens <= 64:
             raise ValueError(f"speculative_num_draft_tokens must be in [1, 64], got {self.speculative_num_draft_tokens}")
         for name in ("dtype", "attention_backend", "schedule_policy", "log_level", "speculative_algorithm",
-                     "quantization"):
+                     "quantization", "grammar_backend", "router_policy"):
             choices = self.__dataclass_fields__[name].metadata["choices"]
             value = getattr(self, name)
             if value is not None and choices and value not in choices:

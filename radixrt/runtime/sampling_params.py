@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,7 @@ MAX_CHOICE_CHARS = 1024
 
 
 MAX_LOGIT_BIAS = 300  # OpenAI's limit
+_TOKEN_ID_KEY = re.compile(r"0|[1-9][0-9]{0,8}")  # ASCII digits, no leading zero: one key per token id
 CONSTRAINT_FIELDS = ("regex", "json_schema", "choices", "tool_call_grammar", "ebnf")  # at most one per request
 
 
@@ -147,7 +149,7 @@ class SamplingParams:
              "tool_call_grammar", f"must be a JSON string of at most {MAX_JSON_SCHEMA_CHARS} characters")
         need(self.logit_bias is None or (
             isinstance(self.logit_bias, dict) and len(self.logit_bias) <= MAX_LOGIT_BIAS
-            and all(isinstance(k, str) and k.isdigit() and len(k) <= 9 for k in self.logit_bias)
+            and all(isinstance(k, str) and _TOKEN_ID_KEY.fullmatch(k) for k in self.logit_bias)
             and all(is_num(v) and -100 <= v <= 100 for v in self.logit_bias.values())),
             "logit_bias", f"must map at most {MAX_LOGIT_BIAS} token ids to numbers in [-100, 100]")
         constraints = [k for k in CONSTRAINT_FIELDS if getattr(self, k) is not None]

@@ -211,6 +211,12 @@ def test_openai_details(server, client, tokenizer):
     assert as_developer.choices[0].message.content == as_system.choices[0].message.content
     named = client.chat.completions.create(messages=[{"role": "user", "name": "ann", "content": "Hi"}], **base)
     assert named.choices[0].message.content is not None
+    for reserved in ({"chat_template": "{{ 1 }}"}, {"tokenize": True}, {"return_dict": True}):
+        with pytest.raises(openai.BadRequestError, match="chat_template_kwargs"):
+            client.chat.completions.create(messages=QUESTION, extra_body={"chat_template_kwargs": reserved}, **base)
+    odd = httpx.post(server.url + "/v1/chat/completions", json={"messages": QUESTION, "max_tokens": 1, "参数": 1,
+                                                                "ok_field": 2}, timeout=60)
+    assert odd.status_code == 200 and odd.headers["x-radixrt-ignored-fields"] == "ok_field"
     kwargs = client.chat.completions.create(messages=QUESTION, extra_body={"chat_template_kwargs": {"unused": 1}}, **base)
     assert kwargs.choices[0].message.content == client.chat.completions.create(messages=QUESTION, **base).choices[0].message.content
     # logit_bias: +100 on one token makes it every greedy pick; an id past the vocabulary is a 400

@@ -195,3 +195,10 @@ def test_serving_messages_round_trip_without_pickle():
         data = messages.encode(msg)
         assert json.loads(data)["type"] == type(msg).__name__  # plain JSON on the wire
         assert dataclasses.asdict(messages.decode(data)) == dataclasses.asdict(msg)
+
+
+def test_logit_bias_keys_are_canonical_token_ids():
+    for bad in ({"\u00b2": 1}, {"01": 1}, {"-1": 1}, {"1e3": 1}):
+        with pytest.raises(ValueError, match="logit_bias"):
+            SamplingParams.from_dict({"logit_bias": bad})
+    assert SamplingParams.from_dict({"logit_bias": {"0": 1, 7: -2}}).logit_bias_pairs() == [(0, 1.0), (7, -2.0)]

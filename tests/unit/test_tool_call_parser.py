@@ -25,7 +25,8 @@ def outputs(draw):
     for _ in range(draw(st.integers(0, 3))):
         name, args = draw(names), json.dumps(draw(args_objects), indent=draw(st.sampled_from([None, 1])))
         sep = draw(st.sampled_from(["", "\n", " "]))
-        expected_content += sep
+        if not calls:  # whitespace between two calls only separates them: it is not content
+            expected_content += sep
         text += f'{sep}<tool_call>\n{{"name": {json.dumps(name)}, "arguments": {args}}}\n</tool_call>'
         calls.append((name, args))
     return text, expected_content, calls
@@ -89,3 +90,12 @@ def test_streamed_arguments_never_take_back():
 def test_cut_call_keeps_what_was_sent():
     events = feed_split('Sure.<tool_call>\n{"name": "f", "arguments": {"a": 1', [3, 9, 30])
     assert merged(events) == [Content("Sure."), CallStart(0, "f"), ArgsDelta(0, '{"a": 1')]
+
+
+def test_close_tag_inside_a_string_argument_does_not_end_the_call():
+    text = ('<tool_call>\n{"name": "f", "arguments": {"s": "x</tool_call>y"}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call>\n')
+    content, calls = parse_all(text)
+    assert calls == [("f", '{"s": "x</tool_call>y"}'), ("g", "{}")] and content == ""
+    for cut in range(len(text)):
+        assert merged(feed_split(text, [cut])) == merged(feed_split(text, []))

@@ -16,8 +16,10 @@ class SchedulerAdmin:
         return self.sessions.close(session_id)
 
     def flush_cache(self) -> bool:
+        """Empty the tree; sessions are a cache hint and end with it, a program's explicit pins refuse it."""
         if self.running:
             return False
+        self.sessions.clear()
         return self.tree.reset()
 
     def cache_tree(self, max_depth: int = cache_view.DEFAULT_MAX_DEPTH,

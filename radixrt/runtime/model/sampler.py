@@ -134,7 +134,7 @@ def apply_penalties(logits: torch.Tensor, rows: list[SampleRow], in_place: bool 
                                   for i in out_rows], vocab_size, out.device)
         flat[idx] = flat[idx] - pen[0]
         flat.index_add_(0, idx, -pen[1])
-    if bias_rows:  # token ids are unique per row (dict keys) and checked < V at the request edge
+    if bias_rows:  # token ids are unique per row (canonical decimal keys) and checked < V at the request edge
         pairs = [(i * vocab_size + t, b) for i in bias_rows for t, b in rows[i].params.logit_bias_pairs()]
         flat.index_add_(0, _index_tensor([f for f, _ in pairs], out.device),
                         torch.tensor([b for _, b in pairs], dtype=out.dtype).to(out.device))

@@ -21,6 +21,10 @@ from radixrt.runtime.serving.protocol import (
 from radixrt.runtime.serving.tool_call_parser import OPEN, ArgsDelta, CallEnd, CallStart, Content, ToolCallParser
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# apply_chat_template's own arguments: never from a client (chat_template would be arbitrary Jinja)
+RESERVED_TEMPLATE_KWARGS = frozenset({"chat_template", "tokenize", "add_generation_prompt", "continue_final_message",
+                                      "tools", "documents", "conversation", "padding", "truncation", "max_length",
+                                      "tokenizer_kwargs", "messages"})
 
 
 class ChatRoute:
@@ -33,6 +37,9 @@ class ChatRoute:
         if req.continue_final_message and msgs[-1]["role"] != "assistant":
             raise APIError("continue_final_message needs the last message to be from the assistant", param="messages")
         kwargs = dict(req.chat_template_kwargs or {})
+        reserved = sorted(k for k in kwargs if k in RESERVED_TEMPLATE_KWARGS or k.startswith("return_"))
+        if reserved:  # a client's own template (Jinja) or tokenizer options would run on the event loop
+            raise APIError(f"chat_template_kwargs may not set {', '.join(reserved)}", param="chat_template_kwargs")
         tokenizer = self.tm.tokenizer
         if req.tools and tool_calls.template_renders_tools(tokenizer):
             kwargs["tools"] = req.tools
@@ -95,8 +102,10 @@ class ChatRoute:
                          prompt: list[int], max_tokens: int | None) -> Any:
         if req.logprobs:
             raise APIError("logprobs together with tools is not supported", param="logprobs")
-        if req.response_format is not None or req.regex is not None or req.json_schema is not None:
-            raise APIError("tools cannot be combined with response_format, regex or json_schema", param="tools")
+        rf = req.response_format
+        if (rf is not None and rf.type != "text") or req.regex is not None or req.json_schema is not None \
+                or req.ebnf is not None:
+            raise APIError("tools cannot be combined with response_format, regex, json_schema or ebnf", param="tools")
         if plan.mode == "auto" and req.n != 1:
             raise APIError("tool_choice auto supports n = 1 only (use required or a named function)", param="n")
         run = ToolRun(self, req, plan, prompt, max_tokens)
@@ -134,10 +143,13 @@ class ToolRun:
     async def start(self) -> None:
         """Phase 1 (refusals are a 400 before anything is sent)."""
         if self.plan.mode == "auto":
+            # the call grammar of phase 2 is checked now, so a tool schema that cannot be enforced is a 400
+            # before any text is sent
+            await self.chat.tm.validate_sampling({"tool_call_grammar": self.plan.grammar(opened=True)})
             stop = self.req.stop if isinstance(self.req.stop, list) else [self.req.stop] * (self.req.stop is not None)
             extra = {"stop": [*stop, OPEN]}
-        else:
-            extra = {"tool_call_grammar": self.plan.grammar(opened=False)}
+        else:  # the whole answer is calls: the client's stop strings do not cut them
+            extra = {"tool_call_grammar": self.plan.grammar(opened=False), "stop": []}
         await self._phase(self.prompt, self.max_tokens, extra)
 
     async def _phase(self, prompt: list[int], max_tokens: int | None, extra: dict[str, Any]) -> None:
@@ -183,7 +195,8 @@ class ToolRun:
         text_ids = (await self.chat.tm.encode([reopen.text + OPEN]))[0]
         used = reopen.completion_tokens
         left = None if self.max_tokens is None else max(1, self.max_tokens - used)
-        await self._phase(self.prompt + text_ids, left, {"tool_call_grammar": self.plan.grammar(opened=True)})
+        await self._phase(self.prompt + text_ids, left, {"tool_call_grammar": self.plan.grammar(opened=True),
+                                                         "stop": []})
         results = self.phase_results[-1]
         async for idx, out, failed in accumulate(self.handle, results):
             if failed is not None:

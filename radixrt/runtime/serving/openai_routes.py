@@ -6,6 +6,7 @@ choice index = prompt index * n + copy. Chat prompts go through the model's own 
 from __future__ import annotations
 
 import logging
+import re
 import time
 import uuid
 from typing import Any, AsyncIterator
@@ -23,6 +24,8 @@ from radixrt.runtime.serving.tokenizer_manager import TokenizerManager
 
 logger = logging.getLogger(__name__)
 IGNORED_FIELDS_HEADER = "X-Radixrt-Ignored-Fields"
+_FIELD_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+MAX_WARNED = 256  # distinct ignored-field sets logged (then no more: a client cannot grow this set)
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 
@@ -43,10 +46,10 @@ class OpenAIRoutes:
 
     def reply(self, req: Any, answer: Any) -> Any:
         """The route's answer, with the top-level fields it ignored named in a header (and logged once)."""
-        ignored = req.ignored_fields()
+        ignored = [name for name in req.ignored_fields() if _FIELD_NAME.fullmatch(name)]  # safe in a header
         if not ignored:
             return answer
-        if tuple(ignored) not in self._warned:
+        if tuple(ignored) not in self._warned and len(self._warned) < MAX_WARNED:
             self._warned.add(tuple(ignored))
             logger.warning("OpenAI request fields ignored: %s", ", ".join(ignored))
         if not isinstance(answer, Response):
@@ -91,6 +94,9 @@ class OpenAIRoutes:
                       top_logprobs: int, extra: dict[str, Any] | None = None
                       ) -> tuple[RequestHandle, list[SequenceResult], int]:
         """Validate and submit: one scheduler request per prompt and copy; extra overrides sampling fields."""
+        if getattr(req, "session_id", None) is not None and len(prompts) > 1:
+            raise APIError("session_id needs a single prompt (a session continues one conversation)",
+                           param="session_id")
         reqs = []
         for ids in prompts:
             max_new = self.default_max_tokens(len(ids)) if max_tokens is None else max_tokens

@@ -69,6 +69,9 @@ def _is_union_tag(x: Any) -> bool:
 
 # ----------------------------------------------------------------- SGLang-native /generate
 class GenerateRequest(_Strict):
+    # unknown top-level fields are ignored: sglang-router forwards SGLang's whole request shape (model,
+    # log_metrics, lora_path, ... at their defaults); sampling_params and every known field stay strict
+    model_config = ConfigDict(extra="allow", strict=True)
     text: Union[str, list[str], None] = None
     input_ids: Union[list[int], list[list[int]], None] = None
     sampling_params: Union[dict[str, Any], list[dict[str, Any]], None] = None

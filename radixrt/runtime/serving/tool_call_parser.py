@@ -72,9 +72,11 @@ class ToolCallParser:
                 return events
 
     def finish(self) -> list[Event]:
-        """End of output: held-back content goes out. A call the output cut short (finish_reason "length")
-        keeps the start and arguments already sent, and gets no CallEnd."""
-        events: list[Event] = [] if self.in_call or not self.buf else [Content(self.buf)]
+        """End of output: held-back content goes out (but whitespace after the last call, which only
+        separates calls). A call the output cut short (finish_reason "length") keeps the start and arguments
+        already sent, and gets no CallEnd."""
+        keep = not self.in_call and self.buf and not (self.num_calls and not self.buf.strip())
+        events: list[Event] = [Content(self.buf)] if keep else []
         self.buf = ""
         return events
 
@@ -83,9 +85,13 @@ class ToolCallParser:
         if at >= 0:
             text, self.buf = self.buf[:at], self.buf[at + len(OPEN):]
             self.in_call, self._args_at, self._args_sent = True, None, 0
+            if self.num_calls and not text.strip():
+                return []  # the newline between two calls is not content
             return [Content(text)] if text else []
         keep = _partial_tag_len(self.buf, OPEN)
         text = self.buf[:len(self.buf) - keep]
+        if self.num_calls and not text.strip():
+            return []  # whitespace after a call is held: dropped before the next call or at the end
         self.buf = self.buf[len(text):]
         return [Content(text)] if text else []
 
@@ -98,7 +104,7 @@ class ToolCallParser:
                 return events
             self._args_at = head.end()
             events.append(CallStart(index, json.loads(head.group(1))))
-        end = self.buf.find(CLOSE)
+        end = self._call_end()
         if end >= 0:  # the call is complete: its arguments end before the wrapper's closing brace
             body = self.buf[self._args_at:end].rstrip()
             args = body[:-1].rstrip() if body.endswith("}") else body
@@ -114,6 +120,22 @@ class ToolCallParser:
             events.append(ArgsDelta(index, args[self._args_sent:safe]))
             self._args_sent = safe
         return events
+
+
+    def _call_end(self) -> int:
+        """Where the call's CLOSE tag is: the first one after which the text before it is whole JSON arguments
+        and the wrapper's brace (a string argument may itself contain "</tool_call>"); -1 while none is."""
+        at = self.buf.find(CLOSE, self._args_at)
+        while at >= 0:
+            body = self.buf[self._args_at:at].rstrip()
+            if body.endswith("}"):
+                try:
+                    json.loads(body[:-1])
+                    return at
+                except ValueError:
+                    pass
+            at = self.buf.find(CLOSE, at + 1)
+        return -1
 
 
 def parse_all(text: str) -> tuple[str, list[tuple[str, str]]]:

@@ -106,7 +106,7 @@ def fallback_messages(messages: list[dict[str, Any]], plan: ToolPlan | None) -> 
             content = "\n".join([content] * bool(content) + [_call_text(c) for c in m["tool_calls"]])
         elif role == "tool":
             content = f"<tool_response>\n{content}\n</tool_response>"
-        out.append({"role": role, "content": content})
+        out.append({"role": role, "content": content, **({"name": m["name"]} if m.get("name") else {})})
     if plan is not None:
         described = FALLBACK_INSTRUCTIONS.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in plan.tools))
         if out and out[0]["role"] == "system":

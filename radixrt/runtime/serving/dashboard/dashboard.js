@@ -112,6 +112,11 @@ function onInfo(info) {
   state.infoUpdates += 1;
 }
 
+function plain(text) {
+  // plotly reads a little HTML in labels and hover text: prompt text must show as text, not as markup
+  return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+}
+
 function flatten(view) {
   // the view's nested nodes -> plotly's ids/parents/values; folded children become one "… more" box
   const t = {ids: [], labels: [], parents: [], values: [], colors: [], custom: []};
@@ -121,12 +126,12 @@ function flatten(view) {
     const [node, parent] = stack.pop();
     const id = String(node.id);
     const isRoot = parent === "";
-    const label = isRoot ? "root" : (node.text.trim().slice(0, 24) || "·") + " (" + node.num_tokens + ")";
+    const label = isRoot ? "root" : plain(node.text.trim().slice(0, 24) || "·") + " (" + node.num_tokens + ")";
     t.ids.push(id); t.labels.push(label); t.parents.push(parent); t.values.push(node.num_tokens);
     t.colors.push(node.hits);
     const age = node.last_access_age_s === null ? "–" : node.last_access_age_s.toFixed(0) + " s ago";
     t.custom.push([node.num_tokens, node.hits, node.tokens_served, node.prefix_len, age, node.lock_ref, node.pins,
-                   node.text, (node.sessions || []).join(", ") || "–"]);
+                   plain(node.text), plain((node.sessions || []).join(", ") || "–")]);
     if (!isRoot) rows.push(node);
     for (const child of node.children) stack.push([child, id]);
     if (node.omitted) {

@@ -1,0 +1,124 @@
+"""`radixrt serve --dp-size N`: N replicas behind sglang-router (`pip install sglang-router`, the `[router]`
+extra), the router on the user's port with the cache-aware policy (`--router-policy`, default cache_aware):
+requests that share a prefix go to the replica that already holds it.
+
+Each replica is a plain `radixrt serve` subprocess on a free local port with its share of the CPU threads;
+the router is `python -m sglang_router.launch_router` on --host/--port with --worker-urls. The replicas
+answer what the router asks of a worker (/health, /get_model_info, /get_server_info, /v1/models). A
+replica or the router that dies is reported; the router routes around a dead replica (its health checks),
+and the whole server exits non-zero when the router dies or every replica is gone. SIGTERM / Ctrl-C stop
+everything. Replicas on other machines: start `radixrt serve` there and run the router yourself with
+their URLs (`python -m sglang_router.launch_router --worker-urls http://a:30000 http://b:30000 --policy
+cache_aware`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+logger = logging.getLogger("radixrt.server")
+POLL_S = 0.5
+
+
+def router_available() -> bool:
+    return importlib.util.find_spec("sglang_router") is not None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def replica_args(config: Any, port: int) -> list[str]:
+    """The `radixrt serve` command line of one replica: the same config, dp_size 1, on localhost:port."""
+    from radixrt.runtime.config import ServerConfig
+
+    args = [sys.executable, "-m", "radixrt.cli", "serve"]
+    defaults = ServerConfig()
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if f.name in ("dp_size", "host", "port", "router_policy") or value == getattr(defaults, f.name) or value is None:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(value, bool):
+            args.append(flag if value else f"--no-{f.name.replace('_', '-')}")
+        else:
+            args += [flag, str(value)]
+    return args + ["--host", "127.0.0.1", "--port", str(port)]
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> None:
+    import requests
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"replica {url} exited with {proc.returncode} while starting")
+        try:
+            if requests.get(url + "/health", timeout=5).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(POLL_S)
+    raise RuntimeError(f"replica {url} did not become healthy in {timeout:g} s")
+
+
+def launch_dp(config: Any, startup_timeout: float = 900.0) -> int:
+    if not router_available():
+        raise SystemExit("--dp-size > 1 needs sglang-router in front of the replicas: pip install sglang-router "
+                         "(or pip install 'radixrt[router]')")
+    n = config.dp_size
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // n))}  # replicas share the cores
+    replicas: list[tuple[str, subprocess.Popen]] = []
+    router = None
+    stopping = []
+    previous = signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    try:
+        for _ in range(n):
+            port = _free_port()
+            replicas.append((f"http://127.0.0.1:{port}", subprocess.Popen(replica_args(config, port), env=env)))
+        for url, proc in replicas:
+            _wait_healthy(url, proc, startup_timeout)
+        router = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--host", config.host,
+                                   "--port", str(config.port), "--policy", config.router_policy,
+                                   "--prometheus-port", str(_free_port()),  # its default port may be taken
+                                   "--worker-urls", *[u for u, _ in replicas], "--log-level", "warn"])
+        logger.info("data parallel: %d replicas behind sglang-router (%s) on %s:%d", n, config.router_policy,
+                    config.host, config.port)
+        dead: set[str] = set()
+        while not stopping:
+            if router.poll() is not None:
+                logger.error("the router exited with %s", router.returncode)
+                return 1
+            for url, proc in replicas:
+                if proc.poll() is not None and url not in dead:
+                    dead.add(url)
+                    logger.error("replica %s exited with %s; the router routes around it", url, proc.returncode)
+            if len(dead) == n:
+                logger.error("every replica is gone")
+                return 1
+            time.sleep(POLL_S)
+        return 0
+    except KeyboardInterrupt:
+        return 0
+    except RuntimeError as e:
+        logger.error("%s", e)
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for proc in [p for _, p in replicas] + ([router] if router is not None else []):
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in [p for _, p in replicas] + ([router] if router is not None else []):
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()

@@ -1,0 +1,87 @@
+"""`radixrt serve --dp-size 2`: two replicas behind the real sglang-router (cache-aware policy).
+
+Truth: the replicas' own counters (/get_server_info on each, found through the router's /workers): requests
+that share a long prefix are admitted by one replica, which then reports them as cache hits; a killed
+replica is routed around (every later request answers), nothing hangs.
+"""
+import os
+import signal
+import time
+
+import httpx
+import pytest
+from conftest_server import ServerProcess
+
+pytestmark = pytest.mark.integration
+pytest.importorskip("sglang_router", reason="--dp-size needs sglang-router (pip install sglang-router)")
+TENANTS = ["You are the support bot of a bicycle shop. You answer questions about repairs, parts and opening "
+           "hours politely and briefly. ",
+           "You are a museum guide who explains paintings, sculptures and the history of art to visitors in "
+           "plain words. "]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = ServerProcess(["--dp-size", "2", "--log-level", "warning"], tmp_path_factory.mktemp("dp"))
+    yield srv
+    srv.stop()
+
+
+def workers(server) -> list[str]:
+    body = httpx.get(server.url + "/workers", timeout=30).json()
+    return [w["url"] for w in body["workers"]]
+
+
+def generate(server, text: str, timeout: float = 120) -> dict:
+    r = httpx.post(server.url + "/generate", json={"text": text, "sampling_params": {"max_new_tokens": 2,
+                                                                                     "temperature": 0}},
+                   timeout=timeout)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_requests_sharing_a_prefix_land_on_the_same_replica(server):
+    urls = workers(server)
+    assert len(urls) == 2
+    before = {u: httpx.get(u + "/get_server_info", timeout=30).json() for u in urls}
+    outs = []
+    for i in range(6):
+        for tenant in TENANTS:
+            outs.append(generate(server, tenant + f"Visitor {i} asks: question number {i}?"))
+    after = {u: httpx.get(u + "/get_server_info", timeout=30).json() for u in urls}
+    admitted = {u: after[u]["num_requests_admitted"] - before[u]["num_requests_admitted"] for u in urls}
+    assert sum(admitted.values()) == 12
+    # cache-aware routing: after each tenant's first request, its prefix is a hit on the replica that holds it
+    cached = [o["meta_info"]["cached_tokens"] for o in outs[2:]]
+    assert min(cached) >= 20, cached
+    assert sum(after[u]["cached_tokens"] - before[u]["cached_tokens"] for u in urls) >= 10 * 20
+
+
+def test_a_killed_replica_is_routed_around(server):
+    urls = workers(server)
+    victim = httpx.get(urls[0] + "/get_server_info", timeout=30).json()
+    assert victim["integrity_ok"]
+    pid = next(p for p in server.alive_pids() if _serves(p, urls[0]))
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    answered = 0
+    while time.monotonic() < deadline and answered < 6:
+        try:
+            r = httpx.post(server.url + "/generate", json={"text": TENANTS[answered % 2] + "Still there?",
+                                                            "sampling_params": {"max_new_tokens": 2}}, timeout=60)
+        except httpx.HTTPError:
+            continue
+        if r.status_code == 200:
+            answered += 1
+    assert answered == 6, "requests after a replica died did not get answers"
+    assert server.proc.poll() is None  # one replica left: the server keeps serving
+
+
+def _serves(pid: int, url: str) -> bool:
+    import psutil
+    try:
+        cmd = psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return False
+    port = url.rsplit(":", 1)[1]
+    return "serve" in cmd and "--port" in cmd and cmd[cmd.index("--port") + 1] == port
