@@ -23,7 +23,11 @@ class ServerConfig:
                       ("auto", "float32", "bfloat16", "float16"))
     device: str = _opt("auto", "cpu, cuda or auto")
     page_size: int = _opt(1, "tokens per KV page")
-    max_total_tokens: int | None = _opt(None, "KV pool size in tokens; default derived from context length")
+    max_total_tokens: int | None = _opt(None, "KV pool size in tokens (wins over --mem-fraction-static); default "
+                                              "32768, or what --mem-fraction-static gives")
+    mem_fraction_static: float | None = _opt(None, "size the KV pool as this fraction of the memory free once the "
+                                                   "weights are loaded (CUDA: free device memory; CPU: available RAM "
+                                                   "less 1 GiB of headroom)")
     chunked_prefill_size: int = _opt(512, "most prefill tokens in one step (longer prompts are split)")
     max_running_requests: int = _opt(64, "most requests decoding at once")
     max_waiting_requests: int = _opt(4096, "queued requests before new ones are refused (503)")
@@ -75,6 +79,8 @@ class ServerConfig:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
         if self.chunked_prefill_size < self.page_size:
             raise ValueError("chunked_prefill_size must be >= page_size")
+        if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static < 1:
+            raise ValueError(f"mem_fraction_static must be in (0, 1), got {self.mem_fraction_static}")
         if self.max_total_tokens is not None and self.max_total_tokens < self.page_size:
             raise ValueError(f"max_total_tokens must be >= page_size, got {self.max_total_tokens}")
         if self.max_running_requests < 1:

@@ -60,6 +60,8 @@ def server_info(s: Any, walk: bool = True) -> dict:
         "kv_pages_cached": s.tree.total_pages(),
         "page_size": s.page_size,
         "max_total_tokens": s.pool_tokens,
+        "kv_bytes_per_token": getattr(s.runner, "kv_bytes_per_token", None),
+        "kv_pool_bytes": getattr(s.runner, "kv_pool_bytes", None),
         "num_running": len(s.running),
         "num_waiting": len(s.waiting),
         "num_preemptions": st.num_preemptions,

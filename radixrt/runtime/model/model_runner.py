@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 import torch
 
@@ -17,6 +18,7 @@ from radixrt.runtime.model.sampler import NoAllowedTokenError, sample
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_TOTAL_TOKENS = 32768
+CPU_HEADROOM_BYTES = 1 << 30
 
 
 def pick_device(config: ServerConfig) -> torch.device:
@@ -55,6 +57,31 @@ def _generation_config(model_dir):
         return None
 
 
+def available_memory_bytes(device: torch.device) -> int:
+    """Memory free for the KV pool now: free device memory on CUDA; on a CPU the kernel's MemAvailable less
+    CPU_HEADROOM_BYTES (activations, the tokenizer, the grammar workers)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as f:
+            avail = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return max(0, avail - CPU_HEADROOM_BYTES)
+
+
+def pool_tokens(config: Any, bytes_per_token: int, device: torch.device) -> int:
+    """--max-total-tokens when given; else --mem-fraction-static of the free memory; else the default."""
+    if config.max_total_tokens:
+        return config.max_total_tokens
+    if config.mem_fraction_static is not None:
+        tokens = int(available_memory_bytes(device) * config.mem_fraction_static) // bytes_per_token
+        if tokens < config.page_size:
+            raise ValueError(f"mem_fraction_static {config.mem_fraction_static} leaves room for {tokens} KV tokens")
+        return tokens
+    return DEFAULT_MAX_TOTAL_TOKENS
+
+
 class ModelRunner:
     def __init__(self, config: ServerConfig):
         from radixrt.runtime.model.models.llama import LlamaForCausalLM
@@ -85,8 +112,11 @@ class ModelRunner:
         self.context_length = min(config.context_length or self.model.max_context, self.model.max_context)
 
         page_size = config.page_size
-        total_tokens = config.max_total_tokens or DEFAULT_MAX_TOTAL_TOKENS
+        self.kv_bytes_per_token = KVCache.bytes_per_token(self.model.num_layers, self.model.num_kv_heads,
+                                                          self.model.head_dim, self.model.attn_dtype)
+        total_tokens = pool_tokens(config, self.kv_bytes_per_token, self.device)
         self.num_pages = max(total_tokens // page_size, 1)
+        self.kv_pool_bytes = self.num_pages * page_size * self.kv_bytes_per_token
         self.kv = KVCache(self.model.num_layers, self.num_pages * page_size, self.model.num_kv_heads,
                           self.model.head_dim, self.model.attn_dtype, self.device)
         # one spare row: a request being admitted while max_running_requests run
@@ -94,8 +124,9 @@ class ModelRunner:
         self.table = ReqToSlotTable(self.max_rows, self.context_length + 1, self.device)
         self.attn = make_attention_backend(config.attention_backend, self.device, self.model.num_q_heads,
                                            self.model.num_kv_heads, self.model.head_dim)
-        log.info("model %s: %s on %s, KV pool %d tokens (%d pages of %d)", self.model_path, self.dtype,
-                 self.device, self.num_pages * page_size, self.num_pages, page_size)
+        log.info("model %s: %s on %s, KV pool %d tokens (%d pages of %d, %.1f MiB at %d bytes a token)",
+                 self.model_path, self.dtype, self.device, self.num_pages * page_size, self.num_pages, page_size,
+                 self.kv_pool_bytes / 2**20, self.kv_bytes_per_token)
 
     @torch.inference_mode()
     def run(self, plan: list[PlanItem]) -> list[ItemResult]:
