@@ -121,7 +121,6 @@ class ToolCallParser:
             self._args_sent = safe
         return events
 
-
     def _call_end(self) -> int:
         """Where the call's CLOSE tag is: the first one after which the text before it is whole JSON arguments
         and the wrapper's brace (a string argument may itself contain "</tool_call>"); -1 while none is."""
