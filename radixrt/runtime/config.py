@@ -50,6 +50,8 @@ class ServerConfig:
                                               "(output unchanged); none: off", ("none", "ngram"))
     speculative_num_draft_tokens: int = _opt(4, "most draft tokens a request verifies in one step (ngram)")
     grammar_compile_timeout: float = _opt(10.0, "seconds a regex/schema may take to compile")
+    json_object_max_depth: int = _opt(16, "response_format json_object: most nesting levels (the object is "
+                                          "level 1); needs llguidance, else a depth-2 regex")
     grammar_backend: str = _opt("outlines", "constrained decoding engine: outlines (outlines-core, DFA) or "
                                             "llguidance (Earley; also context-free grammars). ebnf requests use "
                                             "llguidance whichever is chosen", ("outlines", "llguidance"))
@@ -85,6 +87,8 @@ class ServerConfig:
             raise ValueError(f"max_total_tokens must be >= page_size, got {self.max_total_tokens}")
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be >= 1")
+        if not 1 <= self.json_object_max_depth <= 64:
+            raise ValueError(f"json_object_max_depth must be in [1, 64], got {self.json_object_max_depth}")
         if self.dp_size < 1:
             raise ValueError(f"dp_size must be >= 1, got {self.dp_size}")
         if not 1 <= self.speculative_num_draft_tokens <= 64:

@@ -156,3 +156,19 @@ def test_bad_grammars_are_refused_by_name(engines):
         with pytest.raises(ValueError):
             engine.generate("x", {**params, "max_new_tokens": 4})
     assert engine.generate("x", {"max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2
+
+
+@pytest.mark.parametrize("max_depth", [1, 2, 3])
+def test_json_object_depth_is_bounded_by_the_flag(tokenizer, max_depth):
+    """Truth: each object's nesting depth computed by _depth (the object is level 1)."""
+    import llguidance.hf
+    from llguidance.gbnf_to_lark import any_to_lark
+
+    from radixrt.runtime.serving.openai_sampling import json_object_grammar
+    llt = llguidance.hf.from_tokenizer(tokenizer, n_vocab=len(tokenizer))
+    grammar = llguidance.LLMatcher.grammar_from_lark(any_to_lark(json_object_grammar(max_depth)))
+    for obj in ({}, {"a": 1}, {"a": {"b": 1}}, {"a": [1, [2]]}, {"a": {"b": {"c": 1}}}, {"x": [[[1]]]}):
+        matcher = llguidance.LLMatcher(llt, grammar, log_level=0)
+        ids = tokenizer.encode(json.dumps(obj), add_special_tokens=False)
+        accepted = all(matcher.consume_token(t) for t in ids) and matcher.is_accepting()
+        assert accepted == (max(_depth(obj), 1) <= max_depth), (obj, max_depth)

@@ -8,8 +8,8 @@ in microseconds to milliseconds on a worker thread (a deadline as for outlines c
 bounds its own work per token (its parser limits), so one grammar cannot stall the step.
 
 Spec -> grammar: regex and choices -> its regex grammar (Rust regex syntax, as ours); json_schema with
-the whitespace outlines is given ("[ ]?" between tokens); json_object -> any JSON object, nested to any
-depth, with bounded whitespace (newlines and indentation allowed, at most JSON_OBJECT_MAX_WS a time);
+the whitespace outlines is given ("[ ]?" between tokens); json_object (the internal kind) -> any JSON object
+with bounded whitespace (the OpenAI routes send their own depth-bounded Lark grammar as ebnf instead);
 ebnf (GBNF, SGLang's parameter) and lark -> its Lark grammar; tool_call_grammar -> the regex of
 tool_call_regex.py.
 """

@@ -100,7 +100,8 @@ class OpenAIRoutes:
         reqs = []
         for ids in prompts:
             max_new = self.default_max_tokens(len(ids)) if max_tokens is None else max_tokens
-            sp = await self.tm.validate_sampling({**sampling_dict(req, max_new), **(extra or {})})
+            sp = await self.tm.validate_sampling(
+                {**sampling_dict(req, max_new, self.tm.config.json_object_max_depth), **(extra or {})})
             reqs += self.tm.make_requests(ids, sp, stream=req.stream, return_logprob=return_logprob,
                                           top_logprobs_num=top_logprobs, session_id=req.session_id)
         handle = self.tm.generate(reqs)

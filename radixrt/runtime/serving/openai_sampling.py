@@ -8,13 +8,29 @@ from typing import Any
 
 from radixrt.runtime.serving.protocol import APIError, _SamplingFields
 
-# json_object as real JSON: any object, nested to any depth, with the whitespace JSON allows (bounded per
-# gap, so it cannot loop) -- a Lark grammar llguidance enforces; without llguidance, a depth-capped regex
-JSON_OBJECT_LARK = ('start: %json {"type": "object", "x-guidance": {"whitespace_flexible": false, '
-                    '"whitespace_pattern": "[ \\t\\n\\r]{0,40}"}}')
+JSON_OBJECT_WHITESPACE = {"whitespace_flexible": False, "whitespace_pattern": "[ \\t\\n\\r]{0,40}"}
 
 
-def constraint_from_request(req: _SamplingFields) -> dict[str, str]:
+def json_object_grammar(max_depth: int) -> str:
+    """json_object as real JSON: any object whose values nest at most max_depth levels (the object itself is
+    level 1), with the whitespace JSON allows (bounded per gap, so it cannot loop). A Lark grammar over a JSON
+    schema llguidance enforces; the levels are $defs, each referring to the one below, so the grammar grows
+    linearly with the depth."""
+    scalar = {"type": ["string", "number", "boolean", "null"]}
+    defs = {"level1": scalar}  # levelK: a value whose containers nest at most K - 1 deep
+    for k in range(2, max_depth + 1):
+        below = {"$ref": f"#/$defs/level{k - 1}"}
+        defs[f"level{k}"] = {"anyOf": [scalar, {"type": "array", "items": below},
+                                       {"type": "object", "additionalProperties": below}]}
+    schema = {"$defs": defs, "type": "object", "additionalProperties": {"$ref": f"#/$defs/level{max_depth}"},
+              "x-guidance": JSON_OBJECT_WHITESPACE}
+    return "start: %json " + json.dumps(schema, separators=(",", ":"))
+
+
+JSON_OBJECT_LARK = json_object_grammar(16)  # the default --json-object-max-depth
+
+
+def constraint_from_request(req: _SamplingFields, json_object_depth: int = 16) -> dict[str, str]:
     """regex / json_schema / ebnf / response_format -> the sampling-param form (json_schema as a JSON string)."""
     out: dict[str, str] = {}
     if req.regex is not None:
@@ -29,7 +45,7 @@ def constraint_from_request(req: _SamplingFields) -> dict[str, str]:
             raise APIError("response_format cannot be combined with regex, json_schema or ebnf", param="response_format")
         if rf.type == "json_object":
             if importlib.util.find_spec("llguidance") is not None:
-                out["ebnf"] = JSON_OBJECT_LARK
+                out["ebnf"] = json_object_grammar(json_object_depth)
             else:
                 out["json_schema"] = '{"type": "object"}'
         elif rf.type == "grammar":
@@ -43,7 +59,7 @@ def constraint_from_request(req: _SamplingFields) -> dict[str, str]:
     return out
 
 
-def sampling_dict(req: _SamplingFields, max_new_tokens: int) -> dict[str, Any]:
+def sampling_dict(req: _SamplingFields, max_new_tokens: int, json_object_depth: int = 16) -> dict[str, Any]:
     """The OpenAI fields as a SamplingParams dict (not yet validated: SamplingParams.from_dict does that)."""
     d: dict[str, Any] = {"max_new_tokens": max_new_tokens, "n": req.n}
     pairs = {"temperature": req.temperature, "top_p": req.top_p, "presence_penalty": req.presence_penalty,
@@ -52,5 +68,5 @@ def sampling_dict(req: _SamplingFields, max_new_tokens: int) -> dict[str, Any]:
              "stop_token_ids": req.stop_token_ids, "ignore_eos": req.ignore_eos,
              "skip_special_tokens": req.skip_special_tokens, "stop": req.stop, "logit_bias": req.logit_bias}
     d.update({k: v for k, v in pairs.items() if v is not None})
-    d.update(constraint_from_request(req))
+    d.update(constraint_from_request(req, json_object_depth))
     return d
