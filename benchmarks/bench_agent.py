@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import pathlib
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,7 +26,7 @@ import httpx
 sys.path.insert(0, os.path.dirname(__file__))
 from run_info import git_commit, machine  # noqa: E402
 
-from radixrt.frontend.launcher import wait_until_healthy  # noqa: E402
+from radixrt.frontend.launcher import free_port, wait_until_healthy  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 TOOLS = [{"type": "function", "function": {
@@ -36,12 +35,6 @@ TOOLS = [{"type": "function", "function": {
                                                      "detail": {"enum": ["short", "long"]}},
                    "required": ["topic", "detail"], "additionalProperties": False}}}]
 TOPICS = ["volcanoes", "the moon", "bread", "chess", "rivers", "bees", "glaciers", "comets", "tea", "bridges"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def filler(client: httpx.Client, i: int) -> None:

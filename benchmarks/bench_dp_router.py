@@ -16,7 +16,6 @@ import asyncio
 import json
 import os
 import pathlib
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,17 +26,11 @@ import httpx
 sys.path.insert(0, os.path.dirname(__file__))
 from run_info import git_commit, machine  # noqa: E402
 
-from radixrt.frontend.launcher import wait_until_healthy  # noqa: E402
+from radixrt.frontend.launcher import free_port, wait_until_healthy  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 TOPICS = ["a bicycle repair shop", "an art museum", "a train timetable office", "a bakery", "a public library",
           "a zoo", "a hardware store", "a weather service"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tenant_prompt(i: int) -> str:

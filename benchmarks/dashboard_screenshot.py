@@ -13,20 +13,13 @@ import argparse
 import os
 import pathlib
 import shutil
-import socket
 import subprocess
 import sys
 import time
 
-from radixrt.frontend.launcher import wait_until_healthy
+from radixrt.frontend.launcher import free_port, wait_until_healthy
 
 HERE = pathlib.Path(__file__).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def browser():

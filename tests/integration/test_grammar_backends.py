@@ -19,10 +19,10 @@ lark = pytest.importorskip("lark", reason="the ebnf checks parse with lark (pip 
 
 # GBNF (SGLang's ebnf) grammars and the same languages in Lark for the independent parser
 GRAMMARS = {
-    "arithmetic": ('root ::= expr\nexpr ::= term (("+" | "-") term)*\nterm ::= factor (("*" | "/") factor)*\n'
-                   'factor ::= [0-9]+ | "(" expr ")"',
-                   'start: expr\nexpr: term (("+"|"-") term)*\nterm: factor (("*"|"/") factor)*\n'
-                   'factor: /[0-9]+/ | "(" expr ")"'),
+    "arithmetic": ('root ::= expr\nexpr ::= term (op term)? (op term)? (op term)?\nop ::= "+" | "-" | "*"\n'
+                   'term ::= num | "(" num op num ")"\nnum ::= [0-9] [0-9]?',
+                   'start: expr\nexpr: term (op term)? (op term)? (op term)?\nop: "+" | "-" | "*"\n'
+                   'term: NUM | "(" NUM op NUM ")"\nNUM: /[0-9][0-9]?/'),
     "sql": ('root ::= "SELECT " cols " FROM " name (" WHERE " name " = " [0-9]+)? ";"\n'
             'cols ::= name (", " name)*\nname ::= [a-z]+',
             'start: "SELECT " cols " FROM " NAME (" WHERE " NAME " = " /[0-9]+/)? ";"\ncols: NAME (", " NAME)*\n'
@@ -75,12 +75,15 @@ def test_ebnf_output_parses_with_an_independent_parser(engines, name):
     engine = Engine(dtype="float32") if name == "sql" else engines["llguidance"]  # sql: the default backend routes
     try:
         prompt = chat(engine.tokenizer, f"Write one short example ({name}).")
+        parsed = 0
         for seed in range(3):
             out = engine.generate(prompt, {"ebnf": gbnf, "max_new_tokens": 48, "temperature": 0.9, "seed": seed})
             if out["meta_info"]["finish_reason"]["type"] == "stop":
                 parser.parse(out["text"])  # raises on anything outside the language
+                parsed += 1
             else:  # cut short: still a prefix of the language (the grammar never let it leave)
                 assert out["meta_info"]["finish_reason"]["type"] == "length"
+        assert parsed >= 1, f"no {name} sample finished, so none was checked"
     finally:
         if name == "sql":
             engine.shutdown()

@@ -25,6 +25,7 @@ import torch
 
 from radixrt.runtime.constrained.regex_builder import GrammarError
 from radixrt.runtime.constrained.spec import grammar_key, spec_regex
+from radixrt.runtime.constrained.state import EosGate
 
 JSON_SCHEMA_OPTIONS = {"whitespace_flexible": False, "whitespace_pattern": "[ ]?"}
 JSON_OBJECT_MAX_WS = 40
@@ -130,7 +131,7 @@ class _Position:
         return self.accepting
 
 
-class LLGState:
+class LLGState(EosGate):
     """Per-request llguidance matcher. Used only by the scheduler thread."""
 
     def __init__(self, matcher: Any, description: str, eos_token_ids: list[int], num_words: int, jump_forward: bool):
@@ -139,14 +140,6 @@ class LLGState:
         self.eos_token_ids = eos_token_ids
         self.num_words = num_words
         self.jump_forward = jump_forward
-        self._eos_accepted = False
-
-    @property
-    def ended(self) -> bool:
-        return self._eos_accepted
-
-    def eos_open(self) -> bool:
-        return not self._eos_accepted and self.matcher.is_accepting()
 
     def is_final(self) -> bool:
         return self.matcher.is_accepting()
@@ -156,20 +149,10 @@ class LLGState:
 
         fill_next_token_bitmask(matcher, words.view(1, -1), 0)
 
-    def write_bits(self, words: torch.Tensor) -> None:
-        if self._eos_accepted:
-            words.zero_()
-            return
+    def _write_allowed(self, words: torch.Tensor) -> None:
         self._fill(self.matcher, words)
 
-    def accept(self, token_id: int) -> None:
-        if self._eos_accepted:
-            raise GrammarError(f"token {token_id} after the grammar already ended")
-        if token_id in self.eos_token_ids:
-            if not self.matcher.is_accepting():
-                raise GrammarError(f"EOS token {token_id} before the {self.description} is complete")
-            self._eos_accepted = True
-            return
+    def _advance(self, token_id: int) -> None:
         if not self.matcher.consume_token(token_id):
             raise GrammarError(f"token {token_id} is not allowed by the {self.description} here")
 

@@ -79,18 +79,23 @@ class CompiledGrammar:
         words.copy_(row)
 
 
-class GrammarState:
-    """Per-request FSM position. Used only by the scheduler thread."""
+class EosGate:
+    """What a per-request grammar state of any backend shares: the EOS ids are allowed exactly where the
+    grammar accepts, EOS is taken at most once, and after it nothing is allowed. A backend subclass gives
+    is_final, _write_allowed (its mask row) and _advance (one non-EOS token)."""
+    description: str
+    eos_token_ids: list[int]
+    num_words: int
+    _eos_accepted = False
 
-    def __init__(self, compiled: CompiledGrammar, eos_token_ids: list[int], vocab_size: int, num_words: int,
-                 drafter: Drafter | None):
-        self.compiled = compiled
-        self.guide = Guide(compiled.index, max_rollback=0)
-        self.eos_token_ids = eos_token_ids
-        self.vocab_size = vocab_size
-        self.num_words = num_words
-        self.drafter = drafter  # None: jump-forward off
-        self._eos_accepted = False
+    def is_final(self) -> bool:
+        raise NotImplementedError
+
+    def _write_allowed(self, words: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def _advance(self, token_id: int) -> None:
+        raise NotImplementedError
 
     @property
     def ended(self) -> bool:
@@ -98,12 +103,8 @@ class GrammarState:
         return self._eos_accepted
 
     def eos_open(self) -> bool:
-        """EOS ids must be allowed: the FSM accepts here and has not taken EOS yet."""
-        return not self._eos_accepted and self.guide.is_finished()
-
-    def is_final(self) -> bool:
-        """The text so far is a complete match: EOS is allowed now."""
-        return self.guide.is_finished()
+        """EOS ids must be allowed: the grammar accepts here and has not taken EOS yet."""
+        return not self._eos_accepted and self.is_final()
 
     def write_bits(self, words: torch.Tensor) -> None:
         """Write this state's allowed ids into one contiguous CPU int32 row of num_words words."""
@@ -111,6 +112,37 @@ class GrammarState:
         if self._eos_accepted:
             words.zero_()
             return
+        self._write_allowed(words)
+
+    def accept(self, token_id: int) -> None:
+        if self._eos_accepted:
+            raise GrammarError(f"token {token_id} after the grammar already ended")
+        if token_id in self.eos_token_ids:
+            if not self.is_final():
+                raise GrammarError(f"EOS token {token_id} before the {self.description} is complete")
+            self._eos_accepted = True
+            return
+        self._advance(token_id)
+
+
+class GrammarState(EosGate):
+    """Per-request FSM position (outlines-core). Used only by the scheduler thread."""
+
+    def __init__(self, compiled: CompiledGrammar, eos_token_ids: list[int], vocab_size: int, num_words: int,
+                 drafter: Drafter | None):
+        self.compiled = compiled
+        self.description = compiled.description
+        self.guide = Guide(compiled.index, max_rollback=0)
+        self.eos_token_ids = eos_token_ids
+        self.vocab_size = vocab_size
+        self.num_words = num_words
+        self.drafter = drafter  # None: jump-forward off
+
+    def is_final(self) -> bool:
+        """The text so far is a complete match: EOS is allowed now."""
+        return self.guide.is_finished()
+
+    def _write_allowed(self, words: torch.Tensor) -> None:
         self.compiled.write_bits(self.guide.get_state(), self.guide, words)
 
     def fill_mask(self, mask_row: torch.Tensor) -> None:
@@ -120,14 +152,7 @@ class GrammarState:
         else:
             mask_row.copy_(mask[0])
 
-    def accept(self, token_id: int) -> None:
-        if self._eos_accepted:
-            raise GrammarError(f"token {token_id} after the grammar already ended")
-        if token_id in self.eos_token_ids:
-            if not self.guide.is_finished():
-                raise GrammarError(f"EOS token {token_id} before the {self.compiled.description} is complete")
-            self._eos_accepted = True
-            return
+    def _advance(self, token_id: int) -> None:
         try:
             self.guide.advance(token_id, return_tokens=False)
         except ValueError:

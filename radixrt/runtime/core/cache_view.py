@@ -79,7 +79,6 @@ def cache_tree_view(tree: RadixCache, pinned: list[tuple[TreeNode, str | None]],
         }
 
     root = describe(tree.root, 0)
-    root["last_access_age_s"] = None
     # breadth-first, so a node budget keeps the upper levels whole; siblings largest first
     frontier: list[tuple[TreeNode, dict[str, Any], int]] = [(tree.root, root, 0)]
     while frontier:

@@ -23,6 +23,7 @@ class PinTable:
         self.max_pinned_tokens = int(pool_tokens * MAX_PINNED_FRACTION)
         self.max_pin_tokens = int(pool_tokens * MAX_PIN_FRACTION)
         self._pins: dict[str, tuple[object, float, int]] = {}  # handle -> (node, expiry, tokens)
+        self._soonest = float("inf")  # no pin lapses before this (time.monotonic()); may be stale-early
 
     @property
     def num_pinned_tokens(self) -> int:
@@ -42,7 +43,9 @@ class PinTable:
             return None
         self.tree.inc_lock_ref(node)
         handle = secrets.token_urlsafe(16)
-        self._pins[handle] = (node, time.monotonic() + min(ttl_s, MAX_PIN_TTL_S), num_tokens)
+        expiry = time.monotonic() + min(ttl_s, MAX_PIN_TTL_S)
+        self._pins[handle] = (node, expiry, num_tokens)
+        self._soonest = min(self._soonest, expiry)
         return handle
 
     def expiry(self, handle: str) -> float | None:
@@ -57,12 +60,16 @@ class PinTable:
         self.tree.dec_lock_ref(entry[0])
         return True
 
-    def expire(self) -> None:
-        if not self._pins:
-            return
+    def expire(self) -> int:
+        """Unpin what lapsed; how many. Called every step: O(1) until the soonest expiry passes."""
         now = time.monotonic()
-        for handle in [h for h, (_, expiry, _) in self._pins.items() if expiry <= now]:
+        if not self._pins or now < self._soonest:
+            return 0
+        lapsed = [h for h, (_, expiry, _) in self._pins.items() if expiry <= now]
+        for handle in lapsed:
             self.unpin(handle)
+        self._soonest = min((expiry for _, expiry, _ in self._pins.values()), default=float("inf"))
+        return len(lapsed)
 
     def drop_oldest(self) -> bool:
         """Let the oldest pin go (memory is needed for a request that cannot run otherwise)."""

@@ -125,8 +125,8 @@ class Scheduler(SchedulerAdmin):
         return bool(self.waiting or self.running)
 
     def step(self) -> list[TokenOut]:
-        self.pins.expire()
-        self.sessions.expire()
+        if self.pins.expire():  # sessions whose pin lapsed end with it; nothing to look at otherwise
+            self.sessions.expire()
         self.admission.collect_grammars(self.waiting, self.faults.check, self._fail)
         plan = self._plan()
         if plan:
@@ -168,6 +168,7 @@ class Scheduler(SchedulerAdmin):
                 # (oldest first) to requests that could otherwise never run; the next step retries
                 log.info("memory is short for the next request: releasing the oldest pinned prefix")
                 self.pins.drop_oldest()
+                self.sessions.expire()
             elif self.running:
                 # every running request is stuck on memory: free the newest so the rest progress
                 self._preempt(self._newest_running())

@@ -62,7 +62,8 @@ class SessionTable:
         return True
 
     def expire(self) -> None:
-        """Forget sessions whose pin lapsed (pins.expire ran first)."""
+        """Forget sessions whose pin is gone (lapsed, or let go for memory); the scheduler calls this only
+        when pins went away, so it is not per-step work."""
         for sid in [sid for sid, s in self._sessions.items() if s.handle is not None
                     and self.pins.expiry(s.handle) is None]:
             del self._sessions[sid]

@@ -18,11 +18,12 @@ import importlib.util
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from typing import Any
+
+from radixrt.frontend.launcher import free_port, wait_until_healthy
 
 logger = logging.getLogger("radixrt.server")
 POLL_S = 0.5
@@ -30,12 +31,6 @@ POLL_S = 0.5
 
 def router_available() -> bool:
     return importlib.util.find_spec("sglang_router") is not None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def replica_args(config: Any, port: int) -> list[str]:
@@ -56,21 +51,6 @@ def replica_args(config: Any, port: int) -> list[str]:
     return args + ["--host", "127.0.0.1", "--port", str(port)]
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> None:
-    import requests
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"replica {url} exited with {proc.returncode} while starting")
-        try:
-            if requests.get(url + "/health", timeout=5).status_code == 200:
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(POLL_S)
-    raise RuntimeError(f"replica {url} did not become healthy in {timeout:g} s")
-
-
 def launch_dp(config: Any, startup_timeout: float = 900.0) -> int:
     if not router_available():
         raise SystemExit("--dp-size > 1 needs sglang-router in front of the replicas: pip install sglang-router "
@@ -83,13 +63,13 @@ def launch_dp(config: Any, startup_timeout: float = 900.0) -> int:
     previous = signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     try:
         for _ in range(n):
-            port = _free_port()
+            port = free_port()
             replicas.append((f"http://127.0.0.1:{port}", subprocess.Popen(replica_args(config, port), env=env)))
         for url, proc in replicas:
-            _wait_healthy(url, proc, startup_timeout)
+            wait_until_healthy(url, proc, startup_timeout)
         router = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--host", config.host,
                                    "--port", str(config.port), "--policy", config.router_policy,
-                                   "--prometheus-port", str(_free_port()),  # its default port may be taken
+                                   "--prometheus-port", str(free_port()),  # its default port may be taken
                                    "--worker-urls", *[u for u, _ in replicas], "--log-level", "warn"])
         logger.info("data parallel: %d replicas behind sglang-router (%s) on %s:%d", n, config.router_policy,
                     config.host, config.port)
@@ -109,7 +89,7 @@ def launch_dp(config: Any, startup_timeout: float = 900.0) -> int:
         return 0
     except KeyboardInterrupt:
         return 0
-    except RuntimeError as e:
+    except (RuntimeError, TimeoutError) as e:  # a replica died or never became healthy
         logger.error("%s", e)
         return 1
     finally:

@@ -141,12 +141,12 @@ def create_app(tm: TokenizerManager, served_model_name: str, metrics: ServerMetr
         reqs, flat_logprob = [], []  # n copies of prompt i follow each other (SGLang's order)
         for i, ids in enumerate(prompts):
             sp = await tm.validate_sampling(params[i])
-            if req.session_id is not None and len(prompts) > 1:
+            if req.session() is not None and len(prompts) > 1:
                 raise APIError("session_id needs a single prompt (a session continues one conversation)",
                                param="session_id")
             copies = tm.make_requests(ids, sp, stream=req.stream, return_logprob=return_logprob[i],
                                       logprob_start_len=starts[i], top_logprobs_num=tops[i], program_id=req.program_id,
-                                      session_id=req.session_id)
+                                      session_id=req.session())
             reqs += copies
             flat_logprob += [return_logprob[i]] * len(copies)
         many = batch or len(reqs) > 1

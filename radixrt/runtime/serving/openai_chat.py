@@ -176,17 +176,9 @@ class ToolRun:
     async def events(self) -> AsyncIterator[tuple[int, list]]:
         """(choice, parser events) as the text arrives, through every phase; sets finish reasons."""
         reopen = None
-        results = self.phase_results[0]
-        async for idx, out, failed in accumulate(self.handle, results):
-            if failed is not None:
-                raise_error(results[idx])
-            yield idx, self._apply(idx, self.parsers[idx].feed(out.get("text", "")))
-            res = results[idx]
-            if res.finished:
-                if self.plan.mode == "auto" and (res.finished_reason or {}).get("matched") == OPEN:
-                    reopen = res
-                else:
-                    yield idx, self._end(idx, res)
+        async for idx, events, opened in self._phase_events(self.plan.mode == "auto"):
+            reopen = opened or reopen
+            yield idx, events
         if reopen is None:
             return
         self.handle.close()
@@ -197,13 +189,23 @@ class ToolRun:
         left = None if self.max_tokens is None else max(1, self.max_tokens - used)
         await self._phase(self.prompt + text_ids, left, {"tool_call_grammar": self.plan.grammar(opened=True),
                                                          "stop": []})
+        async for idx, events, _ in self._phase_events(False):
+            yield idx, events
+
+    async def _phase_events(self, may_open: bool) -> AsyncIterator[tuple[int, list, SequenceResult | None]]:
+        """The current phase's (choice, events, the result that stopped at an opening tag or None)."""
         results = self.phase_results[-1]
         async for idx, out, failed in accumulate(self.handle, results):
             if failed is not None:
                 raise_error(results[idx])
-            yield 0, self._apply(0, self.parsers[0].feed(out.get("text", "")))
-            if results[idx].finished:
-                yield 0, self._end(0, results[idx])
+            yield idx, self._apply(idx, self.parsers[idx].feed(out.get("text", ""))), None
+            res = results[idx]
+            if not res.finished:
+                continue
+            if may_open and (res.finished_reason or {}).get("matched") == OPEN:
+                yield idx, [], res
+            else:
+                yield idx, self._end(idx, res), None
 
     def _end(self, idx: int, res: SequenceResult) -> list:
         events = self._apply(idx, self.parsers[idx].finish())

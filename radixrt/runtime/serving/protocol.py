@@ -83,6 +83,16 @@ class GenerateRequest(_Strict):
     rid: Union[str, list[str], None] = None  # accepted for SGLang compatibility; ids are assigned here
     program_id: str | None = None
     session_id: str | None = None  # radixrt's: keep this conversation's turns cached (core/sessions.py)
+    session_params: dict[str, Any] | None = None  # SGLang's shape of the same: {"id": ...}
+
+    def session(self) -> str | None:
+        """session_id, or SGLang's session_params.id."""
+        if self.session_params is not None and self.session_id is not None:
+            raise APIError("give session_id or session_params, not both", param="session_params")
+        sid = (self.session_params or {}).get("id") if self.session_id is None else self.session_id
+        if sid is not None and not isinstance(sid, str):
+            raise APIError("session_params.id must be a string", param="session_params")
+        return sid
 
 
 # ----------------------------------------------------------------- OpenAI-compatible
