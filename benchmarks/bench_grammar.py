@@ -140,6 +140,7 @@ def coverage(backend, tokenizer, files: list[str], timeout: float, child=_child)
     invalid = [0, 0]
     passing = 0
     per_cat: dict[str, list[int]] = {}
+    outcomes: dict[str, str] = {}  # schema file -> passing | failing | rejected | compile_error | timeout
     for n, path in enumerate(files):
         per_cat.setdefault(category(path), [0, 0, 0])
         recv, send = ctx.Pipe(duplex=False)
@@ -176,6 +177,7 @@ def coverage(backend, tokenizer, files: list[str], timeout: float, child=_child)
                 if accepted and not is_valid:
                     unsound.append((os.path.basename(path), text))
             passing += ok
+        outcomes[os.path.basename(path)] = ("passing" if ok else "failing") if final == "done" else final
         cat = category(path)
         per_cat[cat][0] += 1
         per_cat[cat][1] += final == "done"
@@ -211,7 +213,7 @@ def coverage(backend, tokenizer, files: list[str], timeout: float, child=_child)
             "valid_accepted": valid, "invalid_rejected": invalid, "unsound": unsound,
             "compile_s": compile_s, "write_mask_us_p50": pct(write_us, .5) if write_us else None,
             "write_mask_us_p99": pct(write_us, .99) if write_us else None,
-            "per_category": per_cat, "refusal_reasons": dict(reasons.most_common())}
+            "per_category": per_cat, "refusal_reasons": dict(reasons.most_common()), "outcomes": outcomes}
 
 
 SIZES = {
