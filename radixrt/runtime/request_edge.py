@@ -152,6 +152,8 @@ def generate_output(res: SequenceResult, return_logprob: bool, token_text: Calla
                             "finish_reason": res.finished_reason}
     if res.error:
         meta["error"] = res.error
+    if res.finished_reason and res.finished_reason.get("incomplete"):
+        meta["incomplete"] = True  # a constrained output cut by its budget before the grammar completed
     if return_logprob:
         def triple(x: list) -> tuple:
             return (x[0], x[1], token_text(x[1]))

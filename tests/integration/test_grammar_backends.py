@@ -59,7 +59,7 @@ def test_schemas_give_valid_json_under_llguidance(engines):
     finished = 0
     for (name, schema), out in zip(schemas.items(), outs):
         if out["meta_info"]["finish_reason"]["type"] != "stop":
-            continue  # cut by max_new_tokens (budget steering is not done yet): nothing to validate
+            continue  # cut by max_new_tokens (llguidance is not budget-steered): nothing to validate
         finished += 1
         value = json.loads(out["text"])
         errors = [e.message for e in validator(schema).iter_errors(value)]

@@ -27,8 +27,9 @@ def worker_pids(p: CompilePool) -> list[int]:
 
 def test_a_good_grammar_compiles_to_a_working_index(pool):
     import pickle
-    rx, blob = pool.submit("index", grammar_key("regex", "(a|b)+"), 30).result()
+    rx, blob, (dist, max_next) = pool.submit("index", grammar_key("regex", "(a|b)+"), 30).result()
     index = pickle.loads(blob)
+    assert dist[index.get_initial_state()] == 1  # one token ends the match; steering's table came along
     state = index.get_next_state(index.get_initial_state(), 1)
     assert rx == "(a|b)+" and index.is_final_state(state)
     assert index.get_next_state(index.get_initial_state(), 4) is None  # "{" is not allowed

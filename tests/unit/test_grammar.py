@@ -247,7 +247,7 @@ def greedy(backend, spec, vocab_size, eos, jump: bool, prefix: list[int], max_ne
     while len(out) < max_new_tokens and not state.is_terminated():
         draft, states = state.draft(max_new_tokens - len(out) - 1) if jump else ([], [])
         num_forwards += 1
-        picks = [masked_argmax(prefix + out + draft[:j], state if j == 0 else state.at(states[j - 1]), vocab_size)
+        picks = [masked_argmax(prefix + out + draft[:j], state if j == 0 else state.at(states[j - 1], 1 << 20), vocab_size)
                  for j in range(len(draft) + 1)]
         for j, tok in enumerate(picks):
             state.accept(tok)
@@ -315,7 +315,7 @@ def test_drafts_spell_the_forced_text(backend, tokenizer, vocab_size, id_bytes, 
                 shadow.accept(t)
                 assert shadow.guide.get_state() == st
                 assert torch.equal(fill_masks([shadow], vocab_size, "cpu")[0],
-                                   fill_masks([state.at(st)], vocab_size, "cpu")[0])
+                                   fill_masks([state.at(st, 1 << 20)], vocab_size, "cpu")[0])
             num_drafted += len(draft)
             allowed = fill_masks([state], vocab_size, "cpu")[0].nonzero().flatten().tolist()
             if eos in allowed and rng.random() < 0.3:
@@ -366,7 +366,7 @@ def test_index_built_masks_equal_guide_masks_at_every_state(backend, tokenizer, 
         want = torch.zeros(state.num_words, dtype=torch.int32)
         guide.write_mask_into(want.data_ptr(), want.numel(), 4)
         got = torch.full((state.num_words,), -1, dtype=torch.int32)
-        state.at(s).write_bits(got)
+        state.at(s, 1 << 20).write_bits(got)
         assert torch.equal(got, want), (kind, s)
         num_heavy += state.compiled.facts(s)[1] >= HEAVY_STATE_TOKENS
     assert num_heavy > 0 or kind == "regex"

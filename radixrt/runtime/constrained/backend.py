@@ -29,6 +29,7 @@ from typing import Any
 
 from outlines_core import Index, Vocabulary
 
+from radixrt.runtime.constrained.budget import completion_distances
 from radixrt.runtime.constrained.compile_pool import CompilePool, TransientGrammarError
 from radixrt.runtime.constrained.draft import Drafter, VocabBytes
 from radixrt.runtime.constrained.regex_builder import GrammarError
@@ -114,9 +115,9 @@ class GrammarBackend:
     def _done(self, key: tuple, future: Future, job: Future) -> None:
         """A pool job finished: unpickle the index, cache it (bounded in bytes), resolve the future."""
         try:
-            _, blob = job.result()
+            _, blob, distances = job.result()
             result: CompiledGrammar | GrammarError = CompiledGrammar(
-                pickle.loads(blob), self._fsm_eos, f"{key[0]} grammar", self.num_words)
+                pickle.loads(blob), self._fsm_eos, f"{key[0]} grammar", self.num_words, distances)
             size = len(blob)
         except GrammarError as e:
             result, size = e, 0
@@ -167,7 +168,7 @@ class GrammarBackend:
             index = Index(spec_regex(key), self._vocab)
         except (ValueError, RuntimeError, OverflowError) as e:
             raise GrammarError(f"cannot compile the {key[0]} grammar: {str(e)[:300]}") from None
-        return CompiledGrammar(index, self._fsm_eos, f"{key[0]} grammar", self.num_words)
+        return CompiledGrammar(index, self._fsm_eos, f"{key[0]} grammar", self.num_words, completion_distances(index))
 
     @property
     def cached_bytes(self) -> int:

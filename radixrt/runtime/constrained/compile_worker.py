@@ -4,7 +4,7 @@ child are the same program). The first frame sets it up: (token_map | None, fsm_
 
 A plain subprocess, not multiprocessing: spawning through multiprocessing re-imports the user's main
 module, which an Engine() script without an `if __name__ == "__main__"` guard cannot survive. Imports
-only the torch-free spec modules and outlines-core.
+only the torch-free spec modules, budget.py and outlines-core.
 """
 from __future__ import annotations
 
@@ -45,6 +45,16 @@ def _die_with_parent() -> None:
         pass  # elsewhere: the parent's death closes stdin, which ends the worker between jobs
 
 
+def _distances(index: Any) -> Any:
+    """Budget steering's table (budget.py), or None when it does not fit in memory: the grammar is then
+    enforced unsteered rather than refused."""
+    from radixrt.runtime.constrained.budget import completion_distances
+    try:
+        return completion_distances(index)
+    except MemoryError:
+        return None
+
+
 def serve(inp: BinaryIO, out: BinaryIO) -> None:
     from outlines_core import Index, Vocabulary
 
@@ -74,7 +84,7 @@ def serve(inp: BinaryIO, out: BinaryIO) -> None:
                 write_frame(out, ("ok", rx))
                 continue
             index = Index(rx, vocab)
-            write_frame(out, ("ok", (rx, pickle.dumps(index))))
+            write_frame(out, ("ok", (rx, pickle.dumps(index), _distances(index))))
         except GrammarError as e:
             write_frame(out, ("err", str(e)))
         except MemoryError:

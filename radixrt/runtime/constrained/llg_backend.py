@@ -162,8 +162,13 @@ class LLGState(EosGate):
     def ends_at(self, position: _Position) -> bool:
         return position.stopped
 
-    def at(self, position: _Position) -> _Position:
+    def at(self, position: _Position, budget: int) -> _Position:
         return position
+
+    def for_budget(self, budget: int) -> "LLGState":
+        """No budget steering on llguidance: its Earley parser gives no shortest completion to steer by
+        (see budget.py for the DFA backend's); an unfinished request ends marked incomplete."""
+        return self
 
     def draft(self, max_tokens: int) -> tuple[list[int], list[_Position]]:
         """The tokens the grammar forces from here (llguidance's fast-forward), and the mask after each."""

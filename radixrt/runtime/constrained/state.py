@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from outlines_core import Guide, Index
 
+from radixrt.runtime.constrained.budget import SteeredMask, Steering, write_id_bits
 from radixrt.runtime.constrained.draft import Drafter
 from radixrt.runtime.constrained.regex_builder import GrammarError
 
@@ -26,8 +27,11 @@ HEAVY_STATE_TOKENS = 2048  # states allowing more tokens than this keep their ma
 class CompiledGrammar:
     """One Index shared by every request with the same (kind, spec), plus per-state facts."""
 
-    def __init__(self, index: Index, eos_id: int, description: str, num_words: int):
+    def __init__(self, index: Index, eos_id: int, description: str, num_words: int,
+                 distances: tuple[dict[int, int], dict[int, int]] | None = None):
         self.index = index
+        # budget steering (budget.py); None when the compile worker could not afford the table
+        self.steering = Steering(index, *distances, eos_id) if distances is not None else None
         self.eos_id = eos_id
         self.description = description
         self.num_words = num_words
@@ -60,9 +64,7 @@ class CompiledGrammar:
         ids = self._ids.get(state)
         if ids is None:
             ids = self._ids[state] = np.asarray(self.index.get_allowed_tokens(state) or [], dtype=np.int32)
-        w = words.numpy().view(np.uint32)
-        w.fill(0)
-        np.bitwise_or.at(w, ids >> 5, np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32)))
+        write_id_bits(words, ids)
 
     def write_bits(self, state: int, guide: Guide, words: torch.Tensor) -> None:
         """outlines-core walks a state's whole transition map to write its mask (~100 µs for the
@@ -174,9 +176,26 @@ class GrammarState(EosGate):
         ids, states = self.drafter.draft(self.compiled, self.guide.get_state())
         return ids[:max_tokens], states[:max_tokens]
 
-    def at(self, state: int) -> "StateMask":
-        """The mask source of another state of this grammar (a position along a draft)."""
-        return StateMask(self.compiled, state, self.eos_token_ids)
+    def at(self, state: int, budget: int) -> "StateMask | SteeredMask":
+        """The mask source of another state of this grammar (a position along a draft), `budget` picks
+        left there."""
+        steered = self._steered(state, budget)
+        return steered if steered is not None else StateMask(self.compiled, state, self.eos_token_ids)
+
+    def for_budget(self, budget: int) -> "GrammarState | SteeredMask":
+        """The mask source of this request's next pick with `budget` picks left (this one included):
+        itself, or a steered mask near the end of the budget (budget.py)."""
+        if self._eos_accepted:
+            return self
+        steered = self._steered(self.guide.get_state(), budget)
+        return steered if steered is not None else self
+
+    def _steered(self, state: int, budget: int) -> SteeredMask | None:
+        steering = self.compiled.steering
+        if steering is None or not steering.engages(state, budget):
+            return None
+        return SteeredMask(steering, state, budget, self.compiled.index.is_final_state(state),
+                           self.eos_token_ids, self.num_words)
 
 
 class StateMask:
@@ -197,7 +216,7 @@ class StateMask:
         return self.compiled.index.is_final_state(self.state)
 
 
-def fill_masks(states: list[GrammarState | StateMask | None], vocab_size: int, device: Any) -> torch.Tensor | None:
+def fill_masks(states: list[GrammarState | StateMask | SteeredMask | None], vocab_size: int, device: Any) -> torch.Tensor | None:
     """[B, vocab_size] bool: True where allowed; rows of None (unconstrained) are all True.
     On the CPU the result is a view into the unpacked bits (row stride a multiple of 32)."""
     live = [s for s in states if s is not None]

@@ -49,7 +49,10 @@ def apply_sampled_token(req: Req, res: ItemResult, eos_ids: set[int]) -> dict | 
         if req.stop_matcher.finished:
             return {"type": "stop", "matched": req.stop_matcher.matched_stop}
     if len(req.output_ids) >= sp.max_new_tokens:
-        return {"type": "length", "length": len(req.output_ids)}
+        reason = {"type": "length", "length": len(req.output_ids)}
+        if req.grammar is not None and not req.grammar.is_final():
+            reason["incomplete"] = True  # no complete match fitted the budget (or the backend cannot steer)
+        return reason
     return None
 
 
@@ -65,7 +68,8 @@ def sample_rows(req: Req, draft_ids: list[int], draft_states: list[int], eos_ids
         output_ids = req.output_ids + draft_ids[:j] if j else req.output_ids
         source = None
         if req.grammar is not None:
-            source = req.grammar if j == 0 else req.grammar.at(draft_states[j - 1])
+            budget = req.sampling.max_new_tokens - len(output_ids)  # picks left, this one included
+            source = req.grammar.for_budget(budget) if j == 0 else req.grammar.at(draft_states[j - 1], budget)
         rows.append(SampleRow(req.sampling, output_ids, req.origin_input_ids, req.return_logprob,
                               req.top_logprobs_num, blocked_ids(req, len(output_ids), eos_ids), source))
     return rows

@@ -1,0 +1,94 @@
+"""Budget steering on the real model through Engine.generate (greedy, fp32), outlines backend.
+
+Truths: `jsonschema` for the output; the shortest completion is the distance table, itself checked against
+brute force and the transition map in tests/unit/test_budget_steering.py. For every schema with an unbounded
+field and budgets from tight to ample: output is schema-valid exactly when the shortest completion fits, and
+otherwise ends with finish_reason length and meta_info.incomplete; an output that finishes inside its budget
+is the same as with a budget twice as large (steering left it alone).
+"""
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from radixrt import Engine
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))
+from test_budget_steering import UNBOUNDED  # noqa: E402
+from test_json_schema_regex import validator  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def engine():
+    e = Engine(dtype="float32")
+    yield e
+    e.shutdown()
+
+
+def shortest(engine, schema) -> int:
+    fut = engine.scheduler.get_grammar_backend("json_schema").request("json_schema", json.dumps(schema))
+    while not fut.done():
+        time.sleep(0.01)
+    state = fut.result()
+    return state.compiled.steering.dist[state.guide.get_state()]
+
+
+def prompt(engine, name, schema) -> str:
+    return engine.tokenizer.apply_chat_template(
+        [{"role": "user", "content": f"Write a long JSON value for {name}: {json.dumps(schema)}"}],
+        tokenize=False, add_generation_prompt=True)
+
+
+def test_output_is_valid_whenever_the_shortest_completion_fits(engine):
+    cases = []
+    for name, schema in UNBOUNDED.items():
+        k = shortest(engine, schema)
+        for budget in sorted({k - 1, k, k + 2, k + 6, 3 * k, 96}):
+            if budget > 0:
+                cases.append((name, schema, k, budget))
+    outs = engine.generate([prompt(engine, n, s) for n, s, _, _ in cases],
+                           [{"json_schema": json.dumps(s), "temperature": 0, "max_new_tokens": b}
+                            for _, s, _, b in cases])
+    num_steered_valid = 0
+    for (name, schema, k, budget), out in zip(cases, outs):
+        meta = out["meta_info"]
+        if budget >= k:
+            value = json.loads(out["text"])  # complete: it parses and is valid
+            errors = [e.message for e in validator(schema).iter_errors(value)]
+            assert not errors, (name, budget, out["text"], errors)
+            assert not meta.get("incomplete")
+            num_steered_valid += meta["completion_tokens"] == budget  # it needed every token it had
+        else:
+            assert meta["finish_reason"]["type"] == "length" and meta.get("incomplete") is True, (name, budget)
+    # the unbounded fields really did run into their budget and were closed by steering
+    assert num_steered_valid >= len(UNBOUNDED), num_steered_valid
+    engine.check_integrity()
+
+
+def test_output_that_finishes_inside_its_budget_is_untouched(engine):
+    names = list(UNBOUNDED)
+    params = [{"json_schema": json.dumps(UNBOUNDED[n]), "temperature": 0, "max_new_tokens": 48} for n in names]
+    small = engine.generate([prompt(engine, n, UNBOUNDED[n]) for n in names], params)
+    large = engine.generate([prompt(engine, n, UNBOUNDED[n]) for n in names],
+                            [{**p, "max_new_tokens": 96} for p in params])
+    compared = 0
+    for name, a, b in zip(names, small, large):
+        if b["meta_info"]["finish_reason"]["type"] == "stop" and b["meta_info"]["completion_tokens"] <= 40:
+            assert a["output_ids"] == b["output_ids"], name
+            compared += 1
+    assert compared >= 2, "too few outputs finished inside the smaller budget to compare"
+
+
+def test_llguidance_marks_cut_output_incomplete():
+    llg = Engine(dtype="float32", grammar_backend="llguidance")
+    try:
+        schema = UNBOUNDED["free_string"]
+        out = llg.generate(prompt(llg, "free_string", schema),
+                           {"json_schema": json.dumps(schema), "temperature": 0, "max_new_tokens": 3})
+        assert out["meta_info"]["finish_reason"]["type"] == "length" and out["meta_info"]["incomplete"] is True
+    finally:
+        llg.shutdown()
