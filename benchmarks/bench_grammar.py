@@ -1,6 +1,6 @@
 """Constrained decoding benchmark: JSONSchemaBench coverage, compile time, per-step mask cost.
 
-    python benchmarks/bench_grammar.py [--backend outlines|llguidance] [--limit N] [--timeout 5] [--data DIR]
+    python benchmarks/bench_grammar.py [--backend all|outlines|llguidance] [--limit N] [--timeout 5] [--data DIR]
 
 Part 1, coverage on the MaskBench sample (../shared/data/jsonschemabench next to the repo, 619 schemas): each
 schema runs in a forked child (so a compile that overruns the timeout can be killed): schema ->
@@ -12,8 +12,13 @@ in the MaskBench sense (compiled and every instance judged right). Valid instanc
 reject are mostly our chosen subsets (declaration key order, no undeclared keys, bounded
 whitespace), not errors.
 
-With --backend llguidance the same walk runs on llguidance's matcher (the schema -> its grammar, a matcher,
-its first mask: "compile"; then the bitmask fill per token), results in grammar_llguidance.json.
+The same walk runs on llguidance's matcher (the schema -> its grammar, a matcher, its first mask: "compile";
+then the bitmask fill per token). With both backends (the default, `all`) a third table is tallied from the
+same runs: `auto` (--grammar-backend auto, the default), llguidance's result unless llguidance refused the
+schema, else outlines', its compile time counted from the start of llguidance's attempt. (auto also compiles
+outlines' DFA in the background of an llguidance-served request, only to steer it near the end of its budget;
+the request does not wait for it, so it is not compile time.) The compile time of outlines includes the
+budget-steering distance table, as in the server. Results in results/grammar.json.
 
 Part 2 (outlines only), cost per schema size: compile time, and per decoding step the mask cost per request:
 outlines-core writing the bitmask (`write_mask_into`) and our whole fill_mask (bitmask + unpack
@@ -132,42 +137,64 @@ def _child_llg(backend, tokenizer, path: str, conn) -> None:
     conn.send({"status": "done", "results": results, "write_us": write_us})
 
 
-def coverage(backend, tokenizer, files: list[str], timeout: float, child=_child) -> dict:
+def run_schema(child, backend, tokenizer, path: str, timeout: float) -> dict:
+    """One schema in a forked child: {"final": compiled/done/rejected/compile_error/timeout, "msg": the last
+    message, "elapsed_s": wall time until the verdict on compiling (for auto's fallback)}."""
     ctx = mp.get_context("fork")
+    recv, send = ctx.Pipe(duplex=False)
+    start = time.monotonic()
+    proc = ctx.Process(target=child, args=(backend, tokenizer, path, send), daemon=True)
+    proc.start()
+    msg, final, elapsed, compile_s = None, "timeout", None, None
+    deadline = time.monotonic() + 60
+    while recv.poll(max(0.0, deadline - time.monotonic())):
+        msg = recv.recv()
+        final = msg["status"]
+        if final == "converted":
+            deadline = time.monotonic() + timeout  # the compile budget starts after conversion
+        elif final == "compiled":
+            deadline = time.monotonic() + 300
+            elapsed, compile_s = time.monotonic() - start, msg["compile_s"]
+        elif final in ("rejected", "compile_error", "done"):
+            break
+    if proc.is_alive():
+        proc.kill()
+    proc.join()
+    if final in ("converted", "timeout"):
+        final = "timeout"
+    if elapsed is None:
+        elapsed = time.monotonic() - start
+    return {"final": final, "msg": msg, "elapsed_s": elapsed, "compile_s": compile_s}
+
+
+def auto_record(first: dict, second: dict) -> dict:
+    """--grammar-backend auto: llguidance's record unless it refused the schema or failed to compile it, then
+    outlines' after it (compile time = llguidance's time to its verdict + outlines' compile)."""
+    if first["final"] not in ("rejected", "compile_error", "timeout"):
+        return first
+    rec = dict(second, fallback=True)
+    if second["compile_s"] is not None:
+        rec["compile_s"] = first["elapsed_s"] + second["compile_s"]
+    return rec
+
+
+def tally(name: str, files: list[str], records: list[dict], timeout: float) -> dict:
     status, reasons = Counter(), Counter()
     compile_s, write_us, unsound = [], [], []
-    valid = [0, 0]
-    invalid = [0, 0]
+    valid, invalid = [0, 0], [0, 0]
     passing = 0
     per_cat: dict[str, list[int]] = {}
     outcomes: dict[str, str] = {}  # schema file -> passing | failing | rejected | compile_error | timeout
-    for n, path in enumerate(files):
-        per_cat.setdefault(category(path), [0, 0, 0])
-        recv, send = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=child, args=(backend, tokenizer, path, send), daemon=True)
-        proc.start()
-        msg, final = None, "timeout"
-        deadline = time.monotonic() + 60
-        while recv.poll(max(0.0, deadline - time.monotonic())):
-            msg = recv.recv()
-            final = msg["status"]
-            if final == "converted":
-                deadline = time.monotonic() + timeout  # the compile budget starts after conversion
-            elif final == "compiled":
-                deadline = time.monotonic() + 300
-                compile_s.append(msg["compile_s"])
-            elif final in ("rejected", "compile_error", "done"):
-                break
-        if proc.is_alive():
-            proc.kill()
-        proc.join()
-        if final in ("converted", "timeout"):
+    for path, rec in zip(files, records):
+        final, msg = rec["final"], rec["msg"]
+        ok = final == "done" and rec["compile_s"] <= timeout  # auto's fallback may overrun the budget
+        if final == "done" and not ok:
             final = "timeout"
         status[final if final != "done" else "compiled"] += 1
         if final in ("rejected", "compile_error"):
             reasons[re.sub(r"'[^']*'|\d+", "…", msg["reason"])[:90]] += 1
-        ok = True
         if final == "done":
+            compile_s.append(rec["compile_s"])
             write_us += msg["write_us"]
             for is_valid, accepted, text in msg["results"]:
                 bucket = valid if is_valid else invalid
@@ -178,30 +205,30 @@ def coverage(backend, tokenizer, files: list[str], timeout: float, child=_child)
                     unsound.append((os.path.basename(path), text))
             passing += ok
         outcomes[os.path.basename(path)] = ("passing" if ok else "failing") if final == "done" else final
-        cat = category(path)
-        per_cat[cat][0] += 1
-        per_cat[cat][1] += final == "done"
-        per_cat[cat][2] += final == "done" and ok
-        if (n + 1) % 50 == 0:
-            print(f"  ... {n + 1}/{len(files)}", file=sys.stderr, flush=True)
+        cat = per_cat.setdefault(category(path), [0, 0, 0])
+        cat[0] += 1
+        cat[1] += final == "done"
+        cat[2] += final == "done" and ok
     total = len(files)
     compiled = status["compiled"]
-    print(f"\n== JSONSchemaBench / MaskBench sample: {total} schemas, compile timeout {timeout:g} s ==")
+    print(f"\n== {name}: JSONSchemaBench / MaskBench sample: {total} schemas, compile timeout {timeout:g} s ==")
     print(f"rejected with a named reason: {status['rejected']}   compile errors: {status['compile_error']}   "
           f"timeouts: {status['timeout']}")
+    if name == "auto":
+        print(f"served by outlines after llguidance refused: {sum('fallback' in r for r in records)}")
     print(f"compiled within {timeout:g} s: {compiled}/{total} = {compiled / total:.1%}")
     print(f"passing (compiled, every valid accepted and invalid rejected): {passing}/{total} = {passing / total:.1%}")
-    for name, count in PUBLISHED.items():
-        print(f"  published {name:>10}: {count}/{MASKBENCH_TOTAL} = {count / MASKBENCH_TOTAL:.1%} (full set, not this sample)")
+    for pub, count in PUBLISHED.items():
+        print(f"  published {pub:>10}: {count}/{MASKBENCH_TOTAL} = {count / MASKBENCH_TOTAL:.1%} (full set, not this sample)")
     print(f"valid instances accepted:   {valid[0]}/{valid[1]}  (compact serialisation; rejections are chosen subsets)")
     print(f"invalid instances rejected: {invalid[0]}/{invalid[1]}  (soundness; accepted invalid = bug)")
-    for name, text in unsound[:10]:
-        print(f"  UNSOUND {name}: {text}")
+    for schema, text in unsound[:10]:
+        print(f"  UNSOUND {schema}: {text}")
     if compile_s:
         print(f"compile time (compiled ones): p50 {pct(compile_s, .5):.2f} s  p90 {pct(compile_s, .9):.2f} s  "
-              f"max {max(compile_s):.2f} s")
+              f"p99 {pct(compile_s, .99):.2f} s  max {max(compile_s):.2f} s")
     if write_us:
-        print(f"write_mask_into per step: p50 {pct(write_us, .5):.1f} µs  p99 {pct(write_us, .99):.1f} µs "
+        print(f"mask write per step: p50 {pct(write_us, .5):.1f} µs  p99 {pct(write_us, .99):.1f} µs "
               f"({len(write_us)} steps)")
     print("per category (schemas / compiled / passing):")
     for cat, (num, num_compiled, num_passing) in sorted(per_cat.items()):
@@ -211,9 +238,23 @@ def coverage(backend, tokenizer, files: list[str], timeout: float, child=_child)
         print(f"  {count:4d}  {reason}")
     return {"schemas": total, "timeout_s": timeout, "status": dict(status), "compiled": compiled, "passing": passing,
             "valid_accepted": valid, "invalid_rejected": invalid, "unsound": unsound,
-            "compile_s": compile_s, "write_mask_us_p50": pct(write_us, .5) if write_us else None,
+            "compile_s": compile_s, "compile_s_p99": pct(compile_s, .99) if compile_s else None,
+            "write_mask_us_p50": pct(write_us, .5) if write_us else None,
             "write_mask_us_p99": pct(write_us, .99) if write_us else None,
             "per_category": per_cat, "refusal_reasons": dict(reasons.most_common()), "outcomes": outcomes}
+
+
+def coverage(runs: dict, tokenizer, files: list[str], timeout: float) -> dict:
+    """runs: backend name -> (backend, child). With both outlines and llguidance, `auto` is tallied too."""
+    records: dict[str, list[dict]] = {name: [] for name in runs}
+    for n, path in enumerate(files):
+        for name, (backend, child) in runs.items():
+            records[name].append(run_schema(child, backend, tokenizer, path, timeout))
+        if (n + 1) % 50 == 0:
+            print(f"  ... {n + 1}/{len(files)}", file=sys.stderr, flush=True)
+    if len(runs) == 2:
+        records["auto"] = [auto_record(a, b) for a, b in zip(records["llguidance"], records["outlines"])]
+    return {name: tally(name, files, recs, timeout) for name, recs in records.items()}
 
 
 SIZES = {
@@ -345,8 +386,9 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=None, help="first N schemas (sorted by name)")
     ap.add_argument("--timeout", type=float, default=5.0, help="compile budget per schema, seconds")
     ap.add_argument("--skip-coverage", action="store_true")
-    ap.add_argument("--backend", default="outlines", choices=["outlines", "llguidance"])
-    ap.add_argument("--out", default=None, help="default results/grammar.json (outlines), grammar_llguidance.json")
+    ap.add_argument("--backend", default="all", choices=["all", "outlines", "llguidance"],
+                    help="all: both backends and auto (outlines, llguidance for what outlines cannot serve)")
+    ap.add_argument("--out", default=None, help="default results/grammar.json")
     args = ap.parse_args()
     torch.set_num_threads(1)
     tokenizer = load_tokenizer(resolve_model(None))
@@ -354,26 +396,25 @@ def main() -> None:
     results = {"commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                         text=True).stdout.strip(),
                "machine": {"cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count()},
-               "backend": args.backend}
-    if args.backend == "llguidance":
-        from radixrt.runtime.constrained.llg_backend import LLGuidanceBackend
-        backend = LLGuidanceBackend(tokenizer, vocab_size, [tokenizer.eos_token_id], compile_timeout=args.timeout)
-        child = _child_llg
-    else:
-        backend = GrammarBackend(tokenizer, vocab_size, [tokenizer.eos_token_id], compile_timeout=args.timeout)
-        child = _child
-        results["step_costs"] = step_costs(backend, vocab_size)
+               "backend": args.backend, "batch32": {}}
     files = sorted(glob.glob(os.path.join(args.data, "*.json")))[: args.limit]
-    if args.backend == "llguidance":
-        make_state = lambda schema: backend._build("json_schema", json.dumps(schema))  # noqa: E731
-    else:
-        make_state = lambda schema: backend.new_state(  # noqa: E731
-            backend.compile_in_process(grammar_key("json_schema", schema)))
-    results["batch32"] = batch_walk_costs(make_state, tokenizer, [f for f in files if "BFCL" in f] or files)
+    batch_files = [f for f in files if "BFCL" in f] or files
+    runs = {}
+    if args.backend in ("all", "outlines"):
+        backend = GrammarBackend(tokenizer, vocab_size, [tokenizer.eos_token_id], compile_timeout=args.timeout)
+        results["step_costs"] = step_costs(backend, vocab_size)
+        results["batch32"]["outlines"] = batch_walk_costs(lambda schema: backend.new_state(
+            backend.compile_in_process(grammar_key("json_schema", schema))), tokenizer, batch_files)
+        runs["outlines"] = (backend, _child)
+    if args.backend in ("all", "llguidance"):
+        from radixrt.runtime.constrained.llg_backend import LLGuidanceBackend
+        llg = LLGuidanceBackend(tokenizer, vocab_size, [tokenizer.eos_token_id], compile_timeout=args.timeout)
+        results["batch32"]["llguidance"] = batch_walk_costs(
+            lambda schema: llg._build("json_schema", json.dumps(schema)), tokenizer, batch_files)
+        runs["llguidance"] = (llg, _child_llg)
     if not args.skip_coverage:
-        results["coverage"] = coverage(backend, tokenizer, files, args.timeout, child)
-    name = "grammar.json" if args.backend == "outlines" else "grammar_llguidance.json"
-    args.out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", name)
+        results["coverage"] = coverage(runs, tokenizer, files, args.timeout)
+    args.out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "grammar.json")
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
     print(f"raw results: {args.out}")

@@ -1,4 +1,5 @@
-"""Constrained decoding on the real default model through Engine.generate, greedy.
+"""Constrained decoding on the real default model through Engine.generate, greedy, on the outlines backend
+(llguidance and auto: test_grammar_backends.py, test_budget_steering_engine.py).
 
 Truths: `jsonschema` (format checker on) validates every JSON output; `re.fullmatch` judges
 regex outputs; choices must come back verbatim. (Jump-forward on == off: test_jump_forward.py.)
@@ -223,7 +224,7 @@ def chat(tokenizer, text: str) -> str:
 
 @pytest.fixture(scope="module")
 def engine():
-    eng = Engine(dtype="float32", grammar_compile_timeout=120.0)
+    eng = Engine(dtype="float32", grammar_compile_timeout=120.0, grammar_backend="outlines")  # outlines suite
     yield eng
     eng.shutdown()
 

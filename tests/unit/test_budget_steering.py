@@ -13,6 +13,7 @@ import itertools
 import json
 import random
 import re
+import time
 
 import pytest
 from outlines_core import Index, Vocabulary
@@ -132,3 +133,49 @@ def test_steering_engages_only_near_the_end(backend, tokenizer):
     assert state.for_budget(10_000) is state
     assert not steering.engages(s, steering.dist[s] - 1), "no steering when no completion fits"
     assert steering.engages(s, steering.dist[s]) or steering.max_next[s] <= steering.dist[s] - 1
+
+
+@pytest.fixture(scope="module")
+def auto(tokenizer, backend):
+    """--grammar-backend auto: llguidance serves, an outlines shadow steers (fallback.py)."""
+    pytest.importorskip("llguidance")
+    from radixrt.runtime.constrained.fallback import FallbackBackend
+    from radixrt.runtime.constrained.llg_backend import LLGuidanceBackend
+    llg = LLGuidanceBackend(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
+    yield FallbackBackend(llg, backend, shadow=True)
+    llg.shutdown()
+
+
+def shadowed(auto, spec):
+    """An llguidance state whose outlines shadow has arrived (steering is then deterministic)."""
+    state = compiled(auto, "json_schema", spec)
+    assert type(state).__name__ == "LLGState"
+    for _ in range(2000):
+        if state.shadow._future.done():
+            break
+        time.sleep(0.01)
+    return state
+
+
+@pytest.mark.parametrize("name", sorted(UNBOUNDED))
+def test_llguidance_requests_are_steered_by_their_outlines_shadow(auto, backend, tokenizer, name):
+    spec = json.dumps(UNBOUNDED[name])
+    vocab_size, eos = len(tokenizer), tokenizer.eos_token_id
+    first = compiled(backend, "json_schema", spec)
+    shortest = first.compiled.steering.dist[first.guide.get_state()]
+    prefix = tokenizer.encode(f"{name}:")
+    free = decode(shadowed(auto, spec), prefix, vocab_size, eos, 400, steer=False)
+    survived = 0
+    for budget in sorted({shortest, shortest + 1, shortest + 3, shortest + 8, 25, 60}):
+        state = shadowed(auto, spec)
+        out = decode(state, prefix, vocab_size, eos, budget)
+        if state.shadow.current() is None:
+            continue  # the fake model left outlines' stricter language before steering engaged
+        survived += 1
+        assert state.is_final(), f"{name}: budget {budget} >= shortest {shortest} but output incomplete"
+        text = tokenizer.decode([t for t in out if t != eos])
+        errors = [e.message for e in validator(UNBOUNDED[name]).iter_errors(json.loads(text))]
+        assert not errors, (name, budget, text, errors)
+        if len(free) <= budget and free[-1:] == [eos]:
+            assert out == free, f"{name}: unsteered decoding finished inside {budget} tokens; steering changed it"
+    assert survived >= 1, f"{name}: the shadow was lost in every run"

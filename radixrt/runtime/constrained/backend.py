@@ -62,6 +62,8 @@ class GrammarFuture:
 
 
 class GrammarBackend:
+    name = "outlines"
+
     def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: list[int], cache_size: int = 256,
                  compile_timeout: float = 10.0, enable_jump_forward: bool = True, compile_workers: int = 1,
                  compile_memory_mb: int = 2048, cache_bytes: int = 512 << 20, index: bool = True):

@@ -8,7 +8,8 @@ in microseconds to milliseconds on a worker thread (a deadline as for outlines c
 bounds its own work per token (its parser limits), so one grammar cannot stall the step.
 
 Spec -> grammar: regex and choices -> its regex grammar (Rust regex syntax, as ours); json_schema with
-the whitespace outlines is given ("[ ]?" between tokens); json_object (the internal kind) -> any JSON object
+the whitespace outlines is given ("[ ]?" between tokens) and declared keys only where the schema is silent
+(json_schema/strict.py, as outlines and xgrammar's strict mode); json_object (the internal kind) -> any JSON object
 with bounded whitespace (the OpenAI routes send their own depth-bounded Lark grammar as ebnf instead);
 ebnf (GBNF, SGLang's parameter) and lark -> its Lark grammar; tool_call_grammar -> the regex of
 tool_call_regex.py.
@@ -23,6 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from radixrt.runtime.constrained.fallback import IntersectMask, Shadow
+from radixrt.runtime.constrained.json_schema.strict import declared_keys_only
 from radixrt.runtime.constrained.regex_builder import GrammarError
 from radixrt.runtime.constrained.spec import grammar_key, spec_regex
 from radixrt.runtime.constrained.state import EosGate
@@ -49,7 +52,8 @@ def grammar_for(key: tuple) -> str:
     kind, spec = key
     try:
         if kind == "json_schema":
-            return LLMatcher.grammar_from_json_schema(json.loads(spec), defaults=JSON_SCHEMA_OPTIONS)
+            return LLMatcher.grammar_from_json_schema(declared_keys_only(json.loads(spec)),
+                                                      defaults=JSON_SCHEMA_OPTIONS)
         if kind == "json_object":
             return LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OBJECT_OPTIONS)
         if kind in ("ebnf", "lark"):
@@ -119,8 +123,10 @@ class _Position:
 
     ended = False
 
-    def __init__(self, words: np.ndarray, accepting: bool, stopped: bool, eos_token_ids: list[int]):
+    def __init__(self, words: np.ndarray, accepting: bool, stopped: bool, eos_token_ids: list[int],
+                 shadow_state: int | None = None):
         self.words, self.accepting, self.stopped = words, accepting, stopped
+        self.shadow_state = shadow_state  # the outlines shadow's DFA state here (auto), else None
         self.eos_token_ids = eos_token_ids
         self.num_words = words.size
 
@@ -140,6 +146,7 @@ class LLGState(EosGate):
         self.eos_token_ids = eos_token_ids
         self.num_words = num_words
         self.jump_forward = jump_forward
+        self.shadow: Shadow | None = None  # outlines' DFA of the same grammar, for budget steering (auto)
 
     def is_final(self) -> bool:
         return self.matcher.is_accepting()
@@ -155,6 +162,8 @@ class LLGState(EosGate):
     def _advance(self, token_id: int) -> None:
         if not self.matcher.consume_token(token_id):
             raise GrammarError(f"token {token_id} is not allowed by the {self.description} here")
+        if self.shadow is not None:
+            self.shadow.accept(token_id)
 
     def is_terminated(self) -> bool:
         return self._eos_accepted or self.matcher.is_stopped()
@@ -162,13 +171,26 @@ class LLGState(EosGate):
     def ends_at(self, position: _Position) -> bool:
         return position.stopped
 
-    def at(self, position: _Position, budget: int) -> _Position:
-        return position
+    def at(self, position: _Position, budget: int) -> Any:
+        shadow = self.shadow.state if self.shadow is not None else None
+        if shadow is None or position.shadow_state is None:
+            return position
+        steered = shadow.steered_at(position.shadow_state, budget)
+        return position if steered is None else IntersectMask(position, steered)
 
-    def for_budget(self, budget: int) -> "LLGState":
-        """No budget steering on llguidance: its Earley parser gives no shortest completion to steer by
-        (see budget.py for the DFA backend's); an unfinished request ends marked incomplete."""
-        return self
+    def for_budget(self, budget: int) -> Any:
+        """llguidance's Earley parser gives no shortest completion to steer by; under --grammar-backend auto
+        an outlines shadow of the same grammar steers (fallback.py), else an unfinished request ends
+        marked incomplete."""
+        shadow = self.shadow.current() if self.shadow is not None and not self._eos_accepted else None
+        if shadow is None:
+            return self
+        steered = shadow.for_budget(budget)
+        return self if steered is shadow else IntersectMask(self, steered)
+
+    def follow(self, shadow_future: Any) -> None:
+        """Steer by the outlines compile of the same grammar once it arrives (fallback.Shadow)."""
+        self.shadow = Shadow(shadow_future)
 
     def draft(self, max_tokens: int) -> tuple[list[int], list[_Position]]:
         """The tokens the grammar forces from here (llguidance's fast-forward), and the mask after each."""
@@ -178,6 +200,8 @@ class LLGState(EosGate):
         if not ids:
             return [], []
         copy = self.matcher.deep_copy()
+        shadow = self.shadow.current() if self.shadow is not None else None
+        shadow_state = shadow.guide.get_state() if shadow is not None else None
         positions = []
         for i, t in enumerate(ids):
             if not copy.consume_token(t):
@@ -186,5 +210,8 @@ class LLGState(EosGate):
             words = torch.zeros(self.num_words, dtype=torch.int32)
             if not copy.is_stopped():
                 self._fill(copy, words)
-            positions.append(_Position(words.numpy(), copy.is_accepting(), copy.is_stopped(), self.eos_token_ids))
+            if shadow_state is not None:  # None once the forced text leaves the shadow's language
+                shadow_state = shadow.compiled.index.get_next_state(shadow_state, t)
+            positions.append(_Position(words.numpy(), copy.is_accepting(), copy.is_stopped(), self.eos_token_ids,
+                                       shadow_state))
         return ids, positions

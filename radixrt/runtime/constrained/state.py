@@ -179,7 +179,7 @@ class GrammarState(EosGate):
     def at(self, state: int, budget: int) -> "StateMask | SteeredMask":
         """The mask source of another state of this grammar (a position along a draft), `budget` picks
         left there."""
-        steered = self._steered(state, budget)
+        steered = self.steered_at(state, budget)
         return steered if steered is not None else StateMask(self.compiled, state, self.eos_token_ids)
 
     def for_budget(self, budget: int) -> "GrammarState | SteeredMask":
@@ -187,10 +187,11 @@ class GrammarState(EosGate):
         itself, or a steered mask near the end of the budget (budget.py)."""
         if self._eos_accepted:
             return self
-        steered = self._steered(self.guide.get_state(), budget)
+        steered = self.steered_at(self.guide.get_state(), budget)
         return steered if steered is not None else self
 
-    def _steered(self, state: int, budget: int) -> SteeredMask | None:
+    def steered_at(self, state: int, budget: int) -> SteeredMask | None:
+        """The steered mask at `state` with `budget` picks left, or None where steering removes nothing."""
         steering = self.compiled.steering
         if steering is None or not steering.engages(state, budget):
             return None
