@@ -64,7 +64,10 @@ def main(argv: list[str] | None = None) -> int:
             config = ServerConfig.from_cli_args(args)
         except ValueError as e:
             parser.error(str(e))
-        if config.dp_size > 1:
+        if config.node_rank > 0:  # tensor parallel ranks of another machine: no HTTP, no scheduler
+            from radixrt.runtime.model.tp import run_headless_node
+            code = run_headless_node(config)
+        elif config.dp_size > 1:
             from radixrt.runtime.serving.dp_launch import launch_dp
             code = launch_dp(config)
         else:

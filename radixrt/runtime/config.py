@@ -52,9 +52,11 @@ class ServerConfig:
     grammar_compile_timeout: float = _opt(10.0, "seconds a regex/schema may take to compile")
     json_object_max_depth: int = _opt(16, "response_format json_object: most nesting levels (the object is "
                                           "level 1); needs llguidance, else a depth-2 regex")
-    grammar_backend: str = _opt("outlines", "constrained decoding engine: outlines (outlines-core, DFA) or "
-                                            "llguidance (Earley; also context-free grammars). ebnf requests use "
-                                            "llguidance whichever is chosen", ("outlines", "llguidance"))
+    grammar_backend: str = _opt("auto", "constrained decoding engine: outlines (outlines-core, DFA; budget "
+                                            "steering), llguidance (Earley; also context-free grammars), or auto "
+                                            "(llguidance, outlines for what it refuses, outlines' DFA steering "
+                                            "near the budget's end). ebnf requests use llguidance always",
+                                ("auto", "outlines", "llguidance"))
     grammar_cache_size: int = _opt(256, "compiled grammars kept (LRU)")
     grammar_compile_workers: int = _opt(1, "processes that compile grammars (killed at the timeout; niced)")
     grammar_compile_memory_mb: int = _opt(2048, "address space one grammar compile may use")
@@ -75,6 +77,13 @@ class ServerConfig:
                            "listens on --host/--port (serving/dp_launch.py)")
     router_policy: str = _opt("cache_aware", "sglang-router's policy with --dp-size > 1",
                               ("cache_aware", "round_robin", "random", "power_of_two"))
+    tp_size: int = _opt(1, "tensor parallel ranks (torch.distributed: gloo on CPU, NCCL on CUDA); the scheduler "
+                           "runs on rank 0 (model/tp.py)")
+    nnodes: int = _opt(1, "machines the tensor parallel ranks span (tp_size / nnodes ranks each)")
+    node_rank: int = _opt(0, "this machine's index among --nnodes; nodes other than 0 run their ranks headless")
+    dist_init_addr: str | None = _opt(None, "host:port of node 0 for torch.distributed's rendezvous (needed with "
+                                            "--nnodes > 1; default a free local port)")
+    dist_timeout: float = _opt(600.0, "seconds a tensor parallel collective may wait for a rank")
 
     def __post_init__(self) -> None:
         if self.page_size < 1:
@@ -91,6 +100,12 @@ class ServerConfig:
             raise ValueError(f"json_object_max_depth must be in [1, 64], got {self.json_object_max_depth}")
         if self.dp_size < 1:
             raise ValueError(f"dp_size must be >= 1, got {self.dp_size}")
+        if self.tp_size < 1 or self.nnodes < 1 or self.tp_size % self.nnodes:
+            raise ValueError(f"tp_size ({self.tp_size}) must be a positive multiple of nnodes ({self.nnodes})")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"node_rank must be in [0, nnodes), got {self.node_rank}")
+        if self.nnodes > 1 and not self.dist_init_addr:
+            raise ValueError("--nnodes > 1 needs --dist-init-addr host:port (node 0's address)")
         if not 1 <= self.speculative_num_draft_tokens <= 64:
             raise ValueError(f"speculative_num_draft_tokens must be in [1, 64], got {self.speculative_num_draft_tokens}")
         for name in ("dtype", "attention_backend", "schedule_policy", "log_level", "speculative_algorithm",

@@ -148,6 +148,9 @@ class Engine:
             if self.scheduler.grammar_backends is not None:
                 for backend in self.scheduler.grammar_backends.built():
                     backend.shutdown()
+            close_runner = getattr(self.scheduler.runner, "close", None)  # tensor parallel workers
+            if close_runner is not None:
+                close_runner()
 
     def __enter__(self) -> "Engine":
         return self

@@ -1,6 +1,7 @@
 """plan -> tensors -> forward -> logits -> sampled tokens. Owns the model and the KV tensors."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from typing import Any
@@ -8,12 +9,13 @@ from typing import Any
 import torch
 
 from radixrt.runtime.config import ServerConfig
-from radixrt.runtime.model import int4_weight
+from radixrt.runtime.model import int4_weight, tp
 from radixrt.runtime.model.dtype_choice import pick_dtype
 from radixrt.runtime.model.forward_batch import BatchItem, build_forward_batch
 from radixrt.runtime.model.kv_cache import KVCache, ReqToSlotTable
 from radixrt.runtime.core.plan import ItemResult, PlanItem, PlanItemError
 from radixrt.runtime.model.sampler import NoAllowedTokenError, sample
+from radixrt.runtime.model.tp_shard import plan_shard, shard_state_dict
 
 log = logging.getLogger(__name__)
 
@@ -83,13 +85,24 @@ def pool_tokens(config: Any, bytes_per_token: int, device: torch.device) -> int:
 
 
 class ModelRunner:
-    def __init__(self, config: ServerConfig):
+    def __init__(self, config: ServerConfig, tp_rank: int = 0, init_method: str | None = None):
+        """tp_rank/init_method: a tensor parallel worker rank (tp.run_worker); rank 0 (the scheduler's runner)
+        starts this node's workers itself."""
         from radixrt.runtime.model.models.llama import LlamaForCausalLM
         from radixrt.runtime.model.weights import load_config, load_state_dict, load_tokenizer, resolve_model
 
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.device = pick_device(config)
+        self.tp, self.tp_workers, self.rank_lost = None, [], None
+        self.exit_on_rank_loss = False  # the scheduler process sets it: a lost rank ends the process
+        self._stop_watching = None
+        if config.tp_size > 1:
+            if tp_rank == 0:
+                init_method = tp.init_method_of(config)
+                self.tp_workers = tp.start_workers(config, init_method)
+                self._stop_watching = tp.watch_workers(self.tp_workers, self._on_rank_lost)
+            self.tp = tp.TPGroup(tp_rank, config.tp_size, init_method, self.device, config.dist_timeout)
         self.dtype, dtype_reason = pick_dtype(config.dtype, self.device)
         self.dtype_name = str(self.dtype).removeprefix("torch.")
         log.info("%s", dtype_reason)
@@ -97,11 +110,13 @@ class ModelRunner:
         self.model_path = str(config.model_path or model_dir)
         hf_config = load_config(model_dir)
         self.tokenizer = load_tokenizer(model_dir)
-        self.model = LlamaForCausalLM(hf_config, self.dtype, self.device)
+        shard = plan_shard(hf_config, tp_rank, config.tp_size) if self.tp is not None else None
+        self.model = LlamaForCausalLM(hf_config, self.dtype, self.device, shard, self.tp)
         int4 = (config.quantization == "auto" and self.dtype == torch.bfloat16 and self.device.type == "cpu"
-                and int4_weight.available())
+                and int4_weight.available() and shard is None)  # 4-bit groups are not cut along ranks
         # the 4-bit copies are recovered from the unrounded float32 weights
-        self.model.load_weights(load_state_dict(model_dir, torch.float32 if int4 else self.dtype), int4=int4)
+        state = load_state_dict(model_dir, torch.float32 if int4 else self.dtype)
+        self.model.load_weights(shard_state_dict(state, hf_config, shard) if shard else state, int4=int4)
         if int4:
             linears = [lin for layer in self.model.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
             linears.append(self.model.lm_head)
@@ -116,6 +131,8 @@ class ModelRunner:
                                                           self.model.head_dim, self.model.attn_dtype)
         total_tokens = pool_tokens(config, self.kv_bytes_per_token, self.device)
         self.num_pages = max(total_tokens // page_size, 1)
+        if self.tp is not None:  # every rank's pool holds the same pages (of its own KV heads)
+            self.num_pages = self.tp.min_int(self.num_pages)
         self.kv_pool_bytes = self.num_pages * page_size * self.kv_bytes_per_token
         self.kv = KVCache(self.model.num_layers, self.num_pages * page_size, self.model.num_kv_heads,
                           self.model.head_dim, self.model.attn_dtype, self.device)
@@ -133,10 +150,47 @@ class ModelRunner:
         # a draft item wants logits at every new position, like prompt logprobs from prefix_len on
         items = [BatchItem(it.row, it.new_ids, it.prefix_len, it.slots, it.write_start,
                            it.prefix_len if it.num_draft else it.logits_start) for it in plan]
+        if self.tp is None:
+            return self._results(plan, self._forward(items))
+        if self.rank_lost:
+            raise tp.TPFailure(self.rank_lost)
+        self.tp.broadcast_obj([dataclasses.astuple(it) for it in items])
+        try:
+            logits = self._forward(items)
+        except tp.TPFailure:
+            raise
+        except Exception as e:  # the other ranks are inside this forward's collectives: out of step for good
+            raise tp.TPFailure(f"rank 0 failed inside a tensor parallel forward: {type(e).__name__}: {e}") from e
+        return self._results(plan, logits)
+
+    def _forward(self, items: list[BatchItem]) -> torch.Tensor | None:
+        """Logits [R, vocab] float32 (None on a tensor parallel worker rank)."""
         fb = build_forward_batch(items, self.table.table, self.device)
         self.attn.init_forward_metadata(fb)
-        logits = self.model.forward(fb, self.kv, self.attn)  # [R, vocab] float32
-        return self._results(plan, logits)
+        return self.model.forward(fb, self.kv, self.attn)
+
+    @torch.inference_mode()
+    def serve_worker(self) -> None:
+        """A worker rank's loop: run every forward rank 0 broadcasts until it says stop."""
+        while (items := self.tp.broadcast_obj()) is not None:
+            self._forward([BatchItem(*it) for it in items])
+        self.tp.close()
+
+    def _on_rank_lost(self, reason: str) -> None:
+        log.error("%s", reason)
+        self.rank_lost = reason
+        if self.exit_on_rank_loss:  # rank 0 may be waiting in a collective that will never finish
+            logging.shutdown()
+            os._exit(1)
+
+    def close(self) -> None:
+        """Stop the tensor parallel workers (rank 0)."""
+        if self._stop_watching is not None:
+            self._stop_watching()
+        if self.tp is not None and self.tp.rank == 0:
+            tp.stop_workers(None if self.rank_lost else self.tp, self.tp_workers)
+            self.tp.close()
+            self.tp = None
 
     def _results(self, plan: list[PlanItem], logits: torch.Tensor) -> list[ItemResult]:
         results = [ItemResult() for _ in plan]

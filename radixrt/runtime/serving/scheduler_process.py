@@ -138,10 +138,18 @@ def run_scheduler_process(config_dict: dict[str, Any], in_path: str, detokenizer
             to_tokenizer.send(messages.encode(ProcessFailed(name="scheduler", error=f"{type(e).__name__}: {e}")))
             raise SystemExit(1)
         logger.info("model loaded in %.1f s", time.perf_counter() - started)
+        runner = getattr(scheduler, "runner", None)
+        if runner is not None and getattr(runner, "tp", None) is not None:
+            runner.exit_on_rank_loss = True  # a lost tensor parallel rank ends this process; the watchdog reports
         info = {"model_info": scheduler.model_info, "server_info": scheduler.server_info()}
         to_tokenizer.send(messages.encode(ProcessReady(name="scheduler", info=info)))
         flag.enter_loop()
-        SchedulerLoop(scheduler, pull, to_detokenizer, to_tokenizer).run(flag)
+        try:
+            SchedulerLoop(scheduler, pull, to_detokenizer, to_tokenizer).run(flag)
+        finally:
+            close_runner = getattr(getattr(scheduler, "runner", None), "close", None)
+            if close_runner is not None:
+                close_runner()
     finally:
         for sock in (pull, to_detokenizer, to_tokenizer):
             sock.close(linger=0 if sock is pull else 500)

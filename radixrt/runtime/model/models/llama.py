@@ -9,6 +9,7 @@ logits are computed only for the rows the caller asked for. Formulas follow Hugg
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +18,7 @@ from radixrt.runtime.model.forward_batch import ForwardBatch
 from radixrt.runtime.model.kv_cache import KVCache
 from radixrt.runtime.model.int4_weight import Int4Weight
 from radixrt.runtime.model.linear import Linear
+from radixrt.runtime.model.tp_shard import Shard
 
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
@@ -63,8 +65,12 @@ def rope_tables(hf_config, head_dim: int, max_context: int) -> tuple[torch.Tenso
 
 
 class LlamaForCausalLM:
-    def __init__(self, hf_config, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+    def __init__(self, hf_config, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                 shard: Shard | None = None, tp: Any = None):
+        """shard/tp: this rank's part of a tensor parallel model (tp_shard.py) and its group (tp.py): the head,
+        intermediate and vocabulary sizes below are then this rank's, and load_weights takes its slices."""
         self.config = hf_config
+        self.shard, self.tp = shard, tp
         self.dtype = dtype
         self.device = torch.device(device)
         self.num_layers = hf_config.num_hidden_layers
@@ -73,7 +79,11 @@ class LlamaForCausalLM:
         self.hidden_size = hf_config.hidden_size
         self.head_dim = getattr(hf_config, "head_dim", None) or self.hidden_size // self.num_q_heads
         self.intermediate_size = hf_config.intermediate_size
-        self.vocab_size = hf_config.vocab_size
+        self.vocab_size = hf_config.vocab_size  # the whole vocabulary: the logits rank 0 gets
+        self.vocab_local = self.vocab_size  # rows of embed/lm_head held here
+        if shard is not None:
+            self.num_q_heads, self.num_kv_heads = shard.num_q_heads, shard.num_kv_heads
+            self.intermediate_size, self.vocab_local = shard.intermediate_size, shard.vocab_size
         self.eps = hf_config.rms_norm_eps
         self.scale = self.head_dim ** -0.5
         if self.num_q_heads % self.num_kv_heads:
@@ -126,11 +136,11 @@ class LlamaForCausalLM:
             return t
 
         H, D, Hq, Hkv, I = self.hidden_size, self.head_dim, self.num_q_heads, self.num_kv_heads, self.intermediate_size
-        self.embed = check("embed_tokens.weight", take("embed_tokens.weight"), (self.vocab_size, H))
+        self.embed = check("embed_tokens.weight", take("embed_tokens.weight"), (self.vocab_local, H))
         self.final_norm = check("norm.weight", take("norm.weight"), (H,)).float()
         lm_head = take("lm_head.weight", required=False)
         tied = getattr(self.config, "tie_word_embeddings", False) or lm_head is None
-        self.lm_head = Linear(self.embed if tied else check("lm_head.weight", lm_head, (self.vocab_size, H)),
+        self.lm_head = Linear(self.embed if tied else check("lm_head.weight", lm_head, (self.vocab_local, H)),
                               int4=int4_of("embed_tokens.weight" if tied else "lm_head.weight"))
         self.layers = []
         for i in range(self.num_layers):
@@ -178,7 +188,7 @@ class LlamaForCausalLM:
         # the residual stream stays float32 whatever the weights' dtype: a bf16 model then rounds only
         # the matmul inputs and outputs (teacher-forced top-1 agreement with fp32 transformers 96.3% ->
         # see tests/integration/test_default_dtype_quality.py), at no measurable cost
-        h = F.embedding(fb.input_ids, self.embed).float()  # [T, H]
+        h = self._embed(fb.input_ids)  # [T, H] float32
         for i, layer in enumerate(self.layers):
             x = self._norm(h, layer.input_norm)
             qkv = layer.qkv(x)  # [T, (Hq + 2 Hkv) * D]
@@ -191,15 +201,32 @@ class LlamaForCausalLM:
             qk = qk.to(self.attn_dtype)
             v = qkv[:, num_qk_heads * D:].view(T, Hkv, D)
             o = attn.forward(qk[:, :Hq], qk[:, Hq:], v, kv.k[i], kv.v[i], fb, self.scale)  # [T, Hq, D]
-            h.add_(layer.o(o.reshape(T, Hq * D).to(self.dtype)))
+            h.add_(self._reduce(layer.o(o.reshape(T, Hq * D).to(self.dtype))))
             x = self._norm(h, layer.post_norm)
             gate_up = layer.gate_up(x)  # [T, 2I]
             x = F.silu(gate_up[:, :I]).mul_(gate_up[:, I:])
-            h.add_(layer.down(x))
+            h.add_(self._reduce(layer.down(x)))
         if fb.logits_rows.shape[0] != T:
             h = h.index_select(0, fb.logits_rows)
-        logits = self.lm_head(self._norm(h, self.final_norm))
-        return logits.float()
+        logits = self.lm_head(self._norm(h, self.final_norm)).float()
+        if self.tp is not None:  # vocab parallel: rank 0 gets every rank's slice, the others None
+            return self.tp.gather_last_dim(logits)
+        return logits
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.tp is None:
+            return F.embedding(ids, self.embed).float()
+        # vocab parallel: each rank looks up the ids of its slice (zeros elsewhere) and the ranks sum
+        local = ids - self.shard.vocab_start
+        here = (local >= 0) & (local < self.vocab_local)
+        h = F.embedding(local.clamp(0, self.vocab_local - 1), self.embed).float() * here[:, None]
+        return self.tp.all_reduce(h)
+
+    def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        """A row-parallel layer's output: the sum over ranks (in float32, as the residual stream)."""
+        if self.tp is None:
+            return partial
+        return self.tp.all_reduce(partial.float())
 
     def _norm(self, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """RMSNorm of the float32 residual stream with a float32 weight, rounded once to the model dtype."""
