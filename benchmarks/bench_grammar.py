@@ -18,7 +18,10 @@ same runs: `auto` (--grammar-backend auto, the default), llguidance's result unl
 schema, else outlines', its compile time counted from the start of llguidance's attempt. (auto also compiles
 outlines' DFA in the background of an llguidance-served request, only to steer it near the end of its budget;
 the request does not wait for it, so it is not compile time.) The compile time of outlines includes the
-budget-steering distance table, as in the server. Results in results/grammar.json.
+budget-steering distance table, as in the server. llguidance is given declared keys only where a schema is
+silent (--json-schema-strict, the server's default: a valid instance with an undeclared key is then rejected
+and its schema counts as failing); --no-json-schema-strict measures JSON Schema's own semantics. Results in
+results/grammar.json (grammar_standard.json without strict).
 
 Part 2 (outlines only), cost per schema size: compile time, and per decoding step the mask cost per request:
 outlines-core writing the bitmask (`write_mask_into`) and our whole fill_mask (bitmask + unpack
@@ -108,7 +111,7 @@ def _child_llg(backend, tokenizer, path: str, conn) -> None:
     data = json.load(open(path))
     try:
         t0 = time.perf_counter()
-        grammar = grammar_for(grammar_key("json_schema", data["schema"]))
+        grammar = grammar_for(grammar_key("json_schema", data["schema"]), backend.strict)
         t1 = time.perf_counter()
     except GrammarError as e:
         conn.send({"status": "rejected", "reason": str(e)})
@@ -388,7 +391,9 @@ def main() -> None:
     ap.add_argument("--skip-coverage", action="store_true")
     ap.add_argument("--backend", default="all", choices=["all", "outlines", "llguidance"],
                     help="all: both backends and auto (outlines, llguidance for what outlines cannot serve)")
-    ap.add_argument("--out", default=None, help="default results/grammar.json")
+    ap.add_argument("--no-json-schema-strict", dest="strict", action="store_false",
+                    help="llguidance follows JSON Schema (undeclared keys allowed), as the server's flag of that name")
+    ap.add_argument("--out", default=None, help="default results/grammar.json (grammar_standard.json without strict)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     tokenizer = load_tokenizer(resolve_model(None))
@@ -396,7 +401,7 @@ def main() -> None:
     results = {"commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                         text=True).stdout.strip(),
                "machine": {"cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count()},
-               "backend": args.backend, "batch32": {}}
+               "backend": args.backend, "json_schema_strict": args.strict, "batch32": {}}
     files = sorted(glob.glob(os.path.join(args.data, "*.json")))[: args.limit]
     batch_files = [f for f in files if "BFCL" in f] or files
     runs = {}
@@ -408,13 +413,15 @@ def main() -> None:
         runs["outlines"] = (backend, _child)
     if args.backend in ("all", "llguidance"):
         from radixrt.runtime.constrained.llg_backend import LLGuidanceBackend
-        llg = LLGuidanceBackend(tokenizer, vocab_size, [tokenizer.eos_token_id], compile_timeout=args.timeout)
+        llg = LLGuidanceBackend(tokenizer, vocab_size, [tokenizer.eos_token_id], compile_timeout=args.timeout,
+                                strict=args.strict)
         results["batch32"]["llguidance"] = batch_walk_costs(
             lambda schema: llg._build("json_schema", json.dumps(schema)), tokenizer, batch_files)
         runs["llguidance"] = (llg, _child_llg)
     if not args.skip_coverage:
         results["coverage"] = coverage(runs, tokenizer, files, args.timeout)
-    args.out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "grammar.json")
+    name = "grammar.json" if args.strict else "grammar_standard.json"
+    args.out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", name)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
     print(f"raw results: {args.out}")

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from radixrt.kernels.attention_batch import AttentionBatch
+from radixrt.kernels.kv_quant import LayerKV
 from radixrt.kernels.attention_torch_plan import (
     CASCADE_MIN_SAVED_KV, CASCADE_MIN_SHARED_LEN, TorchAttentionMeta, TorchAttentionPlanner, ExtendMeta, SharedPrefix,
     gather_rows)
@@ -81,15 +82,20 @@ class TorchAttentionBackend:
         self.planner.plan(fb)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, fb: AttentionBatch, scale: float) -> torch.Tensor:
-        """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]. Writes k/v into the caches at fb.out_slots first."""
+                v_cache: torch.Tensor, fb: AttentionBatch, scale: float, k_scale: torch.Tensor | None = None,
+                v_scale: torch.Tensor | None = None) -> torch.Tensor:
+        """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]. Writes k/v into the caches at fb.out_slots first
+        (quantised when the pool is: k_scale/v_scale [slots, Hkv], kv_quant.py)."""
         meta: TorchAttentionMeta = fb.attn_meta
-        k_cache.index_copy_(0, fb.out_slots, k)
-        v_cache.index_copy_(0, fb.out_slots, v)
+        k_cache, v_cache = LayerKV(k_cache, k_scale), LayerKV(v_cache, v_scale)
+        k_cache.write(fb.out_slots, k)
+        v_cache.write(fb.out_slots, v)
         if meta.k_buf is None:
-            # groups run one after the other, so one workspace of the largest need serves them all
+            # groups run one after the other, so one workspace of the largest need serves them all; it
+            # holds the pool's dtype, or the computation's when the pool is quantised
             size = max([gather_rows(meta.decode)] + [gather_rows(e) for e in meta.extends])
-            meta.k_buf = k_cache.new_empty((size, self.num_kv_heads, self.head_dim))
+            dtype = q.dtype if k_cache.quantized else k_cache.values.dtype
+            meta.k_buf = torch.empty((size, self.num_kv_heads, self.head_dim), dtype=dtype, device=q.device)
             meta.v_buf = torch.empty_like(meta.k_buf)
         outs = []
         if meta.decode is not None:
@@ -105,10 +111,10 @@ class TorchAttentionBackend:
 
     def _gather(self, k_cache, v_cache, meta: TorchAttentionMeta, idx: torch.Tensor, num_reqs: int, kv_len: int,
                 offset: int = 0, dtype: torch.dtype | None = None):
-        """Pool rows idx -> k, v [num_reqs, Hkv, kv_len, D] views, in `dtype` (default: the pool's)."""
+        """Pool rows idx -> k, v [num_reqs, Hkv, kv_len, D] views, in `dtype` (default: the workspace's)."""
         n = idx.shape[0]
-        k = torch.index_select(k_cache, 0, idx, out=meta.k_buf[offset:offset + n])
-        v = torch.index_select(v_cache, 0, idx, out=meta.v_buf[offset:offset + n])
+        k = k_cache.select(idx, meta.k_buf[offset:offset + n])
+        v = v_cache.select(idx, meta.v_buf[offset:offset + n])
         if dtype is not None and dtype != k.dtype:
             k, v = k.to(dtype), v.to(dtype)
         shape = (num_reqs, kv_len, self.num_kv_heads, self.head_dim)
@@ -121,8 +127,7 @@ class TorchAttentionBackend:
         if shared.first_slot is None:
             k, v = self._gather(k_cache, v_cache, meta, shared.kv_idx, 1, shared.kv_len, dtype=q.dtype)  # [1, Hkv, S, D]
         else:  # the pool's own rows, in place
-            rows = slice(shared.first_slot, shared.first_slot + shared.kv_len)
-            k, v = (c[rows].to(q.dtype)[None].transpose(1, 2) for c in (k_cache, v_cache))
+            k, v = (c.rows(shared.first_slot, shared.kv_len, q.dtype)[None].transpose(1, 2) for c in (k_cache, v_cache))
         n = q.shape[0]
         # the G q heads of a kv head become N * G rows against it: each K/V block is packed once, not G
         # times (3x faster than q heads as heads in bf16 at small N)

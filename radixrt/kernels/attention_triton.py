@@ -2,7 +2,8 @@
 
 Same interface as the torch backend (attention_torch.py):
   init_forward_metadata(fb)  once per forward: flat slot lists, indptrs, decode split plan, scratch
-  forward(q, k, v, k_cache, v_cache, fb, scale)  per layer: store new K/V, then decode + extend kernels
+  forward(q, k, v, k_cache, v_cache, fb, scale[, k_scale, v_scale])  per layer: store new K/V (quantised
+      when the pool is, kv_quant.py), then decode + extend kernels
 The first fb.num_decode requests go to the split-KV decode kernel (triton_decode.py), the rest
 to the extend kernel (triton_extend.py). Everything the kernels index is int64, so slot * stride
 never overflows on large pools.
@@ -17,6 +18,7 @@ import torch
 import triton
 
 from radixrt.kernels.attention_batch import AttentionBatch
+from radixrt.kernels.kv_quant import LayerKV
 from radixrt.kernels.triton_decode import _decode_stage1, _decode_stage2
 from radixrt.kernels.triton_extend import _extend_kernel
 
@@ -163,7 +165,9 @@ class TritonAttentionBackend:
         )
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, fb: AttentionBatch, scale: float) -> torch.Tensor:
+                v_cache: torch.Tensor, fb: AttentionBatch, scale: float, k_scale: torch.Tensor | None = None,
+                v_scale: torch.Tensor | None = None) -> torch.Tensor:
+        """k_scale/v_scale: the pool is quantised (kv_quant.py); the kernels scale its rows as they read them."""
         meta: TritonAttnMeta = fb.attn_meta
         assert meta is not None, "init_forward_metadata(fb) must run before forward"
         if q.device.type != "cuda" and not _interpreting():
@@ -171,32 +175,35 @@ class TritonAttentionBackend:
         num_tokens = q.shape[0]
         assert q.shape == (num_tokens, self.num_q_heads, self.head_dim), q.shape
         assert k.shape == v.shape == (num_tokens, self.num_kv_heads, self.head_dim), k.shape
-        assert k_cache.dtype == k.dtype and v_cache.dtype == v.dtype, (k_cache.dtype, k.dtype)
+        assert (k_scale is not None) or (k_cache.dtype == k.dtype and v_cache.dtype == v.dtype), k_cache.dtype
         assert q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1, "head_dim must be contiguous"
         assert k_cache.stride(2) == 1 and v_cache.stride(2) == 1
-        k_cache[fb.out_slots] = k
-        v_cache[fb.out_slots] = v
+        LayerKV(k_cache, k_scale).write(fb.out_slots, k)
+        LayerKV(v_cache, v_scale).write(fb.out_slots, v)
+        # a quantised pool's scales; otherwise any tensor stands in for the pointers the kernel never reads
+        scales = (k_scale, v_scale) if k_scale is not None else (k_cache, v_cache)
         out = torch.empty((num_tokens, self.num_q_heads, self.head_dim), dtype=q.dtype, device=q.device)
         sm_scale_log2 = scale * LOG2E
         # The interpreter multiplies bf16 bit patterns in tl.dot (triton-lang/triton#11584): upcast there.
         dot_fp32 = _interpreting() and q.dtype == torch.bfloat16
         precision = "ieee" if q.dtype == torch.float32 else "tf32"  # fp32 runs are for exactness, not speed
         if meta.num_decode:
-            self._decode(q, k_cache, v_cache, out, meta, sm_scale_log2, dot_fp32, precision)
+            self._decode(q, k_cache, v_cache, scales, out, meta, sm_scale_log2, dot_fp32, precision)
         if meta.num_extend:
-            self._extend(q, k, v, k_cache, v_cache, out, meta, sm_scale_log2, dot_fp32, precision)
+            self._extend(q, k, v, k_cache, v_cache, scales, out, meta, sm_scale_log2, dot_fp32, precision)
         return out
 
-    def _decode(self, q, k_cache, v_cache, out, meta: TritonAttnMeta, sm_scale_log2, dot_fp32, precision):
+    def _decode(self, q, k_cache, v_cache, scales, out, meta: TritonAttnMeta, sm_scale_log2, dot_fp32, precision):
         nd = meta.num_decode
         po, pl = meta.part_out, meta.part_lse
         _decode_stage1[(nd, self.num_kv_heads, meta.max_splits)](
-            q, k_cache, v_cache, meta.decode_kv_indptr, meta.decode_kv_indices, meta.num_splits, meta.chunk_lens,
-            po, pl, sm_scale_log2,
+            q, k_cache, v_cache, *scales, meta.decode_kv_indptr, meta.decode_kv_indices, meta.num_splits,
+            meta.chunk_lens, po, pl, sm_scale_log2,
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-            po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
+            scales[0].stride(0), po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
             GROUP=self.group, HEAD_DIM=self.head_dim, BLOCK_D=self.block_d, BLOCK_H=self.block_h,
-            BLOCK_N=self.decode_block_n, DOT_FP32=dot_fp32, PRECISION=precision, num_warps=4, num_stages=2,
+            BLOCK_N=self.decode_block_n, DOT_FP32=dot_fp32, PRECISION=precision, QUANT=scales[0] is not k_cache,
+            num_warps=4, num_stages=2,
         )
         _decode_stage2[(nd, self.num_q_heads)](
             po, pl, meta.num_splits, out,
@@ -205,16 +212,19 @@ class TritonAttentionBackend:
             num_warps=4,
         )
 
-    def _extend(self, q, k, v, k_cache, v_cache, out, meta: TritonAttnMeta, sm_scale_log2, dot_fp32, precision):
+    def _extend(self, q, k, v, k_cache, v_cache, scales, out, meta: TritonAttnMeta, sm_scale_log2, dot_fp32,
+                precision):
         block_m, block_n, num_warps, num_stages = extend_launch_config(
             self.head_dim, q.dtype, self._capability(q.device))
         num_tiles = math.ceil(meta.max_extend_len / block_m)
         _extend_kernel[(meta.num_extend, self.num_q_heads, num_tiles)](
-            q, k, v, k_cache, v_cache, out,
+            q, k, v, k_cache, v_cache, *scales, out,
             meta.ext_qo_indptr, meta.prefix_indptr, meta.prefix_indices, sm_scale_log2,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
+            k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), scales[0].stride(0),
+            out.stride(0), out.stride(1),
             GROUP=self.group, HEAD_DIM=self.head_dim, BLOCK_D=self.block_d,
             BLOCK_M=block_m, BLOCK_N=block_n, DOT_FP32=dot_fp32, PRECISION=precision,
+            QUANT=scales[0] is not k_cache,
             num_warps=num_warps, num_stages=num_stages,
         )

@@ -14,17 +14,18 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from radixrt.kernels.triton_softmax import M_INIT, attend_block
+from radixrt.kernels.triton_softmax import M_INIT, attend_block, dequant_rows
 
 
 @triton.jit
 def _extend_kernel(
-    Q, K_new, V_new, K_cache, V_cache, Out,
+    Q, K_new, V_new, K_cache, V_cache, K_scale, V_scale, Out,
     qo_indptr, prefix_indptr, prefix_indices, sm_scale_log2,
     stride_qt, stride_qh, stride_knt, stride_knh, stride_vnt, stride_vnh,
-    stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh,
+    stride_ks, stride_kh, stride_vs, stride_vh, stride_scale, stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
+    QUANT: tl.constexpr,
 ):
     e = tl.program_id(0)
     h = tl.program_id(1)
@@ -61,6 +62,8 @@ def _extend_kernel(
                     mask=mask_n[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
         v = tl.load(V_cache + slot[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :],
                     mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+        if QUANT:  # int8 / fp8 rows times their per-token, per-head scale
+            k, v = dequant_rows(k, v, K_scale, V_scale, slot, kv_head, stride_scale, mask_n, q.dtype)
         m_i, l_i, acc = attend_block(q, k, v, mask_n[None, :], m_i, l_i, acc, sm_scale_log2, DOT_FP32, PRECISION)
 
     # 2. new tokens, causal; keys past this tile's last query are never visible

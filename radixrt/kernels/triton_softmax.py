@@ -1,4 +1,5 @@
-"""The online-softmax step both Triton attention kernels run over each block of keys."""
+"""The steps both Triton attention kernels run over each block of keys: the online softmax, and reading a
+quantised pool."""
 from __future__ import annotations
 
 import triton
@@ -24,3 +25,14 @@ def attend_block(q, k, v, visible, m_i, l_i, acc, sm_scale_log2,
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
     return m_new, l_i, acc
+
+
+@triton.jit
+def dequant_rows(k, v, K_scale, V_scale, slot, kv_head, stride_scale, mask_n, dtype: tl.constexpr):
+    """int8 / fp8 K and V rows [N, D] of a quantised pool -> dtype, times each row's scale (kv_quant.py):
+    scales are [slots, Hkv] float32, one per token per KV head."""
+    ks = tl.load(K_scale + slot * stride_scale + kv_head, mask=mask_n, other=0.0)
+    vs = tl.load(V_scale + slot * stride_scale + kv_head, mask=mask_n, other=0.0)
+    k = (k.to(tl.float32) * ks[:, None]).to(dtype)
+    v = (v.to(tl.float32) * vs[:, None]).to(dtype)
+    return k, v

@@ -25,6 +25,9 @@ class ServerConfig:
     page_size: int = _opt(1, "tokens per KV page")
     max_total_tokens: int | None = _opt(None, "KV pool size in tokens (wins over --mem-fraction-static); default "
                                               "32768, or what --mem-fraction-static gives")
+    kv_cache_dtype: str = _opt("auto", "KV pool storage: auto (the model's dtype), int8 or fp8_e4m3 (a float32 "
+                                       "scale per token per KV head; ~2x / 4x the tokens of bf16 / fp32)",
+                               ("auto", "int8", "fp8_e4m3"))
     mem_fraction_static: float | None = _opt(None, "size the KV pool as this fraction of the memory free once the "
                                                    "weights are loaded (CUDA: free device memory; CPU: available RAM "
                                                    "less 1 GiB of headroom)")
@@ -57,6 +60,9 @@ class ServerConfig:
                                             "(llguidance, outlines for what it refuses, outlines' DFA steering "
                                             "near the budget's end). ebnf requests use llguidance always",
                                 ("auto", "outlines", "llguidance"))
+    json_schema_strict: bool = _opt(True, "json_schema objects take only their declared keys where the schema says "
+                                          "nothing about others (xgrammar's strict mode, SGLang's default; outlines "
+                                          "always does); --no-json-schema-strict follows JSON Schema on llguidance")
     grammar_cache_size: int = _opt(256, "compiled grammars kept (LRU)")
     grammar_compile_workers: int = _opt(1, "processes that compile grammars (killed at the timeout; niced)")
     grammar_compile_memory_mb: int = _opt(2048, "address space one grammar compile may use")
@@ -109,7 +115,7 @@ class ServerConfig:
         if not 1 <= self.speculative_num_draft_tokens <= 64:
             raise ValueError(f"speculative_num_draft_tokens must be in [1, 64], got {self.speculative_num_draft_tokens}")
         for name in ("dtype", "attention_backend", "schedule_policy", "log_level", "speculative_algorithm",
-                     "quantization", "grammar_backend", "router_policy"):
+                     "quantization", "grammar_backend", "router_policy", "kv_cache_dtype"):
             choices = self.__dataclass_fields__[name].metadata["choices"]
             value = getattr(self, name)
             if value is not None and choices and value not in choices:

@@ -178,3 +178,39 @@ def test_tiny_llama_with_triton_backend_matches_hf(tiny_llama_config, paged_driv
             fed[n] += k
             torch.testing.assert_close(out[n][0], expected[n][fed[n] - 1], atol=1e-4, rtol=1e-4)
     assert fed == {"a": 40, "b": 9}
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.int8, torch.float8_e4m3fn], ids=["int8", "fp8_e4m3"])
+@pytest.mark.parametrize("dtype", [F32, BF16])
+@pytest.mark.parametrize("decode_only", [True, False], ids=["decode", "mixed"])
+def test_quantized_pool_matches_the_torch_backend(kv_dtype, dtype, decode_only):
+    """A quantised pool (kv_quant.py): the kernels scale each K/V row as they read it. Truth: the torch
+    backend over the same pool (tests/unit/test_kv_quant.py holds it to reference_attention), and both leave
+    the same quantised rows and scales at out_slots. Decodes read every key from the pool in both: equal to
+    rounding. Extends: the kernel reads a chunk's own new keys unquantised, the torch backend's padded path
+    reads them back from the pool, so they differ by the format's rounding."""
+    from radixrt.kernels.attention_torch import TorchAttentionBackend
+    from radixrt.kernels.kv_quant import quantize
+    hq, hkv, d = GQA3
+    # decodes (two splits for the long one), then extends with and without a cached prefix
+    lens = ([5, 90, 33], [1, 1, 1]) if decode_only else ([5, 90, 0, 21], [1, 1, 9, 6])
+    fb, q, k, v, k_cache, v_cache = make_case(*lens, hq, hkv, d, 4, dtype, seed=5)
+    pools = []
+    for _ in range(2):
+        (kq, ks), (vq, vs) = quantize(k_cache, kv_dtype), quantize(v_cache, kv_dtype)
+        pools.append((kq, vq, ks, vs))
+    scale = d ** -0.5
+    triton_backend = TritonAttentionBackend(hq, hkv, d, **FORCE_SPLITS)
+    triton_backend.init_forward_metadata(fb)
+    out = triton_backend.forward(q, k, v, pools[0][0], pools[0][1], fb, scale, pools[0][2], pools[0][3])
+    torch_backend = TorchAttentionBackend(hq, hkv, d)
+    fb.attn_meta = None
+    torch_backend.init_forward_metadata(fb)
+    want = torch_backend.forward(q, k, v, pools[1][0], pools[1][1], fb, scale, pools[1][2], pools[1][3])
+    for a, b in zip(pools[0], pools[1]):
+        assert torch.equal(a.float(), b.float()), "the two backends stored different quantised rows"
+    if decode_only:
+        torch.testing.assert_close(out.float(), want.float(), atol=TOL[dtype][0] * 4 + 1e-4, rtol=TOL[dtype][1] * 2)
+    else:
+        atol = 0.05 if kv_dtype == torch.int8 else 0.2
+        torch.testing.assert_close(out.float(), want.float(), atol=atol, rtol=0.1)

@@ -13,9 +13,12 @@ from radixrt.runtime.constrained.regex_builder import GrammarError
 from radixrt.runtime.constrained.spec import CFG_KINDS
 
 
-def make_backend(name: str, tokenizer: Any, vocab_size: int, eos_token_ids: list[int], **options: Any) -> Any:
+def make_backend(name: str, tokenizer: Any, vocab_size: int, eos_token_ids: list[int], json_schema_strict: bool = True,
+                 **options: Any) -> Any:
+    """json_schema_strict: llguidance's objects take only declared keys (outlines' always do)."""
     if name == "llguidance":
-        return llg_backend.LLGuidanceBackend(tokenizer, vocab_size, eos_token_ids, **options)
+        return llg_backend.LLGuidanceBackend(tokenizer, vocab_size, eos_token_ids, strict=json_schema_strict,
+                                             **options)
     from radixrt.runtime.constrained.backend import GrammarBackend
     return GrammarBackend(tokenizer, vocab_size, eos_token_ids, **options)
 

@@ -44,15 +44,17 @@ def available() -> bool:
     return True
 
 
-def grammar_for(key: tuple) -> str:
-    """The llguidance grammar (its serialized form) of a grammar key; GrammarError if it cannot be built."""
+def grammar_for(key: tuple, strict: bool = True) -> str:
+    """The llguidance grammar (its serialized form) of a grammar key; GrammarError if it cannot be built.
+    strict: json_schema objects take only their declared keys where the schema is silent."""
     from llguidance import LLMatcher
     from llguidance.gbnf_to_lark import any_to_lark
 
     kind, spec = key
     try:
         if kind == "json_schema":
-            return LLMatcher.grammar_from_json_schema(declared_keys_only(json.loads(spec)),
+            schema = json.loads(spec)
+            return LLMatcher.grammar_from_json_schema(declared_keys_only(schema) if strict else schema,
                                                       defaults=JSON_SCHEMA_OPTIONS)
         if kind == "json_object":
             return LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OBJECT_OPTIONS)
@@ -82,13 +84,14 @@ class LLGuidanceBackend:
     name = "llguidance"
 
     def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: list[int], compile_timeout: float = 10.0,
-                 enable_jump_forward: bool = True, **_: Any):
+                 enable_jump_forward: bool = True, strict: bool = True, **_: Any):
         import llguidance.hf
 
         self.vocab_size = vocab_size
         self.eos_token_ids = sorted({int(e) for e in eos_token_ids})
         self.compile_timeout = compile_timeout
         self.jump_forward = enable_jump_forward
+        self.strict = strict
         self.tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size)
         self.num_words = (max(vocab_size, self.tokenizer.vocab_size) + 31) // 32
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="radixrt-llg")
@@ -97,7 +100,7 @@ class LLGuidanceBackend:
     def validate(self, kind: str, spec: Any) -> None:
         from llguidance import LLMatcher
 
-        grammar = grammar_for(grammar_key(kind, spec))
+        grammar = grammar_for(grammar_key(kind, spec), self.strict)
         error = LLMatcher.validate_grammar(grammar, self.tokenizer)
         if error:
             raise GrammarError(f"invalid {kind}: {str(error)[:300]}")
@@ -105,7 +108,7 @@ class LLGuidanceBackend:
     def _build(self, kind: str, spec: Any) -> "LLGState":
         from llguidance import LLMatcher
 
-        matcher = LLMatcher(self.tokenizer, grammar_for(grammar_key(kind, spec)))
+        matcher = LLMatcher(self.tokenizer, grammar_for(grammar_key(kind, spec), self.strict))
         if matcher.is_error():
             raise GrammarError(f"invalid {kind}: {matcher.get_error()[:300]}")
         return LLGState(matcher, f"{kind} grammar", self.eos_token_ids, self.num_words, self.jump_forward)

@@ -107,7 +107,8 @@ class Scheduler(SchedulerAdmin):
             self.grammar_backends = BackendChooser(cfg.grammar_backend, lambda name: make_backend(
                 name, self.tokenizer, self.runner.vocab_size, self._eos_list, cache_size=cfg.grammar_cache_size,
                 compile_timeout=cfg.grammar_compile_timeout, enable_jump_forward=cfg.enable_jump_forward,
-                compile_workers=cfg.grammar_compile_workers, compile_memory_mb=cfg.grammar_compile_memory_mb))
+                compile_workers=cfg.grammar_compile_workers, compile_memory_mb=cfg.grammar_compile_memory_mb,
+                json_schema_strict=cfg.json_schema_strict))
         return self.grammar_backends.for_kind(kind)
 
     def abort(self, rid: str) -> list[TokenOut]:

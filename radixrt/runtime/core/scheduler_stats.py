@@ -62,6 +62,7 @@ def server_info(s: Any, walk: bool = True) -> dict:
         "max_total_tokens": s.pool_tokens,
         "kv_bytes_per_token": getattr(s.runner, "kv_bytes_per_token", None),
         "kv_pool_bytes": getattr(s.runner, "kv_pool_bytes", None),
+        "kv_cache_dtype": str(getattr(s.runner, "kv_dtype", "")).removeprefix("torch.") or None,
         "num_running": len(s.running),
         "num_waiting": len(s.waiting),
         "num_preemptions": st.num_preemptions,

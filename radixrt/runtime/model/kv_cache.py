@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from radixrt.kernels.kv_quant import is_quantized
+
 
 class ReqToSlotTable:
     """Row r, column i: the pool slot of token i of the request holding row r.
@@ -20,15 +22,27 @@ class ReqToSlotTable:
 
 
 class KVCache:
-    """K and V per layer: [num_slots, num_kv_heads, head_dim] each."""
+    """K and V per layer: [num_slots, num_kv_heads, head_dim] each; with an int8 / fp8 dtype also a float32
+    scale per token per KV head, [num_slots, num_kv_heads] (kernels/kv_quant.py)."""
 
     def __init__(self, num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str = "cpu"):
         shape = (num_slots, num_kv_heads, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.k_scale = self.v_scale = None
+        if is_quantized(dtype):
+            self.k_scale = [torch.ones(shape[:2], dtype=torch.float32, device=device) for _ in range(num_layers)]
+            self.v_scale = [torch.ones(shape[:2], dtype=torch.float32, device=device) for _ in range(num_layers)]
         self.num_slots = num_slots
+        self.dtype = dtype
+
+    def scales(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        if self.k_scale is None:
+            return None, None
+        return self.k_scale[layer], self.v_scale[layer]
 
     @staticmethod
     def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-        return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+        per_head = head_dim * torch.empty((), dtype=dtype).element_size() + (4 if is_quantized(dtype) else 0)
+        return 2 * num_layers * num_kv_heads * per_head

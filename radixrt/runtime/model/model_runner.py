@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from radixrt.kernels.kv_quant import KV_CACHE_DTYPES
 from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.model import int4_weight, tp
 from radixrt.runtime.model.dtype_choice import pick_dtype
@@ -93,6 +94,8 @@ class ModelRunner:
 
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
+        elif config.tp_size > 1:  # this node's ranks share its cores instead of each taking all of them
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // (config.tp_size // config.nnodes)))
         self.device = pick_device(config)
         self.tp, self.tp_workers, self.rank_lost = None, [], None
         self.exit_on_rank_loss = False  # the scheduler process sets it: a lost rank ends the process
@@ -127,15 +130,17 @@ class ModelRunner:
         self.context_length = min(config.context_length or self.model.max_context, self.model.max_context)
 
         page_size = config.page_size
+        # the pool's storage: the model's attention dtype, or int8 / fp8 with scales (--kv-cache-dtype)
+        self.kv_dtype = KV_CACHE_DTYPES.get(config.kv_cache_dtype, self.model.attn_dtype)
         self.kv_bytes_per_token = KVCache.bytes_per_token(self.model.num_layers, self.model.num_kv_heads,
-                                                          self.model.head_dim, self.model.attn_dtype)
+                                                          self.model.head_dim, self.kv_dtype)
         total_tokens = pool_tokens(config, self.kv_bytes_per_token, self.device)
         self.num_pages = max(total_tokens // page_size, 1)
         if self.tp is not None:  # every rank's pool holds the same pages (of its own KV heads)
             self.num_pages = self.tp.min_int(self.num_pages)
         self.kv_pool_bytes = self.num_pages * page_size * self.kv_bytes_per_token
         self.kv = KVCache(self.model.num_layers, self.num_pages * page_size, self.model.num_kv_heads,
-                          self.model.head_dim, self.model.attn_dtype, self.device)
+                          self.model.head_dim, self.kv_dtype, self.device)
         # one spare row: a request being admitted while max_running_requests run
         self.max_rows = config.max_running_requests + 1
         self.table = ReqToSlotTable(self.max_rows, self.context_length + 1, self.device)

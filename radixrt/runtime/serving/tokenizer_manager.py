@@ -213,7 +213,8 @@ class TokenizerManager:
         chooser = BackendChooser(cfg.grammar_backend, lambda name: make_backend(
             name, self.tokenizer, int(info["vocab_size"]), list(info["eos_token_ids"]), index=False,
             cache_size=cfg.grammar_cache_size, compile_timeout=cfg.grammar_compile_timeout, enable_jump_forward=False,
-            compile_workers=cfg.grammar_compile_workers, compile_memory_mb=cfg.grammar_compile_memory_mb))
+            compile_workers=cfg.grammar_compile_workers, compile_memory_mb=cfg.grammar_compile_memory_mb,
+            json_schema_strict=cfg.json_schema_strict))
         chooser.for_kind("regex")  # the configured backend now (outlines walks the vocabulary: ~0.5 s)
         return chooser
 

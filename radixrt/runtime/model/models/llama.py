@@ -200,7 +200,7 @@ class LlamaForCausalLM:
             qk = torch.addcmul(qk * cos, torch.cat((qk[..., half:], qk[..., :half]), dim=-1), sin)
             qk = qk.to(self.attn_dtype)
             v = qkv[:, num_qk_heads * D:].view(T, Hkv, D)
-            o = attn.forward(qk[:, :Hq], qk[:, Hq:], v, kv.k[i], kv.v[i], fb, self.scale)  # [T, Hq, D]
+            o = attn.forward(qk[:, :Hq], qk[:, Hq:], v, kv.k[i], kv.v[i], fb, self.scale, *kv.scales(i))  # [T, Hq, D]
             h.add_(self._reduce(layer.o(o.reshape(T, Hq * D).to(self.dtype))))
             x = self._norm(h, layer.post_norm)
             gate_up = layer.gate_up(x)  # [T, 2I]
