@@ -7,23 +7,18 @@ is fed back as the prompt (max_new_tokens=0) and at every continuation position 
 next token must be transformers' token at least 97% of the time. On a machine without native bf16
 the default is float32 and the agreement is (near) 100%.
 """
+import os
+import sys
+
 import torch
 
 from radixrt import Engine
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+from bench_kv_cache import QUESTIONS  # noqa: E402  (24 chat prompts, shared with the KV dtype figures)
+
 NUM_TOKENS = 48
 FLOOR = 0.97
-QUESTIONS = [
-    "What is the capital of France?", "Write a haiku about the sea.", "List three primary colors.",
-    "Explain in one sentence what a CPU does.", "What is 17 plus 25?", "Give me a synonym for happy.",
-    "How do plants make food?", "Tell me a fun fact about octopuses.", "What causes the seasons on Earth?",
-    "Suggest a name for a pet turtle.", "How do I boil an egg?", "Why is the ocean salty?",
-    "What is a prime number?", "Describe a rainbow to a child.", "What does a compiler do?",
-    "Give two tips for better sleep.", "What is the tallest animal?", "Translate 'good morning' into Spanish.",
-    "Why do cats purr?", "What is the difference between weather and climate?",
-    "Write one sentence about autumn.", "How many continents are there?", "What is gravity?",
-    "Recommend a book for a long train ride.",
-]
 
 
 def test_default_dtype_top1_agreement_with_transformers_fp32(hf_model, tokenizer):
