@@ -46,18 +46,18 @@ def make_case(prefix_lens, extend_lens, num_q_heads, num_kv_heads, head_dim, pag
     return fb, q, k, v, k_cache, v_cache
 
 
-def check_against_reference(backend, case, atol: float, rtol: float) -> None:
+def check_against_reference(backend, case, atol: float, rtol: float, window: int | None = None) -> None:
     """Run one forward of `backend` on a make_case case: the new K/V must land at out_slots and the
-    output must match reference_attention on the cache updated here."""
+    output must match reference_attention on the cache updated here (window: a sliding-window layer)."""
     fb, q, k, v, k_cache, v_cache = case
     scale = q.shape[-1] ** -0.5
     want_k, want_v = k_cache.clone(), v_cache.clone()
     want_k[fb.out_slots] = k
     want_v[fb.out_slots] = v
     backend.init_forward_metadata(fb)
-    out = backend.forward(q, k, v, k_cache, v_cache, fb, scale)
+    out = backend.forward(q, k, v, k_cache, v_cache, fb, scale, window=window)
     assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v), "new K/V not stored at out_slots"
     assert out.shape == q.shape and out.dtype == q.dtype
     assert torch.isfinite(out.float()).all()
-    expected = reference_attention(q, want_k, want_v, fb, scale)
+    expected = reference_attention(q, want_k, want_v, fb, scale, window=window)
     torch.testing.assert_close(out.float(), expected.float(), atol=atol, rtol=rtol)

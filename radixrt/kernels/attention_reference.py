@@ -7,8 +7,9 @@ from radixrt.kernels.attention_batch import AttentionBatch
 
 
 def reference_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, fb: AttentionBatch,
-                        scale: float) -> torch.Tensor:
-    """The simplest truth: a loop over requests, explicit GQA expansion, float32 softmax.
+                        scale: float, window: int | None = None) -> torch.Tensor:
+    """The simplest truth: a loop over requests, explicit GQA expansion, float32 softmax. window: sliding
+    window attention, key j visible to query i when i - window < j <= i (transformers' rule).
 
     q: [T, Hq, D]; k_cache/v_cache: [num_slots, Hkv, D] with this step's K/V already written.
     Returns [T, Hq, D] in q's dtype.
@@ -28,7 +29,10 @@ def reference_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         scores = torch.einsum("qhd,khd->hqk", qb, k) * scale  # [Hq, E, L]
         q_pos = torch.arange(prefix_len, seq_len, device=q.device)
         k_pos = torch.arange(seq_len, device=q.device)
-        scores = scores.masked_fill(k_pos[None, None, :] > q_pos[None, :, None], float("-inf"))
+        hidden = k_pos[None, None, :] > q_pos[None, :, None]
+        if window is not None:
+            hidden |= k_pos[None, None, :] <= q_pos[None, :, None] - window
+        scores = scores.masked_fill(hidden, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         out[qo_indptr[b]:qo_indptr[b + 1]] = torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
     return out

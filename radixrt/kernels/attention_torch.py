@@ -79,14 +79,19 @@ class TorchAttentionBackend:
         self.planner = TorchAttentionPlanner(num_kv_heads, head_dim, min_shared_len, min_saved_kv)
 
     def init_forward_metadata(self, fb: AttentionBatch) -> None:
-        self.planner.plan(fb)
+        fb.attn_meta = self.planner.plan(fb)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, fb: AttentionBatch, scale: float, k_scale: torch.Tensor | None = None,
-                v_scale: torch.Tensor | None = None) -> torch.Tensor:
+                v_scale: torch.Tensor | None = None, window: int | None = None) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]. Writes k/v into the caches at fb.out_slots first
-        (quantised when the pool is: k_scale/v_scale [slots, Hkv], kv_quant.py)."""
+        (quantised when the pool is: k_scale/v_scale [slots, Hkv], kv_quant.py). window: a sliding-window
+        layer (keys within `window` positions of the query, itself included), planned on its first call."""
         meta: TorchAttentionMeta = fb.attn_meta
+        if window is not None:
+            if fb.window_meta is None:
+                fb.window_meta = self.planner.plan(fb, window)
+            meta = fb.window_meta
         k_cache, v_cache = LayerKV(k_cache, k_scale), LayerKV(v_cache, v_scale)
         k_cache.write(fb.out_slots, k)
         v_cache.write(fb.out_slots, v)

@@ -90,9 +90,13 @@ class TorchAttentionPlanner:
         self.head_dim = head_dim
         self.min_shared_len = min_shared_len
         self.min_saved_kv = min_saved_kv
+        self.window: int | None = None  # the window of the plan being made
 
-    def plan(self, fb: AttentionBatch) -> None:
-        """Sets fb.attn_meta."""
+    def plan(self, fb: AttentionBatch, window: int | None = None) -> TorchAttentionMeta:
+        """The layout of fb's attention (init_forward_metadata stores it as fb.attn_meta). window: for
+        sliding-window layers, keys more than window - 1 positions before a query are masked too; the
+        plan then takes the general masked paths (no shared-prefix cascade, no unmasked fast paths)."""
+        self.window = window
         num_decode = fb.num_decode
         runs = _extend_runs(fb.extend_lens_list, num_decode)  # the first run, if any, starts at num_decode
         group_end = num_decode
@@ -107,13 +111,13 @@ class TorchAttentionPlanner:
         for lo, hi in runs:
             extends.append(self._extend_meta(fb, lo, hi, q_start))
             q_start += sum(fb.extend_lens_list[lo:hi])
-        fb.attn_meta = TorchAttentionMeta(decode, extends)
+        return TorchAttentionMeta(decode, extends)
 
     def _shared_prefix(self, table: torch.Tensor, max_len: int) -> SharedPrefix | None:
         """table [B, L]: a group's slots by position; max_len: its shortest prefix_len, so that every
         new token comes after the shared part (which then needs no mask)."""
         num_reqs = table.shape[0]
-        if self.min_shared_len is None or num_reqs < 2:
+        if self.min_shared_len is None or num_reqs < 2 or self.window is not None:
             return None
         saved_per_pos = (num_reqs - 1) * self.num_kv_heads * self.head_dim  # K elements not re-read per position
         min_len = max(self.min_shared_len, -(-self.min_saved_kv // saved_per_pos))
@@ -147,14 +151,18 @@ class TorchAttentionPlanner:
         if num_tokens == nd:  # decodes only: a row per request, its last position the newest
             kv_idx = table[:, start:]  # [Bd, Ld - S]
             mask = None
-            if min(seq_lens) != kv_len:
+            if min(seq_lens) != kv_len or (self.window is not None and kv_len > self.window):
                 valid = k_pos[None, :] < fb.seq_lens[:nd, None]  # [Bd, Ld - S]
+                if self.window is not None:
+                    valid &= k_pos[None, :] >= fb.seq_lens[:nd, None] - self.window
                 kv_idx = kv_idx.masked_fill(~valid, 0)  # stale table entries past seq_len: any in-range slot
                 mask = _additive(valid[:, None, None, :], device)
             return DecodeMeta(nd, kv_len - start, kv_idx.reshape(-1), mask, shared)
         row_req = torch.repeat_interleave(torch.arange(nd, device=device), fb.extend_lens[:nd])  # [Tg]
         row_pos = fb.prefix_lens[row_req] + torch.arange(num_tokens, device=device) - fb.qo_indptr[row_req]
         visible = k_pos[None, :] <= row_pos[:, None]  # [Tg, Ld - S]: up to the row's own position
+        if self.window is not None:
+            visible &= k_pos[None, :] > row_pos[:, None] - self.window
         kv_idx = table[row_req, start:].masked_fill(~visible, 0)
         return DecodeMeta(num_tokens, kv_len - start, kv_idx.reshape(-1), _additive(visible[:, None, None, :], device),
                           shared)
@@ -166,11 +174,11 @@ class TorchAttentionPlanner:
         extend_lens = fb.extend_lens_list[lo:hi]
         num_reqs = len(seq_lens)
         q_len, kv_len = max(extend_lens), max(seq_lens)
-        if num_reqs == 1 and seq_lens[0] == extend_lens[0]:
+        if num_reqs == 1 and seq_lens[0] == extend_lens[0] and self.window is None:
             # a fresh prompt: the new k/v are the whole KV, causal mask without materializing it
             return ExtendMeta(1, q_start, q_len, q_len, kv_len, None, None, None, None)
         table = fb.req_to_slot[fb.req_rows[lo:hi], :kv_len]  # [Be, Lk]
-        if num_reqs == 1 and q_len > SHORT_EXTEND_LEN and device.type == "cpu":
+        if num_reqs == 1 and q_len > SHORT_EXTEND_LEN and device.type == "cpu" and self.window is None:
             prefix_len = seq_lens[0] - extend_lens[0]
             return ExtendMeta(1, q_start, q_len, q_len, prefix_len, table[0, :prefix_len].contiguous(), None, None,
                                None, split_prefix=True)
@@ -185,6 +193,8 @@ class TorchAttentionPlanner:
         # key j is visible to new token i when j <= prefix + i; padded query rows (i >= extend_len)
         # still see every real key, so no softmax row is empty (no NaNs), and they are dropped anyway.
         mask = (k_pos[:, None, :] <= (prefix_lens + q_pos)[:, :, None]) & kv_valid[:, None, :]  # [Be, Lq, Lk]
+        if self.window is not None:
+            mask &= k_pos[:, None, :] > (prefix_lens + q_pos)[:, :, None] - self.window
         q_idx = unpad_idx = None
         if num_reqs > 1:
             extend_lens_t = fb.extend_lens[lo:hi, None]

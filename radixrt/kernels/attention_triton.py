@@ -166,8 +166,9 @@ class TritonAttentionBackend:
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, fb: AttentionBatch, scale: float, k_scale: torch.Tensor | None = None,
-                v_scale: torch.Tensor | None = None) -> torch.Tensor:
-        """k_scale/v_scale: the pool is quantised (kv_quant.py); the kernels scale its rows as they read them."""
+                v_scale: torch.Tensor | None = None, window: int | None = None) -> torch.Tensor:
+        """k_scale/v_scale: the pool is quantised (kv_quant.py); the kernels scale its rows as they read them.
+        window: a sliding-window layer (keys within `window` positions of the query, itself included)."""
         meta: TritonAttnMeta = fb.attn_meta
         assert meta is not None, "init_forward_metadata(fb) must run before forward"
         if q.device.type != "cuda" and not _interpreting():
@@ -187,18 +188,20 @@ class TritonAttentionBackend:
         # The interpreter multiplies bf16 bit patterns in tl.dot (triton-lang/triton#11584): upcast there.
         dot_fp32 = _interpreting() and q.dtype == torch.bfloat16
         precision = "ieee" if q.dtype == torch.float32 else "tf32"  # fp32 runs are for exactness, not speed
+        window = window or 0
         if meta.num_decode:
-            self._decode(q, k_cache, v_cache, scales, out, meta, sm_scale_log2, dot_fp32, precision)
+            self._decode(q, k_cache, v_cache, scales, out, meta, sm_scale_log2, window, dot_fp32, precision)
         if meta.num_extend:
-            self._extend(q, k, v, k_cache, v_cache, scales, out, meta, sm_scale_log2, dot_fp32, precision)
+            self._extend(q, k, v, k_cache, v_cache, scales, out, meta, sm_scale_log2, window, dot_fp32, precision)
         return out
 
-    def _decode(self, q, k_cache, v_cache, scales, out, meta: TritonAttnMeta, sm_scale_log2, dot_fp32, precision):
+    def _decode(self, q, k_cache, v_cache, scales, out, meta: TritonAttnMeta, sm_scale_log2, window, dot_fp32,
+                precision):
         nd = meta.num_decode
         po, pl = meta.part_out, meta.part_lse
         _decode_stage1[(nd, self.num_kv_heads, meta.max_splits)](
             q, k_cache, v_cache, *scales, meta.decode_kv_indptr, meta.decode_kv_indices, meta.num_splits,
-            meta.chunk_lens, po, pl, sm_scale_log2,
+            meta.chunk_lens, po, pl, sm_scale_log2, window,
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
             scales[0].stride(0), po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
             GROUP=self.group, HEAD_DIM=self.head_dim, BLOCK_D=self.block_d, BLOCK_H=self.block_h,
@@ -212,14 +215,14 @@ class TritonAttentionBackend:
             num_warps=4,
         )
 
-    def _extend(self, q, k, v, k_cache, v_cache, scales, out, meta: TritonAttnMeta, sm_scale_log2, dot_fp32,
-                precision):
+    def _extend(self, q, k, v, k_cache, v_cache, scales, out, meta: TritonAttnMeta, sm_scale_log2, window,
+                dot_fp32, precision):
         block_m, block_n, num_warps, num_stages = extend_launch_config(
             self.head_dim, q.dtype, self._capability(q.device))
         num_tiles = math.ceil(meta.max_extend_len / block_m)
         _extend_kernel[(meta.num_extend, self.num_q_heads, num_tiles)](
             q, k, v, k_cache, v_cache, *scales, out,
-            meta.ext_qo_indptr, meta.prefix_indptr, meta.prefix_indices, sm_scale_log2,
+            meta.ext_qo_indptr, meta.prefix_indptr, meta.prefix_indices, sm_scale_log2, window,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), scales[0].stride(0),
             out.stride(0), out.stride(1),

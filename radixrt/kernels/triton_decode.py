@@ -20,7 +20,7 @@ from radixrt.kernels.triton_softmax import M_INIT, attend_block, dequant_rows
 @triton.jit
 def _decode_stage1(
     Q, K_cache, V_cache, K_scale, V_scale, kv_indptr, kv_indices, num_splits, chunk_lens,
-    Part_out, Part_lse, sm_scale_log2,
+    Part_out, Part_lse, sm_scale_log2, window,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_scale,
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -38,6 +38,8 @@ def _decode_stage1(
     chunk_len = tl.load(chunk_lens + b)
     lo = split * chunk_len
     hi = tl.minimum(lo + chunk_len, seq_len)
+    if window > 0:  # sliding window: only the last `window` positions (the query's own included)
+        lo = tl.maximum(lo, seq_len - window)
 
     offs_g = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
@@ -66,11 +68,14 @@ def _decode_stage1(
             k, v = dequant_rows(k, v, K_scale, V_scale, slot, kv_head, stride_scale, mask_n, q.dtype)
         m_i, l_i, acc = attend_block(q, k, v, mask_n[None, :], m_i, l_i, acc, sm_scale_log2, DOT_FP32, PRECISION)
 
-    # A split is never empty (the host makes chunk_len * (num_splits - 1) < L), so l_i > 0.
+    # A split is never empty (the host makes chunk_len * (num_splits - 1) < L), so l_i > 0, except one wholly
+    # before a sliding window: it stores weight 0 (lse -inf), and the last split always holds the query.
+    seen = l_i > 0
     out_mask = mask_h[:, None] & mask_d[None, :]
     tl.store(Part_out + b * stride_pb + q_heads[:, None] * stride_ph + split * stride_ps + offs_d[None, :],
-             acc / l_i[:, None], mask=out_mask)
-    tl.store(Part_lse + b * stride_lb + q_heads * stride_lh + split, m_i + tl.log2(l_i), mask=mask_h)
+             acc / tl.where(seen, l_i, 1.0)[:, None], mask=out_mask)
+    tl.store(Part_lse + b * stride_lb + q_heads * stride_lh + split,
+             tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf")), mask=mask_h)
 
 
 @triton.jit
@@ -86,7 +91,7 @@ def _decode_stage2(
     mask_s = offs_s < tl.load(num_splits + b)
     mask_d = offs_d < HEAD_DIM
     lse = tl.load(Part_lse + b * stride_lb + h * stride_lh + offs_s, mask=mask_s, other=float("-inf"))
-    w = tl.exp2(lse - tl.max(lse, 0))  # [BLOCK_S]; split 0 always exists, so the max is finite
+    w = tl.exp2(lse - tl.max(lse, 0))  # [BLOCK_S]; the last split holds the query itself: the max is finite
     part = tl.load(Part_out + b * stride_pb + h * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :],
                    mask=mask_s[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_S, BLOCK_D]
     out = tl.sum(part * w[:, None], 0) / tl.sum(w, 0)

@@ -20,7 +20,7 @@ from radixrt.kernels.triton_softmax import M_INIT, attend_block, dequant_rows
 @triton.jit
 def _extend_kernel(
     Q, K_new, V_new, K_cache, V_cache, K_scale, V_scale, Out,
-    qo_indptr, prefix_indptr, prefix_indices, sm_scale_log2,
+    qo_indptr, prefix_indptr, prefix_indices, sm_scale_log2, window,
     stride_qt, stride_qh, stride_knt, stride_knh, stride_vnt, stride_vnh,
     stride_ks, stride_kh, stride_vs, stride_vh, stride_scale, stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -64,7 +64,10 @@ def _extend_kernel(
                     mask=mask_n[:, None] & mask_d[None, :], other=0.0)
         if QUANT:  # int8 / fp8 rows times their per-token, per-head scale
             k, v = dequant_rows(k, v, K_scale, V_scale, slot, kv_head, stride_scale, mask_n, q.dtype)
-        m_i, l_i, acc = attend_block(q, k, v, mask_n[None, :], m_i, l_i, acc, sm_scale_log2, DOT_FP32, PRECISION)
+        visible = mask_n[None, :]
+        if window > 0:  # sliding window: prefix key pos is visible to query prefix_len + m iff pos > it - window
+            visible = visible & (pos[None, :] > prefix_len + offs_m[:, None] - window)
+        m_i, l_i, acc = attend_block(q, k, v, visible, m_i, l_i, acc, sm_scale_log2, DOT_FP32, PRECISION)
 
     # 2. new tokens, causal; keys past this tile's last query are never visible
     causal_end = tl.minimum(extend_len, (tile + 1) * BLOCK_M)
@@ -77,6 +80,8 @@ def _extend_kernel(
         v = tl.load(V_new + key_rows[:, None] * stride_vnt + kv_head * stride_vnh + offs_d[None, :],
                     mask=mask_n[:, None] & mask_d[None, :], other=0.0)
         visible = mask_n[None, :] & (pos[None, :] <= offs_m[:, None])
+        if window > 0:
+            visible = visible & (pos[None, :] > offs_m[:, None] - window)
         m_i, l_i, acc = attend_block(q, k, v, visible, m_i, l_i, acc, sm_scale_log2, DOT_FP32, PRECISION)
 
     # every valid query row sees at least itself, so l_i > 0 where stored

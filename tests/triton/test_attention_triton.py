@@ -214,3 +214,14 @@ def test_quantized_pool_matches_the_torch_backend(kv_dtype, dtype, decode_only):
     else:
         atol = 0.05 if kv_dtype == torch.int8 else 0.2
         torch.testing.assert_close(out.float(), want.float(), atol=atol, rtol=0.1)
+
+
+@pytest.mark.parametrize("window", [1, 5, 40])
+@cases((GQA3, 1, F32), (GQA4, 16, BF16), (MHA, 4, F16))
+def test_sliding_window(heads, page_size, dtype, window):
+    """Sliding-window layers: decodes longer and shorter than the window (split across programs, so whole
+    splits fall before the window), and extends with and without a cached prefix, against
+    reference_attention with the same window."""
+    hq, hkv, d = heads
+    case = make_case([3, 150, 47, 0, 21], [1, 1, 1, 30, 12], hq, hkv, d, page_size, dtype, seed=window)
+    check_against_reference(TritonAttentionBackend(hq, hkv, d, **FORCE_SPLITS), case, *TOL[dtype], window=window)

@@ -1,4 +1,5 @@
-"""Our Llama-family forward over the paged pool vs transformers' own model (random tiny weights).
+"""Our Llama-family forward over the paged pool vs transformers' own model (random tiny weights), sliding-window
+layouts (Mistral's every-layer window, Qwen2's hybrid full/sliding layers) included, sequences longer than the window.
 
 The truth for every row is HF's logits of the whole sequence at that position (teacher forcing),
 so chunked prefill, cached prefixes and mixed decode/extend batches must all reproduce it.
@@ -29,6 +30,14 @@ def tiny_config(kind: str, base):
         return Qwen2Config(**common, tie_word_embeddings=False)
     if kind == "qwen3_qk_norm":
         return Qwen3Config(**{**common, "num_attention_heads": 6}, head_dim=16, tie_word_embeddings=True)
+    if kind == "mistral_sliding":  # every layer attends to its last 8 positions
+        from transformers import MistralConfig
+        return MistralConfig(**common, sliding_window=8, tie_word_embeddings=False)
+    if kind == "qwen2_hybrid_sliding":  # layer 0 full attention, layer 1 a window of 6 (max_window_layers)
+        config = Qwen2Config(**common, use_sliding_window=True, sliding_window=6, max_window_layers=1,
+                             tie_word_embeddings=False)
+        assert config.layer_types == ["full_attention", "sliding_attention"], config.layer_types
+        return config
     raise AssertionError(kind)
 
 
@@ -54,7 +63,8 @@ def hf_logits(hf, ids: list[int]) -> torch.Tensor:
         return hf(torch.tensor([ids])).logits[0].float()  # [L, vocab]
 
 
-KINDS = ["llama", "llama_tied_llama3_rope_mha", "qwen2_bias", "qwen3_qk_norm"]
+KINDS = ["llama", "llama_tied_llama3_rope_mha", "qwen2_bias", "qwen3_qk_norm", "mistral_sliding",
+         "qwen2_hybrid_sliding"]
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -64,6 +64,20 @@ def rope_tables(hf_config, head_dim: int, max_context: int) -> tuple[torch.Tenso
     return freqs.cos() * attention_scaling, freqs.sin() * attention_scaling
 
 
+def layer_windows(hf_config, num_layers: int) -> list[int | None]:
+    """Each layer's sliding window (keys within that many positions of the query, itself included), or None
+    for full attention: Mistral's `sliding_window` on every layer; a config's `layer_types` (Qwen2 with
+    use_sliding_window, hybrid local/global models) naming the sliding ones. Pages before a window are kept
+    (the radix tree may share them with requests that need them), not freed."""
+    window = getattr(hf_config, "sliding_window", None)
+    if not window or getattr(hf_config, "use_sliding_window", True) is False:
+        return [None] * num_layers
+    types = getattr(hf_config, "layer_types", None)
+    if types is None:
+        return [window] * num_layers
+    return [window if t == "sliding_attention" else None for t in types[:num_layers]]
+
+
 class LlamaForCausalLM:
     def __init__(self, hf_config, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
                  shard: Shard | None = None, tp: Any = None):
@@ -92,11 +106,7 @@ class LlamaForCausalLM:
         if getattr(hf_config, "hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act {hf_config.hidden_act!r} is not supported (expected silu)")
         self.max_context = hf_config.max_position_embeddings
-        window = getattr(hf_config, "sliding_window", None)
-        layer_types = getattr(hf_config, "layer_types", None) or ["sliding_attention"]
-        if window and "sliding_attention" in layer_types:
-            # within the window sliding attention equals full attention, so cap the context there
-            self.max_context = min(self.max_context, window)
+        self.layer_windows = layer_windows(hf_config, self.num_layers)  # sliding window per layer, or None
         cos, sin = rope_tables(hf_config, self.head_dim, self.max_context)
         # rotate_half(x) * sin == cat(x2, x1) * cat(-sin, sin): store the signed sin, skip the negation
         # the KV pool holds the model dtype, as in HF: in bf16 it and its gathers move half the bytes, and
@@ -200,7 +210,8 @@ class LlamaForCausalLM:
             qk = torch.addcmul(qk * cos, torch.cat((qk[..., half:], qk[..., :half]), dim=-1), sin)
             qk = qk.to(self.attn_dtype)
             v = qkv[:, num_qk_heads * D:].view(T, Hkv, D)
-            o = attn.forward(qk[:, :Hq], qk[:, Hq:], v, kv.k[i], kv.v[i], fb, self.scale, *kv.scales(i))  # [T, Hq, D]
+            o = attn.forward(qk[:, :Hq], qk[:, Hq:], v, kv.k[i], kv.v[i], fb, self.scale, *kv.scales(i),
+                             window=self.layer_windows[i])  # [T, Hq, D]
             h.add_(self._reduce(layer.o(o.reshape(T, Hq * D).to(self.dtype))))
             x = self._norm(h, layer.post_norm)
             gate_up = layer.gate_up(x)  # [T, 2I]
