@@ -11,6 +11,9 @@
    a fresh prompt in one chunk attends to its own K/V before they are stored, and would hide the pool's dtype.
 3. Memory-bound throughput: 32 requests of ~300 prompt + 128 output tokens through a pool that holds about a
    quarter of their working set; out tok/s and preemptions, auto (bfloat16) vs int8 KV, same pool bytes.
+4. n = 8 samples of a ~600-token prompt at page size 16: prompt tokens computed, peak pages in use and wall
+   time, with the samples forking from the first one (core/admission.py) and without (admission.FORK_SAMPLES
+   off: each sample recomputes the prompt's partial last page).
 Results: results/kv_cache.json.
 """
 from __future__ import annotations
@@ -113,13 +116,45 @@ def memory_bound(kv_cache_dtype: str, pool_bytes: int, n: int) -> dict:
         engine.shutdown()
 
 
+def n_samples(fork: bool) -> dict:
+    from radixrt.runtime.core import admission
+    admission.FORK_SAMPLES = fork
+    engine = Engine(page_size=16, max_total_tokens=8192)
+    try:
+        prompt = "Write a story about a lighthouse keeper. " * 66 + "Begin:"
+        engine.generate("warm-up", {"max_new_tokens": 2})
+        engine.flush_cache()
+        sched, stats = engine.scheduler, engine.scheduler.stats
+        peak, run = [0], sched.runner.run
+
+        def counting(plan):
+            peak[0] = max(peak[0], sched.allocator.num_pages - sched.allocator.num_free)
+            return run(plan)
+        sched.runner.run = counting
+        prompt_before, cached_before = stats.prompt_tokens, stats.cached_tokens
+        start = time.perf_counter()
+        engine.generate(prompt, {"n": 8, "temperature": 0.8, "seed": 1, "max_new_tokens": 16})
+        elapsed = time.perf_counter() - start
+        computed = (stats.prompt_tokens - prompt_before) - (stats.cached_tokens - cached_before)
+        return {"prompt_tokens": len(engine.tokenizer.encode(prompt)), "prompt_tokens_computed": computed,
+                "peak_pages": peak[0], "seconds": elapsed}
+    finally:
+        admission.FORK_SAMPLES = True
+        engine.shutdown()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="8 prompts, 8 requests: a smoke run")
+    ap.add_argument("--only-samples", action="store_true", help="section 4 only")
     args = ap.parse_args()
     questions = QUESTIONS[:8] if args.quick else QUESTIONS
     results = {"commit": git_commit(), "machine": machine(), "tokens": tokens_per_budget(), "quality": {},
                "memory_bound": {}}
+    if args.only_samples:
+        for fork in (False, True):
+            print("fork" if fork else "no fork", n_samples(fork))
+        return
     print("== KV bytes per token and tokens per GiB (default model) ==")
     for name, row in results["tokens"].items():
         print(f"  {name:>9}: {row['bytes_per_token']:6d} B/token  {row['tokens_per_gib']:9d} tokens/GiB")
@@ -152,6 +187,12 @@ def main() -> None:
         row = results["memory_bound"][kv] = memory_bound(kv, pool_bytes, n)
         print(f"  KV {kv:>5}: pool {row['pool_tokens']} tokens, {row['out_tok_s']:.1f} out tok/s, "
               f"{row['preemptions']} preemptions")
+    results["n_samples"] = {}
+    print("\n== n = 8 samples of one prompt, page size 16 ==")
+    for fork in (False, True):
+        row = results["n_samples"]["fork" if fork else "no fork"] = n_samples(fork)
+        print(f"  {'fork' if fork else 'no fork':>8}: prompt {row['prompt_tokens']} tokens, "
+              f"{row['prompt_tokens_computed']} computed, peak {row['peak_pages']} pages, {row['seconds']:.2f} s")
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "kv_cache.json")
     with open(path, "w") as f:
         json.dump(results, f, indent=1)

@@ -55,6 +55,7 @@ class FakeRunner:
         self.table: dict[int, dict[int, int]] = {}   # row -> position -> slot
         self.num_forwards = 0
         self.forward_tokens = 0
+        self.num_page_copies = 0
 
     def run(self, plan: list[PlanItem]) -> list[ItemResult]:
         self.num_forwards += 1
@@ -62,6 +63,14 @@ class FakeRunner:
         assert len(set(rows)) == len(rows), "a table row twice in one batch"
         written: set[int] = set()
         results = []
+        for it in plan:  # page copies (forked samples) happen before anything is written, as in the runner
+            for src, dst in it.page_copies:
+                for off in range(self.page_size):
+                    if src * self.page_size + off in self.kv:
+                        self.kv[dst * self.page_size + off] = self.kv[src * self.page_size + off]
+                    else:
+                        self.kv.pop(dst * self.page_size + off, None)
+                self.num_page_copies += 1
         for it in plan:
             end = it.prefix_len + len(it.new_ids)
             row = self.table.setdefault(it.row, {})
@@ -122,8 +131,14 @@ class FakeDraftGrammar:
     def ends_at(self, state: int) -> bool:
         return False
 
-    def at(self, state: int) -> "FakeDraftGrammar":
+    def at(self, state: int, budget: int) -> "FakeDraftGrammar":
         return self  # the mask source of a draft position (masks are not modelled)
+
+    def for_budget(self, budget: int) -> "FakeDraftGrammar":
+        return self  # no budget steering either
+
+    def is_final(self) -> bool:
+        return True
 
     def is_terminated(self) -> bool:
         return False

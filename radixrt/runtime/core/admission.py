@@ -22,6 +22,30 @@ from radixrt.runtime.core.sessions import SessionTable
 log = logging.getLogger(__name__)
 
 
+# A request whose prompt another running request has already computed forks from it (see fork_donor).
+FORK_SAMPLES = True
+
+
+def fork_donor(req: Req, running: list[Req], cached: int, page_size: int) -> Req | None:
+    """A running request with the same prompt whose KV covers all of it but the last token, when the tree
+    supplied every whole page of that (cached) and a partial page remains: req then copies the donor's
+    partial page instead of recomputing its tokens, and computes only the last prompt token (for its own
+    logits and seed). This is how the `n` samples of one prompt (request_edge.expand_n) share its prefill:
+    the first one computes the prompt, the others wait for it (shares_inflight_prefix) and fork. The copy
+    is made in the step that admits req, before its first write into that page, so no page is ever written
+    by two requests and pages need no reference count."""
+    prompt = req.origin_input_ids
+    last = len(prompt) - 1
+    if not FORK_SAMPLES or page_size == 1 or last % page_size == 0 or req.output_ids or req.admitted \
+            or wants_prompt_logprobs(req) or cached != last - last % page_size:
+        return None
+    for d in running:
+        if d.kv_len >= last and len(d.origin_input_ids) == len(prompt) and d.origin_input_ids == prompt \
+                and len(d.page_ids) > last // page_size:
+            return d
+    return None
+
+
 def wants_prompt_logprobs(req: Req) -> bool:
     return req.logprob_start_len >= 0 and not req.output_ids
 
@@ -66,19 +90,27 @@ class Admission:
             ids = req.fill_ids
             pages, node = self.tree.match_prefix(match_ids(req))
             cached = len(pages) * page_size
-            if policy.shares_inflight_prefix(ids, cached, inflight):
-                continue
+            if policy.shares_inflight_prefix(ids, cached, inflight) or (
+                    FORK_SAMPLES and page_size > 1 and not req.admitted and ids in inflight):
+                continue  # wait for it: then match its pages (or fork from it, when the prompt is the same)
             target = min(len(ids), cached + budget)
             self.tree.inc_lock_ref(node)
             need = allocator.pages_for(target) - len(pages)
             if need + allocator.pages_for(reserve) > allocator.num_free + self.tree.evictable_pages:
                 self.tree.dec_lock_ref(node)
                 break  # keep arrival fairness: nobody overtakes the request that does not fit
+            donor = fork_donor(req, running, cached, page_size)
             self.memory.take(req, pages, node)
             if wants_prompt_logprobs(req):
                 req.input_logprobs = req.input_top_logprobs = None  # a resumed prefill scores them anew
             if not self.memory.grow(req, target):  # cannot fail: counted above
                 raise AssertionError("admission accounting is wrong")
+            copies = []
+            if donor is not None:
+                page = (len(ids) - 1) // page_size
+                copies = [(donor.page_ids[page], req.page_ids[page])]
+                req.kv_len = cached = len(ids) - 1  # the copied positions count as cached: never computed here
+                target = len(ids)
             if not req.admitted:
                 req.admitted = True
                 req.prefix_hit_len = cached
@@ -88,7 +120,9 @@ class Admission:
                     self.sessions.on_admit(req.session_id, len(req.origin_input_ids), cached)
             waiting.remove(req)
             running.append(req)
-            items.append((req, extend_item(req, target, 0)))
+            item = extend_item(req, target, 0)
+            item.page_copies = copies
+            items.append((req, item))
             inflight.append(ids)
             budget -= target - cached
             reserve += int(req.sampling.max_new_tokens * policy.NEW_TOKEN_RESERVE_RATIO)

@@ -39,6 +39,9 @@ class PlanItem:
     prompt_ids: list[int] = field(default_factory=list)  # the prompt (prompt logprobs score it)
     output_ids: list[int] = field(default_factory=list)  # generated so far: fill_ids = prompt_ids + output_ids
     top_logprobs_num: int = 0   # top-n prompt logprobs per scored position
+    # (source page, destination page): KV the runner copies before the forward (a forked sample's first
+    # page of its own, filled from its donor's partial last prompt page: admission.py)
+    page_copies: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass

@@ -37,6 +37,17 @@ class KVCache:
         self.num_slots = num_slots
         self.dtype = dtype
 
+    def copy_pages(self, pairs: list[tuple[int, int]], page_size: int) -> None:
+        """Copy the K/V (and scales) of each (source, destination) page, every layer."""
+        if not pairs:
+            return
+        offsets = torch.arange(page_size)
+        src = torch.cat([offsets + s * page_size for s, _ in pairs]).to(self.k[0].device)
+        dst = torch.cat([offsets + d * page_size for _, d in pairs]).to(self.k[0].device)
+        for tensors in (self.k, self.v, self.k_scale or [], self.v_scale or []):
+            for t in tensors:
+                t[dst] = t[src]
+
     def scales(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         if self.k_scale is None:
             return None, None

@@ -129,7 +129,7 @@ class ModelRunner:
         self.eos_token_ids = eos_token_ids(hf_config, model_dir, self.tokenizer)
         self.context_length = min(config.context_length or self.model.max_context, self.model.max_context)
 
-        page_size = config.page_size
+        self.page_size = page_size = config.page_size
         # the pool's storage: the model's attention dtype, or int8 / fp8 with scales (--kv-cache-dtype)
         self.kv_dtype = KV_CACHE_DTYPES.get(config.kv_cache_dtype, self.model.attn_dtype)
         self.kv_bytes_per_token = KVCache.bytes_per_token(self.model.num_layers, self.model.num_kv_heads,
@@ -155,21 +155,23 @@ class ModelRunner:
         # a draft item wants logits at every new position, like prompt logprobs from prefix_len on
         items = [BatchItem(it.row, it.new_ids, it.prefix_len, it.slots, it.write_start,
                            it.prefix_len if it.num_draft else it.logits_start) for it in plan]
+        copies = [pair for it in plan for pair in it.page_copies]
         if self.tp is None:
-            return self._results(plan, self._forward(items))
+            return self._results(plan, self._forward(items, copies))
         if self.rank_lost:
             raise tp.TPFailure(self.rank_lost)
-        self.tp.broadcast_obj([dataclasses.astuple(it) for it in items])
+        self.tp.broadcast_obj({"items": [dataclasses.astuple(it) for it in items], "copies": copies})
         try:
-            logits = self._forward(items)
+            logits = self._forward(items, copies)
         except tp.TPFailure:
             raise
         except Exception as e:  # the other ranks are inside this forward's collectives: out of step for good
             raise tp.TPFailure(f"rank 0 failed inside a tensor parallel forward: {type(e).__name__}: {e}") from e
         return self._results(plan, logits)
 
-    def _forward(self, items: list[BatchItem]) -> torch.Tensor | None:
-        """Logits [R, vocab] float32 (None on a tensor parallel worker rank)."""
+    def _forward(self, items: list[BatchItem], copies: list[tuple[int, int]]) -> torch.Tensor | None:
+        """Copy pages (forked samples), then the forward: logits [R, vocab] float32 (None on a worker rank)."""
+        self.kv.copy_pages(copies, self.page_size)
         fb = build_forward_batch(items, self.table.table, self.device)
         self.attn.init_forward_metadata(fb)
         return self.model.forward(fb, self.kv, self.attn)
@@ -177,8 +179,8 @@ class ModelRunner:
     @torch.inference_mode()
     def serve_worker(self) -> None:
         """A worker rank's loop: run every forward rank 0 broadcasts until it says stop."""
-        while (items := self.tp.broadcast_obj()) is not None:
-            self._forward([BatchItem(*it) for it in items])
+        while (step := self.tp.broadcast_obj()) is not None:
+            self._forward([BatchItem(*it) for it in step["items"]], [tuple(c) for c in step["copies"]])
         self.tp.close()
 
     def _on_rank_lost(self, reason: str) -> None:

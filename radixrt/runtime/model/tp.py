@@ -16,7 +16,6 @@ from __future__ import annotations
 import datetime
 import json
 import logging
-import os
 import socket
 import subprocess
 import sys
@@ -111,13 +110,13 @@ def init_method_of(config: Any) -> str:
 
 def start_workers(config: Any, init_method: str) -> list[subprocess.Popen]:
     """Start this node's worker ranks (they load the model and wait for rank 0's plans). Plain subprocesses of
-    `python -m radixrt.runtime.model.tp`, not multiprocessing: spawning re-imports the user's main module, which
+    `python -m radixrt.runtime.model.tp_worker`, not multiprocessing: spawning re-imports the user's main module, which
     an Engine(tp_size=2) script without an `if __name__ == "__main__"` guard cannot survive."""
     import dataclasses
 
     procs = []
     for rank in local_worker_ranks(config):
-        args = [sys.executable, "-m", "radixrt.runtime.model.tp", str(rank), init_method,
+        args = [sys.executable, "-m", "radixrt.runtime.model.tp_worker", str(rank), init_method,
                 json.dumps(dataclasses.asdict(config))]
         procs.append(subprocess.Popen(args, stdin=subprocess.DEVNULL))
     return procs
@@ -153,24 +152,6 @@ def stop_workers(group: TPGroup | None, procs: list[Any], timeout: float = 10.0)
             p.wait()
 
 
-def run_worker(config_dict: dict, rank: int, init_method: str) -> None:
-    """A worker rank: load its shard, then run every forward rank 0 broadcasts, until STOP."""
-    from radixrt.runtime.config import ServerConfig
-    from radixrt.runtime.model.model_runner import ModelRunner
-    from radixrt.runtime.serving.process_control import set_parent_death_signal
-
-    set_parent_death_signal()
-    config = ServerConfig(**config_dict)
-    logging.basicConfig(level=config.log_level.upper(), format=f"[tp{rank}] %(levelname)s %(message)s")
-    try:
-        runner = ModelRunner(config, tp_rank=rank, init_method=init_method)
-        runner.serve_worker()
-    except TPFailure as e:
-        log.error("%s", e)
-        os._exit(1)
-    os._exit(0)
-
-
 def run_headless_node(config: Any) -> int:
     """`radixrt serve --nnodes N --node-rank k` (k > 0): this node's ranks, no HTTP; exits when they do."""
     procs = start_workers(config, init_method_of(config))
@@ -181,6 +162,3 @@ def run_headless_node(config: Any) -> int:
             if p.poll() is None:
                 p.kill()
 
-
-if __name__ == "__main__":
-    run_worker(json.loads(sys.argv[3]), int(sys.argv[1]), sys.argv[2])

@@ -205,16 +205,13 @@ class TokenizerManager:
 
     def _make_grammar_backend(self) -> Any:
         """For the synchronous 400 check of a constraint (a bad one never reaches the scheduler)."""
-        try:
-            from radixrt.runtime.constrained.choose import BackendChooser, make_backend
-        except ImportError:
-            return None  # then the scheduler refuses a bad constraint itself (an abort with the error)
+        from radixrt.runtime.constrained.choose import BackendChooser, make_backend
         cfg, info = self.config, self.model_info
         chooser = BackendChooser(cfg.grammar_backend, lambda name: make_backend(
-            name, self.tokenizer, int(info["vocab_size"]), list(info["eos_token_ids"]), index=False,
-            cache_size=cfg.grammar_cache_size, compile_timeout=cfg.grammar_compile_timeout, enable_jump_forward=False,
-            compile_workers=cfg.grammar_compile_workers, compile_memory_mb=cfg.grammar_compile_memory_mb,
-            json_schema_strict=cfg.json_schema_strict))
+            name, self.tokenizer, int(info["vocab_size"]), list(info["eos_token_ids"]), cfg.json_schema_strict,
+            index=False, cache_size=cfg.grammar_cache_size, compile_timeout=cfg.grammar_compile_timeout,
+            enable_jump_forward=False, compile_workers=cfg.grammar_compile_workers,
+            compile_memory_mb=cfg.grammar_compile_memory_mb))
         chooser.for_kind("regex")  # the configured backend now (outlines walks the vocabulary: ~0.5 s)
         return chooser
 
