@@ -148,13 +148,27 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="8 prompts, 8 requests: a smoke run")
     ap.add_argument("--only-samples", action="store_true", help="section 4 only")
     args = ap.parse_args()
-    questions = QUESTIONS[:8] if args.quick else QUESTIONS
     results = {"commit": git_commit(), "machine": machine(), "tokens": tokens_per_budget(), "quality": {},
                "memory_bound": {}}
-    if args.only_samples:
-        for fork in (False, True):
-            print("fork" if fork else "no fork", n_samples(fork))
-        return
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "kv_cache.json")
+    if args.only_samples:  # section 4 into the last full run's results
+        with open(path) as f:
+            results = {**json.load(f), "n_samples_commit": git_commit(), "n_samples": {}}
+    else:
+        sections_1_to_3(results, args.quick)
+    results["n_samples"] = {}
+    print("\n== n = 8 samples of one prompt, page size 16 ==")
+    for fork in (False, True):
+        row = results["n_samples"]["fork" if fork else "no fork"] = n_samples(fork)
+        print(f"  {'fork' if fork else 'no fork':>8}: prompt {row['prompt_tokens']} tokens, "
+              f"{row['prompt_tokens_computed']} computed, peak {row['peak_pages']} pages, {row['seconds']:.2f} s")
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1)
+    print(f"raw results: {path}")
+
+
+def sections_1_to_3(results: dict, quick: bool) -> None:
+    questions = QUESTIONS[:8] if quick else QUESTIONS
     print("== KV bytes per token and tokens per GiB (default model) ==")
     for name, row in results["tokens"].items():
         print(f"  {name:>9}: {row['bytes_per_token']:6d} B/token  {row['tokens_per_gib']:9d} tokens/GiB")
@@ -178,7 +192,7 @@ def main() -> None:
             results["quality"][label] = {"agreement": agree / total, "positions": total, "mean_abs_dlogprob": delta}
             print(f"  {label:>32}: {agree}/{total} = {agree / total:.4f}  mean |d logprob| {delta:.4f}")
 
-    n = 8 if args.quick else 32
+    n = 8 if quick else 32
     # the working set: n x (~330 prompt + 128 output) tokens of bf16 KV; the pool holds a quarter of it
     bf16_per_token = results["tokens"]["bfloat16"]["bytes_per_token"]
     pool_bytes = n * 460 * bf16_per_token // 4
@@ -187,16 +201,6 @@ def main() -> None:
         row = results["memory_bound"][kv] = memory_bound(kv, pool_bytes, n)
         print(f"  KV {kv:>5}: pool {row['pool_tokens']} tokens, {row['out_tok_s']:.1f} out tok/s, "
               f"{row['preemptions']} preemptions")
-    results["n_samples"] = {}
-    print("\n== n = 8 samples of one prompt, page size 16 ==")
-    for fork in (False, True):
-        row = results["n_samples"]["fork" if fork else "no fork"] = n_samples(fork)
-        print(f"  {'fork' if fork else 'no fork':>8}: prompt {row['prompt_tokens']} tokens, "
-              f"{row['prompt_tokens_computed']} computed, peak {row['peak_pages']} pages, {row['seconds']:.2f} s")
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "kv_cache.json")
-    with open(path, "w") as f:
-        json.dump(results, f, indent=1)
-    print(f"raw results: {path}")
 
 
 if __name__ == "__main__":
