@@ -121,7 +121,7 @@ def n_samples(fork: bool) -> dict:
     admission.FORK_SAMPLES = fork
     engine = Engine(page_size=16, max_total_tokens=8192)
     try:
-        prompt = "Write a story about a lighthouse keeper. " * 66 + "Begin:"
+        prompt = "Write a story about a lighthouse keeper. " * 75 + "Begin:"  # ~600 tokens
         engine.generate("warm-up", {"max_new_tokens": 2})
         engine.flush_cache()
         sched, stats = engine.scheduler, engine.scheduler.stats

@@ -63,3 +63,27 @@ def test_radix_cache_and_preemption_on_quantized_pages():
         engine.check_integrity()
     finally:
         engine.shutdown()
+
+
+def test_n_seeded_samples_fork_and_equal_the_same_seeds_one_by_one():
+    """n samples share the prompt's prefill (the later ones fork: cached_tokens = prompt - 1) and each equals
+    the same seed run alone, token for token (fp32; the fork copies KV, it computes nothing differently). With
+    an int8 pool a batch of 4 and a batch of 1 may round a K value to different int8 steps (the matmuls block
+    differently), so token equality is asked of the float32 pool only."""
+    engine = Engine(dtype="float32", page_size=16, max_total_tokens=4096)
+    try:
+        prompt = engine.tokenizer.apply_chat_template(
+            [{"role": "user", "content": "Tell me a short story about a fox and a crow. " * 4}],
+            tokenize=False, add_generation_prompt=True)
+        n_prompt = len(engine.tokenizer.encode(prompt))
+        assert (n_prompt - 1) % 16, "the prompt must end inside a page for the fork to copy one"
+        params = {"temperature": 0.9, "seed": 7, "max_new_tokens": 24}
+        together = engine.generate(prompt, {**params, "n": 4})
+        assert sorted(o["meta_info"]["cached_tokens"] for o in together)[1:] == [n_prompt - 1] * 3
+        engine.flush_cache()
+        alone = [engine.generate(prompt, {**params, "seed": 7 + i}) for i in range(4)]
+        assert [o["output_ids"] for o in together] == [o["output_ids"] for o in alone]
+        assert len({tuple(o["output_ids"]) for o in alone}) > 1, "different seeds should differ"
+        engine.check_integrity()
+    finally:
+        engine.shutdown()

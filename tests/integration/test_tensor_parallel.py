@@ -60,6 +60,37 @@ def logprob_table(out) -> list[float]:
     return values
 
 
+@pytest.fixture(scope="module")
+def qwen_dirs(tmp_path_factory, tokenizer):
+    """Qwen2 (q/k/v biases) and Qwen3 (per-head q/k norms), 4 query / 2 KV heads, random weights."""
+    from transformers import AutoModelForCausalLM, Qwen2Config, Qwen3Config
+    common = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                  bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    dirs = {}
+    for name, config in (("qwen2", Qwen2Config(**common, tie_word_embeddings=False)),
+                         ("qwen3", Qwen3Config(**common, head_dim=16, tie_word_embeddings=True))):
+        d = tmp_path_factory.mktemp(name)
+        torch.manual_seed(1)
+        model = AutoModelForCausalLM.from_config(config)
+        with torch.no_grad():  # biases and norms away from their init values, so sharding them matters
+            for pname, p in model.named_parameters():
+                p.uniform_(0.5, 1.5) if "norm" in pname else p.normal_(0.0, 0.3)
+        model.save_pretrained(str(d), safe_serialization=True)
+        tokenizer.save_pretrained(str(d))
+        dirs[name] = str(d)
+    return dirs
+
+
+@pytest.mark.parametrize("name", ["qwen2", "qwen3"])
+def test_qwen_biases_and_qk_norms_shard(qwen_dirs, name):
+    base, sharded = run(qwen_dirs[name], 1), run(qwen_dirs[name], 2)
+    for a, b in zip(base, sharded):
+        assert a["output_ids"] == b["output_ids"]
+        torch.testing.assert_close(torch.tensor(logprob_table(b)), torch.tensor(logprob_table(a)),
+                                   rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("tp_size", [2, 4])
 def test_tiny_model_logits_equal_tp1(tiny_dir, tp_size):
     base, sharded = run(tiny_dir, 1), run(tiny_dir, tp_size)
