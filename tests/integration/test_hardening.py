@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import time
 
@@ -76,7 +77,8 @@ HOSTILE = [
     ("an invalid regex", "/generate", sp(regex="(("), {}, {400}, "regex"),
     ("a json_schema that is not JSON", "/generate", sp(json_schema="{not json"), {}, {400}, "json_schema"),
     ("a json_schema nested 40 deep", "/generate", sp(json_schema=json.dumps(deep)), {}, {400}, "json_schema"),
-    ("oneOf of 64 disjoint 64-value enums", "/generate", sp(json_schema=json.dumps(ONE_OF_ENUMS)), {}, {400},
+    # llguidance (the default auto backend's first) proves these disjoint and serves them; outlines refuses
+    ("oneOf of 64 disjoint 64-value enums", "/generate", sp(json_schema=json.dumps(ONE_OF_ENUMS)), {}, {200, 400},
      "json_schema"),
     ("an input id past the vocab", "/generate", {"input_ids": [1, 2, 10 ** 6]}, {}, {400}, "input_ids"),
     ("a negative input id", "/generate", {"input_ids": [1, -2]}, {}, {400}, "input_ids"),
@@ -139,8 +141,9 @@ def test_hostile_inputs_are_refused_and_the_server_keeps_serving(server):
     for i, (label, route, body, headers, statuses, word) in enumerate(HOSTILE):
         r = post(server, route, body, headers)
         assert r.status_code in statuses, (label, r.status_code, r.text[:300])
-        err = r.json()["error"]
-        assert word.lower() in json.dumps(err).lower(), (label, err)
+        if r.status_code != 200:  # (served only where a backend can enforce it within its limits)
+            err = r.json()["error"]
+            assert word.lower() in json.dumps(err).lower(), (label, err)
         assert httpx.get(server.url + "/health", timeout=30).status_code == 200, label
         plain_works(server)
         info = httpx.get(server.url + "/get_server_info", timeout=30).json()  # idle: a full integrity walk
@@ -198,7 +201,13 @@ def test_a_compile_storm_neither_blocks_health_nor_slows_a_plain_request(server)
     # timeout or more; CPU contention from 20 niced compiles on 2 cores slows it by up to ~1.5 s (seen
     # 1.59 s vs 0.25 s alone in a full run), which is not the failure this names
     assert plain_s < min(4 * normal_s + 2.0, COMPILE_TIMEOUT_S), (plain_s, normal_s)
-    assert all(h.status_code == 400 for h in hostile), [h.text[:200] for h in hostile if h.status_code != 400]
+    # outlines' DFA of these regexes explodes (refused or timed out: never a hung worker); under the default auto
+    # backend llguidance, which builds its automaton lazily, then serves them: a 400 or a 200 whose text matches
+    for i, h in enumerate(hostile):
+        assert h.status_code in (200, 400), h.text[:200]
+        if h.status_code == 200:
+            assert re.fullmatch(f"(a|b)*a(a|b){{{20 + i % 4}}}x{i}", h.json()["text"]) or \
+                h.json()["meta_info"].get("incomplete"), h.text[:200]
     print(f"compile storm: worst /health {max(health_s) * 1000:.0f} ms; plain request {plain_s:.2f} s "
           f"(alone {normal_s:.2f} s)")
     info = httpx.get(server.url + "/get_server_info", timeout=30).json()

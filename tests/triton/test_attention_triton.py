@@ -120,10 +120,11 @@ elem = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dt
 precision = "ieee" if dtype == torch.float32 else "tf32"
 int_ptrs = {"kv_indptr", "kv_indices", "chunk_lens", "num_splits", "qo_indptr", "prefix_indptr", "prefix_indices"}
 
-def compile_kernel(fn, constexprs, num_warps, num_stages):
-    sig = {n: "constexpr" if n in constexprs else "i32" if n.startswith("stride_")
+def compile_kernel(fn, constexprs, num_warps, num_stages, cache="*" + elem):
+    sig = {n: "constexpr" if n in constexprs else "i32" if n.startswith("stride_") or n == "window"
            else "fp32" if n == "sm_scale_log2" else "*i64" if n in int_ptrs
-           else "*fp32" if n.startswith("Part_") else "*" + elem
+           else "*fp32" if n.startswith("Part_") or n.endswith("_scale")
+           else cache if n in ("K_cache", "V_cache") else "*" + elem
            for n in fn.arg_names}
     k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs), target=GPUTarget("cuda", 90, 32),
                        options=dict(num_warps=num_warps, num_stages=num_stages))
@@ -131,11 +132,15 @@ def compile_kernel(fn, constexprs, num_warps, num_stages):
     print(fn.__name__, "shared", k.metadata.shared)
 
 backend = TritonAttentionBackend(8, 2, head_dim)  # group 4
-common = dict(HEAD_DIM=head_dim, BLOCK_D=backend.block_d, GROUP=4, DOT_FP32=False, PRECISION=precision)
-compile_kernel(triton_decode._decode_stage1, dict(common, BLOCK_H=backend.block_h, BLOCK_N=backend.decode_block_n), 4, 2)
+common = dict(HEAD_DIM=head_dim, BLOCK_D=backend.block_d, GROUP=4, DOT_FP32=False, PRECISION=precision, QUANT=False)
+decode1 = dict(common, BLOCK_H=backend.block_h, BLOCK_N=backend.decode_block_n)
+compile_kernel(triton_decode._decode_stage1, decode1, 4, 2)
 compile_kernel(triton_decode._decode_stage2, dict(HEAD_DIM=head_dim, BLOCK_D=backend.block_d, BLOCK_S=8), 4, 1)
 bm, bn, warps, stages = extend_launch_config(head_dim, dtype, (9, 0))
 compile_kernel(triton_extend._extend_kernel, dict(common, BLOCK_M=bm, BLOCK_N=bn), warps, stages)
+# an int8 pool (kv_quant.py): the same kernels reading int8 rows and float32 scales
+compile_kernel(triton_decode._decode_stage1, dict(decode1, QUANT=True), 4, 2, cache="*i8")
+compile_kernel(triton_extend._extend_kernel, dict(common, BLOCK_M=bm, BLOCK_N=bn, QUANT=True), warps, stages, cache="*i8")
 """
 
 
@@ -147,7 +152,7 @@ def test_kernels_compile_for_hopper(dtype="bfloat16", head_dim=128):
     res = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER, dtype, str(head_dim)], env=env,
                          capture_output=True, text=True, timeout=240)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert res.stdout.count("shared") == 3, res.stdout
+    assert res.stdout.count("shared") == 5, res.stdout
 
 
 def test_tiny_llama_with_triton_backend_matches_hf(tiny_llama_config, paged_driver):

@@ -116,7 +116,9 @@ def test_chooser_auto_and_explicit_backends():
 
     auto = BackendChooser("auto", make)
     assert isinstance(auto.for_kind("json_schema"), FallbackBackend)
-    assert auto.for_kind("json_schema").primary is made["llguidance"], "auto: llguidance first"
+    assert auto.for_kind("json_schema").primary is made["llguidance"], "auto: schemas go to llguidance first"
+    assert auto.for_kind("json_schema").shadow, "and outlines' DFA steers them"
+    assert auto.for_kind("tool_call_grammar").primary is made["outlines"], "our own regexes: outlines first"
     assert auto.for_kind("ebnf") is made["llguidance"], "a context-free grammar goes to llguidance"
     assert sorted(b.name for b in auto.built()) == ["llguidance", "outlines"]
     made.clear()

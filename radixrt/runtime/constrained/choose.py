@@ -2,7 +2,8 @@
 context-free grammar (ebnf) always goes to llguidance, the backend that can enforce it; without llguidance
 installed such a request is refused with an error naming the package. `auto` is llguidance with outlines
 behind it for what llguidance refuses, and outlines steering llguidance's requests near the end of their budget
-(fallback.py); without llguidance installed, outlines."""
+(fallback.py), for JSON schemas and json_object; for regexes, choices and tool-call envelopes it is outlines
+first with llguidance behind it; without llguidance installed, outlines."""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -11,6 +12,8 @@ from radixrt.runtime.constrained import llg_backend
 from radixrt.runtime.constrained.fallback import FallbackBackend
 from radixrt.runtime.constrained.regex_builder import GrammarError
 from radixrt.runtime.constrained.spec import CFG_KINDS
+
+REGEX_FIRST_KINDS = ("regex", "choices", "tool_call_grammar")
 
 
 def make_backend(name: str, tokenizer: Any, vocab_size: int, eos_token_ids: list[int], json_schema_strict: bool = True,
@@ -33,16 +36,21 @@ class BackendChooser:
         self.configured = configured
         self._make = make
         self._built: dict[str, Any] = {}
-        self._fallback: FallbackBackend | None = None
+        self._fallbacks: dict[str, FallbackBackend] = {}  # auto's, by the backend asked first
 
     def for_kind(self, kind: str) -> Any:
         name = "llguidance" if kind in CFG_KINDS else self.configured
         if name == "auto":
             if not llg_backend.available():
                 return self._get("outlines")
-            if self._fallback is None:
-                self._fallback = FallbackBackend(self._get("llguidance"), self._get("outlines"), shadow=True)
-            return self._fallback
+            # regexes, choices and tool-call envelopes are our own regexes: outlines first (its DFA is the
+            # language, steered directly); schemas: llguidance first, with outlines' DFA as a steering shadow
+            first = "outlines" if kind in REGEX_FIRST_KINDS else "llguidance"
+            if first not in self._fallbacks:
+                second = "llguidance" if first == "outlines" else "outlines"
+                self._fallbacks[first] = FallbackBackend(self._get(first), self._get(second),
+                                                         shadow=first == "llguidance")
+            return self._fallbacks[first]
         if name == "llguidance" and not llg_backend.available():
             raise GrammarError(f"{kind} needs the llguidance grammar backend: pip install llguidance")
         return self._get(name)
