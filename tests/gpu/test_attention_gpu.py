@@ -66,3 +66,30 @@ def test_mixed(dtype):
     extend = [1, 1, 1, 1, 300, 64]
     fb = check(prefix, extend, LLAMA8B, 16, dtype, seed=9, min_split_len=64)
     assert fb.num_decode == 4
+
+
+@pytest.mark.parametrize("window", [1, 256, 4096])
+def test_sliding_window(window):
+    """Sliding-window layers at serving sizes: decodes split across programs (whole splits before the window)
+    and extends with prefixes, against reference_attention with the same window."""
+    hq, hkv, d = LLAMA8B
+    case = make_case([9000, 17, 0, 1536], [1, 1, 700, 300], hq, hkv, d, 16, BF16, seed=window, device=DEV)
+    check_against_reference(TritonAttentionBackend(hq, hkv, d), case, *TOL[BF16], window=window)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.int8, torch.float8_e4m3fn], ids=["int8", "fp8_e4m3"])
+def test_quantized_pool_decode(kv_dtype):
+    """An int8 / fp8 pool on the GPU: decodes (every key read back from the pool) equal reference_attention over
+    the dequantised pool, to bf16 rounding."""
+    from radixrt.kernels.attention_reference import reference_attention
+    from radixrt.kernels.kv_quant import LayerKV, quantize
+    hq, hkv, d = LLAMA8B
+    fb, q, k, v, k_cache, v_cache = make_case([3000, 17, 900], [1, 1, 1], hq, hkv, d, 16, BF16, seed=2, device=DEV)
+    (kq, ks), (vq, vs) = quantize(k_cache, kv_dtype), quantize(v_cache, kv_dtype)
+    backend = TritonAttentionBackend(hq, hkv, d)
+    backend.init_forward_metadata(fb)
+    out = backend.forward(q, k, v, kq, vq, fb, d ** -0.5, ks, vs)
+    pool_k = LayerKV(kq, ks).rows(0, kq.shape[0], torch.float32)
+    pool_v = LayerKV(vq, vs).rows(0, vq.shape[0], torch.float32)
+    want = reference_attention(q.float(), pool_k, pool_v, fb, d ** -0.5)
+    torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2)

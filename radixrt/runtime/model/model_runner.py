@@ -97,6 +97,8 @@ class ModelRunner:
         elif config.tp_size > 1:  # this node's ranks share its cores instead of each taking all of them
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // (config.tp_size // config.nnodes)))
         self.device = pick_device(config)
+        if config.tp_size > 1 and self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", tp_rank % torch.cuda.device_count())  # NCCL: a device per rank
         self.tp, self.tp_workers, self.rank_lost = None, [], None
         self.exit_on_rank_loss = False  # the scheduler process sets it: a lost rank ends the process
         self._stop_watching = None
