@@ -56,6 +56,7 @@ class FakeRunner:
         self.num_forwards = 0
         self.forward_tokens = 0
         self.num_page_copies = 0
+        self.num_copy_steps = 0
 
     def run(self, plan: list[PlanItem]) -> list[ItemResult]:
         self.num_forwards += 1
@@ -63,6 +64,7 @@ class FakeRunner:
         assert len(set(rows)) == len(rows), "a table row twice in one batch"
         written: set[int] = set()
         results = []
+        self.num_copy_steps += any(it.page_copies for it in plan)
         for it in plan:  # page copies (forked samples) happen before anything is written, as in the runner
             for src, dst in it.page_copies:
                 for off in range(self.page_size):

@@ -29,7 +29,8 @@ def test_n_samples_prefill_the_prompt_once(page_size, monkeypatch):
         outs = drain(s)
         assert all(ids(outs, str(i)) == reference_output(prompt, 5, VOCAB, None) for i in range(8))
         tokens[fork] = s.runner.forward_tokens - 8 * 4  # minus the decode steps
-        assert (s.runner.num_page_copies > 0) == fork
+        assert s.runner.num_page_copies == (7 if fork else 0)
+        assert s.runner.num_copy_steps == (1 if fork else 0), "the seven samples fork together, in one step"
         assert_all_pages_back(s)
     partial = (len(prompt) - 1) % page_size
     assert tokens[True] == len(prompt) + 7, tokens

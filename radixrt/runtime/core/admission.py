@@ -123,7 +123,8 @@ class Admission:
             item = extend_item(req, target, 0)
             item.page_copies = copies
             items.append((req, item))
-            inflight.append(ids)
+            if donor is None:  # a fork computes one token: its siblings need not wait for it, they fork too
+                inflight.append(ids)
             budget -= target - cached
             reserve += int(req.sampling.max_new_tokens * policy.NEW_TOKEN_RESERVE_RATIO)
         return items
