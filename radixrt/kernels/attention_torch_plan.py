@@ -190,8 +190,9 @@ class TorchAttentionPlanner:
         k_pos = torch.arange(start, kv_len, device=device)[None, :]  # [1, Lk - S]
         kv_valid = k_pos < seq_lens_t  # [Be, Lk - S]
         kv_idx = table[:, start:].masked_fill(~kv_valid, 0)
-        # key j is visible to new token i when j <= prefix + i; padded query rows (i >= extend_len)
-        # still see every real key, so no softmax row is empty (no NaNs), and they are dropped anyway.
+        # key j is visible to new token i when j <= prefix + i; padded query rows (i >= extend_len) still
+        # see every real key, so no softmax row is empty (no NaNs) -- except under a sliding window, where a
+        # padded row may see none: its NaNs stay in that row, which unpad_idx drops.
         mask = (k_pos[:, None, :] <= (prefix_lens + q_pos)[:, :, None]) & kv_valid[:, None, :]  # [Be, Lq, Lk]
         if self.window is not None:
             mask &= k_pos[:, None, :] > (prefix_lens + q_pos)[:, :, None] - self.window

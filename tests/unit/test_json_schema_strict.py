@@ -57,7 +57,20 @@ def test_the_input_is_not_mutated_and_explicit_policies_stay():
     assert strict["properties"]["open"]["additionalProperties"] == {"type": "string"}
 
 
-def test_combining_schemas_are_left_alone():
-    schema = {"allOf": [{"type": "object", "properties": {"a": {}}}, {"properties": {"b": {}}}]}
+@pytest.mark.parametrize("schema,value", [
+    ({"allOf": [{"type": "object", "properties": {"a": {}}}, {"properties": {"b": {}}}]}, {"a": 1, "b": 2}),
+    ({"properties": {"kind": {"const": "x"}}, "oneOf": [{"properties": {"x": {}}, "required": ["x"]}]},
+     {"kind": "x", "x": 1}),
+    ({"$defs": {"B": {"properties": {"b": {}}}}, "$ref": "#/$defs/B", "properties": {"c": {}}}, {"b": 1, "c": 2}),
+])
+def test_schemas_combining_keys_are_left_alone(schema, value):
+    """Keys of one object declared in two places (allOf, or properties beside oneOf / $ref): closing either
+    would refuse the other's, so the schema is left as it is and the value stays valid."""
     assert declared_keys_only(schema) is schema
-    assert valid(declared_keys_only(schema), {"a": 1, "b": 2})
+    assert valid(declared_keys_only(schema), value)
+
+
+def test_alternative_objects_are_each_closed():
+    schema = {"anyOf": [{"type": "object", "properties": {"a": {}}}, {"type": "null"}]}
+    strict = declared_keys_only(schema)
+    assert valid(strict, {"a": 1}) and valid(strict, None) and not valid(strict, {"a": 1, "z": 0})

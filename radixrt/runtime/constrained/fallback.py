@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from radixrt.runtime.constrained.compile_pool import TransientGrammarError
 from radixrt.runtime.constrained.regex_builder import GrammarError
 from radixrt.runtime.constrained.spec import CFG_KINDS, grammar_key
 
@@ -97,20 +98,24 @@ class FallbackFuture:
         self._first_error: GrammarError | None = None
 
     def done(self) -> bool:
+        if self._state is not None:
+            return True
         if self._second is None:
             if not self._first.done():
                 return False
             try:
                 self._state = self._first.result()
-                shadow = self._backend.shadow_for(self._kind, self._spec)
-                if shadow is not None:
-                    self._state.follow(shadow)
-                return True
-            except GrammarError as e:
-                self._first_error = e
-                self._backend.remember_second(self._kind, self._spec)
+            except Exception as e:  # noqa: BLE001 - whatever the first backend raised, the second may serve it
+                self._first_error = e if isinstance(e, GrammarError) else GrammarError(f"{type(e).__name__}: {e}")
+                if not isinstance(e, TransientGrammarError):  # a verdict on the grammar, not a bad moment
+                    self._backend.remember_second(self._kind, self._spec)
                 self._second = self._backend.secondary.request(self._kind, self._spec)
-        return self._state is not None or self._second.done()
+                return self._second.done()
+            shadow = self._backend.shadow_for(self._kind, self._spec)
+            if shadow is not None:
+                self._state.follow(shadow)
+            return True
+        return self._second.done()
 
     def result(self) -> Any:
         assert self.done(), "FallbackFuture.result() called before done()"

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from radixrt.runtime.constrained.compile_pool import TransientGrammarError
 from radixrt.runtime.constrained.fallback import IntersectMask, Shadow
 from radixrt.runtime.constrained.json_schema.strict import declared_keys_only
 from radixrt.runtime.constrained.regex_builder import GrammarError
@@ -75,8 +76,8 @@ class LLGFuture:
         return self._future.done() or time.monotonic() >= self._deadline
 
     def result(self) -> "LLGState":
-        if not self._future.done():
-            raise GrammarError(f"building the {self._kind} grammar took longer than {self._timeout:g} s")
+        if not self._future.done():  # the builder was busy or slow: no verdict on the grammar itself
+            raise TransientGrammarError(f"building the {self._kind} grammar took longer than {self._timeout:g} s")
         return self._future.result()
 
 

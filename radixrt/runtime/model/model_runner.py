@@ -99,6 +99,11 @@ class ModelRunner:
         self.device = pick_device(config)
         if config.tp_size > 1 and self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", tp_rank % torch.cuda.device_count())  # NCCL: a device per rank
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # Triton launches on the current device
+            if config.kv_cache_dtype == "fp8_e4m3" and torch.cuda.get_device_capability(self.device) < (8, 9):
+                raise ValueError("--kv-cache-dtype fp8_e4m3 needs a GPU with fp8 (compute capability 8.9+); "
+                                 "use int8")
         self.tp, self.tp_workers, self.rank_lost = None, [], None
         self.exit_on_rank_loss = False  # the scheduler process sets it: a lost rank ends the process
         self._stop_watching = None

@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 WATCH_INTERVAL_S = 0.25
 STOP = -1  # broadcast instead of a plan length: the workers leave their loop
+PLAN_WAIT = datetime.timedelta(days=3650)  # workers wait for the next plan for as long as the server idles
 
 
 class TPFailure(BaseException):
@@ -48,6 +49,9 @@ class TPGroup:
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size,
                                 timeout=datetime.timedelta(seconds=timeout_s))
+        # the plan broadcast waits as long as the server is idle: its own gloo group (host tensors) without a
+        # practical deadline; the forward's collectives keep timeout_s
+        self.plan_group = dist.new_group(backend="gloo", timeout=PLAN_WAIT)
         self.rank, self.size, self.device = rank, size, device
 
     def _call(self, what: str, fn: Callable[[], Any]) -> Any:
@@ -80,15 +84,13 @@ class TPGroup:
             length = torch.tensor([len(data) if obj is not None else STOP], dtype=torch.int64)
         else:
             length = torch.zeros(1, dtype=torch.int64)
-        length = length.to(self.device)
-        self._call("broadcast", lambda: dist.broadcast(length, src=0))
+        self._call("broadcast", lambda: dist.broadcast(length, src=0, group=self.plan_group))
         n = int(length.item())
         if n == STOP:
             return None
-        buf = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if self.rank == 0
-               else torch.empty(n, dtype=torch.uint8)).to(self.device)
-        self._call("broadcast", lambda: dist.broadcast(buf, src=0))
-        return obj if self.rank == 0 else orjson.loads(buf.cpu().numpy().tobytes())
+        buf = torch.frombuffer(bytearray(data), dtype=torch.uint8) if self.rank == 0 else torch.empty(n, dtype=torch.uint8)
+        self._call("broadcast", lambda: dist.broadcast(buf, src=0, group=self.plan_group))
+        return obj if self.rank == 0 else orjson.loads(buf.numpy().tobytes())
 
     def close(self) -> None:
         try:

@@ -6,7 +6,8 @@ given that freedom rambles (`"type":"object","properties":{...` pasted back from
 runs out). For llguidance, which follows the standard, `additionalProperties: false` is written into every
 object schema that declares `properties` and says nothing about other keys. Not where it would change which
 values are valid beyond dropping undeclared keys: a schema using allOf / if-then / dependentSchemas /
-unevaluatedProperties (which combine an object's keys across subschemas) is left as it is.
+unevaluatedProperties (which combine an object's keys across subschemas), or declaring keys beside an
+anyOf / oneOf / $ref / not on the same object, is left as it is.
 """
 from __future__ import annotations
 
@@ -17,13 +18,29 @@ SCHEMA_KEYS = ("items", "additionalItems", "contains", "not", "additionalPropert
                "unevaluatedItems")  # a schema (or, for items, a list of schemas)
 LIST_KEYS = ("anyOf", "oneOf", "prefixItems")  # lists of schemas
 COMBINING = ("allOf", "if", "dependentSchemas", "dependencies", "unevaluatedProperties")
+# applicators that, beside an object's own keywords, judge the same instance's keys
+SIBLING_APPLICATORS = ("anyOf", "oneOf", "$ref", "not")
+OBJECT_KEYWORDS = ("properties", "required", "patternProperties", "additionalProperties")
 
 
 def declared_keys_only(schema: Any) -> Any:
     """A copy of `schema` whose objects admit only declared keys where it was silent (see above)."""
-    if _uses(schema, COMBINING):
+    if _uses(schema, COMBINING) or _mixes(schema):
         return schema
     return _strict(schema)
+
+
+def _mixes(s: Any) -> bool:
+    """Some subschema declares keys and also has an applicator beside them (`{"properties": .., "oneOf": ..}`,
+    `{"$ref": .., "properties": ..}`): the keys of one instance are then declared in two places, and closing
+    either would refuse the other's."""
+    if isinstance(s, dict):
+        if any(k in s for k in OBJECT_KEYWORDS) and any(k in s for k in SIBLING_APPLICATORS):
+            return True
+        return any(_mixes(v) for v in s.values())
+    if isinstance(s, list):
+        return any(_mixes(v) for v in s)
+    return False
 
 
 def _strict(s: Any) -> Any:
