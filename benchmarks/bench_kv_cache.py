@@ -62,6 +62,7 @@ def references(hf_model, tokenizer, questions, num_tokens):
             logits = hf_model(gen).logits[0].float()
         lp = torch.log_softmax(logits, -1)
         cont = full[len(prompt):]
+        assert len(cont) == num_tokens, len(cont)
         ref_lp = [lp[len(prompt) - 1 + j, t].item() for j, t in enumerate(cont)]
         out.append((prompt, cont, ref_lp))
     return out
@@ -76,6 +77,7 @@ def teacher_forced(engine: Engine, refs) -> tuple[int, int, float]:
                               top_logprobs_num=1, sampling_params={"max_new_tokens": 0})
         meta = res["meta_info"]
         # entry j predicts cont[j] (the first one predicts the first continuation token)
+        assert len(meta["input_top_logprobs"]) == len(cont), len(meta["input_top_logprobs"])
         for j, (top, mine) in enumerate(zip(meta["input_top_logprobs"], meta["input_token_logprobs"])):
             agree += top[0][1] == cont[j]
             delta += abs(mine[0] - ref_lp[j])

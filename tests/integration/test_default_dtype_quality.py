@@ -10,12 +10,11 @@ the default is float32 and the agreement is (near) 100%.
 import os
 import sys
 
-import torch
-
 from radixrt import Engine
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
-from bench_kv_cache import QUESTIONS  # noqa: E402  (24 chat prompts, shared with the KV dtype figures)
+# the 24 chat prompts and the teacher-forced measurement, shared with the KV dtype figures
+from bench_kv_cache import QUESTIONS, references, teacher_forced  # noqa: E402
 
 NUM_TOKENS = 48
 FLOOR = 0.97
@@ -43,27 +42,7 @@ def agreement(hf_model, tokenizer, need_int4: bool = False) -> None:
         pytest.skip(f"no 4-bit copies on this machine (dtype {engine.scheduler.runner.dtype_name})")
     try:
         dtype = engine.scheduler.runner.dtype_name
-        agree = total = 0
-        for q in QUESTIONS:
-            text = tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                                 tokenize=False)
-            prompt = tokenizer.encode(text, add_special_tokens=False)
-            with torch.inference_mode():
-                x = torch.tensor([prompt])
-                out = hf_model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=NUM_TOKENS,
-                                        min_new_tokens=NUM_TOKENS, do_sample=False)
-            reference = out[0, len(prompt):].tolist()
-            assert len(reference) == NUM_TOKENS
-            res = engine.generate(input_ids=prompt + reference, return_logprob=True,
-                                  logprob_start_len=len(prompt), top_logprobs_num=1,
-                                  sampling_params={"max_new_tokens": 0})
-            tops = res["meta_info"]["input_top_logprobs"]
-            # input_top_logprobs[j] is the top-1 after position logprob_start_len + j - 1: the prediction of
-            # token prompt_len + j; the first entry predicts reference[0]
-            assert len(tops) == NUM_TOKENS, len(tops)
-            for j, top in enumerate(tops):
-                agree += top[0][1] == reference[j]
-                total += 1
+        agree, total, _ = teacher_forced(engine, references(hf_model, tokenizer, QUESTIONS, NUM_TOKENS))
         engine.check_integrity()
     finally:
         engine.shutdown()

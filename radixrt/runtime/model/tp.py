@@ -39,6 +39,8 @@ class TPFailure(BaseException):
 
 
 def free_init_method() -> str:
+    """A rendezvous address on a free local port (not frontend/launcher.free_port: model/ must not import the
+    frontend package, whose __init__ reaches back into the runtime)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return f"tcp://127.0.0.1:{s.getsockname()[1]}"
