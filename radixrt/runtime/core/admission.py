@@ -46,6 +46,12 @@ def fork_donor(req: Req, running: list[Req], cached: int, page_size: int) -> Req
     return None
 
 
+def waits_to_fork(req: Req, inflight: list[list[int]], page_size: int) -> bool:
+    """The same prompt is being prefilled this step: wait one step and fork from it (fork_donor), whatever
+    the length of the part still uncached (shares_inflight_prefix waits only for long ones)."""
+    return FORK_SAMPLES and page_size > 1 and not req.admitted and req.fill_ids in inflight
+
+
 def wants_prompt_logprobs(req: Req) -> bool:
     return req.logprob_start_len >= 0 and not req.output_ids
 
@@ -90,9 +96,8 @@ class Admission:
             ids = req.fill_ids
             pages, node = self.tree.match_prefix(match_ids(req))
             cached = len(pages) * page_size
-            if policy.shares_inflight_prefix(ids, cached, inflight) or (
-                    FORK_SAMPLES and page_size > 1 and not req.admitted and ids in inflight):
-                continue  # wait for it: then match its pages (or fork from it, when the prompt is the same)
+            if policy.shares_inflight_prefix(ids, cached, inflight) or waits_to_fork(req, inflight, page_size):
+                continue  # wait for it: then match its pages, or fork from it
             target = min(len(ids), cached + budget)
             self.tree.inc_lock_ref(node)
             need = allocator.pages_for(target) - len(pages)
