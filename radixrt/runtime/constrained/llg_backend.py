@@ -9,7 +9,8 @@ bounds its own work per token (its parser limits), so one grammar cannot stall t
 
 Spec -> grammar: regex and choices -> its regex grammar (Rust regex syntax, as ours); json_schema with
 the whitespace outlines is given ("[ ]?" between tokens) and declared keys only where the schema is silent
-(json_schema/strict.py, as outlines and xgrammar's strict mode); json_object (the internal kind) -> any JSON object
+(json_schema/strict.py, as outlines and xgrammar's strict mode) and no format names outside JSON Schema's
+(json_schema/formats.py: annotations, which llguidance would refuse); json_object (the internal kind) -> any JSON object
 with bounded whitespace (the OpenAI routes send their own depth-bounded Lark grammar as ebnf instead);
 ebnf (GBNF, SGLang's parameter) and lark -> its Lark grammar; tool_call_grammar -> the regex of
 tool_call_regex.py.
@@ -26,6 +27,7 @@ import torch
 
 from radixrt.runtime.constrained.compile_pool import TransientGrammarError
 from radixrt.runtime.constrained.fallback import IntersectMask, Shadow
+from radixrt.runtime.constrained.json_schema.formats import without_nonstandard_formats
 from radixrt.runtime.constrained.json_schema.strict import declared_keys_only
 from radixrt.runtime.constrained.regex_builder import GrammarError
 from radixrt.runtime.constrained.spec import grammar_key, spec_regex
@@ -54,7 +56,7 @@ def grammar_for(key: tuple, strict: bool = True) -> str:
     kind, spec = key
     try:
         if kind == "json_schema":
-            schema = json.loads(spec)
+            schema = without_nonstandard_formats(json.loads(spec))
             return LLMatcher.grammar_from_json_schema(declared_keys_only(schema) if strict else schema,
                                                       defaults=JSON_SCHEMA_OPTIONS)
         if kind == "json_object":
