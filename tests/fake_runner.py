@@ -58,6 +58,11 @@ class FakeRunner:
         self.num_page_copies = 0
         self.num_copy_steps = 0
 
+    def make_kv_tier(self, config) -> "FakeTierStore":
+        num_pages = int(self.num_pages * config.hicache_ratio)
+        self.kv_tier = FakeTierStore(self.kv, self.page_size, num_pages)
+        return self.kv_tier
+
     def run(self, plan: list[PlanItem]) -> list[ItemResult]:
         self.num_forwards += 1
         rows = [it.row for it in plan]
@@ -144,3 +149,44 @@ class FakeDraftGrammar:
 
     def is_terminated(self) -> bool:
         return False
+
+
+class FakeTierStore:
+    """The second cache tier over a slot -> (position, token) dict (FakeRunner.kv, or a test's): write copies
+    pool pages' entries into tier pages, read copies them back, so a wrong or stale load shows up in the
+    runner's prefix check. `corrupt` holds tier pages whose checksum "fails" on the next read."""
+
+    page_bytes = 1
+
+    def __init__(self, kv: dict, page_size: int, num_pages: int):
+        self.kv, self.page_size, self.num_pages = kv, page_size, num_pages
+        self.pages: dict[int, list] = {}
+        self.corrupt: set[int] = set()
+        self.writes = self.reads = 0
+        self.log: list[tuple[str, list[int]]] = []  # ("write" | "read", tier pages) in call order
+
+    def _slots(self, page: int) -> range:
+        return range(page * self.page_size, (page + 1) * self.page_size)
+
+    def write(self, pool_pages: list[int], tier_pages: list[int]) -> None:
+        assert len(pool_pages) == len(tier_pages) and len(set(tier_pages)) == len(tier_pages)
+        assert all(0 <= p < self.num_pages for p in tier_pages)
+        for src, dst in zip(pool_pages, tier_pages):
+            self.pages[dst] = [self.kv.get(slot) for slot in self._slots(src)]
+            self.corrupt.discard(dst)
+        self.writes += 1
+        self.log.append(("write", list(tier_pages)))
+
+    def read(self, tier_pages: list[int], pool_pages: list[int]):
+        self.reads += 1
+        self.log.append(("read", list(tier_pages)))
+        for i, (src, dst) in enumerate(zip(tier_pages, pool_pages)):
+            if src in self.corrupt:
+                return i
+            assert src in self.pages, f"tier page {src} read before any write"
+            for slot, entry in zip(self._slots(dst), self.pages[src]):
+                if entry is None:
+                    self.kv.pop(slot, None)
+                else:
+                    self.kv[slot] = entry
+        return None

@@ -38,6 +38,20 @@ class ServerConfig:
                                              "batch); more is a 400")
     context_length: int | None = _opt(None, "longest prompt+output; default the model's")
     disable_radix_cache: bool = _opt(False, "turn prefix caching off")
+    enable_hierarchical_cache: bool = _opt(False, "a second cache tier behind the KV pool (SGLang's HiCache): KV the "
+                                                  "pool evicts, or a preempted request's, moves there and is copied "
+                                                  "back on a later match instead of being recomputed")
+    hicache_ratio: float = _opt(2.0, "second tier size as a multiple of the KV pool (when --hicache-size is 0)")
+    hicache_size: float = _opt(0.0, "second tier size in GB (0: --hicache-ratio)")
+    hicache_write_policy: str = _opt("write_back", "when KV is copied to the second tier: write_back (when the pool "
+                                                   "evicts it), write_through (when it is cached), "
+                                                   "write_through_selective (when a second request reuses it)",
+                                     ("write_back", "write_through", "write_through_selective"))
+    hicache_storage_backend: str | None = _opt(None, "file: the second tier is a memory-mapped file in "
+                                                     "--hicache-storage-dir (checksummed pages; a new file per "
+                                                     "process); default host memory", ("file",))
+    hicache_storage_dir: str | None = _opt(None, "directory of the file tier (default: the temp dir's "
+                                                 "radixrt-hicache)")
     session_ttl: float = _opt(600.0, "seconds a session's last turn stays pinned without a new turn (requests "
                                      "with a session_id; POST /close_session ends one sooner)")
     attention_backend: str | None = _opt(None, "torch or triton; default triton on CUDA, torch on CPU",
@@ -114,8 +128,14 @@ class ServerConfig:
             raise ValueError("--nnodes > 1 needs --dist-init-addr host:port (node 0's address)")
         if not 1 <= self.speculative_num_draft_tokens <= 64:
             raise ValueError(f"speculative_num_draft_tokens must be in [1, 64], got {self.speculative_num_draft_tokens}")
+        if self.enable_hierarchical_cache and (self.disable_radix_cache or self.tp_size > 1):
+            raise ValueError("--enable-hierarchical-cache needs the radix cache and --tp-size 1")
+        if self.hicache_ratio <= 0 or self.hicache_size < 0:
+            raise ValueError(f"hicache_ratio must be > 0 and hicache_size >= 0, got {self.hicache_ratio}, "
+                             f"{self.hicache_size}")
         for name in ("dtype", "attention_backend", "schedule_policy", "log_level", "speculative_algorithm",
-                     "quantization", "grammar_backend", "router_policy", "kv_cache_dtype"):
+                     "quantization", "grammar_backend", "router_policy", "kv_cache_dtype", "hicache_write_policy",
+                     "hicache_storage_backend"):
             choices = self.__dataclass_fields__[name].metadata["choices"]
             value = getattr(self, name)
             if value is not None and choices and value not in choices:

@@ -95,15 +95,20 @@ class Admission:
                 break
             ids = req.fill_ids
             pages, node = self.tree.match_prefix(match_ids(req))
-            cached = len(pages) * page_size
+            in_tier = self.tree.match_tier(match_ids(req), node, len(pages) * page_size)  # second tier, if any
+            cached = (len(pages) + sum(len(n.host_value) for n in in_tier)) * page_size
             if policy.shares_inflight_prefix(ids, cached, inflight) or waits_to_fork(req, inflight, page_size):
                 continue  # wait for it: then match its pages, or fork from it
             target = min(len(ids), cached + budget)
             self.tree.inc_lock_ref(node)
-            need = allocator.pages_for(target) - len(pages)
+            need = allocator.pages_for(target) - len(pages)  # the pages loaded back from the tier included
             if need + allocator.pages_for(reserve) > allocator.num_free + self.tree.evictable_pages:
                 self.tree.dec_lock_ref(node)
                 break  # keep arrival fairness: nobody overtakes the request that does not fit
+            if in_tier:
+                pages, node, budget = self._load_back(in_tier, pages, node, budget)
+                cached = len(pages) * page_size
+                target = min(len(ids), cached + budget)
             donor = fork_donor(req, running, cached, page_size)
             self.memory.take(req, pages, node)
             if wants_prompt_logprobs(req):
@@ -133,6 +138,17 @@ class Admission:
             budget -= target - cached
             reserve += int(req.sampling.max_new_tokens * policy.NEW_TOKEN_RESERVE_RATIO)
         return items
+
+    def _load_back(self, in_tier: list, pages: list[int], node, budget: int) -> tuple[list[int], object, int]:
+        """Copy a match's tier-only nodes back into the pool (one batched copy); the lock moves to the last
+        node loaded. The copy counts in the step's budget at policy.TIER_LOAD_TOKENS_PER_BUDGET_TOKEN."""
+        loaded, last = self.tree.load_back(in_tier)
+        if last is None:  # nothing came back (a corrupt first page): recompute it
+            return pages, node, budget
+        self.tree.inc_lock_ref(last)  # lock the longer path before unlocking the old one
+        self.tree.dec_lock_ref(node)
+        cost = len(loaded) * self.memory.page_size // policy.TIER_LOAD_TOKENS_PER_BUDGET_TOKEN
+        return pages + loaded, last, max(budget - cost, 1)
 
     @staticmethod
     def collect_grammars(waiting: list[Req], check_fault: Callable, fail: Callable) -> None:

@@ -44,7 +44,7 @@ def cache_tree_view(tree: RadixCache, pinned: list[tuple[TreeNode, str | None]],
                     max_nodes: int = DEFAULT_MAX_NODES, preview_tokens: int = PREVIEW_TOKENS) -> dict[str, Any]:
     """{"root": node, "num_nodes", "num_tokens", "num_nodes_shown", "page_size", "disabled"}; each node:
     {"id", "num_tokens", "preview_ids", "hits", "tokens_served", "prefix_len", "last_access_age_s",
-    "lock_ref", "pins", "sessions", "subtree_tokens", "children", "omitted": None or {"nodes", "tokens", "hits"}}.
+    "lock_ref", "residency", "pins", "sessions", "subtree_tokens", "children", "omitted": None or {"nodes", "tokens", "hits"}}.
     pinned: (last node of a pinned path, the session owning the pin or None for a program's pin)."""
     if max_depth < 1 or max_nodes < 1:
         raise ValueError(f"max_depth and max_nodes must be >= 1, got {max_depth} and {max_nodes}")
@@ -71,6 +71,8 @@ def cache_tree_view(tree: RadixCache, pinned: list[tuple[TreeNode, str | None]],
             "prefix_len": prefix_len + n,
             "last_access_age_s": round(now - node.last_access_time, 3) if node.last_access_time else None,
             "lock_ref": node.lock_ref,
+            # where its KV is: the pool, the second tier (--enable-hierarchical-cache), or both
+            "residency": ("both" if node.host_value is not None else "pool") if node.value is not None else "tier",
             "pins": pins.get(node.node_id, 0),
             "sessions": sorted(sessions.get(node.node_id, [])),
             "subtree_tokens": totals[node.node_id][1],

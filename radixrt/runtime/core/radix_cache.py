@@ -9,29 +9,11 @@ first. No tensors here: ints and lists only, so this is tested without a model.
 from __future__ import annotations
 
 import heapq
-import itertools
 import time
 from typing import Any
 
 from radixrt.runtime.core.page_allocator import PageAllocator
-
-
-class TreeNode:
-    _ids = itertools.count()
-
-    def __init__(self, key: list[int], value: list[int], parent: TreeNode | None):
-        self.key = key  # token ids of the edge into this node
-        self.value = value  # page ids of those tokens, len(key) // page_size of them
-        self.parent = parent
-        self.children: dict[Any, TreeNode] = {}
-        self.lock_ref = 0
-        self.last_access = 0
-        self.last_access_time = 0.0  # time.time() of the last match or insert through it (for the cache view)
-        self.hits = 0  # requests admitted with a cached prefix that ran through this whole edge
-        self.node_id = next(TreeNode._ids)  # ties in the LRU heap break deterministically
-
-    def __repr__(self) -> str:
-        return f"TreeNode(#{self.node_id}, tokens={len(self.key)}, pages={self.value}, lock={self.lock_ref})"
+from radixrt.runtime.core.tree_node import TreeNode
 
 
 class RadixCache:
@@ -65,7 +47,11 @@ class RadixCache:
         """Cut child's edge after split_len tokens; return the new upper node."""
         assert 0 < split_len < len(child.key) and split_len % self.page_size == 0
         num_pages = split_len // self.page_size
-        upper = TreeNode(child.key[:split_len], child.value[:num_pages], child.parent)
+        upper = TreeNode(child.key[:split_len], None if child.value is None else child.value[:num_pages],
+                         child.parent)
+        if child.host_value is not None:
+            upper.host_value = child.host_value[:num_pages]
+            child.host_value = child.host_value[num_pages:]
         # same lock and age as before the cut, so counts and LRU order do not change
         upper.lock_ref = child.lock_ref
         upper.last_access = child.last_access
@@ -73,7 +59,8 @@ class RadixCache:
         upper.hits = child.hits  # every match through the whole child ran through its first part
         child.parent.children[self._child_key(upper.key)] = upper
         child.key = child.key[split_len:]
-        child.value = child.value[num_pages:]
+        if child.value is not None:
+            child.value = child.value[num_pages:]
         child.parent = upper
         upper.children[self._child_key(child.key)] = child
         return upper
@@ -93,7 +80,7 @@ class RadixCache:
         aligned_len = len(token_ids) - len(token_ids) % self.page_size
         while pos < aligned_len:
             child = node.children.get(self._child_key(token_ids, pos))
-            if child is None:
+            if child is None or child.value is None:  # a node only in the second tier: tiered_cache.match_tier
                 break
             match_len = self._match_len(child.key, token_ids, pos)
             assert match_len > 0, "child keyed by its first page must match that page"
@@ -104,6 +91,10 @@ class RadixCache:
             node, pos = child, pos + match_len
         return page_ids, node
 
+    def match_tier(self, token_ids: list[int], node: TreeNode, pos: int) -> list[TreeNode]:
+        """Nodes only in a second tier that continue a match (tiered_cache.py); none without one."""
+        return []
+
     def _insert(self, token_ids: list[int], page_ids: list[int]) -> tuple[int, TreeNode]:
         if len(token_ids) != len(page_ids) * self.page_size:
             raise ValueError(f"insert needs len(token_ids) == len(page_ids) * page_size, got "
@@ -111,6 +102,7 @@ class RadixCache:
         self._clock += 1
         now = time.time()
         node, pos = self.root, 0
+        adopted_from = None  # where the tree started taking the caller's pages for nodes only in the second tier
         while pos < len(token_ids):
             child = node.children.get(self._child_key(token_ids, pos))
             if child is None:
@@ -118,13 +110,20 @@ class RadixCache:
                 new.last_access, new.last_access_time = self._clock, now
                 node.children[self._child_key(new.key)] = new
                 self.evictable_pages += len(new.value)
-                return pos, new
+                return (pos if adopted_from is None else adopted_from), new
             match_len = self._match_len(child.key, token_ids, pos)
             if match_len < len(child.key):
                 child = self._split(child, match_len)
+            if child.value is None:
+                # KV only in the second tier, and the caller has it in the pool: the node takes the caller's
+                # pages. Pool residency is prefix-closed, so every node after this one on the path is only in
+                # the tier too, and the tree adopts page_ids from here on, as for a new node.
+                child.value = list(page_ids[pos // self.page_size:(pos + match_len) // self.page_size])
+                self.evictable_pages += len(child.value)
+                adopted_from = pos if adopted_from is None else adopted_from
             child.last_access, child.last_access_time = self._clock, now
             node, pos = child, pos + match_len
-        return pos, node
+        return (pos if adopted_from is None else adopted_from), node
 
     def insert(self, token_ids: list[int], page_ids: list[int]) -> int:
         """Add token_ids (whole pages, KV in page_ids); return how many tokens were present.
@@ -170,20 +169,33 @@ class RadixCache:
         """
         if self.disable or num_pages <= 0:
             return 0
-        heap = [(n.last_access, n.node_id, n) for n in self._nodes()
-                if not n.children and n.lock_ref == 0]
+        heap = [(n.last_access, n.node_id, n) for n in self._nodes() if self._pool_leaf(n)]
         heapq.heapify(heap)
         num_freed = 0
         while heap and num_freed < num_pages:
             _, _, leaf = heapq.heappop(heap)
             parent = leaf.parent
-            del parent.children[self._child_key(leaf.key)]
-            self.allocator.free(leaf.value)
             num_freed += len(leaf.value)
             self.evictable_pages -= len(leaf.value)
-            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+            self._evict_node(leaf)
+            if parent is not self.root and self._pool_leaf(parent):
                 heapq.heappush(heap, (parent.last_access, parent.node_id, parent))
+        self._evicted()
         return num_freed
+
+    @staticmethod
+    def _pool_leaf(node: TreeNode) -> bool:
+        """Unlocked, in the pool, and no child in the pool: its pages may leave the pool."""
+        return node.lock_ref == 0 and node.value is not None and not any(
+            c.value is not None for c in node.children.values())
+
+    def _evict_node(self, node: TreeNode) -> None:
+        """Without a second tier an evicted node is dropped (tiered_cache.py demotes it instead)."""
+        del node.parent.children[self._child_key(node.key)]
+        self.allocator.free(node.value)
+
+    def _evicted(self) -> None:
+        """Called once an eviction is over (the second tier writes what it demoted then, in one batch)."""
 
     # ---- request lifecycle ---------------------------------------------------------
 
@@ -251,20 +263,19 @@ class RadixCache:
         return self.evictable_pages + self.protected_pages
 
     def all_page_ids(self) -> list[int]:
-        return [p for node in self._nodes() for p in node.value]
+        """The pool pages the tree holds."""
+        return [p for node in self._nodes() if node.value is not None for p in node.value]
 
     def pretty_print(self) -> str:
-        lines = []
+        lines = [f"{'  ' * (depth - 1)}{n.key} pages={n.value} host={n.host_value} lock={n.lock_ref} t={n.last_access}"
+                 for n, depth in self._walk_sorted(self.root, 0)]
+        return "\n".join(lines + [f"evictable={self.evictable_pages} protected={self.protected_pages}"])
 
-        def walk(node: TreeNode, depth: int) -> None:
-            for child in sorted(node.children.values(), key=lambda n: n.key):
-                lines.append(f"{'  ' * depth}{child.key} pages={child.value} "
-                             f"lock={child.lock_ref} t={child.last_access}")
-                walk(child, depth + 1)
-
-        walk(self.root, 0)
-        lines.append(f"evictable={self.evictable_pages} protected={self.protected_pages}")
-        return "\n".join(lines)
+    def _walk_sorted(self, node: TreeNode, depth: int):
+        if node is not self.root:
+            yield node, depth
+        for child in sorted(node.children.values(), key=lambda n: n.key):
+            yield from self._walk_sorted(child, depth + 1)
 
     def check_integrity(self) -> None:
         assert self.root.parent is None and not self.root.key and not self.root.value
@@ -272,11 +283,16 @@ class RadixCache:
         seen: set[int] = set()
         for node in self._nodes():
             assert node.key and len(node.key) % self.page_size == 0, f"bad key length in {node}"
-            assert len(node.value) == len(node.key) // self.page_size, f"pages != tokens in {node}"
             assert node.parent.children.get(self._child_key(node.key)) is node, f"child key of {node}"
             assert node.lock_ref >= 0, f"negative lock in {node}"
             assert node.parent is self.root or node.parent.lock_ref >= node.lock_ref, \
                 f"{node} locked more than its parent"
+            assert not node.loading, f"{node} still marked as loading"
+            if node.value is None:  # only in the second tier: never borrowed, and it holds the KV
+                assert node.host_value is not None and not node.lock_ref, f"{node}: no KV anywhere, or locked"
+                continue
+            assert len(node.value) == len(node.key) // self.page_size, f"pages != tokens in {node}"
+            assert node.parent is self.root or node.parent.value is not None, f"{node} in the pool, its parent not"
             for p in node.value:
                 assert p not in seen, f"page {p} twice in the tree"
                 seen.add(p)

@@ -19,6 +19,9 @@ NEW_TOKEN_RESERVE_RATIO = 0.3
 # Jump-forward draft tokens fed in one step, over all requests: each one costs a logits row and a
 # sampled pick, so a wide batch of drafts must not turn one step into a long prefill.
 MAX_DRAFT_TOKENS_PER_STEP = 256
+# Tokens copied back from the second cache tier that cost the step's prefill budget one token: a copy is
+# far cheaper than computing them (benchmarks/bench_hicache.py measures both), but not free.
+TIER_LOAD_TOKENS_PER_BUDGET_TOKEN = 16
 
 
 def order_waiting(waiting: list[Req], match_len: dict[int, int], policy: str) -> list[Req]:

@@ -19,8 +19,8 @@ from radixrt.runtime.core.outbox import Outbox
 from radixrt.runtime.core.page_allocator import PageAllocator, TableRows, slots_of
 from radixrt.runtime.core.pins import PinTable
 from radixrt.runtime.core.sessions import SessionTable
+from radixrt.runtime.core.tiered_cache import make_tree
 from radixrt.runtime.core.plan import ItemResult, PlanItem, PlanItemError
-from radixrt.runtime.core.radix_cache import RadixCache
 from radixrt.runtime.core.req import Req
 from radixrt.runtime.core.req_finish import abort_reason, apply_prompt_logprobs, apply_sampled_token, sample_rows
 from radixrt.runtime.core.req_memory import ReqMemory
@@ -42,7 +42,7 @@ class Scheduler(SchedulerAdmin):
         self.tokenizer = runner.tokenizer
         self.page_size = config.page_size
         self.allocator = PageAllocator(runner.num_pages, self.page_size)
-        self.tree = RadixCache(self.allocator, self.page_size, disable=config.disable_radix_cache)
+        self.tree = make_tree(config, self.allocator, runner)  # a TieredRadixCache with a second tier
         self.memory = ReqMemory(self.allocator, self.tree, TableRows(runner.max_rows))
         self.context_len = runner.context_length
         self.pool_tokens = runner.num_pages * self.page_size

@@ -10,7 +10,7 @@ import torch
 
 from radixrt.kernels.kv_quant import KV_CACHE_DTYPES
 from radixrt.runtime.config import ServerConfig
-from radixrt.runtime.model import int4_weight, tp
+from radixrt.runtime.model import int4_weight, kv_tier, tp
 from radixrt.runtime.model.dtype_choice import pick_dtype
 from radixrt.runtime.model.forward_batch import BatchItem, build_forward_batch
 from radixrt.runtime.model.kv_cache import KVCache, ReqToSlotTable
@@ -150,6 +150,7 @@ class ModelRunner:
                           self.model.head_dim, self.kv_dtype, self.device)
         # one spare row: a request being admitted while max_running_requests run
         self.max_rows = config.max_running_requests + 1
+        self.kv_tier: kv_tier.KVTierStore | None = None
         self.table = ReqToSlotTable(self.max_rows, self.context_length + 1, self.device)
         self.attn = make_attention_backend(config.attention_backend, self.device, self.model.num_q_heads,
                                            self.model.num_kv_heads, self.model.head_dim)
@@ -197,8 +198,19 @@ class ModelRunner:
             logging.shutdown()
             os._exit(1)
 
+    def make_kv_tier(self, config: ServerConfig) -> kv_tier.KVTierStore:
+        """The second cache tier's storage (--enable-hierarchical-cache), made once, by the scheduler."""
+        fingerprint = {"model": self.model_path, "dtype": str(self.dtype), "kv_dtype": str(self.kv_dtype),
+                       "page_size": self.page_size, "layers": self.model.num_layers,
+                       "kv_heads": self.model.num_kv_heads, "head_dim": self.model.head_dim}
+        self.kv_tier = kv_tier.open_kv_tier(config, self.kv, self.page_size, self.num_pages, fingerprint,
+                                            available_memory_bytes(torch.device("cpu")))
+        return self.kv_tier
+
     def close(self) -> None:
-        """Stop the tensor parallel workers (rank 0)."""
+        """Stop the tensor parallel workers (rank 0); delete the tier file."""
+        if self.kv_tier is not None:
+            self.kv_tier.close()
         if self._stop_watching is not None:
             self._stop_watching()
         if self.tp is not None and self.tp.rank == 0:

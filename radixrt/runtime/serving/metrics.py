@@ -15,6 +15,20 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.
                     3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 _E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0)
 
+# the second cache tier's figures (--enable-hierarchical-cache), copied from server_info like the pool's
+HICACHE_GAUGES = {
+    "hicache_hits": "Matches that loaded KV back from the second tier (a counter's value)",
+    "hicache_tokens_loaded": "Tokens of KV copied back from the second tier (a counter's value)",
+    "hicache_tokens_written": "Tokens of KV written to the second tier (a counter's value)",
+    "hicache_bytes_loaded": "Bytes copied back from the second tier (a counter's value)",
+    "hicache_bytes_written": "Bytes written to the second tier (a counter's value)",
+    "hicache_load_seconds": "Seconds spent loading from the second tier (a counter's value)",
+    "hicache_load_latency_p99_s": "p99 of one load from the second tier, seconds (recent loads)",
+    "hicache_pages_used": "Second tier pages holding KV",
+    "hicache_pages_total": "Second tier size in pages",
+    "hicache_checksum_failures": "Loads that found a corrupt tier page (recomputed instead)",
+}
+
 
 class ServerMetrics:
     def __init__(self, model_name: str = ""):
@@ -43,6 +57,8 @@ class ServerMetrics:
                                  registry=r)
         self.preemptions = Gauge("radixrt:num_preemptions", "Requests preempted since start (a counter's value)",
                                  registry=r)
+
+        self.hicache = {key: Gauge(f"radixrt:{key}", text, registry=r) for key, text in HICACHE_GAUGES.items()}
 
     def on_first_token(self, seconds: float) -> None:
         self.ttft.observe(seconds)
@@ -75,6 +91,8 @@ class ServerMetrics:
         self.pages_evictable.set(evictable)
         self.token_usage.set(1.0 - (free + evictable) / total if total else 0.0)
         self.preemptions.set(info.get("num_preemptions", 0))
+        for key, gauge in self.hicache.items():
+            gauge.set(info.get(key) or 0)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

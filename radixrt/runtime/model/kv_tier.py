@@ -1,0 +1,180 @@
+"""The second cache tier's storage (--enable-hierarchical-cache): pages of the KV pool copied to host memory,
+or to a memory-mapped file (--hicache-storage-backend file), and back. The tree side is core/tiered_cache.py.
+
+A tier page is one contiguous record: for every layer, its page_size tokens of K, then V (then the int8/fp8
+scales), as raw bytes, so any KV dtype is copied alike and a page is checksummed in one call. A write or a
+read is one batched copy per pool tensor (index_select / index_copy_ over all pages of the call).
+
+The file tier: a header (magic, format version, and the fingerprint of what the bytes mean: model, dtypes,
+page size, layer and head counts, record size), a crc32 per page, then the records. Each process creates its
+own file (name with its pid) and deletes it at close: the tier does not survive a restart, because the tree
+that indexes it lives in the process; so KV written by another model or dtype can never be served. A page
+whose checksum fails on a load is reported to the tree, which drops it and recomputes.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import zlib
+from typing import Any
+
+import numpy as np
+import torch
+
+from radixrt.runtime.model.kv_cache import KVCache
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"RADIXRT-KV-TIER\n"
+FORMAT_VERSION = 1
+HEADER_BYTES = 4096
+FILE_PREFIX = "radixrt-kv-tier-"
+
+
+class KVTierStore:
+    def __init__(self, kv: KVCache, page_size: int, num_pages: int, fingerprint: dict[str, Any],
+                 directory: str | None = None):
+        if num_pages < 1:
+            raise ValueError(f"the second cache tier needs at least one page, got {num_pages}")
+        self.parts = [t for group in (kv.k, kv.v, kv.k_scale or [], kv.v_scale or []) for t in group]
+        self.pool_pages = self.parts[0].shape[0] // page_size
+        self.part_bytes = [t[0].numel() * t.element_size() * page_size for t in self.parts]
+        self.page_bytes = sum(self.part_bytes)
+        self.num_pages = num_pages
+        self.device = self.parts[0].device
+        self.header = self._header(fingerprint)
+        self.path: str | None = None
+        self.checksums: np.ndarray | None = None
+        if directory is None:
+            self.data = torch.empty((num_pages, self.page_bytes), dtype=torch.uint8,
+                                    pin_memory=self.device.type == "cuda")
+        else:
+            self.data = self._open_file(directory)
+
+    def _header(self, fingerprint: dict[str, Any]) -> bytes:
+        meta = dict(fingerprint, format_version=FORMAT_VERSION, page_bytes=self.page_bytes, num_pages=self.num_pages)
+        head = MAGIC + json.dumps(meta, sort_keys=True).encode()
+        if len(head) > HEADER_BYTES:
+            raise ValueError("the tier file's header does not fit")
+        return head.ljust(HEADER_BYTES, b"\0")
+
+    def _open_file(self, directory: str) -> torch.Tensor:
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as e:
+            raise ValueError(f"--hicache-storage-dir {directory!r} cannot be created: {e}") from None
+        sums_bytes = -(-self.num_pages * 4 // HEADER_BYTES) * HEADER_BYTES
+        total = HEADER_BYTES + sums_bytes + self.num_pages * self.page_bytes
+        free = shutil.disk_usage(directory).free
+        if total > free:
+            raise ValueError(f"the file tier needs {total / 2**30:.2f} GiB but {directory!r} has "
+                             f"{free / 2**30:.2f} GiB free (lower --hicache-size or --hicache-ratio)")
+        _remove_stale_files(directory)
+        self.path = os.path.join(directory, f"{FILE_PREFIX}{os.getpid()}.bin")
+        try:
+            self._mm = np.memmap(self.path, dtype=np.uint8, mode="w+", shape=(total,))
+        except OSError as e:
+            raise ValueError(f"cannot create the tier file {self.path!r}: {e}") from None
+        self._mm[:HEADER_BYTES] = np.frombuffer(self.header, dtype=np.uint8)
+        self._mm.flush()
+        self.check_header()
+        self.checksums = self._mm[HEADER_BYTES:HEADER_BYTES + self.num_pages * 4].view(np.uint32)
+        records = self._mm[HEADER_BYTES + sums_bytes:].reshape(self.num_pages, self.page_bytes)
+        return torch.from_numpy(records)
+
+    def check_header(self) -> None:
+        """The file still says what its bytes are (ValueError naming the problem otherwise)."""
+        if self.path is None:
+            return
+        with open(self.path, "rb") as f:
+            head = f.read(HEADER_BYTES)
+        if not head.startswith(MAGIC):
+            raise ValueError(f"{self.path} is not a radixrt KV tier file (bad magic)")
+        if head != self.header:
+            raise ValueError(f"{self.path} was written for another model, dtype or layout (header mismatch)")
+
+    def _pool_views(self) -> list[torch.Tensor]:
+        return [t.view(torch.uint8).view(self.pool_pages, -1) for t in self.parts]
+
+    def write(self, pool_pages: list[int], tier_pages: list[int]) -> None:
+        """Copy pool pages into tier pages (and checksum them, for the file)."""
+        src = torch.tensor(pool_pages, dtype=torch.long, device=self.device)
+        dst = torch.tensor(tier_pages, dtype=torch.long)
+        off = 0
+        for view, nbytes in zip(self._pool_views(), self.part_bytes):
+            self.data[:, off:off + nbytes].index_copy_(0, dst, view.index_select(0, src).cpu())
+            off += nbytes
+        if self.checksums is not None:
+            records = self.data.numpy()
+            for p in tier_pages:
+                self.checksums[p] = zlib.crc32(records[p])
+
+    def read(self, tier_pages: list[int], pool_pages: list[int]) -> int | None:
+        """Copy tier pages back into pool pages; the index of the first page whose checksum failed (it and
+        the pages after it are not copied), or None when all were good."""
+        bad = None
+        if self.checksums is not None:
+            try:
+                self.check_header()
+            except ValueError as e:
+                log.error("second cache tier: %s; recomputing instead", e)
+                return 0
+            records = self.data.numpy()
+            for i, p in enumerate(tier_pages):
+                if zlib.crc32(records[p]) != self.checksums[p]:
+                    log.error("second cache tier: page %d fails its checksum; recomputing it", p)
+                    bad = i
+                    break
+        n = len(tier_pages) if bad is None else bad
+        if n:
+            src = torch.tensor(tier_pages[:n], dtype=torch.long)
+            dst = torch.tensor(pool_pages[:n], dtype=torch.long, device=self.device)
+            off = 0
+            for view, nbytes in zip(self._pool_views(), self.part_bytes):
+                view.index_copy_(0, dst, self.data[:, off:off + nbytes].index_select(0, src).to(self.device))
+                off += nbytes
+        return bad
+
+    def close(self) -> None:
+        if self.path is not None:
+            del self.data, self._mm, self.checksums
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+            self.path = None
+
+
+def _remove_stale_files(directory: str) -> None:
+    """Tier files of processes that died without closing them (SIGKILL): nothing can read them again."""
+    for name in os.listdir(directory):
+        pid = name.removeprefix(FILE_PREFIX).removesuffix(".bin")
+        if name.startswith(FILE_PREFIX) and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            try:
+                os.unlink(os.path.join(directory, name))
+            except OSError:
+                pass
+
+
+def open_kv_tier(config: Any, kv: KVCache, page_size: int, pool_pages: int, fingerprint: dict[str, Any],
+                 available_bytes: int) -> KVTierStore:
+    """The tier --hicache-size (GB) or --hicache-ratio (x the pool) asks for, in RAM or a file."""
+    page_bytes = sum(t[0].numel() * t.element_size() * page_size
+                     for group in (kv.k, kv.v, kv.k_scale or [], kv.v_scale or []) for t in group)
+    num_pages = int(config.hicache_size * 1e9) // page_bytes if config.hicache_size else int(
+        pool_pages * config.hicache_ratio)
+    directory = None
+    if config.hicache_storage_backend == "file":
+        directory = config.hicache_storage_dir or os.path.join(tempfile.gettempdir(), "radixrt-hicache")
+    elif num_pages * page_bytes > available_bytes:
+        raise ValueError(f"the second cache tier wants {num_pages * page_bytes / 2**30:.2f} GiB of host memory, "
+                         f"{available_bytes / 2**30:.2f} GiB is available (lower --hicache-size or "
+                         f"--hicache-ratio, or use --hicache-storage-backend file)")
+    store = KVTierStore(kv, page_size, num_pages, fingerprint, directory)
+    log.info("second cache tier: %d pages (%d tokens, %.1f MiB) in %s, write policy %s", num_pages,
+             num_pages * page_size, num_pages * page_bytes / 2**20, store.path or "host memory",
+             config.hicache_write_policy)
+    return store

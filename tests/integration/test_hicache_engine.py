@@ -1,0 +1,135 @@
+"""--enable-hierarchical-cache on the real model: token-identical outputs with the tier off, in host memory and
+in a file, under eviction, preemption, aborts and a corrupted tier file.
+
+Truth: the same Engine configuration without the tier (greedy, float32). The tier must serve (tokens loaded
+back, fewer prompt tokens computed); check_integrity holds after each scenario; the tier file is named, checked
+at start, checksummed per page, and deleted at shutdown.
+"""
+import glob
+import os
+
+import numpy as np
+import pytest
+
+from radixrt import Engine
+
+pytestmark = pytest.mark.integration
+
+SYSTEM = "You are a helpful assistant. Answer briefly and precisely, in one sentence. "
+GREEDY = {"temperature": 0, "max_new_tokens": 10}
+
+
+def make(tier, tmp_path, **kw):
+    extra = {}
+    if tier:
+        extra = {"enable_hierarchical_cache": True, "hicache_ratio": 6.0}
+        if tier == "file":
+            extra.update(hicache_storage_backend="file", hicache_storage_dir=str(tmp_path))
+    return Engine(**{"dtype": "float32", "max_total_tokens": 480, "page_size": 4, "chunked_prefill_size": 128,
+                     **extra, **kw})
+
+
+def chat_rounds(engine, rounds=3, num_conv=6):
+    """Multi-turn chats whose histories together outgrow the pool: the early turns are evicted."""
+    histories = [f"{SYSTEM}Conversation {c}: let us talk about topic number {c * 7}. " * 3 for c in range(num_conv)]
+    outputs = []
+    for r in range(rounds):
+        for c in range(num_conv):
+            histories[c] += f"User: tell me one more fact, number {r}. Assistant:"
+            out = engine.generate(histories[c], GREEDY)
+            outputs.append(out["output_ids"])
+            histories[c] += out["text"] + "\n"
+    return outputs
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory):
+    engine = make(None, tmp_path_factory.mktemp("off"))
+    try:
+        chats = chat_rounds(engine)
+        computed = engine.scheduler.stats.prompt_tokens - engine.scheduler.stats.cached_tokens
+        batch = engine.generate([f"Story {i}: once upon a time" for i in range(10)],
+                                {"temperature": 0, "max_new_tokens": 110, "ignore_eos": True})
+        assert engine.scheduler.stats.num_preemptions > 0, "the batch should outgrow the pool"
+    finally:
+        engine.shutdown()
+    return chats, computed, [o["output_ids"] for o in batch]
+
+
+@pytest.mark.parametrize("tier", ["host", "file"])
+def test_outputs_are_token_identical_with_the_tier(baseline, tier, tmp_path):
+    chats, computed_off, batch_off = baseline
+    engine = make(tier, tmp_path)
+    try:
+        if tier == "file":
+            files = glob.glob(str(tmp_path / "radixrt-kv-tier-*.bin"))
+            assert len(files) == 1
+        assert chat_rounds(engine) == chats
+        s = engine.scheduler
+        info = s.server_info()
+        assert info["hicache_tokens_loaded"] > 0 and info["hicache_hits"] > 0
+        assert info["hicache_bytes_loaded"] == info["hicache_tokens_loaded"] * info["kv_bytes_per_token"]
+        assert s.stats.prompt_tokens - s.stats.cached_tokens < computed_off, "the tier saved no prefill"
+        batch = engine.generate([f"Story {i}: once upon a time" for i in range(10)],
+                                {"temperature": 0, "max_new_tokens": 110, "ignore_eos": True})
+        assert [o["output_ids"] for o in batch] == batch_off, "preemption with the tier changed an output"
+        engine.check_integrity()
+        assert engine.flush_cache()
+        info = s.server_info()
+        assert info["hicache_pages_used"] == 0 and info["kv_pages_cached"] == 0
+    finally:
+        engine.shutdown()
+    if tier == "file":
+        assert not glob.glob(str(tmp_path / "radixrt-kv-tier-*.bin")), "the tier file outlived the engine"
+
+
+def test_a_corrupted_tier_file_is_recomputed_not_served(baseline, tmp_path):
+    chats, _, _ = baseline
+    engine = make("file", tmp_path)
+    try:
+        store = engine.scheduler.runner.kv_tier
+        first = chat_rounds(engine, rounds=2)
+        assert first == chats[:len(first)]
+        used = engine.scheduler.tree.host_page_ids()
+        assert used
+        records = store.data.numpy()
+        for p in used:  # flip a byte of every page the tier holds, behind its checksum's back
+            records[p, 100] ^= 0xFF
+        engine.scheduler.tree.tier_stats.checksum_failures = 0
+        rest = chat_rounds(engine, rounds=3)[len(first):]
+        assert rest == chats[len(first):], "corrupt KV reached an output"
+        assert engine.scheduler.tree.tier_stats.checksum_failures > 0
+        engine.check_integrity()
+    finally:
+        engine.shutdown()
+
+
+def test_bad_tier_settings_are_clear_errors_at_start(tmp_path):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    with pytest.raises(ValueError, match="hicache-storage-dir"):
+        make("file", tmp_path, hicache_storage_dir=str(blocker / "sub"))
+    with pytest.raises(ValueError, match="hicache_write_policy"):
+        make("host", tmp_path, hicache_write_policy="sometimes")
+    with pytest.raises(ValueError, match="host memory"):
+        make("host", tmp_path, hicache_size=10_000.0)
+    with pytest.raises(ValueError, match="radix cache"):
+        make("host", tmp_path, disable_radix_cache=True)
+
+
+def test_header_names_the_model_and_a_foreign_header_is_refused(tmp_path):
+    from radixrt.runtime.model.kv_tier import HEADER_BYTES, MAGIC
+    engine = make("file", tmp_path, max_total_tokens=64)
+    try:
+        store = engine.scheduler.runner.kv_tier
+        head = open(store.path, "rb").read(HEADER_BYTES)
+        assert head.startswith(MAGIC) and b"float32" in head and b'"page_size": 4' in head
+        mm = np.memmap(store.path, dtype=np.uint8, mode="r+", shape=(HEADER_BYTES,))
+        mm[len(MAGIC) + 2] ^= 1  # another writer's header
+        mm.flush()
+        with pytest.raises(ValueError, match="another model"):
+            store.check_header()
+        assert store.read([0], [0]) == 0, "nothing is loaded from a file with a foreign header"
+    finally:
+        engine.shutdown()
+    assert not os.path.exists(store.path or "")
