@@ -11,7 +11,9 @@ histories (--pool-tokens overrides). Per configuration: turn latency p50/p99, pr
 loaded and written, load latency).
 Few-shot: 8 large documents (~600 tokens each), a question about each in turn, cycled --rounds times through a
 pool that holds about two of them: without the tier every question recomputes its document.
-Outputs of the configurations are compared (greedy): they must be equal, token for token.
+Outputs of the configurations are compared (greedy): with --dtype float32 they are equal token for token (the
+tier copies KV bytes exactly; in the default bf16 a prefix loaded back instead of recomputed in another chunking
+can flip a near-tie, as any radix cache hit can, so the count of identical outputs is printed).
 Then the copy costs behind the scheduler's constants (core/tiered_cache.MIN_SWAP_TOKENS,
 schedule_policy.TIER_LOAD_TOKENS_PER_BUDGET_TOKEN): microseconds per token to write and load, against the
 prefill cost per token measured in the same run.
@@ -115,7 +117,7 @@ def fewshot(url: str, args: argparse.Namespace) -> dict:
 
 
 def run_config(name: str, tier_args: dict, workload, pool_tokens: int, args: argparse.Namespace) -> dict:
-    rt = Runtime(max_total_tokens=pool_tokens, page_size=args.page_size, **tier_args)
+    rt = Runtime(max_total_tokens=pool_tokens, page_size=args.page_size, dtype=args.dtype, **tier_args)
     try:
         info0 = httpx.get(rt.url + "/get_server_info").json()
         res = workload(rt.url, args)
@@ -152,8 +154,8 @@ def table(title: str, rows: list[dict]) -> str:
         lines.append(f"  {r['config']} vs off: computed {r['computed_tokens'] / max(base['computed_tokens'], 1):.2f}x, "
                      f"p50 {base['latency_p50_s'] / r['latency_p50_s']:.2f}x faster, p99 "
                      f"{base['latency_p99_s'] / r['latency_p99_s']:.2f}x, throughput "
-                     f"{r['output_tok_s'] / base['output_tok_s']:.2f}x; outputs identical: "
-                     f"{r['outputs'] == base['outputs']}")
+                     f"{r['output_tok_s'] / base['output_tok_s']:.2f}x; outputs identical to off: "
+                     f"{sum(a == b for a, b in zip(r['outputs'], base['outputs']))}/{len(base['outputs'])}")
     return "\n".join(lines)
 
 
@@ -202,11 +204,16 @@ def main() -> None:
     ap.add_argument("--pool-tokens", type=int, default=0, help="chat pool; default a quarter of all histories")
     ap.add_argument("--fewshot-pool-tokens", type=int, default=1600)
     ap.add_argument("--only", choices=["chat", "fewshot"], default=None)
+    ap.add_argument("--hicache-ratio", type=float, default=4.0,
+                    help="tier size x the pool: 4 holds the chat histories and the 8 documents")
+    ap.add_argument("--dtype", default="auto", help="float32: outputs token-identical with the tier on and off "
+                    "(in bf16 a prefix loaded back instead of recomputed in a different chunking can flip a "
+                    "near-tie, as a plain radix cache hit can)")
     args = ap.parse_args()
     disk = tempfile.mkdtemp(prefix="radixrt-bench-hicache-")
-    configs = [("off", {}), ("host", {"enable_hierarchical_cache": True}),
-               ("disk", {"enable_hierarchical_cache": True, "hicache_storage_backend": "file",
-                         "hicache_storage_dir": disk})]
+    tier = {"enable_hierarchical_cache": True, "hicache_ratio": args.hicache_ratio}
+    configs = [("off", {}), ("host", tier),
+               ("disk", {**tier, "hicache_storage_backend": "file", "hicache_storage_dir": disk})]
     # each conversation's final history in tokens: system ~50, opener ~12, per turn ~25 question + output
     history_tokens = 62 + args.turns * (27 + args.max_new_tokens)
     chat_pool = args.pool_tokens or args.conversations * history_tokens // 4
