@@ -123,3 +123,38 @@ def test_auto_steers_what_llguidance_serves(engine):
         auto.check_integrity()
     finally:
         auto.shutdown()
+
+
+def test_auto_steers_ebnf_grammars():
+    """ebnf under auto: llguidance enforces the grammar, the DFA of its nesting-bounded regular subset
+    (cfg_regex.py) steers, so once that DFA is compiled every budget that fits gives output the independent
+    Lark parser accepts, and one token less ends incomplete."""
+    from test_grammar_backends import GRAMMARS, lark  # noqa: F401  (lark: skipped when missing)
+
+    from radixrt.runtime.constrained.cfg_regex import cfg_regex
+    auto = Engine(dtype="float32")
+    try:
+        cases = []
+        for name, (gbnf, lark_text) in GRAMMARS.items():
+            shadow = auto.scheduler.get_grammar_backend("ebnf").secondary  # outlines, cached once compiled
+            fut = shadow.request("regex", cfg_regex(gbnf))
+            while not fut.done():
+                time.sleep(0.01)
+            state = fut.result()
+            k = state.compiled.steering.dist[state.guide.get_state()]  # the subset's shortest completion
+            cases += [(name, gbnf, lark_text, k, b) for b in (k - 1, k, k + 2, 2 * k + 4) if b > 0]
+        outs = auto.generate([f"Write a very long example of {name} text:" for name, *_ in cases],
+                             [{"ebnf": g, "temperature": 0, "max_new_tokens": b} for _, g, _, _, b in cases])
+        fitted = 0
+        for (name, gbnf, lark_text, k, budget), out in zip(cases, outs):
+            meta = out["meta_info"]
+            if budget < k:  # nothing complete fits
+                assert meta.get("incomplete") and meta["finish_reason"]["type"] == "length", (name, out["text"])
+                continue
+            assert not meta.get("incomplete"), (name, budget, out["text"])
+            lark.Lark(lark_text, parser="earley").parse(out["text"])
+            fitted += meta["completion_tokens"] == budget
+        assert fitted >= 2, "no output needed its whole budget: steering was not exercised"
+        auto.check_integrity()
+    finally:
+        auto.shutdown()

@@ -107,6 +107,16 @@ def test_both_refusing_names_both_reasons():
         wait(auto.request("regex", "x"))
 
 
+def test_a_grammar_llguidance_refuses_is_refused_not_sent_to_outlines():
+    fb = FallbackBackend(FakeBackend("llguidance", refuses=("root ::= x",)), FakeBackend("outlines"), shadow=True)
+    with pytest.raises(GrammarError, match="llguidance") as err:
+        wait(fb.request("ebnf", "root ::= x"))
+    assert "outlines" not in str(err.value) and fb.secondary.calls == []
+    with pytest.raises(GrammarError, match="llguidance refuses"):
+        fb.validate("ebnf", "root ::= x")
+    assert fb.secondary.calls == []
+
+
 def test_chooser_auto_and_explicit_backends():
     made = {}
 
@@ -119,7 +129,9 @@ def test_chooser_auto_and_explicit_backends():
     assert auto.for_kind("json_schema").primary is made["llguidance"], "auto: schemas go to llguidance first"
     assert auto.for_kind("json_schema").shadow, "and outlines' DFA steers them"
     assert auto.for_kind("tool_call_grammar").primary is made["outlines"], "our own regexes: outlines first"
-    assert auto.for_kind("ebnf") is made["llguidance"], "a context-free grammar goes to llguidance"
+    cfg = auto.for_kind("ebnf")
+    assert cfg.primary is made["llguidance"] and cfg.shadow, "a grammar: llguidance, steered by a regular subset"
+    assert BackendChooser("outlines", make).for_kind("ebnf") is made["llguidance"], "outlines cannot enforce it"
     assert sorted(b.name for b in auto.built()) == ["llguidance", "outlines"]
     made.clear()
     only = BackendChooser("outlines", make)

@@ -112,3 +112,18 @@ def test_corrupt_tier_in_a_conversation_is_recomputed():
     submit(s, "c", history, max_new_tokens=8)
     assert ids(drain(s), "c") == reference_output(history, 8, VOCAB, None)
     assert s.tree.tier_stats.checksum_failures > 0
+
+
+def test_tier_figures_reach_server_info_and_metrics():
+    from radixrt.runtime.serving.metrics import HICACHE_GAUGES, ServerMetrics
+    s = make(True, page_size=1)
+    conversations(s, random.Random(2), turns=2)
+    info = s.server_info()
+    assert info["hicache_tokens_loaded"] == s.tree.tier_stats.tokens_loaded > 0
+    assert info["hicache_pages_used"] == len(s.tree.host_page_ids()) > 0
+    assert info["hicache_load_latency_p50_s"] is not None and info["hicache_write_policy"] == "write_back"
+    metrics = ServerMetrics()
+    metrics.update_from_server_info(info)
+    text = metrics.render().decode()
+    for key in HICACHE_GAUGES:
+        assert f"radixrt:{key} {float(info[key] or 0)}" in text, key

@@ -2,7 +2,7 @@
 context-free grammar (ebnf) always goes to llguidance, the backend that can enforce it; without llguidance
 installed such a request is refused with an error naming the package. `auto` is llguidance with outlines
 behind it for what llguidance refuses, and outlines steering llguidance's requests near the end of their budget
-(fallback.py), for JSON schemas and json_object; for regexes, choices and tool-call envelopes it is outlines
+(fallback.py), for JSON schemas, json_object and (steering only) ebnf grammars; for regexes, choices and tool-call envelopes it is outlines
 first with llguidance behind it; without llguidance installed, outlines."""
 from __future__ import annotations
 
@@ -39,12 +39,15 @@ class BackendChooser:
         self._fallbacks: dict[str, FallbackBackend] = {}  # auto's, by the backend asked first
 
     def for_kind(self, kind: str) -> Any:
-        name = "llguidance" if kind in CFG_KINDS else self.configured
+        name = "llguidance" if kind in CFG_KINDS and self.configured != "auto" else self.configured
         if name == "auto":
             if not llg_backend.available():
+                if kind in CFG_KINDS:
+                    raise GrammarError(f"{kind} needs the llguidance grammar backend: pip install llguidance")
                 return self._get("outlines")
             # regexes, choices and tool-call envelopes are our own regexes: outlines first (its DFA is the
-            # language, steered directly); schemas: llguidance first, with outlines' DFA as a steering shadow
+            # language, steered directly); schemas and context-free grammars: llguidance first, with an outlines
+            # DFA as a steering shadow (for a grammar, of its regular subset; no fallback to outlines)
             first = "outlines" if kind in REGEX_FIRST_KINDS else "llguidance"
             if first not in self._fallbacks:
                 second = "llguidance" if first == "outlines" else "outlines"

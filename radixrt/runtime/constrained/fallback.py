@@ -12,6 +12,8 @@ along. Near the end of the budget the pick is llguidance's mask AND the shadow's
 leaves the shadow's language (outlines is stricter: declared key order, no undeclared keys), the shadow is
 dropped and the request goes on unsteered; an intersection that comes out empty keeps llguidance's mask.
 The choice of backend is remembered per grammar, so a later request does not ask llguidance again.
+A context-free grammar (ebnf) is llguidance's alone (no fallback); its shadow is the DFA of the grammar's
+nesting-bounded regular subset (cfg_regex.py).
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from radixrt.runtime.constrained.cfg_regex import cfg_regex
 from radixrt.runtime.constrained.compile_pool import TransientGrammarError
 from radixrt.runtime.constrained.regex_builder import GrammarError
 from radixrt.runtime.constrained.spec import CFG_KINDS, grammar_key
@@ -60,6 +63,8 @@ class FallbackBackend:
                 self._second.popitem(last=False)
 
     def validate(self, kind: str, spec: Any) -> None:
+        if kind in CFG_KINDS:  # only llguidance enforces a context-free grammar
+            return self.primary.validate(kind, spec)
         if self._known_second(kind, spec):
             return self.secondary.validate(kind, spec)
         try:
@@ -76,8 +81,16 @@ class FallbackBackend:
         return FallbackFuture(self, kind, spec, self.primary.request(kind, spec), None)
 
     def shadow_for(self, kind: str, spec: Any) -> Any:
-        """The secondary's compile of the same constraint, to steer by (None when it has no DFA form)."""
-        return self.secondary.request(kind, spec) if self.shadow and kind not in CFG_KINDS else None
+        """The secondary's compile of the same constraint, to steer by (None when it has no DFA form); for a
+        context-free grammar, of its nesting-bounded regular subset (cfg_regex.py)."""
+        if not self.shadow:
+            return None
+        if kind in CFG_KINDS:
+            try:
+                return self.secondary.request("regex", cfg_regex(spec))
+            except GrammarError:
+                return None  # no regular subset: the request runs unsteered
+        return self.secondary.request(kind, spec)
 
     @property
     def cached_bytes(self) -> int:
@@ -107,6 +120,8 @@ class FallbackFuture:
                 self._state = self._first.result()
             except Exception as e:  # noqa: BLE001 - whatever the first backend raised, the second may serve it
                 self._first_error = e if isinstance(e, GrammarError) else GrammarError(f"{type(e).__name__}: {e}")
+                if self._kind in CFG_KINDS:  # only llguidance enforces a context-free grammar: its verdict stands
+                    return True
                 if not isinstance(e, TransientGrammarError):  # a verdict on the grammar, not a bad moment
                     self._backend.remember_second(self._kind, self._spec)
                 self._second = self._backend.secondary.request(self._kind, self._spec)
@@ -121,6 +136,8 @@ class FallbackFuture:
         assert self.done(), "FallbackFuture.result() called before done()"
         if self._state is not None:
             return self._state
+        if self._second is None:
+            raise self._first_error
         try:
             return self._second.result()
         except GrammarError as e:

@@ -1,0 +1,106 @@
+"""A context-free grammar's nesting-bounded regular part, as a regex: the DFA that budget-steers `ebnf` requests.
+
+Budget steering needs the fewest tokens from each state to the end of the grammar (budget.py), which only a
+DFA gives; llguidance's Earley parser, which enforces the grammar, offers none. A grammar nested at most a few
+levels deep is a regular language, a subset of the grammar's: outlines compiles it in the background and it
+follows the request as a shadow (fallback.py), exactly as it does for JSON schemas; while the output stays
+inside that subset (a rule nested in itself at most MAX_NESTING times, and no %ignore'd text where the grammar
+has none... see below), near the end of the budget the pick is llguidance's mask AND the shadow's steered
+tokens, so the output completes whenever a completion of the subset fits. Deeper output drops the shadow.
+
+The grammar (GBNF or Lark, as llguidance takes it) is converted to Lark by llguidance and read by the `lark`
+package: its rules come out with `?` expanded into alternatives and `*` / `+` as left-recursive helper rules
+(R: A | R A), which are turned back into `(?:A)+` here, so repetition is not bounded. %ignore'd terminals
+may appear between any two terminals, as in llguidance. A grammar lark cannot read (llguidance's own
+extensions), a terminal outlines cannot compile, or a regex past MAX_REGEX_CHARS at every nesting bound
+leaves the request unsteered (GrammarError here).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from radixrt.runtime.constrained.regex_builder import GrammarError
+
+MAX_NESTING = 3            # times a rule may appear inside itself
+MAX_REGEX_CHARS = 60_000   # past this the DFA costs more to compile than steering is worth
+
+
+def cfg_regex(spec: str) -> str:
+    """The regex of `spec`'s nesting-bounded subset (the deepest bound that fits MAX_REGEX_CHARS)."""
+    rules, terminals, ignore = _read(spec)
+    for nesting in range(MAX_NESTING, 0, -1):
+        try:
+            regex = _Builder(rules, terminals, ignore, nesting).rule("start", ())
+        except _TooLong:
+            continue
+        if regex is None:
+            raise GrammarError("the grammar has no derivation within the nesting bound")
+        return regex
+    raise GrammarError(f"the grammar's regular subset is longer than {MAX_REGEX_CHARS} characters")
+
+
+def _read(spec: str) -> tuple[dict[str, list[list[Any]]], dict[str, str], list[str]]:
+    try:
+        import lark
+        from llguidance.gbnf_to_lark import any_to_lark
+        text = "\n".join(line for line in any_to_lark(spec).splitlines()
+                         if not line.lstrip().startswith("%llguidance"))
+        parser = lark.Lark(text, start="start", keep_all_tokens=True)
+    except Exception as e:  # noqa: BLE001 - lark's and llguidance's many error types: no steering, nothing else
+        raise GrammarError(f"no regular subset for steering: {type(e).__name__}: {str(e)[:200]}") from None
+    rules: dict[str, list[list[Any]]] = {}
+    for rule in parser.rules:
+        rules.setdefault(rule.origin.name, []).append(list(rule.expansion))
+    terminals = {t.name: t.pattern.to_regexp() for t in parser.terminals}
+    return rules, terminals, [terminals[name] for name in parser.ignore_tokens if name in terminals]
+
+
+class _TooLong(Exception):
+    pass
+
+
+class _Builder:
+    def __init__(self, rules: dict, terminals: dict, ignore: list[str], nesting: int):
+        self.rules, self.terminals, self.nesting = rules, terminals, nesting
+        self.sep = "(?:" + "|".join(f"(?:{r})" for r in ignore) + ")*" if ignore else ""
+        self.size = 0
+
+    def rule(self, name: str, stack: tuple[str, ...]) -> str | None:
+        """The regex of rule `name` inside the rules on `stack`; None where the nesting bound leaves nothing."""
+        if stack.count(name) >= self.nesting:
+            return None
+        stack += (name,)
+        alternatives = self.rules[name]
+        body = _repeated(name, alternatives)
+        if body is not None:  # R: A | R A  is  A+
+            inner = self.sequence(body, stack)
+            return None if inner is None else self._count(f"(?:{inner})+")
+        outs = [s for s in (self.sequence(alt, stack) for alt in alternatives) if s is not None]
+        if not outs:
+            return None
+        return self._count(outs[0] if len(outs) == 1 else "(?:" + "|".join(outs) + ")")
+
+    def sequence(self, symbols: list[Any], stack: tuple[str, ...]) -> str | None:
+        parts = []
+        for sym in symbols:
+            part = f"(?:{self.terminals[sym.name]})" if sym.is_term else self.rule(sym.name, stack)
+            if part is None:
+                return None
+            parts.append(part)
+        return self.sep.join(parts)
+
+    def _count(self, regex: str) -> str:
+        self.size += len(regex)
+        if self.size > MAX_REGEX_CHARS * 4 or len(regex) > MAX_REGEX_CHARS:
+            raise _TooLong
+        return regex
+
+
+def _repeated(name: str, alternatives: list[list[Any]]) -> list[Any] | None:
+    """A of a left-recursive repetition rule `name: A | name A` (lark's form of A+ and of A*'s non-empty part)."""
+    if len(alternatives) != 2:
+        return None
+    a, b = sorted(alternatives, key=len)
+    if len(b) == len(a) + 1 and not b[0].is_term and b[0].name == name and b[1:] == a:
+        return a
+    return None
