@@ -2,8 +2,9 @@
 context-free grammar (ebnf) always goes to llguidance, the backend that can enforce it; without llguidance
 installed such a request is refused with an error naming the package. `auto` is llguidance with outlines
 behind it for what llguidance refuses, and outlines steering llguidance's requests near the end of their budget
-(fallback.py), for JSON schemas, json_object and (steering only) ebnf grammars; for regexes, choices and tool-call envelopes it is outlines
-first with llguidance behind it; without llguidance installed, outlines."""
+(fallback.py), for JSON schemas and json_object; for ebnf, llguidance alone steered by the DFA of the grammar's
+regular subset (cfg_regex.py); for regexes, choices and tool-call envelopes it is outlines first with llguidance
+behind it; without llguidance installed, outlines."""
 from __future__ import annotations
 
 from typing import Any, Callable

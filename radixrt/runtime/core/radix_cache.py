@@ -4,7 +4,9 @@ An edge is a run of token ids whose length is a multiple of page_size; its node 
 the page ids of that run (one per page), so the tree only ever shares whole pages: a
 partially filled page is private to the request that writes it. Requests borrow a path
 read-only and pin it with a lock; only unlocked leaves are evicted, least recently used
-first. No tensors here: ints and lists only, so this is tested without a model.
+first. No tensors here: ints and lists only, so this is tested without a model. With a second cache tier
+(tiered_cache.py, a subclass) a node may hold its KV only there (`value` None): match_prefix stops before
+such a node, insert gives it the caller's pages, eviction calls the _evict_node / _evicted hooks.
 """
 from __future__ import annotations
 

@@ -57,7 +57,6 @@ class ServerMetrics:
                                  registry=r)
         self.preemptions = Gauge("radixrt:num_preemptions", "Requests preempted since start (a counter's value)",
                                  registry=r)
-
         self.hicache = {key: Gauge(f"radixrt:{key}", text, registry=r) for key, text in HICACHE_GAUGES.items()}
 
     def on_first_token(self, seconds: float) -> None:
