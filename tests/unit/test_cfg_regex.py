@@ -66,9 +66,21 @@ def test_repetition_is_not_bounded():
     assert re.fullmatch(cfg_regex(ARITH[0]), "+".join("1" for _ in range(60)))
 
 
-def test_ignored_text_is_allowed_between_terminals():
+def test_ignored_text_is_allowed_around_and_between_terminals():
     rx = cfg_regex(LARK_WITH_IGNORE)
-    assert re.fullmatch(rx, "a , a,a") and not re.fullmatch(rx, "a,,a")
+    for text in ("a , a,a", " a ,a ,a ", "a"):
+        assert re.fullmatch(rx, text), text
+    assert not re.fullmatch(rx, "a,,a")
+
+
+def test_repetition_of_alternatives_is_not_bounded():
+    rx = cfg_regex('root ::= ("x" | "yz")+ "."')
+    assert re.fullmatch(rx, "xyz" * 20 + ".") and not re.fullmatch(rx, "xy.")
+
+
+def test_any_failure_reading_a_grammar_is_a_grammar_error():
+    with pytest.raises(GrammarError):
+        cfg_regex('start: A "x"\n%declare A')  # a terminal with no pattern
 
 
 def test_what_lark_cannot_read_is_a_grammar_error():

@@ -172,13 +172,60 @@ def path_pages(node) -> list[int]:
     return out
 
 
+def test_writes_of_an_eviction_finish_before_the_load_that_caused_it():
+    """load_back needs pool pages, so it evicts first: the demoted node's write goes out (and returns) before the
+    read, and the two touch different tier pages; both come back with the right tokens."""
+    h = Harness(pool_pages=4, tier_pages=16, page_size=1)
+    h.insert([1, 2, 3, 4])
+    h.tree.evict(4)
+    h.insert([5, 6, 7, 8])  # the pool is full again
+    assert h.match([1, 2, 3, 4, 0]) == 4
+    (kind_w, written), (kind_r, read) = h.store.log[-2:]
+    assert (kind_w, kind_r) == ("write", "read") and not set(written) & set(read)
+    assert h.match([5, 6, 7, 8, 0]) == 4
+    h.tree.check_integrity()
+
+
+def test_a_node_dropped_with_its_write_pending_is_not_written():
+    """One eviction demotes a child (its write pending), then finds no tier room for the parent and drops it
+    with the child: the batch must not write the dropped child."""
+    h = Harness(pool_pages=16, tier_pages=10, page_size=2)
+    h.insert([1] * 14)
+    h.insert([1] * 6 + [2] * 8)  # [1]*6 -> [1]*8 | [2]*8: 11 pages, the tier holds 10
+    h.tree.evict(16)  # both children demoted (8 tier pages, writes pending), then no room for the parent
+    h.tree.check_integrity()
+    assert h.match([1] * 14, load=False) == 0 and h.tree.host.num_free == 10, "the whole subtree went"
+    assert h.store.writes == 0, "nothing was left to write"
+
+
+def test_the_tier_lru_frees_each_node_once():
+    """A node in both tiers whose tier-only children are dropped for room is not queued twice."""
+    h = Harness(pool_pages=12, tier_pages=10, page_size=1)
+    h.insert([9, 9])
+    h.tree.evict(12)
+    h.insert([1, 1, 2, 2])
+    h.insert([1, 1, 3, 3])
+    h.tree.evict(12)  # the tier: [9,9], [1,1] -> [2,2] | [3,3]
+    assert h.match([1, 1, 0]) == 2  # [1,1] back in the pool too (both tiers), its children only in the tier
+    _, node = h.tree.match_prefix([1, 1])
+    h.tree.inc_lock_ref(node)
+    h.insert([5, 5])
+    h.tree.evict(12)  # the tier is full
+    h.insert([7] * 10)
+    h.tree.evict(12)  # writing [7]*10 needs the whole tier: [9,9], [2,2], [3,3], [1,1]'s copy, [5,5], each once
+    h.tree.check_integrity()
+    assert h.match([7] * 10 + [0], load=False) == 10 and node.host_value is None and node.value is not None
+    h.tree.dec_lock_ref(node)
+
+
 class TwoTierMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
         self.ps = 2
-        big = os.environ.get("_TIER_BIG", "1") == "1"
-        self.big_tier = big
-        self.h = Harness(pool_pages=12, tier_pages=400 if big else 10, page_size=self.ps)
+        size = os.environ.get("_TIER_SIZE", "big")
+        self.big_tier = size == "big"
+        pool, tier = {"big": (12, 400), "small": (12, 10), "smaller_than_pool": (16, 6)}[size]
+        self.h = Harness(pool_pages=pool, tier_pages=tier, page_size=self.ps)
         self.inserted: list[list[int]] = []
         self.locks: list = []
 
@@ -226,9 +273,9 @@ class TwoTierMachine(RuleBasedStateMachine):
             assert path_pages(node) == pages
 
 
-@pytest.mark.parametrize("big", ["1", "0"])
-def test_two_tiers_against_a_naive_model(big, monkeypatch):
-    monkeypatch.setenv("_TIER_BIG", big)
+@pytest.mark.parametrize("size", ["big", "small", "smaller_than_pool"])
+def test_two_tiers_against_a_naive_model(size, monkeypatch):
+    monkeypatch.setenv("_TIER_SIZE", size)
     TwoTierMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None,
                                                 suppress_health_check=[HealthCheck.too_slow])
     TwoTierMachine.TestCase().runTest()

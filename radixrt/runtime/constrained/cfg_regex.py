@@ -3,40 +3,57 @@
 Budget steering needs the fewest tokens from each state to the end of the grammar (budget.py), which only a
 DFA gives; llguidance's Earley parser, which enforces the grammar, offers none. A grammar nested at most a few
 levels deep is a regular language, a subset of the grammar's: outlines compiles it in the background and it
-follows the request as a shadow (fallback.py), exactly as it does for JSON schemas; while the output stays
-inside that subset (a rule nested in itself at most MAX_NESTING times, and no %ignore'd text where the grammar
-has none... see below), near the end of the budget the pick is llguidance's mask AND the shadow's steered
-tokens, so the output completes whenever a completion of the subset fits. Deeper output drops the shadow.
+follows the request as a shadow (fallback.py), exactly as it does for JSON schemas. While the output stays
+inside that subset (each rule nested in itself at most MAX_NESTING times), near the end of the budget the pick
+is llguidance's mask AND the shadow's steered tokens, so the output completes whenever a completion of the
+subset fits. Deeper output drops the shadow.
 
 The grammar (GBNF or Lark, as llguidance takes it) is converted to Lark by llguidance and read by the `lark`
 package: its rules come out with `?` expanded into alternatives and `*` / `+` as left-recursive helper rules
-(R: A | R A), which are turned back into `(?:A)+` here, so repetition is not bounded. %ignore'd terminals
-may appear between any two terminals, as in llguidance. A grammar lark cannot read (llguidance's own
-extensions), a terminal outlines cannot compile, or a regex past MAX_REGEX_CHARS at every nesting bound
-leaves the request unsteered (GrammarError here).
+(R: A | B | R A | R B), which are turned back into unbounded repetition here. %ignore'd terminals may appear
+before, between and after any terminals, as in llguidance. A grammar lark cannot read (llguidance's own
+extensions), a terminal outlines cannot compile, or a regex past MAX_REGEX_CHARS (or MAX_EXPANSIONS) at every
+nesting bound leaves the request unsteered (GrammarError here).
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from radixrt.runtime.constrained.regex_builder import GrammarError
 
 MAX_NESTING = 3            # times a rule may appear inside itself
 MAX_REGEX_CHARS = 60_000   # past this the DFA costs more to compile than steering is worth
+MAX_EXPANSIONS = 20_000    # rule expansions tried per nesting bound (branches that come to nothing included)
 
 
 def cfg_regex(spec: str) -> str:
-    """The regex of `spec`'s nesting-bounded subset (the deepest bound that fits MAX_REGEX_CHARS)."""
-    rules, terminals, ignore = _read(spec)
-    for nesting in range(MAX_NESTING, 0, -1):
-        try:
-            regex = _Builder(rules, terminals, ignore, nesting).rule("start", ())
-        except _TooLong:
-            continue
-        if regex is None:
-            raise GrammarError("the grammar has no derivation within the nesting bound")
-        return regex
-    raise GrammarError(f"the grammar's regular subset is longer than {MAX_REGEX_CHARS} characters")
+    """The regex of `spec`'s nesting-bounded subset (the deepest bound that fits MAX_REGEX_CHARS); GrammarError
+    when there is none. Cached per grammar: it runs on the scheduler's thread when a request's grammar arrives."""
+    out = _cached(spec)
+    if isinstance(out, GrammarError):
+        raise out
+    return out
+
+
+@functools.lru_cache(maxsize=256)
+def _cached(spec: str) -> str | GrammarError:
+    try:
+        rules, terminals, ignore = _read(spec)
+        for nesting in range(MAX_NESTING, 0, -1):
+            builder = _Builder(rules, terminals, ignore, nesting)
+            try:
+                regex = builder.rule("start", ())
+            except _TooLong:
+                continue
+            if regex is None:
+                return GrammarError("the grammar has no derivation within the nesting bound")
+            return f"{builder.sep}{regex}{builder.sep}"
+        return GrammarError(f"the grammar's regular subset is longer than {MAX_REGEX_CHARS} characters")
+    except GrammarError as e:
+        return e
+    except Exception as e:  # noqa: BLE001 - lark's and llguidance's many error types, a %declare'd terminal...
+        return GrammarError(f"no regular subset for steering: {type(e).__name__}: {str(e)[:200]}")
 
 
 def _read(spec: str) -> tuple[dict[str, list[list[Any]]], dict[str, str], list[str]]:
@@ -63,22 +80,28 @@ class _Builder:
     def __init__(self, rules: dict, terminals: dict, ignore: list[str], nesting: int):
         self.rules, self.terminals, self.nesting = rules, terminals, nesting
         self.sep = "(?:" + "|".join(f"(?:{r})" for r in ignore) + ")*" if ignore else ""
-        self.size = 0
+        self.size = self.expansions = 0
 
     def rule(self, name: str, stack: tuple[str, ...]) -> str | None:
         """The regex of rule `name` inside the rules on `stack`; None where the nesting bound leaves nothing."""
         if stack.count(name) >= self.nesting:
             return None
+        self.expansions += 1
+        if self.expansions > MAX_EXPANSIONS:
+            raise _TooLong
         stack += (name,)
         alternatives = self.rules[name]
-        body = _repeated(name, alternatives)
-        if body is not None:  # R: A | R A  is  A+
-            inner = self.sequence(body, stack)
-            return None if inner is None else self._count(f"(?:{inner})+")
+        repeated = _repeated(name, alternatives)
+        if repeated is not None:  # R: A | B | R A | R B  is  (A|B)+
+            item = self.choice(repeated, stack)
+            return None if item is None else self._count(f"{item}(?:{self.sep}{item})*")
+        return self.choice(alternatives, stack)
+
+    def choice(self, alternatives: list[list[Any]], stack: tuple[str, ...]) -> str | None:
         outs = [s for s in (self.sequence(alt, stack) for alt in alternatives) if s is not None]
         if not outs:
             return None
-        return self._count(outs[0] if len(outs) == 1 else "(?:" + "|".join(outs) + ")")
+        return self._count("(?:" + "|".join(outs) + ")")
 
     def sequence(self, symbols: list[Any], stack: tuple[str, ...]) -> str | None:
         parts = []
@@ -96,11 +119,11 @@ class _Builder:
         return regex
 
 
-def _repeated(name: str, alternatives: list[list[Any]]) -> list[Any] | None:
-    """A of a left-recursive repetition rule `name: A | name A` (lark's form of A+ and of A*'s non-empty part)."""
-    if len(alternatives) != 2:
+def _repeated(name: str, alternatives: list[list[Any]]) -> list[list[Any]] | None:
+    """The items of a left-recursive repetition rule `name: A | B | name A | name B` (lark's form of (A|B)+ and
+    of the non-empty part of (A|B)*), or None for any other rule."""
+    recursive = [alt[1:] for alt in alternatives if alt and not alt[0].is_term and alt[0].name == name]
+    base = [alt for alt in alternatives if not (alt and not alt[0].is_term and alt[0].name == name)]
+    if not recursive or sorted(map(repr, recursive)) != sorted(map(repr, base)):
         return None
-    a, b = sorted(alternatives, key=len)
-    if len(b) == len(a) + 1 and not b[0].is_term and b[0].name == name and b[1:] == a:
-        return a
-    return None
+    return base

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -38,6 +39,7 @@ class FallbackBackend:
     def __init__(self, primary: Any, secondary: Any, shadow: bool = False):
         """shadow: the secondary (outlines) also steers what the primary (llguidance) serves."""
         self.primary, self.secondary, self.shadow = primary, secondary, shadow
+        self._subset_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="radixrt-cfg-subset")
         self._lock = threading.Lock()
         self._second: collections.OrderedDict[tuple, None] = collections.OrderedDict()
 
@@ -85,11 +87,8 @@ class FallbackBackend:
         context-free grammar, of its nesting-bounded regular subset (cfg_regex.py)."""
         if not self.shadow:
             return None
-        if kind in CFG_KINDS:
-            try:
-                return self.secondary.request("regex", cfg_regex(spec))
-            except GrammarError:
-                return None  # no regular subset: the request runs unsteered
+        if kind in CFG_KINDS:  # lark reads the grammar on a worker thread, not the scheduler's
+            return SubsetShadowFuture(self.secondary, self._subset_pool.submit(cfg_regex, spec))
         return self.secondary.request(kind, spec)
 
     @property
@@ -97,6 +96,7 @@ class FallbackBackend:
         return self.primary.cached_bytes + self.secondary.cached_bytes
 
     def shutdown(self) -> None:
+        self._subset_pool.shutdown(wait=False, cancel_futures=True)
         self.primary.shutdown()
         self.secondary.shutdown()
 
@@ -144,6 +144,28 @@ class FallbackFuture:
             if self._first_error is None:
                 raise
             raise GrammarError(f"{self._first_error} (and {self._backend.secondary.name}: {e})") from None
+
+
+class SubsetShadowFuture:
+    """The outlines compile of a grammar's regular subset: done once the regex is built (cfg_regex, on a worker
+    thread) and outlines has compiled it; a grammar with no regular subset gives GrammarError (unsteered)."""
+
+    def __init__(self, secondary: Any, regex: Future):
+        self._secondary, self._regex, self._compile = secondary, regex, None
+
+    def done(self) -> bool:
+        if self._compile is None:
+            if not self._regex.done():
+                return False
+            if self._regex.exception() is not None:
+                return True
+            self._compile = self._secondary.request("regex", self._regex.result())
+        return self._compile.done()
+
+    def result(self) -> Any:
+        if self._compile is None:
+            return self._regex.result()  # raises the GrammarError
+        return self._compile.result()
 
 
 class Shadow:

@@ -27,6 +27,7 @@ reused, so no tier page is read while a write to it is in flight.
 from __future__ import annotations
 
 import heapq
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from radixrt.runtime.core.radix_cache import RadixCache
 from radixrt.runtime.core.tree_node import TreeNode
 
 WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
+log = logging.getLogger(__name__)
 
 
 class TierStore(Protocol):
@@ -112,7 +114,11 @@ class TieredRadixCache(RadixCache):
         if pool is None or not nodes:
             return [], None
         t0 = time.perf_counter()
-        bad = self.store.read([p for n in nodes for p in n.host_value], pool)
+        try:
+            bad = self.store.read([p for n in nodes for p in n.host_value], pool)
+        except Exception:  # noqa: BLE001 - an unreadable tier (a deleted file, say): recompute, never fail the step
+            log.exception("second cache tier: loading %d pages failed; recomputing them", num_pages)
+            bad = 0
         elapsed = time.perf_counter() - t0
         good = num_pages if bad is None else bad
         taken, loaded = 0, []
@@ -162,8 +168,8 @@ class TieredRadixCache(RadixCache):
 
     def _write_path(self, node: TreeNode) -> None:
         """Write-through: the nodes on node's path that are in the pool but not yet in the tier."""
-        while node is not self.root and node.host_value is None:
-            if node.value is not None and self._host_alloc(node):
+        while node is not self.root:
+            if node.host_value is None and node.value is not None and self._host_alloc(node):
                 self._pending.append((node, node.value))
             node = node.parent
         self._flush()
@@ -194,6 +200,8 @@ class TieredRadixCache(RadixCache):
         freed = 0
         while heap and freed < num_pages:
             _, _, node = heapq.heappop(heap)
+            if node.host_value is None:  # dropped with a subtree earlier in this loop
+                continue
             freed += len(node.host_value)
             if node.value is not None:
                 self.host.free(node.host_value)
@@ -201,7 +209,8 @@ class TieredRadixCache(RadixCache):
                 continue
             parent = node.parent
             self._drop_subtree(node)
-            if parent is not self.root and self._tier_droppable(parent, pending):
+            # a parent only in the tier is a leaf now; one also in the pool was in the heap from the start
+            if parent is not self.root and parent.value is None and self._tier_droppable(parent, pending):
                 heapq.heappush(heap, (parent.last_access, parent.node_id, parent))
 
     @staticmethod
@@ -221,6 +230,8 @@ class TieredRadixCache(RadixCache):
                 n.host_value = None
             self.tier_stats.nodes_dropped += 1
             stack.extend(n.children.values())
+        if self._pending:  # a demoted node whose write was still pending went with it: nothing to write
+            self._pending = [(n, pages) for n, pages in self._pending if n.host_value is not None]
 
     # ---- whole-tree operations ---------------------------------------------------------------------
 

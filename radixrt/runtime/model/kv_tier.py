@@ -7,15 +7,17 @@ read is one batched copy per pool tensor (index_select / index_copy_ over all pa
 
 The file tier: a header (magic, format version, and the fingerprint of what the bytes mean: model, dtypes,
 page size, layer and head counts, record size), a crc32 per page, then the records. Each process creates its
-own file (name with its pid) and deletes it at close: the tier does not survive a restart, because the tree
+own file (its pid and a random suffix in the name; the disk space reserved at start) and deletes it at close: the tier does not survive a restart, because the tree
 that indexes it lives in the process; so KV written by another model or dtype can never be served. A page
 whose checksum fails on a load is reported to the tree, which drops it and recomputes.
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
+import secrets
 import shutil
 import tempfile
 import zlib
@@ -73,11 +75,17 @@ class KVTierStore:
             raise ValueError(f"the file tier needs {total / 2**30:.2f} GiB but {directory!r} has "
                              f"{free / 2**30:.2f} GiB free (lower --hicache-size or --hicache-ratio)")
         _remove_stale_files(directory)
-        self.path = os.path.join(directory, f"{FILE_PREFIX}{os.getpid()}.bin")
+        # pid plus random: two processes sharing the directory (other PID namespaces too) never share a file
+        self.path = os.path.join(directory, f"{FILE_PREFIX}{os.getpid()}-{secrets.token_hex(4)}.bin")
         try:
-            self._mm = np.memmap(self.path, dtype=np.uint8, mode="w+", shape=(total,))
+            _reserve(self.path, total)
+            self._mm = np.memmap(self.path, dtype=np.uint8, mode="r+", shape=(total,))
         except OSError as e:
-            raise ValueError(f"cannot create the tier file {self.path!r}: {e}") from None
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+            raise ValueError(f"cannot create the tier file {self.path!r} ({total / 2**30:.2f} GiB): {e}") from None
         self._mm[:HEADER_BYTES] = np.frombuffer(self.header, dtype=np.uint8)
         self._mm.flush()
         self.check_header()
@@ -89,8 +97,11 @@ class KVTierStore:
         """The file still says what its bytes are (ValueError naming the problem otherwise)."""
         if self.path is None:
             return
-        with open(self.path, "rb") as f:
-            head = f.read(HEADER_BYTES)
+        try:
+            with open(self.path, "rb") as f:
+                head = f.read(HEADER_BYTES)
+        except OSError as e:
+            raise ValueError(f"the tier file cannot be read: {e}") from None
         if not head.startswith(MAGIC):
             raise ValueError(f"{self.path} is not a radixrt KV tier file (bad magic)")
         if head != self.header:
@@ -148,10 +159,26 @@ class KVTierStore:
             self.path = None
 
 
+def _reserve(path: str, size: int) -> None:
+    """Create the file with its disk space taken now: a full disk is an error at start, not a SIGBUS when a
+    page of a sparse file is first written."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as e:
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # a file system without it: a plain size
+                raise
+            os.ftruncate(fd, size)
+    finally:
+        os.close(fd)
+
+
 def _remove_stale_files(directory: str) -> None:
-    """Tier files of processes that died without closing them (SIGKILL): nothing can read them again."""
+    """Tier files of processes that died without closing them (SIGKILL): nothing can read them again. (A file
+    of a live process in another PID namespace may go too: its mapping stays valid, only its name goes.)"""
     for name in os.listdir(directory):
-        pid = name.removeprefix(FILE_PREFIX).removesuffix(".bin")
+        pid = name.removeprefix(FILE_PREFIX).split("-")[0]
         if name.startswith(FILE_PREFIX) and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
             try:
                 os.unlink(os.path.join(directory, name))
