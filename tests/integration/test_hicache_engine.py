@@ -134,3 +134,18 @@ def test_header_names_the_model_and_a_foreign_header_is_refused(tmp_path):
     finally:
         engine.shutdown()
     assert not os.path.exists(path), "the tier file outlived the engine"
+
+
+def test_quantized_pages_and_their_scales_come_back_exactly(tmp_path):
+    """int8 KV: a tier page carries the int8 values and their float32 scales; outputs equal the tier-off run."""
+    outputs = {}
+    for tier in (None, "file"):
+        engine = make(tier, tmp_path, kv_cache_dtype="int8")
+        try:
+            outputs[tier] = chat_rounds(engine, rounds=2)
+            if tier:
+                assert engine.scheduler.server_info()["hicache_tokens_loaded"] > 0
+            engine.check_integrity()
+        finally:
+            engine.shutdown()
+    assert outputs["file"] == outputs[None]
