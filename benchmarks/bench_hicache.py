@@ -34,6 +34,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, os.path.dirname(__file__))
+from bench_grammar import pct  # noqa: E402
 from run_info import git_commit, machine  # noqa: E402
 
 from radixrt.frontend.launcher import Runtime  # noqa: E402
@@ -44,11 +45,6 @@ SYSTEM = ("You are a patient assistant for a travel company. You answer question
 TOPICS = ["Lisbon", "Kyoto", "Patagonia", "Iceland", "Morocco", "Vancouver", "Sicily", "Bhutan"]
 DOC = ("Document {d}. Field notes from expedition {d}: the team recorded weather, terrain, supplies and the "
        "condition of every trail between camp {d} and the northern ridge. ")
-
-
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
 def generate(client: httpx.Client, url: str, text: str, max_new: int) -> tuple[dict, float]:

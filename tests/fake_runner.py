@@ -162,7 +162,7 @@ class FakeTierStore:
         self.kv, self.page_size, self.num_pages = kv, page_size, num_pages
         self.pages: dict[int, list] = {}
         self.corrupt: set[int] = set()
-        self.writes = self.reads = 0
+        self.writes = self.reads = self.pages_read = 0
         self.log: list[tuple[str, list[int]]] = []  # ("write" | "read", tier pages) in call order
 
     def _slots(self, page: int) -> range:
@@ -189,4 +189,5 @@ class FakeTierStore:
                     self.kv.pop(slot, None)
                 else:
                     self.kv[slot] = entry
+            self.pages_read += 1
         return None

@@ -69,17 +69,21 @@ def test_outputs_match_reference_under_sharing_chunking_and_preemption(page_size
     assert_all_pages_back(s)
 
 
-@pytest.mark.parametrize("page_size", [1, 4])
-def test_preemption_when_decode_outgrows_the_pool_leaves_outputs_unchanged(page_size):
-    rng = random.Random(3)
-    s = make(page_size, num_tokens=160, chunk=64)
-    prompts = {str(i): [rng.randrange(1, VOCAB) for _ in range(20)] for i in range(8)}
+def run_preempting_batch(s, rng, prompt_len: int, new_tokens: int) -> None:
+    """8 requests whose decodes outgrow the pool: preemption must happen and leave every output unchanged."""
+    prompts = {str(i): [rng.randrange(1, VOCAB) for _ in range(prompt_len)] for i in range(8)}
     for rid, p in prompts.items():
-        submit(s, rid, p, max_new_tokens=60, ignore_eos=True)
+        submit(s, rid, p, max_new_tokens=new_tokens, ignore_eos=True)
     outs = drain(s)
     assert s.stats.num_preemptions > 0, "the small pool should have forced preemption"
     for rid, p in prompts.items():
-        assert ids(outs, rid) == reference_output(p, 60, VOCAB, None)  # ignore_eos: no stop at token 0
+        assert ids(outs, rid) == reference_output(p, new_tokens, VOCAB, None), rid  # ignore_eos: no stop at 0
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_preemption_when_decode_outgrows_the_pool_leaves_outputs_unchanged(page_size):
+    s = make(page_size, num_tokens=160, chunk=64)
+    run_preempting_batch(s, random.Random(3), prompt_len=20, new_tokens=60)
     assert_all_pages_back(s)
 
 

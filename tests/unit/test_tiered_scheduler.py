@@ -13,7 +13,7 @@ import pytest
 from fake_runner import FakeRunner, reference_output
 from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.core.scheduler import Scheduler
-from test_scheduler import VOCAB, drain, ids, submit
+from test_scheduler import VOCAB, drain, ids, run_preempting_batch, submit
 
 
 def make(tier: bool, page_size=1, num_tokens=240, policy="write_back", ratio=8.0):
@@ -62,15 +62,8 @@ def test_multi_turn_history_comes_back_from_the_tier(page_size, policy):
 
 
 def test_preempted_requests_swap_out_and_back():
-    rng = random.Random(5)
     s = make(True, page_size=2, num_tokens=160)
-    prompts = {str(i): [rng.randrange(1, VOCAB) for _ in range(24)] for i in range(8)}
-    for rid, p in prompts.items():
-        submit(s, rid, p, max_new_tokens=50, ignore_eos=True)
-    outs = drain(s)
-    assert s.stats.num_preemptions > 0, "the small pool should have forced preemption"
-    for rid, p in prompts.items():
-        assert ids(outs, rid) == reference_output(p, 50, VOCAB, None), rid
+    run_preempting_batch(s, random.Random(5), prompt_len=24, new_tokens=50)
     assert s.tree.tier_stats.tokens_loaded > 0, "a preempted request's KV came back from the tier"
     assert_both_tiers_empty_after_flush(s)
 
@@ -119,7 +112,7 @@ def test_tier_figures_reach_server_info_and_metrics():
     s = make(True, page_size=1)
     conversations(s, random.Random(2), turns=2)
     info = s.server_info()
-    assert info["hicache_tokens_loaded"] == s.tree.tier_stats.tokens_loaded > 0
+    assert info["hicache_tokens_loaded"] == s.runner.kv_tier.pages_read * s.page_size > 0  # what the tier copied
     assert info["hicache_pages_used"] == len(s.tree.host_page_ids()) > 0
     assert info["hicache_load_latency_p50_s"] is not None and info["hicache_write_policy"] == "write_back"
     metrics = ServerMetrics()

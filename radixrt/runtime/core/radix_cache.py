@@ -97,6 +97,10 @@ class RadixCache:
         """Nodes only in a second tier that continue a match (tiered_cache.py); none without one."""
         return []
 
+    def tier_info(self) -> dict[str, Any]:
+        """The second tier's figures for server_info (tiered_cache.py); without one, only that there is none."""
+        return {"hicache_enabled": False}
+
     def _insert(self, token_ids: list[int], page_ids: list[int]) -> tuple[int, TreeNode]:
         if len(token_ids) != len(page_ids) * self.page_size:
             raise ValueError(f"insert needs len(token_ids) == len(page_ids) * page_size, got "

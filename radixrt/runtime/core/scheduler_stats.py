@@ -79,8 +79,7 @@ def server_info(s: Any, walk: bool = True) -> dict:
         "jump_forward_draft_tokens": st.num_draft_tokens,
         "jump_forward_accepted_tokens": st.num_draft_accepted,
         "num_step_failures": st.num_step_failures,
-        "hicache_enabled": hasattr(s.tree, "tier_stats"),
-        **(s.tree.info() if hasattr(s.tree, "tier_stats") else {}),  # the second tier's figures (tiered_cache.py)
+        **s.tree.tier_info(),  # the second tier's figures (tiered_cache.py)
     }
 
 

@@ -260,11 +260,11 @@ class TieredRadixCache(RadixCache):
             if n.host_value is not None:
                 assert len(n.host_value) == len(n.key) // self.page_size, f"tier pages != tokens in {n}"
 
-    def info(self) -> dict[str, Any]:
+    def tier_info(self) -> dict[str, Any]:
         st = self.tier_stats
         lat = sorted(st.load_latencies)
         return {
-            "hicache_pages_total": self.host.num_pages, "hicache_pages_used": self.host.num_pages - self.host.num_free,
+            "hicache_enabled": True, "hicache_pages_total": self.host.num_pages, "hicache_pages_used": self.host.num_pages - self.host.num_free,
             "hicache_write_policy": self.write_policy, "hicache_hits": st.hits,
             "hicache_tokens_loaded": st.tokens_loaded, "hicache_tokens_written": st.tokens_written,
             "hicache_bytes_loaded": st.tokens_loaded // self.page_size * self.store.page_bytes,

@@ -25,6 +25,3 @@ class TreeNode:
     def __repr__(self) -> str:
         return (f"TreeNode(#{self.node_id}, tokens={len(self.key)}, pages={self.value}, host={self.host_value}, "
                 f"lock={self.lock_ref})")
-
-    def in_pool(self) -> bool:
-        return self.value is not None

@@ -37,6 +37,14 @@ class KVCache:
         self.num_slots = num_slots
         self.dtype = dtype
 
+    def tensors(self) -> list[torch.Tensor]:
+        """Every per-slot tensor of the pool: each layer's K, then V, then (quantised) their scales."""
+        return [t for group in (self.k, self.v, self.k_scale or [], self.v_scale or []) for t in group]
+
+    def page_bytes(self, page_size: int) -> int:
+        """Bytes one page holds over all of tensors() (what a copy of the page moves)."""
+        return sum(t[0].numel() * t.element_size() for t in self.tensors()) * page_size
+
     def copy_pages(self, pairs: list[tuple[int, int]], page_size: int) -> None:
         """Copy the K/V (and scales) of each (source, destination) page, every layer."""
         if not pairs:
@@ -44,9 +52,8 @@ class KVCache:
         offsets = torch.arange(page_size)
         src = torch.cat([offsets + s * page_size for s, _ in pairs]).to(self.k[0].device)
         dst = torch.cat([offsets + d * page_size for _, d in pairs]).to(self.k[0].device)
-        for tensors in (self.k, self.v, self.k_scale or [], self.v_scale or []):
-            for t in tensors:
-                t[dst] = t[src]
+        for t in self.tensors():
+            t[dst] = t[src]
 
     def scales(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         if self.k_scale is None:

@@ -41,10 +41,10 @@ class KVTierStore:
                  directory: str | None = None):
         if num_pages < 1:
             raise ValueError(f"the second cache tier needs at least one page, got {num_pages}")
-        self.parts = [t for group in (kv.k, kv.v, kv.k_scale or [], kv.v_scale or []) for t in group]
+        self.parts = kv.tensors()
         self.pool_pages = self.parts[0].shape[0] // page_size
         self.part_bytes = [t[0].numel() * t.element_size() * page_size for t in self.parts]
-        self.page_bytes = sum(self.part_bytes)
+        self.page_bytes = kv.page_bytes(page_size)
         self.num_pages = num_pages
         self.device = self.parts[0].device
         self.header = self._header(fingerprint)
@@ -189,8 +189,7 @@ def _remove_stale_files(directory: str) -> None:
 def open_kv_tier(config: Any, kv: KVCache, page_size: int, pool_pages: int, fingerprint: dict[str, Any],
                  available_bytes: int) -> KVTierStore:
     """The tier --hicache-size (GB) or --hicache-ratio (x the pool) asks for, in RAM or a file."""
-    page_bytes = sum(t[0].numel() * t.element_size() * page_size
-                     for group in (kv.k, kv.v, kv.k_scale or [], kv.v_scale or []) for t in group)
+    page_bytes = kv.page_bytes(page_size)
     num_pages = int(config.hicache_size * 1e9) // page_bytes if config.hicache_size else int(
         pool_pages * config.hicache_ratio)
     directory = None
