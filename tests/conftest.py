@@ -4,6 +4,7 @@ Tests under tests/integration/ are auto-marked `integration` (they need the real
 """
 from __future__ import annotations
 
+import os
 import pathlib
 import random
 
@@ -15,6 +16,11 @@ from radixrt.runtime.core.page_allocator import TableRows, slots_of
 from radixrt.runtime.model.kv_cache import KVCache, ReqToSlotTable
 
 _INTEGRATION_DIR = pathlib.Path(__file__).parent / "integration"
+
+# Engines and servers the tests start run their layers eager: compiling the graphs costs ~30 s per new model
+# shape on a 2-core machine. The tests of the compiled path (test_compiled_layers.py, the default-config
+# quality test) pass enable_torch_compile=True, which wins over this.
+os.environ.setdefault("RADIXRT_DISABLE_TORCH_COMPILE", "1")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -93,6 +93,11 @@ class ServerConfig:
                                           "before in-flight requests fail and the server exits non-zero")
     max_request_body_bytes: int = _opt(8 * 1024 * 1024, "largest accepted HTTP body")
     num_threads: int | None = _opt(None, "torch intra-op threads on CPU; default all cores")
+    enable_torch_compile: bool = _opt(False, "run the layers as torch.compile'd graphs even where the default "
+                                             "would not (CUDA); on a CPU with a C++ compiler they already are")
+    disable_torch_compile: bool = _opt(False, "run the model eager (no torch.compile'd layer graphs)")
+    torch_compile_max_bs: int = _opt(32, "steps of up to this many tokens (decode batches) share one compiled "
+                                         "graph; larger steps (prefill) another (model/compiled_layers.py)")
     dp_size: int = _opt(1, "data parallel replicas behind sglang-router (pip install sglang-router); the router "
                            "listens on --host/--port (serving/dp_launch.py)")
     router_policy: str = _opt("cache_aware", "sglang-router's policy with --dp-size > 1",
@@ -126,6 +131,10 @@ class ServerConfig:
             raise ValueError(f"node_rank must be in [0, nnodes), got {self.node_rank}")
         if self.nnodes > 1 and not self.dist_init_addr:
             raise ValueError("--nnodes > 1 needs --dist-init-addr host:port (node 0's address)")
+        if self.torch_compile_max_bs < 2:
+            raise ValueError(f"torch_compile_max_bs must be >= 2, got {self.torch_compile_max_bs}")
+        if self.enable_torch_compile and self.disable_torch_compile:
+            raise ValueError("--enable-torch-compile and --disable-torch-compile contradict each other")
         if not 1 <= self.speculative_num_draft_tokens <= 64:
             raise ValueError(f"speculative_num_draft_tokens must be in [1, 64], got {self.speculative_num_draft_tokens}")
         if self.enable_hierarchical_cache and (self.disable_radix_cache or self.tp_size > 1):

@@ -15,6 +15,32 @@ import torch.nn.functional as F
 from radixrt.runtime.model import int4_weight
 from radixrt.runtime.model.int4_weight import Int4Weight
 
+# The matmul as one operator that torch.compile'd graphs call (compiled_layers.py): Inductor lowers oneDNN's
+# packed linear only for frozen constants, and a graph whose weights are constants is one graph per layer
+# (minutes to compile on a small CPU). Behind this operator the weights are graph inputs, so one graph serves
+# every layer; the kernel it runs is the eager path's own (Linear.__call__). A torch.library operator costs
+# ~5 us a call; torch.library.custom_op's wrapper ~40 us, which is why it is not one.
+_LIB = torch.library.Library("radixrt", "DEF")
+_LIB.define("linear(Tensor x, Tensor w, Tensor? bias, Tensor? int4_packed, Tensor? int4_scales, int out_features)"
+            " -> Tensor")
+
+
+def linear_kernel(x, w, bias, int4_packed, int4_scales, out_features):
+    if int4_packed is not None and x.shape[0] <= int4_weight.MAX_ROWS:
+        return torch._weight_int4pack_mm_for_cpu(x.contiguous(), int4_packed, int4_weight.GROUP, int4_scales)
+    if w.is_mkldnn:
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), w, bias, "none", [], "")
+    return F.linear(x, w, bias)
+
+
+def _linear_shape(x, w, bias, int4_packed, int4_scales, out_features):
+    return x.new_empty((x.shape[0], out_features))
+
+
+for _key in ("CPU", "MkldnnCPU", "CUDA"):
+    _LIB.impl("linear", linear_kernel, _key)
+_LIB.impl("linear", _linear_shape, "Meta")
+
 # The row count oneDNN is told to expect: decode batches; it serves 1..256+ rows nearly as well.
 PACK_BATCH_HINT = 16
 
@@ -48,11 +74,14 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, in_features] -> [T, out_features]."""
-        if self.int4 is not None and x.shape[0] <= int4_weight.MAX_ROWS:
-            return self.int4(x)
-        if self.packed:
-            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.weight, self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
+        return linear_kernel(x, *self.op_args())
+
+    def op_args(self) -> tuple:
+        """What torch.ops.radixrt.linear takes after x: plain tensors, so a compiled graph can take them as
+        inputs (the same graph for every layer)."""
+        int4 = self.int4
+        return (self.weight, self.bias, int4.packed if int4 else None, int4.scales_and_zeros if int4 else None,
+                self.out_features)
 
     def numel(self) -> int:
         return self.out_features * self.in_features

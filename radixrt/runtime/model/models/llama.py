@@ -9,6 +9,7 @@ logits are computed only for the rows the caller asked for. Formulas follow Hugg
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -18,6 +19,9 @@ from radixrt.runtime.model.forward_batch import ForwardBatch
 from radixrt.runtime.model.kv_cache import KVCache
 from radixrt.runtime.model.int4_weight import Int4Weight
 from radixrt.runtime.model.linear import Linear
+from radixrt.runtime.model.logits_head import LogitsHead
+from radixrt.runtime.model.models import llama_layer
+from radixrt.runtime.model.models.llama_layer import LayerDims
 from radixrt.runtime.model.tp_shard import Shard
 
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -32,17 +36,6 @@ class _Layer:
     post_norm: torch.Tensor      # [H]
     gate_up: Linear              # [2 I, H]
     down: Linear                 # [H, I]
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Over the last dim; weight [..., dim] may carry leading dims (per-head norms stacked)."""
-    if x.dtype == torch.float32:  # fused op; same value as HF's formula in float32
-        if weight.dim() == 1:
-            return F.rms_norm(x, weight.shape, weight, eps)
-        return F.rms_norm(x, (x.shape[-1],), None, eps) * weight
-    # HF: normalize in float32, round to the model dtype, then scale by the weight (the fused op in
-    # float32 is HF's formula: 3 ops instead of 7, ~3 ms of a 16-row decode step on a 2-core CPU)
-    return weight * F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
 
 
 def rope_tables(hf_config, head_dim: int, max_context: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,9 +111,10 @@ class LlamaForCausalLM:
         self.rope_cos = torch.cat((cos, cos), dim=-1).to(device=self.device, dtype=self.rope_dtype)  # [max_context, D]
         self.rope_sin = torch.cat((-sin, sin), dim=-1).to(device=self.device, dtype=self.rope_dtype)
         self.layers: list[_Layer] = []
+        self.eager_dims = self.layer_dims()
         self.embed: torch.Tensor | None = None
         self.final_norm: torch.Tensor | None = None
-        self.lm_head: Linear | None = None
+        self.lm_head: LogitsHead | None = None
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], int4: bool = False) -> None:
         """Takes HF parameter names (model.layers.N.self_attn.q_proj.weight, ...); fuses as it goes.
@@ -150,8 +144,8 @@ class LlamaForCausalLM:
         self.final_norm = check("norm.weight", take("norm.weight"), (H,)).float()
         lm_head = take("lm_head.weight", required=False)
         tied = getattr(self.config, "tie_word_embeddings", False) or lm_head is None
-        self.lm_head = Linear(self.embed if tied else check("lm_head.weight", lm_head, (self.vocab_local, H)),
-                              int4=int4_of("embed_tokens.weight" if tied else "lm_head.weight"))
+        self.lm_head = LogitsHead(self.embed if tied else check("lm_head.weight", lm_head, (self.vocab_local, H)),
+                                  int4=int4_of("embed_tokens.weight" if tied else "lm_head.weight"))
         self.layers = []
         for i in range(self.num_layers):
             p = f"layers.{i}."
@@ -184,42 +178,47 @@ class LlamaForCausalLM:
         if unused:
             raise ValueError(f"unexpected weights in the checkpoint (unsupported architecture?): {unused[:5]}")
 
-    def forward(self, fb: ForwardBatch, kv: KVCache, attn) -> torch.Tensor:
-        """Logits [R, vocab] float32 for rows fb.logits_rows of the flat token axis."""
+    def layer_dims(self, compiled: bool = False) -> LayerDims:
+        return LayerDims(self.num_q_heads, self.num_kv_heads, self.head_dim, self.intermediate_size, self.eps,
+                         self.dtype, self.rope_dtype, self.attn_dtype, compiled)
+
+    def forward(self, fb: ForwardBatch, kv: KVCache, attn, graphs: Any = None) -> torch.Tensor:
+        """Logits [R, vocab] float32 for rows fb.logits_rows of the flat token axis. graphs: the compiled
+        layer functions for this step's token count (compiled_layers.py), or None for eager."""
         assert self.embed is not None, "load_weights first"
         if fb.attn_meta is None:
             attn.init_forward_metadata(fb)
-        T, D, Hq, Hkv, I, eps = fb.num_tokens, self.head_dim, self.num_q_heads, self.num_kv_heads, \
-            self.intermediate_size, self.eps
-        num_qk_heads = Hq + Hkv
+        T = fb.num_tokens
         cos = self.rope_cos.index_select(0, fb.positions)[:, None, :]  # [T, 1, D], shared by all layers
         sin = self.rope_sin.index_select(0, fb.positions)[:, None, :]
-        half = D // 2
         # the residual stream stays float32 whatever the weights' dtype: a bf16 model then rounds only
         # the matmul inputs and outputs (teacher-forced top-1 agreement with fp32 transformers 96.3% ->
         # see tests/integration/test_default_dtype_quality.py), at no measurable cost
         h = self._embed(fb.input_ids)  # [T, H] float32
+        d = self.eager_dims
+        first, last = self.layers[0], self.layers[-1]
+        head = graphs.attention_inputs if graphs else partial(llama_layer.attention_inputs, d)
+        q, k, v = head(h, first.input_norm, first.qkv.op_args(), first.qk_norm, cos, sin)
         for i, layer in enumerate(self.layers):
-            x = self._norm(h, layer.input_norm)
-            qkv = layer.qkv(x)  # [T, (Hq + 2 Hkv) * D]
-            qk = qkv[:, :num_qk_heads * D].view(T, num_qk_heads, D)
-            if layer.qk_norm is not None:
-                qk = rms_norm(qk, layer.qk_norm, eps)
-            qk = qk.to(self.rope_dtype)
-            # RoPE on q and k at once: qk * cos + rotate_half(qk) * sin (sin stored signed)
-            qk = torch.addcmul(qk * cos, torch.cat((qk[..., half:], qk[..., :half]), dim=-1), sin)
-            qk = qk.to(self.attn_dtype)
-            v = qkv[:, num_qk_heads * D:].view(T, Hkv, D)
-            o = attn.forward(qk[:, :Hq], qk[:, Hq:], v, kv.k[i], kv.v[i], fb, self.scale, *kv.scales(i),
+            o = attn.forward(q, k, v, kv.k[i], kv.v[i], fb, self.scale, *kv.scales(i),
                              window=self.layer_windows[i])  # [T, Hq, D]
-            h.add_(self._reduce(layer.o(o.reshape(T, Hq * D).to(self.dtype))))
-            x = self._norm(h, layer.post_norm)
-            gate_up = layer.gate_up(x)  # [T, 2I]
-            x = F.silu(gate_up[:, :I]).mul_(gate_up[:, I:])
-            h.add_(self._reduce(layer.down(x)))
+            tail = (o, layer.o.op_args(), layer.post_norm, layer.gate_up.op_args(), layer.down.op_args())
+            if layer is last:
+                break
+            nxt = self.layers[i + 1]
+            if graphs is None and self.tp is not None:  # tensor parallel: all-reduces between the matmuls
+                h = llama_layer.feed_forward(d, h, *tail, reduce=self._reduce)
+                q, k, v = llama_layer.attention_inputs(d, h, nxt.input_norm, nxt.qkv.op_args(), nxt.qk_norm, cos, sin)
+                continue
+            step = graphs.seam if graphs else partial(llama_layer.seam, d)
+            h, q, k, v = step(h, *tail, nxt.input_norm, nxt.qkv.op_args(), nxt.qk_norm, cos, sin)
+        if self.tp is not None:
+            x = llama_layer.norm(d, llama_layer.feed_forward(d, h, *tail, reduce=self._reduce), self.final_norm)
+        else:
+            x = (graphs.final if graphs else partial(llama_layer.final, d))(h, *tail, self.final_norm)
         if fb.logits_rows.shape[0] != T:
-            h = h.index_select(0, fb.logits_rows)
-        logits = self.lm_head(self._norm(h, self.final_norm)).float()
+            x = x.index_select(0, fb.logits_rows)
+        logits = self.lm_head(x)
         if self.tp is not None:  # vocab parallel: rank 0 gets every rank's slice, the others None
             return self.tp.gather_last_dim(logits)
         return logits
@@ -238,7 +237,3 @@ class LlamaForCausalLM:
         if self.tp is None:
             return partial
         return self.tp.all_reduce(partial.float())
-
-    def _norm(self, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """RMSNorm of the float32 residual stream with a float32 weight, rounded once to the model dtype."""
-        return F.rms_norm(h, weight.shape, weight, self.eps).to(self.dtype)

@@ -1,0 +1,234 @@
+"""The layer math as Inductor-compiled graphs: the CPU's analogue of CUDA graphs.
+
+What is compiled: the three pure functions of models/llama_layer.py (the first layer's attention inputs, the
+seam between two attentions, the last layer's tail), with the weights as graph inputs, so one graph serves
+every layer. Attention reads the paged pool with per-step Python metadata and stays outside the graphs, as
+do the embedding and the lm_head. Inside a graph the norms, RoPE, SiLU and the residual adds are fused C++
+loops around the matmuls (torch.ops.radixrt.linear: oneDNN's packed bf16 GEMM or the 4-bit kernel).
+
+How: each function is traced once per bucket to an FX graph (make_fx; symbolic in the token count T for the
+ranges) and compiled by torch._inductor.standalone_compile. The result is called directly, without dynamo:
+dynamo's guard check and frame handling cost ~80 us a call on a small CPU, as much as the fused kernels
+save, and there are 31 calls a step. Inductor's generated wrapper still checks each input's size and stride.
+
+Buckets of the step's token count T, each compiled once (at start-up, warm_up) and never again:
+  one token         T = 1 (a single decode: static shapes)
+  small batches     2 <= T <= --torch-compile-max-bs (decode batches; T symbolic, sized for them)
+  large steps       T > --torch-compile-max-bs (prefill chunks and mixed steps; T symbolic)
+The compiled graphs are saved under $RADIXRT_CACHE_DIR/compiled (keyed by torch's version, the layer code and
+the shapes) and Inductor's own caches under $RADIXRT_CACHE_DIR/inductor, so a later start loads them. Without a
+C++ compiler (Inductor's CPU code generation needs one) the engine runs eager and says so once.
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import logging
+import os
+import pathlib
+import shutil
+import time
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Callable
+
+import torch
+
+from radixrt.runtime.model import linear
+from radixrt.runtime.model.models import llama_layer
+from radixrt.runtime.model.models.llama_layer import LayerDims
+
+log = logging.getLogger(__name__)
+
+MAX_TOKENS = 1 << 20  # the large-step bucket's upper bound (any real step is smaller)
+
+
+@dataclass(frozen=True)
+class Bucket:
+    name: str
+    min_tokens: int
+    max_tokens: int
+
+    @property
+    def static(self) -> bool:
+        return self.min_tokens == self.max_tokens
+
+
+def buckets(max_bs: int) -> list[Bucket]:
+    return [Bucket("one token", 1, 1), Bucket("small batches", 2, max_bs),
+            Bucket("large steps", max_bs + 1, MAX_TOKENS)]
+
+
+def compiler_missing(device: torch.device) -> str | None:
+    """Why Inductor cannot compile here, or None. On a CPU its generated code is C++: it needs a compiler."""
+    if device.type != "cpu":
+        return None
+    cxx = os.environ.get("CXX", "g++")
+    if shutil.which(cxx) is None and shutil.which("c++") is None:
+        return f"no C++ compiler ({cxx}) on PATH"
+    return None
+
+
+def why_eager(config: Any, device: torch.device, tensor_parallel: bool) -> str | None:
+    """Why this engine runs its layers eager, or None to compile them. On by default on a CPU with a C++
+    compiler; --enable-torch-compile elsewhere (CUDA); --disable-torch-compile or
+    RADIXRT_DISABLE_TORCH_COMPILE=1 (the test suite's default: compiling per test engine costs minutes) off."""
+    if config.disable_torch_compile:
+        return "--disable-torch-compile"
+    if os.environ.get("RADIXRT_DISABLE_TORCH_COMPILE") == "1" and not config.enable_torch_compile:
+        return "RADIXRT_DISABLE_TORCH_COMPILE=1"
+    if tensor_parallel:
+        return "tensor parallelism (its all-reduces sit between the matmuls)"
+    if device.type != "cpu" and not config.enable_torch_compile:
+        return f"on {device.type} only with --enable-torch-compile"
+    return compiler_missing(device)
+
+
+def flatten(args: tuple) -> tuple[list[torch.Tensor], Callable[[list[torch.Tensor]], tuple]]:
+    """Tensors of (possibly tuple-nested) args, and how to rebuild args from them: the graph's inputs are the
+    tensors; None and ints (absent biases, out_features) are constants of the graph."""
+    tensors: list[torch.Tensor] = []
+
+    def skeleton(a):
+        if isinstance(a, torch.Tensor):
+            tensors.append(a)
+            return len(tensors) - 1
+        if isinstance(a, tuple):
+            return tuple(skeleton(x) for x in a)
+        return ("const", a)
+
+    shape = [skeleton(a) for a in args]
+
+    def rebuild(flat, s=None):
+        if s is None:
+            return tuple(rebuild(flat, x) for x in shape)
+        if isinstance(s, int):
+            return flat[s]
+        if len(s) == 2 and s[0] == "const":
+            return s[1]
+        return tuple(rebuild(flat, x) for x in s)
+
+    return tensors, rebuild
+
+
+T_ARGS = {"attention_inputs": (0, -2, -1), "seam": (0, 1, -2, -1), "final": (0, 1)}  # args whose dim 0 is T
+
+
+def activations(name: str, args: tuple) -> set[int]:
+    """ids of the arguments whose first dimension is the step's token count (h, o, cos, sin)."""
+    return {id(args[i]) for i in T_ARGS[name]}
+
+
+def trace(fn: Callable, flat: list[torch.Tensor], t_ids: set[int], static: bool) -> torch.fx.GraphModule:
+    """fn's FX graph over fake copies of flat: only dim 0 of the activations symbolic (or nothing, static).
+    make_fx's own symbolic mode would make every dim symbolic and unify equal sizes: a T of 2 traced that way
+    becomes the same symbol as the 2 of a weight's shape."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+
+    def fake(t: torch.Tensor) -> torch.Tensor:
+        dims = [DimDynamic.DYNAMIC if j == 0 and id(t) in t_ids and not static else DimDynamic.STATIC
+                for j in range(t.dim())]
+        return mode.from_tensor(t, symbolic_context=StatelessSymbolicContext(dynamic_sizes=dims))
+
+    fakes = [fake(t) for t in flat]
+    return make_fx(fn, tracing_mode="fake" if static else "symbolic")(*fakes)
+
+
+def example_inputs(flat: list[torch.Tensor], t_ids: set[int], bucket: Bucket) -> list[torch.Tensor]:
+    """flat with the activations at a token count no input has as another dimension: Inductor binds the graph's
+    symbolic T to an input dimension of the example's value, and a T of 2 bound to a 4-bit scale table's last
+    dimension (2), or of 9 to the 9 heads of o, would size every later call by that dimension."""
+    taken = {n for t in flat for j, n in enumerate(t.shape) if j or id(t) not in t_ids}
+    num_tokens = next(n for n in range(bucket.min_tokens, bucket.max_tokens + 1) if n not in taken)
+    return [torch.zeros((num_tokens, *t.shape[1:]), dtype=t.dtype, device=t.device) if id(t) in t_ids else t
+            for t in flat]
+
+
+class CompiledLayers:
+    """The compiled layer functions by bucket; model.forward calls attention_inputs / seam / final."""
+
+    def __init__(self, dims: LayerDims, max_bs: int, cache_dir: pathlib.Path):
+        self.buckets = buckets(max_bs)
+        self.dims = LayerDims(**{**dims.__dict__, "compiled": True})
+        self.cache_dir = cache_dir
+        self._graphs: dict[tuple[str, str], Callable] = {}  # (function name, bucket name) -> compiled
+        self.num_compiles = 0  # graphs compiled (not loaded) in this process
+        self.compile_seconds: dict[str, float] = {}
+
+    def bucket_of(self, num_tokens: int) -> Bucket:
+        return next(b for b in self.buckets if b.min_tokens <= num_tokens <= b.max_tokens)
+
+    def attention_inputs(self, *args):
+        return self._call("attention_inputs", args)
+
+    def seam(self, *args):
+        return self._call("seam", args)
+
+    def final(self, *args):
+        out = self._call("final", args)
+        return out[0] if isinstance(out, (list, tuple)) else out  # a loaded graph returns its outputs as a list
+
+    def _call(self, name: str, args: tuple):
+        flat, _ = flatten(args)
+        bucket = self.bucket_of(flat[0].shape[0])
+        graph = self._graphs.get((name, bucket.name))
+        if graph is None:
+            graph = self._graphs[(name, bucket.name)] = self._load_or_compile(name, bucket, args)
+        return graph(*flat)
+
+    def _load_or_compile(self, name: str, bucket: Bucket, args: tuple) -> Callable:
+        flat, rebuild = flatten(args)
+        fn = partial(getattr(llama_layer, name), self.dims)
+        path = self.cache_dir / self._key(name, bucket, flat, rebuild)
+        if path.exists():
+            try:
+                return torch._inductor.CompiledArtifact.load(path=str(path), format="unpacked")
+            except Exception as e:  # a stale or partial entry: compile it again
+                log.warning("torch.compile: could not load %s (%s: %s); compiling", path, type(e).__name__, e)
+        t_ids = activations(name, args)
+        gm = trace(lambda *t: fn(*rebuild(list(t))), flat, t_ids, bucket.static)
+        artifact = torch._inductor.standalone_compile(
+            gm, flat if bucket.static else example_inputs(flat, t_ids, bucket),
+            dynamic_shapes="from_example_inputs" if bucket.static else "from_graph")
+        self.num_compiles += 1
+        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        try:
+            artifact.save(path=str(tmp), format="unpacked")
+            os.replace(tmp, path)  # whole entries only: another process may be loading
+        except OSError as e:
+            log.warning("torch.compile: could not save %s: %s", path, e)
+            shutil.rmtree(tmp, ignore_errors=True)
+        return artifact
+
+    def _key(self, name: str, bucket: Bucket, flat: list[torch.Tensor], rebuild: Callable) -> str:
+        """What the compiled graph depends on: torch, the layer code, the dims, each input's dtype and shape
+        (the token dim as the bucket), the constants (absent biases, out_features)."""
+        code = inspect.getsource(llama_layer) + inspect.getsource(linear)
+        num_tokens = flat[0].shape[0]
+        shapes = [(str(t.dtype), t.is_mkldnn, tuple(-1 if j == 0 and n == num_tokens else n
+                                                     for j, n in enumerate(t.shape))) for t in flat]
+        text = repr((torch.__version__, code, self.dims, bucket, shapes, rebuild(list(range(len(flat))))))
+        return f"{name}-{bucket.min_tokens}-{hashlib.sha256(text.encode()).hexdigest()[:20]}"
+
+    def warm_up(self, run_tokens: Callable[[int], None]) -> None:
+        """Compile (or load) every bucket now: run_tokens(T) runs one forward of T tokens."""
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        for bucket in self.buckets:
+            t0 = time.perf_counter()
+            run_tokens(bucket.min_tokens)
+            self.compile_seconds[bucket.name] = time.perf_counter() - t0
+        log.info("torch.compile: layer graphs for %s: %d compiled, %d loaded from %s in %.1f s (%s)",
+                 ", ".join(f"{b.name} ({b.min_tokens}..{b.max_tokens if b.max_tokens < MAX_TOKENS else 'any'} "
+                           "tokens)" for b in self.buckets), self.num_compiles,
+                 len(self._graphs) - self.num_compiles, self.cache_dir, sum(self.compile_seconds.values()),
+                 ", ".join(f"{k} {v:.1f} s" for k, v in self.compile_seconds.items()))
+
+
+def use_inductor_cache(cache_dir: str) -> None:
+    """Inductor's on-disk caches (generated code, compiled kernels) under the engine's cache dir, unless the
+    user pointed TORCHINDUCTOR_CACHE_DIR elsewhere."""
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(cache_dir, "inductor"))

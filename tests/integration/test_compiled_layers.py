@@ -1,0 +1,73 @@
+"""The compiled layer graphs (model/compiled_layers.py) on the default model in float32: the same greedy
+tokens as the eager model for batches of every bucket (one token, small decode batches, prefill chunks and
+mixed steps); no graph compiled after start-up however the batches vary; a second engine over the same cache
+loads every graph instead of compiling it."""
+from __future__ import annotations
+
+import pytest
+
+from radixrt import Engine
+from radixrt.runtime.model import compiled_layers
+
+PROMPTS = ["The capital of France is", "Write a haiku about the sea.", "List three primary colors:",
+           "def fibonacci(n):", "Once upon a time", "The quick brown fox", "1, 2, 3, 4,", "Q: Why is the sky blue?"]
+
+
+@pytest.fixture(scope="module")
+def cache_env(tmp_path_factory, model_dir):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("RADIXRT_CACHE_DIR", str(tmp_path_factory.mktemp("compile-cache")))
+    mp.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    yield {"model_path": str(model_dir), "dtype": "float32", "torch_compile_max_bs": 8}
+    mp.undo()
+
+
+def generate_varied(engine: Engine) -> list[list[int]]:
+    """Batches of 1, 3 and 8 decodes, a prompt longer than a chunk (prefill steps), and a mixed batch."""
+    params = {"temperature": 0, "max_new_tokens": 12}
+    outs = [engine.generate(PROMPTS[0], params)["output_ids"]]
+    outs += [o["output_ids"] for o in engine.generate(PROMPTS[1:4], params)]
+    outs += [o["output_ids"] for o in engine.generate(PROMPTS, params)]
+    long_prompt = " ".join(PROMPTS) * 12  # ~600 tokens: chunks of 512, then a mixed step with the others
+    outs += [o["output_ids"] for o in engine.generate([long_prompt] + PROMPTS[:3], params)]
+    return outs
+
+
+def test_compiled_equals_eager_and_never_recompiles(cache_env):
+    eager = Engine(**cache_env, disable_torch_compile=True)
+    try:
+        assert eager.scheduler.runner.graphs is None
+        want = generate_varied(eager)
+    finally:
+        eager.shutdown()
+    engine = Engine(**cache_env, enable_torch_compile=True)
+    try:
+        graphs = engine.scheduler.runner.graphs
+        assert graphs is not None and graphs.num_compiles == 9  # 3 functions x 3 buckets, at start-up
+        got = generate_varied(engine)
+        assert graphs.num_compiles == 9, "a graph was compiled after start-up"
+        assert got == want
+        engine.check_integrity()
+    finally:
+        engine.shutdown()
+    again = Engine(**cache_env, enable_torch_compile=True)  # a later start: every graph from the cache
+    try:
+        assert again.scheduler.runner.graphs.num_compiles == 0
+        assert generate_varied(again) == want
+    finally:
+        again.shutdown()
+
+
+def test_why_eager(cache_env, monkeypatch):
+    from radixrt.runtime.config import ServerConfig
+    import torch
+    cpu = torch.device("cpu")
+    monkeypatch.delenv("RADIXRT_DISABLE_TORCH_COMPILE")
+    assert compiled_layers.why_eager(ServerConfig(), cpu, False) is None
+    assert "disable" in compiled_layers.why_eager(ServerConfig(disable_torch_compile=True), cpu, False)
+    assert "tensor parallel" in compiled_layers.why_eager(ServerConfig(), cpu, True)
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert "no C++ compiler" in compiled_layers.why_eager(ServerConfig(), cpu, False)
+    with pytest.raises(ValueError, match="contradict"):
+        ServerConfig(enable_torch_compile=True, disable_torch_compile=True)
