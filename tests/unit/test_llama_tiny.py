@@ -133,7 +133,11 @@ def test_bfloat16_tracks_hf_bfloat16(tiny_llama_config, paged_driver):
     assert got.dtype == torch.float32
     # bf16 rounding differs a little (fused matmuls, SDPA); the distribution must stay the same
     torch.testing.assert_close(got, expected, atol=0.15, rtol=0.05)
-    assert (got.argmax(-1) == expected.argmax(-1)).float().mean() > 0.9
+    # our pick is HF bf16's top token up to HF's own output rounding: HF's logits are bf16, so near-ties at the
+    # top are decided by rounding there, while our lm_head recomputes them in float32 (logits_head.py)
+    picked = expected.gather(1, got.argmax(-1, keepdim=True))[:, 0]
+    top = expected.amax(-1)
+    assert (picked >= top - 2 * top.abs() * 2 ** -7).float().mean() > 0.9
 
 
 def test_bad_checkpoints_are_rejected(tiny_llama_config):
