@@ -185,11 +185,12 @@ def test_killing_a_tp_worker_fails_inflight_requests_and_exits(tmp_path_factory,
 
 def test_idle_workers_outlast_the_collective_timeout(tiny_dir):
     """Workers wait for the next plan on a group with no practical deadline: a server idle for longer than
-    --dist-timeout (2 s here) still answers; the forward's collectives keep the timeout."""
-    engine = Engine(model_path=tiny_dir, dtype="float32", tp_size=2, max_total_tokens=1024, dist_timeout=2.0)
+    --dist-timeout (5 s here: on a slow 2-core machine a rank can take over 2 s to enter its first collective
+    after idling, which a 2 s timeout failed) still answers; the forward's collectives keep the timeout."""
+    engine = Engine(model_path=tiny_dir, dtype="float32", tp_size=2, max_total_tokens=1024, dist_timeout=5.0)
     try:
         first = engine.generate(PROMPTS[0], {"temperature": 0, "max_new_tokens": 4})
-        time.sleep(4.0)
+        time.sleep(8.0)
         again = engine.generate(PROMPTS[0], {"temperature": 0, "max_new_tokens": 4})
         assert again["output_ids"] == first["output_ids"]
     finally:
