@@ -55,4 +55,9 @@ class Int4Weight:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, K] bf16 -> [T, N] bf16."""
-        return torch._weight_int4pack_mm_for_cpu(x.contiguous(), self.packed, GROUP, self.scales_and_zeros)
+        return matmul(x, self.packed, self.scales_and_zeros)
+
+
+def matmul(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor) -> torch.Tensor:
+    """x [T, K] bf16 times a 4-bit weight's packed codes and [K / GROUP, N, 2] scales -> [T, N] bf16."""
+    return torch._weight_int4pack_mm_for_cpu(x.contiguous(), packed, GROUP, scales_and_zeros)

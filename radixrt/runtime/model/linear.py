@@ -27,7 +27,7 @@ _LIB.define("linear(Tensor x, Tensor w, Tensor? bias, Tensor? int4_packed, Tenso
 
 def linear_kernel(x, w, bias, int4_packed, int4_scales, out_features):
     if int4_packed is not None and x.shape[0] <= int4_weight.MAX_ROWS:
-        return torch._weight_int4pack_mm_for_cpu(x.contiguous(), int4_packed, int4_weight.GROUP, int4_scales)
+        return int4_weight.matmul(x, int4_packed, int4_scales)
     if w.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), w, bias, "none", [], "")
     return F.linear(x, w, bias)
