@@ -84,6 +84,17 @@ def why_eager(config: Any, device: torch.device, tensor_parallel: bool) -> str |
     return compiler_missing(device)
 
 
+def tensors_of(args: tuple) -> list[torch.Tensor]:
+    """The tensors of (possibly tuple-nested) args, in flatten's order: the per-call half of flatten."""
+    out: list[torch.Tensor] = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            out.append(a)
+        elif isinstance(a, tuple):
+            out.extend(x for x in a if isinstance(x, torch.Tensor))
+    return out
+
+
 def flatten(args: tuple) -> tuple[list[torch.Tensor], Callable[[list[torch.Tensor]], tuple]]:
     """Tensors of (possibly tuple-nested) args, and how to rebuild args from them: the graph's inputs are the
     tensors; None and ints (absent biases, out_features) are constants of the graph."""
@@ -173,7 +184,7 @@ class CompiledLayers:
         return out[0] if isinstance(out, (list, tuple)) else out  # a loaded graph returns its outputs as a list
 
     def _call(self, name: str, args: tuple):
-        flat, _ = flatten(args)
+        flat = tensors_of(args)  # one level of nesting: the Linear.op_args tuples
         bucket = self.bucket_of(flat[0].shape[0])
         graph = self._graphs.get((name, bucket.name))
         if graph is None:

@@ -161,20 +161,20 @@ class ModelRunner:
         log.info("model %s: %s on %s, KV pool %d tokens (%d pages of %d, %.1f MiB at %d bytes a token)",
                  self.model_path, self.dtype, self.device, self.num_pages * page_size, self.num_pages, page_size,
                  self.kv_pool_bytes / 2**20, self.kv_bytes_per_token)
-        self.graphs = None  # eager until the compiled graphs exist (the warm-up runs through them)
-        self.graphs = self._compile_layers(config)
+        self.graphs: compiled_layers.CompiledLayers | None = None  # eager until compiled (warm-up uses them)
+        self._compile_layers(config)
 
-    def _compile_layers(self, config: ServerConfig) -> compiled_layers.CompiledLayers | None:
-        """The layers as torch.compile'd graphs (compiled_layers.py), compiled now; None runs them eager."""
+    def _compile_layers(self, config: ServerConfig) -> None:
+        """The layers as compiled graphs (compiled_layers.py), compiled or loaded now; self.graphs stays None
+        (eager) when why_eager says so."""
         why_eager = compiled_layers.why_eager(config, self.device, self.tp is not None)
         if why_eager:
             log.info("torch.compile off: %s; the model runs eager", why_eager)
-            return None
+            return
         compiled_layers.use_inductor_cache(str(cache_root()))
         self.graphs = compiled_layers.CompiledLayers(self.model.eager_dims, config.torch_compile_max_bs,
                                                      cache_root() / "compiled")
         self.graphs.warm_up(self._warm_up_forward)
-        return self.graphs
 
     @torch.inference_mode()
     def _warm_up_forward(self, num_tokens: int) -> None:
