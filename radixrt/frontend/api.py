@@ -120,7 +120,8 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
         json_schema: Any = None, choices: list[str] | None = None, dtype: Any = None,
         choices_method: Any = None, return_logprob: bool | None = None, logprob_start_len: int | None = None,
         top_logprobs_num: int | None = None, return_text_in_logprobs: bool | None = None,
-        repetition_penalty: float | None = None, seed: int | None = None, n: int | None = None) -> ir.Expr:
+        repetition_penalty: float | None = None, seed: int | None = None, n: int | None = None,
+        stop_regex: str | list[str] | None = None) -> ir.Expr:
     """Generate text into variable `name`. With `choices`, this is select(name, choices)."""
     if choices:
         return ir.Select(name, choices, 0.0 if temperature is None else temperature,
@@ -136,6 +137,7 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
     if len(constraints) > 1:
         raise ValueError(f"gen takes one of regex, json_schema and dtype, got {' and '.join(constraints)}")
     params = ir.GenParams(max_tokens=max_tokens, min_tokens=min_tokens, stop=stop, stop_token_ids=stop_token_ids,
+                          stop_regex=stop_regex,
                           temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                           frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                           repetition_penalty=repetition_penalty, ignore_eos=ignore_eos, seed=seed, n=n, regex=regex,

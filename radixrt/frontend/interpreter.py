@@ -187,8 +187,9 @@ class StreamExecutor:
         value, meta = "", None
         if gen.name is not None:
             self.variables[gen.name] = value
-        for delta, meta in self.backend.generate_stream(self.text_, sampling, program_id=pid, **logprob):
+        for delta, chunk_meta in self.backend.generate_stream(self.text_, sampling, program_id=pid, **logprob):
             value += delta
+            meta = merge_stream_meta(meta, chunk_meta)
             if gen.name is not None:
                 self.variables[gen.name] = value
                 self.meta_info[gen.name] = meta
@@ -267,3 +268,17 @@ def _describe(expr: ir.Expr) -> str:
     if isinstance(expr, ir.ConstantText):
         return "text"
     return type(expr).__name__
+
+
+STREAMED_LOGPROB_KEYS = ("output_token_logprobs", "output_top_logprobs")  # a stream chunk carries only its own
+
+
+def merge_stream_meta(meta: dict | None, chunk: dict) -> dict:
+    """The meta info of a streamed gen so far: the chunk's totals, with the per-chunk logprobs added up."""
+    if not meta:
+        return dict(chunk)
+    merged = dict(chunk)
+    for key in STREAMED_LOGPROB_KEYS:
+        if key in meta or key in chunk:
+            merged[key] = list(meta.get(key, [])) + list(chunk.get(key, []))
+    return merged

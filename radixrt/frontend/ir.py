@@ -28,6 +28,7 @@ _SAMPLING_NAMES = {
     "top_k": "top_k", "min_p": "min_p", "frequency_penalty": "frequency_penalty",
     "presence_penalty": "presence_penalty", "repetition_penalty": "repetition_penalty",
     "ignore_eos": "ignore_eos", "seed": "seed", "regex": "regex", "json_schema": "json_schema", "n": "n",
+    "stop_regex": "stop_regex",
 }
 
 
@@ -38,6 +39,7 @@ class GenParams:
     min_tokens: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
+    stop_regex: str | list[str] | None = None
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None

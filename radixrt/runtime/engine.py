@@ -33,7 +33,7 @@ class _Sequence:
         self.tokenizer = tokenizer
         self.text_in_logprobs = text_in_logprobs  # logprob entries carry the token's text (SGLang's option)
         self.result = SequenceResult(msg.rid)
-        self.text = IncrementalDetokenizer(tokenizer, sp.get("stop") or [], sp.get("skip_special_tokens", True))
+        self.text = IncrementalDetokenizer.for_request(tokenizer, sp)
         self.shown = ""  # text released to a stream so far
 
     def add(self, out: TokenOut) -> None:
@@ -44,9 +44,9 @@ class _Sequence:
     def finished(self) -> bool:
         return self.result.finished
 
-    def output(self) -> dict:
+    def output(self, logprobs_from: int = 0) -> dict:
         token_text = (lambda t: self.tokenizer.decode([t])) if self.text_in_logprobs else (lambda t: None)
-        return generate_output(self.result, self.msg.return_logprob, token_text)
+        return generate_output(self.result, self.msg.return_logprob, token_text, logprobs_from=logprobs_from)
 
 
 class Engine:
@@ -220,16 +220,18 @@ class Engine:
         seq = self._submit([msg])[msg.rid]
         seq.text_in_logprobs = text_in_logprobs
         res = seq.result
-        sent_ids = 0
+        interval = msg.sampling_params.get("stream_interval") or 1
+        sent_ids = sent_logprobs = 0
         try:
             while True:
-                self._step_until(lambda: seq.finished or len(res.output_ids) > sent_ids)
-                delta_ids = res.output_ids[sent_ids:]
-                sent_ids = len(res.output_ids)
+                seen = len(res.output_ids)
+                self._step_until(lambda: seq.finished or len(res.output_ids) >= max(seen + 1, sent_ids + interval))
                 text = res.text[len(seq.shown):]
                 if text or seq.finished:
+                    delta_ids = res.output_ids[sent_ids:]
                     seq.shown = res.text
-                    yield {**seq.output(), "text": text, "output_ids": delta_ids}
+                    yield {**seq.output(sent_logprobs), "text": text, "output_ids": delta_ids}
+                    sent_ids, sent_logprobs = len(res.output_ids), len(res.output_logprobs)
                 if seq.finished:
                     return
         finally:

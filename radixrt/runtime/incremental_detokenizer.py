@@ -5,7 +5,9 @@ slow to redo from the start, so each request keeps a short window: `decode(ids[p
 minus `decode(ids[prefix:read])` is the new text, and the window only moves once the new
 text ends on a whole character. On top of that, text that could still become a stop string
 is held back, so a stop string is never split across chunks and can be trimmed (OpenAI
-semantics: the text ends right before the first stop string).
+semantics: the text ends right before the first stop string; SGLang's no_stop_trim keeps it).
+stop_regex patterns (stop_regex.py) are searched over the text as it grows; as in SGLang, the
+text that matched stays in the output, so nothing is held back for them.
 
 This is the one place that decides a stop-string finish: the scheduler feeds it every sampled
 token (and finishes the request when `finished` turns true); the detokenizer process and the
@@ -17,16 +19,25 @@ from __future__ import annotations
 
 from typing import Any
 
+from radixrt.runtime.stop_regex import StopRegexSearch
+
 REPLACEMENT_CHAR = "\ufffd"  # what a decoder shows for an incomplete UTF-8 sequence
 
 
 class IncrementalDetokenizer:
     """Text of one request, produced delta by delta. Pure logic: tokenizer in, strings out."""
 
-    def __init__(self, tokenizer: Any, stop: list[str] | tuple[str, ...] = (), skip_special_tokens: bool = True):
+    def __init__(self, tokenizer: Any, stop: list[str] | tuple[str, ...] = (), skip_special_tokens: bool = True, *,
+                 stop_regex: list[str] | tuple[str, ...] = (), no_stop_trim: bool = False,
+                 spaces_between_special_tokens: bool = True):
         self.tokenizer = tokenizer
         self.stop = [s for s in stop if s]
         self.skip_special_tokens = skip_special_tokens
+        self.stop_regex = [StopRegexSearch(p) for p in stop_regex]
+        self.regex_fed = 0  # chars of self.text already fed to the stop_regex searches
+        self.no_stop_trim = no_stop_trim
+        # passed only when off: True is every tokenizer's default, and some decode() signatures lack it
+        self.decode_kwargs = {} if spaces_between_special_tokens else {"spaces_between_special_tokens": False}
         self.ids: list[int] = []
         self.prefix_offset = 0  # decode window start (always on a character boundary)
         self.read_offset = 0  # ids before this are already in self.text
@@ -35,12 +46,20 @@ class IncrementalDetokenizer:
         self.num_sent = 0  # chars of self.text already handed out
         self.matched_stop: str | None = None  # set once a stop string was found in the text
 
+    @classmethod
+    def for_request(cls, tokenizer: Any, sp: Any) -> "IncrementalDetokenizer":
+        """The text of a request with sampling parameters sp (a SamplingParams or its dict)."""
+        get = sp.get if isinstance(sp, dict) else (lambda k, d=None: getattr(sp, k, d))
+        return cls(tokenizer, get("stop") or [], get("skip_special_tokens", True), stop_regex=get("stop_regex") or [],
+                   no_stop_trim=get("no_stop_trim", False),
+                   spaces_between_special_tokens=get("spaces_between_special_tokens", True))
+
     @property
     def finished(self) -> bool:
         return self.matched_stop is not None
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens, **self.decode_kwargs)
 
     def _absorb(self, flush: bool) -> None:
         prefix_text = self._decode(self.ids[self.prefix_offset:self.read_offset])
@@ -90,13 +109,23 @@ class IncrementalDetokenizer:
             if hits:
                 pos, _, s = min(hits)
                 self.matched_stop = s
-                out = self.text[self.num_sent:pos]
-                self.text = self.text[:pos]
-                self.num_sent = pos
-                return out
+                return self._cut(pos + len(s) if self.no_stop_trim else pos)
+        if self.stop_regex:
+            new_text, self.regex_fed = self.text[self.regex_fed:], len(self.text)
+            for search in self.stop_regex:
+                if search.feed(new_text) is not None:  # the match stays: the text runs to the end of this step
+                    self.matched_stop = search.pattern
+                    return self._cut(len(self.text))
         end = len(self.text) if finished else len(self.text) - self._stop_hold_len()
         out = self.text[self.num_sent:end]
         self.num_sent = end
+        return out
+
+    def _cut(self, pos: int) -> str:
+        """End the text at pos (a stop was found); return what was not handed out yet."""
+        out = self.text[self.num_sent:pos]
+        self.text = self.text[:pos]
+        self.num_sent = pos
         return out
 
     @property

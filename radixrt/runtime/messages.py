@@ -110,8 +110,7 @@ class DetokenizeReq:
     """Scheduler process -> detokenizer, sent on the same socket before any TokenOut of rid (so it
     always arrives first): what the detokenizer needs to turn that request's ids into text."""
     rid: str
-    stop: list[str] = field(default_factory=list)
-    skip_special_tokens: bool = True
+    sampling_params: dict[str, Any] = field(default_factory=dict)  # what shapes the text: stop, stop_regex, ...
 
 
 @message
@@ -124,6 +123,20 @@ class BatchTextOut:
 @message
 class FlushCacheOut:
     success: bool
+
+
+@message
+class ProfileReq:
+    """/start_profile and /stop_profile (SGLang's routes): torch.profiler around the scheduler's steps."""
+    action: str  # "start" | "stop"
+    output_dir: str | None = None
+    num_steps: int | None = None  # stop by itself after this many forward steps
+
+
+@message
+class ProfileOut:
+    success: bool
+    message: str
 
 
 @message

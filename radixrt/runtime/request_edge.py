@@ -144,9 +144,11 @@ class SequenceResult:
 
 
 def generate_output(res: SequenceResult, return_logprob: bool, token_text: Callable[[int], Any],
-                    index: int | None = None) -> dict[str, Any]:
+                    index: int | None = None, logprobs_from: int = 0) -> dict[str, Any]:
     """SGLang's /generate (and Engine.generate) result: text, output_ids, meta_info, logprobs as
-    (logprob, id, text or None) triples."""
+    (logprob, id, text or None) triples. logprobs_from: a stream chunk carries the output logprobs from
+    there on (those it adds, as SGLang's streams do); output_token_logprobs_length and completion_tokens
+    stay the totals so far."""
     meta: dict[str, Any] = {"id": res.rid, "prompt_tokens": res.prompt_tokens,
                             "completion_tokens": res.completion_tokens, "cached_tokens": res.cached_tokens,
                             "finish_reason": res.finished_reason}
@@ -159,8 +161,9 @@ def generate_output(res: SequenceResult, return_logprob: bool, token_text: Calla
             return (x[0], x[1], token_text(x[1]))
         meta["input_token_logprobs"] = [triple(x) for x in res.input_logprobs or []]
         meta["input_top_logprobs"] = [[triple(x) for x in top] for top in res.input_top_logprobs or []]
-        meta["output_token_logprobs"] = [triple(x) for x in res.output_logprobs]
-        meta["output_top_logprobs"] = [[triple(x) for x in top] for top in res.output_top_logprobs]
+        meta["output_token_logprobs"] = [triple(x) for x in res.output_logprobs[logprobs_from:]]
+        meta["output_top_logprobs"] = [[triple(x) for x in top] for top in res.output_top_logprobs[logprobs_from:]]
+        meta["output_token_logprobs_length"] = len(res.output_logprobs)
     out = {"text": res.text, "output_ids": list(res.output_ids), "meta_info": meta}
     if index is not None:
         out["index"] = index

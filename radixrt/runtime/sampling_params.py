@@ -23,6 +23,8 @@ MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 64
 MAX_REGEX_CHARS = 16 * 1024
 MAX_JSON_SCHEMA_CHARS = 64 * 1024
+MAX_STOP_REGEX = 16
+MAX_CUSTOM_PARAMS_KEYS = 64
 MAX_CHOICES = 256
 MAX_CHOICE_CHARS = 1024
 
@@ -30,6 +32,20 @@ MAX_CHOICE_CHARS = 1024
 MAX_LOGIT_BIAS = 300  # OpenAI's limit
 _TOKEN_ID_KEY = re.compile(r"0|[1-9][0-9]{0,8}")  # ASCII digits, no leading zero: one key per token id
 CONSTRAINT_FIELDS = ("regex", "json_schema", "choices", "tool_call_grammar", "ebnf")  # at most one per request
+
+# SGLang's /generate sampling parameters (sglang 0.5.23, srt/sampling/sampling_params.py), the one list of them:
+# every one is accepted here; those radixrt cannot honour yet are refused by name in validate() (NOT_YET).
+SGLANG_SAMPLING_PARAMS = (
+    "max_new_tokens", "min_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k",
+    "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty", "n", "beam_width", "json_schema",
+    "regex", "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
+    "no_stop_trim", "stream_interval", "logit_bias", "sampling_seed", "custom_params", "watermark",
+)
+# radixrt's own (and OpenAI's `seed`), beside SGLang's
+RADIXRT_SAMPLING_PARAMS = ("seed", "choices", "tool_call_grammar")
+# SGLang parameters whose feature radixrt lacks: accepted at their "off" value, refused by name otherwise
+NOT_YET = {"beam_width": "beam search", "structural_tag": "structural tags (use json_schema, regex or ebnf)",
+           "watermark": "watermarking"}
 
 
 @dataclass
@@ -45,10 +61,20 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
+    # SGLang's: the output stops once its text matches one of these (searched as it grows; the match stays
+    # in the text, finish reason {"type": "stop", "matched": pattern}); stop_regex.py runs them
+    stop_regex: list[str] = field(default_factory=list)
     ignore_eos: bool = False
     skip_special_tokens: bool = True
-    seed: int | None = None
+    spaces_between_special_tokens: bool = True  # passed to the tokenizer's decode (slow tokenizers use it)
+    no_stop_trim: bool = False  # keep the matched stop string at the end of the text
+    stream_interval: int | None = None  # a stream sends a chunk every this many tokens (None: every token)
+    custom_params: dict[str, Any] | None = None  # SGLang's input to a custom logit processor; radixrt has none
+    seed: int | None = None  # SGLang calls it sampling_seed (accepted as that too)
     n: int = 1
+    beam_width: int | None = None
+    structural_tag: str | None = None
+    watermark: Any = None
     # constrained decoding: at most one of these
     regex: str | None = None
     json_schema: str | None = None  # a JSON string, as SGLang takes it
@@ -63,14 +89,20 @@ class SamplingParams:
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> "SamplingParams":
         d = dict(d or {})
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
+        unknown = sorted(set(d) - set(SGLANG_SAMPLING_PARAMS) - set(RADIXRT_SAMPLING_PARAMS))
         if unknown:
             raise ValueError(f"unknown sampling parameter(s): {', '.join(unknown)}")
-        if isinstance(d.get("stop"), str):
-            d["stop"] = [d["stop"]]
-        if d.get("stop") is None:
-            d.pop("stop", None)
+        if "sampling_seed" in d:
+            seed = d.pop("sampling_seed")
+            if d.get("seed") is not None and seed is not None and d["seed"] != seed:
+                raise ValueError("sampling parameters seed and sampling_seed disagree; give one")
+            if d.get("seed") is None:
+                d["seed"] = seed
+        for name in ("stop", "stop_regex"):  # a string or a list of strings
+            if isinstance(d.get(name), str):
+                d[name] = [d[name]]
+            if d.get(name) is None:
+                d.pop(name, None)
         if d.get("stop_token_ids") is None:
             d.pop("stop_token_ids", None)
         if isinstance(d.get("logit_bias"), dict):  # ids as ints (the Engine) or strings (JSON) alike
@@ -128,8 +160,26 @@ class SamplingParams:
         need(isinstance(self.stop_token_ids, list) and len(self.stop_token_ids) <= MAX_STOP_TOKEN_IDS
              and all(is_int(t) and 0 <= t <= MAX_INT for t in self.stop_token_ids),
              "stop_token_ids", f"must be a list of at most {MAX_STOP_TOKEN_IDS} token ids")
-        need(isinstance(self.ignore_eos, bool), "ignore_eos", "must be a bool")
-        need(isinstance(self.skip_special_tokens, bool), "skip_special_tokens", "must be a bool")
+        need(isinstance(self.stop_regex, list) and len(self.stop_regex) <= MAX_STOP_REGEX
+             and all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_STRING_CHARS for s in self.stop_regex),
+             "stop_regex", f"must be a regex or a list of at most {MAX_STOP_REGEX} regexes of at most "
+                           f"{MAX_STOP_STRING_CHARS} characters")
+        from radixrt.runtime.stop_regex import check_stop_regex  # names the pattern it cannot run
+        for pattern in self.stop_regex:
+            check_stop_regex(pattern)
+        for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"):
+            need(isinstance(getattr(self, name), bool), name, "must be a bool")
+        need(self.stream_interval is None or (is_int(self.stream_interval) and 1 <= self.stream_interval <= MAX_INT),
+             "stream_interval", f"must be an int in [1, {MAX_INT}]")
+        need(self.custom_params is None or (isinstance(self.custom_params, dict)
+                                            and len(self.custom_params) <= MAX_CUSTOM_PARAMS_KEYS),
+             "custom_params", f"must be an object of at most {MAX_CUSTOM_PARAMS_KEYS} keys")
+        need(self.beam_width is None or (is_int(self.beam_width) and self.beam_width >= 1), "beam_width",
+             "must be an int >= 1")
+        for name, feature in NOT_YET.items():
+            value = getattr(self, name)
+            if value and not (name == "beam_width" and value == 1):  # "" / None / 1: off
+                raise ValueError(f"sampling parameter {name}: {feature} is not supported by radixrt yet")
         need(self.seed is None or (is_int(self.seed) and 0 <= self.seed < 2**63), "seed", "must be an int >= 0")
         need(is_int(self.n) and 1 <= self.n <= MAX_N, "n", f"must be an int in [1, {MAX_N}]")
         need(self.regex is None or (isinstance(self.regex, str) and len(self.regex) <= MAX_REGEX_CHARS), "regex",

@@ -125,7 +125,7 @@ def test_special_tokens_skipped_or_kept():
 
 def test_manager_registers_trims_and_drops_after_early_stop():
     mgr = DetokenizerManager(BYTE_TOK)
-    mgr.register(DetokenizeReq(rid="a", stop=["STOP"]))
+    mgr.register(DetokenizeReq(rid="a", sampling_params={"stop": ["STOP"]}))
     mgr.register(DetokenizeReq(rid="b"))
 
     def out(rid, ids, reason=None):

@@ -187,7 +187,7 @@ def test_ipc_dir_is_private():
 
 
 def test_serving_messages_round_trip_without_pickle():
-    for msg in (messages.DetokenizeReq(rid="a", stop=["x"], skip_special_tokens=False),
+    for msg in (messages.DetokenizeReq(rid="a", sampling_params={"stop": ["x"], "skip_special_tokens": False}),
                 messages.BatchTextOut(outputs=[{"rid": "a", "text": "é", "new_ids": [1]}]),
                 messages.FlushCacheOut(success=True), messages.HealthCheckReq(probe_id=3),
                 messages.HealthCheckOut(probe_id=3), messages.ProcessReady(name="scheduler", info={"k": [1]}),

@@ -91,8 +91,8 @@ class Scheduler(SchedulerAdmin):
                   arrival_time=msg.arrival_time or None)
         req.pin_ttl_s = msg.pin_ttl_s
         req.session_id = msg.session_id
-        if sampling.stop:
-            req.stop_matcher = IncrementalDetokenizer(self.tokenizer, sampling.stop, sampling.skip_special_tokens)
+        if sampling.stop or sampling.stop_regex:
+            req.stop_matcher = IncrementalDetokenizer.for_request(self.tokenizer, sampling)
         constraint = constraint_of(sampling)
         if constraint is not None:
             req.grammar_future = self.get_grammar_backend(constraint[0]).request(*constraint)

@@ -21,7 +21,7 @@ class DetokenizerManager:
         self.done_early: set[str] = set()  # stop string seen here before the scheduler finished the request
 
     def register(self, req: DetokenizeReq) -> None:
-        self.states[req.rid] = IncrementalDetokenizer(self.tokenizer, req.stop, req.skip_special_tokens)
+        self.states[req.rid] = IncrementalDetokenizer.for_request(self.tokenizer, req.sampling_params)
 
     def handle(self, batch: BatchTokenOut) -> BatchTextOut:
         outputs = []

@@ -24,7 +24,9 @@ from radixrt.runtime.serving.tokenize_routes import add_tokenize_routes
 from radixrt.runtime.request_edge import SequenceResult, generate_output
 from radixrt.runtime.serving.browser_guard import BrowserGuard
 from radixrt.runtime.serving.protocol import (
-    SSE_DONE, APIError, ClientGone, GenerateRequest, accumulate, collect_results, error_body, parse_body, read_body, sse)
+    SSE_DONE, APIError, ClientGone, ConcatAndAppendRequest, GenerateRequest, ProfileRequest, accumulate, collect_results,
+    error_body, parse_body, read_body, sse)
+from radixrt.runtime.messages import ProfileReq
 from radixrt.runtime.serving.request_handle import RequestHandle
 from radixrt.runtime.serving.tokenizer_manager import TokenizerManager
 
@@ -154,12 +156,13 @@ def create_app(tm: TokenizerManager, served_model_name: str, metrics: ServerMetr
         results = [SequenceResult(r.rid) for r in reqs]
         token_text = (lambda t: tm.tokenizer.decode([t])) if req.return_text_in_logprobs else (lambda t: None)
 
-        def output(i: int) -> dict[str, Any]:
-            return generate_output(results[i], flat_logprob[i], token_text, i if many else None)
+        def output(i: int, logprobs_from: int = 0) -> dict[str, Any]:
+            return generate_output(results[i], flat_logprob[i], token_text, i if many else None, logprobs_from)
 
         if req.stream:
-            return StreamingResponse(_stream_generate(handle, results, output), media_type="text/event-stream",
-                                     headers=SSE_HEADERS)
+            intervals = [r.sampling_params.get("stream_interval") or 1 for r in reqs]
+            return StreamingResponse(_stream_generate(handle, results, output, intervals),
+                                     media_type="text/event-stream", headers=SSE_HEADERS)
 
         await collect_results(request, handle, results)
         outs = [output(i) for i in range(len(results))]
@@ -197,6 +200,31 @@ def create_app(tm: TokenizerManager, served_model_name: str, metrics: ServerMetr
             return JSONResponse({"success": True, "message": "cache flushed"})
         return JSONResponse(error_body("cache not flushed: requests are running", code=400), 400)
 
+    @app.post("/concate_and_append_request")
+    async def concate_and_append_request(request: Request) -> JSONResponse:
+        """SGLang's frontend calls this when a fork joins with mode="concate_and_append" (parallel encoding),
+        then sends the joined text with its next /generate. SGLang's old server spliced the forks' KV into one
+        sequence; here that next request finds the forks' shared prefix in the radix tree and computes the
+        rest exactly, so the route checks the body and acknowledges."""
+        body = parse_body(ConcatAndAppendRequest, await read_body(request, config.max_request_body_bytes))
+        return JSONResponse({"success": True, "src_rids": body.src_rids, "dst_rid": body.dst_rid})
+
+    @app.api_route("/start_profile", methods=["GET", "POST"])
+    async def start_profile(request: Request) -> JSONResponse:
+        raw = await read_body(request, config.max_request_body_bytes) if request.method == "POST" else b""
+        body = parse_body(ProfileRequest, raw or b"{}")
+        return await _profile_answer(ProfileReq(action="start", output_dir=body.output_dir, num_steps=body.num_steps))
+
+    @app.api_route("/stop_profile", methods=["GET", "POST"])
+    async def stop_profile() -> JSONResponse:
+        return await _profile_answer(ProfileReq(action="stop"))
+
+    async def _profile_answer(msg: ProfileReq) -> JSONResponse:
+        out = await tm.profile(msg)
+        if out.success:
+            return JSONResponse({"success": True, "message": out.message})
+        return JSONResponse(error_body(out.message, code=400), 400)
+
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
         try:
@@ -214,15 +242,21 @@ def create_app(tm: TokenizerManager, served_model_name: str, metrics: ServerMetr
     return app
 
 
-async def _stream_generate(handle: RequestHandle, results: list[SequenceResult], output: Any) -> AsyncIterator[bytes]:
-    """SGLang streaming: each event holds the cumulative text/output_ids of one sequence."""
+async def _stream_generate(handle: RequestHandle, results: list[SequenceResult], output: Any,
+                           intervals: list[int]) -> AsyncIterator[bytes]:
+    """SGLang streaming: each event holds the cumulative text/output_ids of one sequence and the output
+    logprobs added since its previous event; a sequence sends an event every stream_interval tokens."""
+    sent_ids = [0] * len(results)
+    sent_logprobs = [0] * len(results)
     try:
         async for idx, out, failed in accumulate(handle, results):
             if failed is not None:
                 yield failed
                 break
-            if out.get("text") or out.get("new_ids") or results[idx].finished:
-                yield sse(output(idx))
+            res = results[idx]
+            if len(res.output_ids) - sent_ids[idx] >= intervals[idx] or res.finished:
+                yield sse(output(idx, sent_logprobs[idx]))
+                sent_ids[idx], sent_logprobs[idx] = len(res.output_ids), len(res.output_logprobs)
     except APIError as e:
         yield sse(e.body())
     finally:

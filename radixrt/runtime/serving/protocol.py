@@ -95,6 +95,17 @@ class GenerateRequest(_Strict):
         return sid
 
 
+class ConcatAndAppendRequest(_Strict):
+    src_rids: list[str]
+    dst_rid: str
+
+
+class ProfileRequest(BaseModel):  # SGLang's body has more knobs (activities, ...): those are ignored
+    model_config = ConfigDict(extra="allow", strict=True)
+    output_dir: str | None = None
+    num_steps: int | None = None
+
+
 # ----------------------------------------------------------------- OpenAI-compatible
 class StreamOptions(_Strict):
     include_usage: bool = False

@@ -20,7 +20,9 @@ from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.serving.process_control import StopFlag, set_parent_death_signal
 from radixrt.runtime.messages import (
     AbortReq, UnpinReq, BatchTokenOut, CacheTreeOut, CloseSessionReq, DetokenizeReq, FlushCacheOut, FlushCacheReq, GetCacheTreeReq,
-    GetServerInfoReq, HealthCheckOut, HealthCheckReq, ProcessFailed, ProcessReady, SchedulerInfo, TokenizedGenerateReq, TokenOut)
+    GetServerInfoReq, HealthCheckOut, HealthCheckReq, ProcessFailed, ProcessReady, ProfileOut, ProfileReq, SchedulerInfo,
+    TokenizedGenerateReq, TokenOut)
+from radixrt.runtime.serving.step_profiler import StepProfiler
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +44,7 @@ class SchedulerLoop:
         self.pull = pull
         self.to_detokenizer = to_detokenizer
         self.to_tokenizer = to_tokenizer
+        self.profiler = StepProfiler()
 
     def send_outputs(self, outs: list[TokenOut]) -> None:
         if outs:
@@ -52,9 +55,9 @@ class SchedulerLoop:
         s = self.scheduler
         if isinstance(msg, TokenizedGenerateReq):
             # Registered on the same socket as the outputs, so it always reaches the detokenizer first.
-            sp = msg.sampling_params
+            text_keys = ("stop", "stop_regex", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim")
             self.to_detokenizer.send(messages.encode(DetokenizeReq(
-                rid=msg.rid, stop=list(sp.get("stop") or []), skip_special_tokens=sp.get("skip_special_tokens", True))))
+                rid=msg.rid, sampling_params={k: msg.sampling_params[k] for k in text_keys if k in msg.sampling_params})))
             self.send_outputs(s.add_request(msg))
         elif isinstance(msg, AbortReq):
             self.send_outputs(s.abort(msg.rid))
@@ -72,6 +75,12 @@ class SchedulerLoop:
             s.close_session(msg.session_id)
         elif isinstance(msg, FlushCacheReq):
             self.to_tokenizer.send(messages.encode(FlushCacheOut(success=bool(s.flush_cache()))))
+        elif isinstance(msg, ProfileReq):
+            if msg.action == "start":
+                ok, text = self.profiler.start(msg.output_dir, msg.num_steps)
+            else:
+                ok, text = self.profiler.stop()
+            self.to_tokenizer.send(messages.encode(ProfileOut(success=ok, message=text)))
         else:
             logger.warning("unexpected message %s", type(msg).__name__)
 
@@ -97,6 +106,8 @@ class SchedulerLoop:
                     self.to_tokenizer.send(messages.encode(FlushCacheOut(success=False)))
                 elif isinstance(msg, GetCacheTreeReq):
                     self.to_tokenizer.send(messages.encode(CacheTreeOut(view={"error": f"{type(e).__name__}: {e}"})))
+                elif isinstance(msg, ProfileReq):
+                    self.to_tokenizer.send(messages.encode(ProfileOut(success=False, message=f"{type(e).__name__}: {e}")))
 
     def run(self, flag: StopFlag) -> None:
         s = self.scheduler
@@ -112,6 +123,8 @@ class SchedulerLoop:
             outs = s.step()
             self.send_outputs(outs)
             ran = before is None or getattr(stats, "num_forwards", None) != before
+            if ran:
+                self.profiler.after_step()
             idle_steps = 0 if (ran or outs) else idle_steps + 1
 
 

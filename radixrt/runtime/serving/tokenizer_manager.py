@@ -23,6 +23,7 @@ from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.serving.process_control import wait_for_children
 from radixrt.runtime.messages import (
     AbortReq, BatchTextOut, CacheTreeOut, FlushCacheOut, FlushCacheReq, GetCacheTreeReq, GetServerInfoReq,
+    ProfileOut, ProfileReq,
     HealthCheckOut, HealthCheckReq, SchedulerInfo, TokenizedGenerateReq)
 from radixrt.runtime.cache_tree_text import add_previews
 from radixrt.runtime.serving.metrics import ServerMetrics
@@ -53,9 +54,9 @@ class TokenizerManager:
         self.dead_reason: str | None = None  # set by the watchdog when a child process died
         self._rid_prefix = uuid.uuid4().hex[:8]
         self._rid_counter = itertools.count()
-        self._info_waiters: collections.deque[asyncio.Future] = collections.deque()
-        self._flush_waiters: collections.deque[asyncio.Future] = collections.deque()
-        self._tree_waiters: collections.deque[asyncio.Future] = collections.deque()
+        # admin round trips, by the type of their answer (answers of one type come back in order)
+        self._waiters: dict[type, collections.deque[asyncio.Future]] = {
+            t: collections.deque() for t in (SchedulerInfo, FlushCacheOut, CacheTreeOut, ProfileOut)}
         self._health_waiters: dict[int, asyncio.Future] = {}
         self._probe_ids = itertools.count()
         self._grammar = None
@@ -108,13 +109,10 @@ class TokenizerManager:
             msg = messages.decode(await self._pull.recv())
             if isinstance(msg, BatchTextOut):
                 self._dispatch(msg.outputs)
-            elif isinstance(msg, SchedulerInfo):
-                self.last_heartbeat = time.monotonic()
-                _resolve_next(self._info_waiters, msg.info)
-            elif isinstance(msg, FlushCacheOut):
-                _resolve_next(self._flush_waiters, msg.success)
-            elif isinstance(msg, CacheTreeOut):
-                _resolve_next(self._tree_waiters, msg.view)
+            elif type(msg) in self._waiters:
+                if isinstance(msg, SchedulerInfo):
+                    self.last_heartbeat = time.monotonic()
+                _resolve_next(self._waiters[type(msg)], msg)
             elif isinstance(msg, HealthCheckOut):
                 self.last_heartbeat = time.monotonic()
                 fut = self._health_waiters.pop(msg.probe_id, None)
@@ -163,7 +161,7 @@ class TokenizerManager:
                                             "finished_reason": {"type": "abort", "message": reason},
                                             "server_error": True}))
         self.states.clear()
-        for fut in [*self._info_waiters, *self._flush_waiters, *self._tree_waiters, *self._health_waiters.values()]:
+        for fut in [*itertools.chain(*self._waiters.values()), *self._health_waiters.values()]:
             if not fut.done():
                 fut.set_exception(APIError(reason, 503, "server_error"))
 
@@ -272,10 +270,10 @@ class TokenizerManager:
             self._send(AbortReq(rid=rid))
 
     # ------------------------------------------------------------------ admin round trips
-    async def _ask(self, msg: Any, waiters: collections.deque, timeout: float) -> Any:
+    async def _ask(self, msg: Any, answer: type, timeout: float) -> Any:
         self.check_alive()
         fut = asyncio.get_running_loop().create_future()
-        waiters.append(fut)  # answers come back in order; a late answer still resolves its own future
+        self._waiters[answer].append(fut)  # answers come back in order; a late answer still resolves its own future
         self._send(msg)
         try:
             return await asyncio.wait_for(asyncio.shield(fut), timeout)
@@ -283,14 +281,17 @@ class TokenizerManager:
             raise APIError(f"the scheduler did not answer within {timeout:.0f} s", 503, "server_error") from None
 
     async def server_info(self, timeout: float = 30.0) -> dict[str, Any]:
-        return await self._ask(GetServerInfoReq(), self._info_waiters, timeout)
+        return (await self._ask(GetServerInfoReq(), SchedulerInfo, timeout)).info
 
     async def flush_cache(self, timeout: float = 30.0) -> bool:
-        return await self._ask(FlushCacheReq(), self._flush_waiters, timeout)
+        return (await self._ask(FlushCacheReq(), FlushCacheOut, timeout)).success
+
+    async def profile(self, req: ProfileReq, timeout: float = 60.0) -> ProfileOut:
+        return await self._ask(req, ProfileOut, timeout)
 
     async def cache_tree(self, max_depth: int, max_nodes: int, timeout: float = 30.0) -> dict[str, Any]:
         """The scheduler's cache view with text previews (decoded here: the scheduler has no tokenizer)."""
-        view = await self._ask(GetCacheTreeReq(max_depth=max_depth, max_nodes=max_nodes), self._tree_waiters, timeout)
+        view = (await self._ask(GetCacheTreeReq(max_depth=max_depth, max_nodes=max_nodes), CacheTreeOut, timeout)).view
         if "error" in view:
             raise APIError(f"the cache view failed: {view['error']}", 500, "server_error")
         return add_previews(view, self.tokenizer)

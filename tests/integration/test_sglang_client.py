@@ -1,0 +1,228 @@
+"""SGLang's own frontend, unchanged, against a real `radixrt serve`, and the SGLang parameters and routes it
+uses over raw HTTP. The client: `import sglang as sgl`, a RuntimeEndpoint on
+the server's URL, and the programs of `sglang.test.test_programs` (sglang 0.5.23 from the registry, installed by
+tests/install_sglang_client.sh, which the README's test command runs).
+
+Every program that needs no image and no OpenAI backend runs. Most must pass as SGLang's own CI runs them; a few
+assert what a 135M model happens to know (capital cities, the hours in a day, where Linus Torvalds lives): for
+those the program must run to its end and produce its variables, checked on the states the program returned.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import sys
+import types
+
+import httpx
+import pytest
+from conftest_server import ServerProcess, sse_events
+
+try:  # tests/install_sglang_client.sh installs it (the README's test command runs that)
+    import sglang as sgl
+    from sglang.lang import ir
+    from sglang.test import test_programs
+except ImportError:
+    sgl = test_programs = None
+
+CHECKED_VERSION = "0.5.23"  # a newer client may send fields this server does not know yet
+
+NEEDS_IMAGES = {"test_image_qa"}
+# API speculative execution (num_api_spec_tokens) is the OpenAI backend's: the first reads its token_usage, the
+# second fails inside the client on RuntimeEndpoint (no is_chat_model attribute) whatever the server does
+NEEDS_OPENAI_BACKEND = {"test_completion_speculative", "test_chat_completion_speculative"}
+
+
+def _variables_produced(names):
+    def check(states):
+        assert states, "the program returned no state"
+        for state in states:
+            for name in names:
+                assert str(state[name]).strip(), f"{name} is empty"
+    return check
+
+
+def _ints_produced(names):
+    def check(states):
+        for state in states:
+            for name in names:
+                int(state[name])  # regex-constrained to an integer: it must parse
+    return check
+
+
+# program -> how its states are checked when only its knowledge assertion fails
+KNOWLEDGE_BOUND = {
+    "test_few_shot_qa": _variables_produced(["answer"]),
+    "test_decode_int": _ints_produced(["hours", "days"]),
+    "test_react": _variables_produced(["action_1"]),
+}
+PROGRAMS = sorted(name for name, fn in vars(test_programs or types.SimpleNamespace()).items()
+                  if name.startswith("test_") and inspect.isfunction(fn)
+                  and name not in NEEDS_IMAGES | NEEDS_OPENAI_BACKEND)
+needs_client = pytest.mark.skipif(sgl is None, reason="sglang is not installed: run tests/install_sglang_client.sh")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = ServerProcess([], tmp_path_factory.mktemp("sglang-client"))
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def backend(server):
+    endpoint = sgl.RuntimeEndpoint(server.url)
+    # The programs read `default_backend.endpoint` (an sgl.Runtime): the same shape, pointing at our server.
+    runtime = types.SimpleNamespace(endpoint=endpoint)
+    sgl.set_default_backend(runtime)
+    yield endpoint
+    sgl.set_default_backend(None)
+
+
+@pytest.fixture
+def returned_states(monkeypatch):
+    """Every state a program's run/run_batch/call returned, for the knowledge-bound checks."""
+    states = []
+    for method in ("run", "run_batch", "__call__"):
+        original = getattr(ir.SglFunction, method)
+
+        def recording(self, *args, __original=original, **kwargs):
+            out = __original(self, *args, **kwargs)
+            states.extend(out if isinstance(out, list) else [out])
+            return out
+        monkeypatch.setattr(ir.SglFunction, method, recording)
+    return states
+
+
+@pytest.fixture
+def local_tokenizer_loader(monkeypatch):
+    """test_gen_min_new_tokens loads the tokenizer at /get_model_info's model_path through
+    sglang.srt.utils.hf_transformers_utils, whose imports need torchvision (absent for CPU torch on the
+    registry); transformers' loader reads the same local path, which is what the server must provide."""
+    from transformers import AutoTokenizer
+
+    shim = types.ModuleType("sglang.srt.utils.hf_transformers_utils")
+    shim.get_tokenizer = lambda path, **kw: AutoTokenizer.from_pretrained(path, local_files_only=True)
+    monkeypatch.setitem(sys.modules, "sglang.srt.utils.hf_transformers_utils", shim)
+
+
+@needs_client
+def test_client_version():
+    assert len(PROGRAMS) == 16  # what the checked version holds
+    assert sgl.__version__ == CHECKED_VERSION
+
+
+@needs_client
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_program(name, backend, server, returned_states, local_tokenizer_loader):
+    program = getattr(test_programs, name)
+    kwargs = {"check_answer": False} if "check_answer" in inspect.signature(program).parameters else {}
+    try:
+        program(**kwargs)
+    except AssertionError:
+        if name not in KNOWLEDGE_BOUND:
+            raise
+        KNOWLEDGE_BOUND[name](returned_states)
+    # the interpreter turns a failed request into a warning and an error on the state: none may have one
+    errors = [state.error() for state in returned_states if state.error() is not None]
+    assert not errors, errors
+    assert "Traceback" not in server.log()
+
+
+# ---------------------------------------------------------------- the parameters and routes behind the client,
+# over raw HTTP; expected texts computed independently with the tokenizer from the same request run without
+# the parameter
+PROMPT = "Once upon a time, in a small village by the sea, there lived"
+
+
+def generate(server, sampling_params, **body):
+    res = httpx.post(server.url + "/generate", json={"text": PROMPT, "sampling_params": sampling_params, **body},
+                     timeout=300)
+    return res
+
+
+def stream(server, sampling_params, **body) -> list[dict]:
+    with httpx.stream("POST", server.url + "/generate", json={"text": PROMPT, "sampling_params": sampling_params,
+                                                              "stream": True, **body}, timeout=300) as res:
+        assert res.status_code == 200
+        events = sse_events(list(res.iter_lines()))
+    assert events[-1] == "[DONE]"
+    return [json.loads(e) for e in events[:-1]]
+
+
+GREEDY = {"temperature": 0, "max_new_tokens": 40}
+
+
+def test_stop_regex_stops_at_the_token_completing_the_first_match(server, tokenizer):
+    free = generate(server, GREEDY).json()
+    pattern = r"[a-z]{5} [a-z]"  # a five-letter word and the next word's first letter
+    ids = free["output_ids"]
+    texts = [tokenizer.decode(ids[:k]) for k in range(1, len(ids) + 1)]
+    k = next((k for k, t in enumerate(texts, 1) if re.search(pattern, t)), None)
+    assert k is not None, f"precondition: the free text has a match: {free['text']!r}"
+    out = generate(server, {**GREEDY, "stop_regex": pattern}).json()
+    assert out["output_ids"] == ids[:k]
+    assert out["text"] == texts[k - 1]  # the match stays in the text (SGLang does not trim a regex)
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": pattern}
+    streamed = stream(server, {**GREEDY, "stop_regex": [r"\d{9}", pattern]})
+    assert streamed[-1]["text"] == texts[k - 1]
+
+
+def test_no_stop_trim_keeps_the_stop_string(server):
+    free = generate(server, GREEDY).json()["text"]
+    word = free.split()[3]
+    trimmed = generate(server, {**GREEDY, "stop": word}).json()
+    kept = generate(server, {**GREEDY, "stop": word, "no_stop_trim": True}).json()
+    assert trimmed["text"] == free[:free.index(word)]
+    assert kept["text"] == free[:free.index(word) + len(word)]
+    assert kept["meta_info"]["finish_reason"] == {"type": "stop", "matched": word}
+
+
+def test_streamed_logprobs_are_per_chunk_with_running_totals(server):
+    params = {**GREEDY, "max_new_tokens": 24}
+    whole = generate(server, params, return_logprob=True).json()["meta_info"]
+    chunks = stream(server, params, return_logprob=True)
+    collected = []
+    for chunk in chunks:
+        meta = chunk["meta_info"]
+        collected += meta["output_token_logprobs"]
+        assert meta["output_token_logprobs_length"] == meta["completion_tokens"] == len(collected)
+    assert [x[1] for x in collected] == [x[1] for x in whole["output_token_logprobs"]]
+    assert [x[0] for x in collected] == pytest.approx([x[0] for x in whole["output_token_logprobs"]], abs=1e-4)
+    assert chunks[-1]["text"] == generate(server, params).json()["text"]  # a chunk's text is the text so far
+
+
+def test_stream_interval_sends_a_chunk_every_k_tokens(server):
+    chunks = stream(server, {**GREEDY, "max_new_tokens": 21, "stream_interval": 4})
+    counts = [len(c["output_ids"]) for c in chunks]
+    assert counts[-1] == 21
+    assert all(b - a >= 4 for a, b in zip([0] + counts[:-2], counts[:-1]))  # every chunk but the last: >= 4 new
+    assert len(chunks) <= 21 // 4 + 1
+
+
+def test_profile_routes_write_a_trace(server, tmp_path):
+    res = httpx.post(server.url + "/start_profile", json={"output_dir": str(tmp_path)}, timeout=60)
+    assert res.status_code == 200, res.text
+    assert httpx.get(server.url + "/start_profile", timeout=60).status_code == 400  # already running
+    assert generate(server, {**GREEDY, "max_new_tokens": 4}).status_code == 200
+    res = httpx.get(server.url + "/stop_profile", timeout=120)  # SGLang's client sends a GET
+    assert res.status_code == 200, res.text
+    traces = list(tmp_path.glob("radixrt-*.trace.json"))
+    assert len(traces) == 1 and json.loads(traces[0].read_text())["traceEvents"]
+    assert httpx.post(server.url + "/stop_profile", timeout=60).status_code == 400  # not running
+
+
+def test_concate_and_append_request(server):
+    ok = httpx.post(server.url + "/concate_and_append_request", json={"src_rids": ["a", "b"], "dst_rid": "c"})
+    assert ok.status_code == 200 and ok.json()["success"] is True
+    bad = httpx.post(server.url + "/concate_and_append_request", json={"src_rids": "a", "dst_rid": "c"})
+    assert bad.status_code == 400 and "src_rids" in bad.text
+
+
+@pytest.mark.parametrize("params, field", [({"beam_width": 3}, "beam_width"), ({"stop_regex": "(?=x)"}, "stop_regex"),
+                                           ({"no_such_param": 1}, "no_such_param")])
+def test_refused_parameters_are_400s_naming_them(server, params, field):
+    res = generate(server, params)
+    assert res.status_code == 400 and field in res.text
+    assert generate(server, {**GREEDY, "max_new_tokens": 2}).status_code == 200  # and the server goes on
