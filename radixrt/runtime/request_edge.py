@@ -41,6 +41,9 @@ def constraint_of(sp: SamplingParams) -> tuple[str, Any] | None:
     for kind in CONSTRAINT_KINDS:
         spec = getattr(sp, kind)
         if spec is not None:
+            if kind == "structural_tag":  # served as the grammar it stands for
+                from radixrt.runtime.constrained.structural_tag import structural_tag_grammar
+                return "ebnf", structural_tag_grammar(spec)
             return kind, spec
     return None
 

@@ -31,7 +31,8 @@ MAX_CHOICE_CHARS = 1024
 
 MAX_LOGIT_BIAS = 300  # OpenAI's limit
 _TOKEN_ID_KEY = re.compile(r"0|[1-9][0-9]{0,8}")  # ASCII digits, no leading zero: one key per token id
-CONSTRAINT_FIELDS = ("regex", "json_schema", "choices", "tool_call_grammar", "ebnf")  # at most one per request
+# at most one per request; a structural_tag is served as the ebnf grammar it becomes (constrained/structural_tag.py)
+CONSTRAINT_FIELDS = ("regex", "json_schema", "choices", "tool_call_grammar", "ebnf", "structural_tag")
 
 # SGLang's /generate sampling parameters (sglang 0.5.23, srt/sampling/sampling_params.py), the one list of them:
 # every one is accepted here; those radixrt cannot honour yet are refused by name in validate() (NOT_YET).
@@ -44,8 +45,7 @@ SGLANG_SAMPLING_PARAMS = (
 # radixrt's own (and OpenAI's `seed`), beside SGLang's
 RADIXRT_SAMPLING_PARAMS = ("seed", "choices", "tool_call_grammar")
 # SGLang parameters whose feature radixrt lacks: accepted at their "off" value, refused by name otherwise
-NOT_YET = {"beam_width": "beam search", "structural_tag": "structural tags (use json_schema, regex or ebnf)",
-           "watermark": "watermarking"}
+NOT_YET = {"beam_width": "beam search", "watermark": "watermarking"}
 
 
 @dataclass
@@ -202,6 +202,14 @@ class SamplingParams:
             and all(isinstance(k, str) and _TOKEN_ID_KEY.fullmatch(k) for k in self.logit_bias)
             and all(is_num(v) and -100 <= v <= 100 for v in self.logit_bias.values())),
             "logit_bias", f"must map at most {MAX_LOGIT_BIAS} token ids to numbers in [-100, 100]")
+        need(self.structural_tag is None or (isinstance(self.structural_tag, str)
+                                             and len(self.structural_tag) <= MAX_JSON_SCHEMA_CHARS),
+             "structural_tag", f"must be a JSON string of at most {MAX_JSON_SCHEMA_CHARS} characters")
+        if self.structural_tag == "":
+            self.structural_tag = None  # as SGLang: an empty constraint is no constraint
+        if self.structural_tag is not None:  # its shape is checked here, so a bad one is a 400 at the edge
+            from radixrt.runtime.constrained.structural_tag import structural_tag_grammar
+            structural_tag_grammar(self.structural_tag)
         constraints = [k for k in CONSTRAINT_FIELDS if getattr(self, k) is not None]
         if len(constraints) > 1:
             raise ValueError(f"sampling parameters {' and '.join(constraints)} cannot be combined")

@@ -226,3 +226,33 @@ def test_refused_parameters_are_400s_naming_them(server, params, field):
     res = generate(server, params)
     assert res.status_code == 400 and field in res.text
     assert generate(server, {**GREEDY, "max_new_tokens": 2}).status_code == 200  # and the server goes on
+
+
+WEATHER_TAG = {"type": "structural_tag", "triggers": ["<function="], "structures": [{
+    "begin": "<function=get_weather>", "end": "</function>",
+    # a code the examples never show: unconstrained, the model would copy the examples' shape ("Paris")
+    "schema": {"type": "object", "properties": {"city": {"enum": ["PAR-75", "LYS-69"]}},
+               "required": ["city"], "additionalProperties": False}}]}
+FEW_SHOT_CALLS = ("Q: weather in Rome?\nA: <function=get_weather>{\"city\": \"Rome\"}</function>\n"
+                  "Q: weather in Oslo?\nA: <function=get_weather>{\"city\": \"Oslo\"}</function>\n"
+                  "Q: weather in Paris?\nA:")
+
+
+def test_structural_tag_constrains_the_tagged_segment(server):
+    import jsonschema
+
+    def run(params):
+        return httpx.post(server.url + "/generate", json={"text": FEW_SHOT_CALLS, "sampling_params": {
+            "temperature": 0, "max_new_tokens": 40, "stop": ["\nQ:"], **params}}, timeout=300).json()["text"]
+
+    free = run({})
+    assert "<function=get_weather>" in free and "PAR-75" not in free  # precondition: the model calls, unconstrained
+    text = run({"structural_tag": json.dumps(WEATHER_TAG)})
+    calls = re.findall(r"<function=(.*?)</function>", text, re.S)
+    assert calls and text.count("<function=") == len(calls), text
+    for call in calls:
+        assert call.startswith("get_weather>"), text
+        jsonschema.validate(json.loads(call[len("get_weather>"):]), WEATHER_TAG["structures"][0]["schema"])
+    bad = httpx.post(server.url + "/generate", json={"text": "x", "sampling_params": {
+        "structural_tag": json.dumps({"type": "structural_tag", "format": {}})}}, timeout=60)
+    assert bad.status_code == 400 and "structural_tag" in bad.text
