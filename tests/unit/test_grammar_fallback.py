@@ -131,7 +131,11 @@ def test_chooser_auto_and_explicit_backends():
     assert auto.for_kind("tool_call_grammar").primary is made["outlines"], "our own regexes: outlines first"
     cfg = auto.for_kind("ebnf")
     assert cfg.primary is made["llguidance"] and cfg.shadow, "a grammar: llguidance, steered by a regular subset"
-    assert BackendChooser("outlines", make).for_kind("ebnf") is made["llguidance"], "outlines cannot enforce it"
+    ebnf = BackendChooser("outlines", make).for_kind("ebnf")
+    assert ebnf.primary is made["llguidance"] and ebnf.shadow and not ebnf.fallback, "outlines cannot enforce it"
+    steered = BackendChooser("llguidance", make).for_kind("json_schema")
+    assert steered.primary.name == "llguidance" and steered.shadow and not steered.fallback and \
+        steered.name == "llguidance", "llguidance alone serves, an outlines shadow steers"
     assert sorted(b.name for b in auto.built()) == ["llguidance", "outlines"]
     made.clear()
     only = BackendChooser("outlines", make)

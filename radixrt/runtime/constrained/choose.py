@@ -4,7 +4,8 @@ installed such a request is refused with an error naming the package. `auto` is 
 behind it for what llguidance refuses, and outlines steering llguidance's requests near the end of their budget
 (fallback.py), for JSON schemas and json_object; for ebnf, llguidance alone steered by the DFA of the grammar's
 regular subset (cfg_regex.py); for regexes, choices and tool-call envelopes it is outlines first with llguidance
-behind it; without llguidance installed, outlines."""
+behind it; without llguidance installed, outlines. `llguidance` serves every constraint with llguidance alone,
+steered by the same outlines shadow (so a budget that admits a valid ending gives one under every backend)."""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -57,6 +58,13 @@ class BackendChooser:
             return self._fallbacks[first]
         if name == "llguidance" and not llg_backend.available():
             raise GrammarError(f"{kind} needs the llguidance grammar backend: pip install llguidance")
+        if name == "llguidance":
+            # llguidance serves alone, but its parser gives no shortest completion: an outlines DFA of the same
+            # constraint (of a grammar's regular subset) steers it near the end of the budget, as under auto
+            if "steered" not in self._fallbacks:
+                self._fallbacks["steered"] = FallbackBackend(self._get("llguidance"), self._get("outlines"),
+                                                             shadow=True, fallback=False)
+            return self._fallbacks["steered"]
         return self._get(name)
 
     def _get(self, name: str) -> Any:

@@ -36,14 +36,19 @@ REMEMBERED = 1024  # grammars known to need the second backend
 class FallbackBackend:
     name = "auto"
 
-    def __init__(self, primary: Any, secondary: Any, shadow: bool = False):
-        """shadow: the secondary (outlines) also steers what the primary (llguidance) serves."""
-        self.primary, self.secondary, self.shadow = primary, secondary, shadow
+    def __init__(self, primary: Any, secondary: Any, shadow: bool = False, fallback: bool = True):
+        """shadow: the secondary (outlines) also steers what the primary (llguidance) serves. fallback=False (the
+        configured --grammar-backend llguidance): the secondary only steers; the primary's refusal stands."""
+        self.primary, self.secondary, self.shadow, self.fallback = primary, secondary, shadow, fallback
+        if not fallback:
+            self.name = primary.name
         self._subset_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="radixrt-cfg-subset")
         self._lock = threading.Lock()
         self._second: collections.OrderedDict[tuple, None] = collections.OrderedDict()
 
     def _known_second(self, kind: str, spec: Any) -> bool:
+        if not self.fallback:
+            return False
         try:
             key = grammar_key(kind, spec)
         except GrammarError:
@@ -65,7 +70,7 @@ class FallbackBackend:
                 self._second.popitem(last=False)
 
     def validate(self, kind: str, spec: Any) -> None:
-        if kind in CFG_KINDS:  # only llguidance enforces a context-free grammar
+        if kind in CFG_KINDS or not self.fallback:  # only llguidance enforces a context-free grammar
             return self.primary.validate(kind, spec)
         if self._known_second(kind, spec):
             return self.secondary.validate(kind, spec)
@@ -108,11 +113,15 @@ class FallbackFuture:
         self._backend, self._kind, self._spec = backend, kind, spec
         self._first, self._second = first, second
         self._state: Any = None
+        self._shadow: Any = None  # the steering shadow's compile, waited for as part of the grammar
         self._first_error: GrammarError | None = None
 
     def done(self) -> bool:
+        """Ready once the grammar AND its steering shadow are (or the shadow failed: then unsteered). A request
+        never decodes before its steering is known: a shadow that arrived late found the budget already spent
+        past the shortest completion (the budget-valid guarantee held only when the shadow's compile was quick)."""
         if self._state is not None:
-            return True
+            return self._shadow is None or self._shadow.done()
         if self._second is None:
             if not self._first.done():
                 return False
@@ -120,16 +129,16 @@ class FallbackFuture:
                 self._state = self._first.result()
             except Exception as e:  # noqa: BLE001 - whatever the first backend raised, the second may serve it
                 self._first_error = e if isinstance(e, GrammarError) else GrammarError(f"{type(e).__name__}: {e}")
-                if self._kind in CFG_KINDS:  # only llguidance enforces a context-free grammar: its verdict stands
+                if self._kind in CFG_KINDS or not self._backend.fallback:  # the primary's verdict stands
                     return True
                 if not isinstance(e, TransientGrammarError):  # a verdict on the grammar, not a bad moment
                     self._backend.remember_second(self._kind, self._spec)
                 self._second = self._backend.secondary.request(self._kind, self._spec)
                 return self._second.done()
-            shadow = self._backend.shadow_for(self._kind, self._spec)
-            if shadow is not None:
-                self._state.follow(shadow)
-            return True
+            self._shadow = self._backend.shadow_for(self._kind, self._spec)
+            if self._shadow is not None:
+                self._state.follow(self._shadow)
+            return self._shadow is None or self._shadow.done()
         return self._second.done()
 
     def result(self) -> Any:
