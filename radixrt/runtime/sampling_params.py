@@ -213,3 +213,6 @@ class SamplingParams:
         constraints = [k for k in CONSTRAINT_FIELDS if getattr(self, k) is not None]
         if len(constraints) > 1:
             raise ValueError(f"sampling parameters {' and '.join(constraints)} cannot be combined")
+        if constraints and not self.ignore_eos:
+            from radixrt.runtime.constraint_conflicts import check_min_new_tokens
+            check_min_new_tokens(constraints[0], getattr(self, constraints[0]), self.min_new_tokens)

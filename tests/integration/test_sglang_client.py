@@ -221,7 +221,9 @@ def test_concate_and_append_request(server):
 
 
 @pytest.mark.parametrize("params, field", [({"beam_width": 3}, "beam_width"), ({"stop_regex": "(?=x)"}, "stop_regex"),
-                                           ({"no_such_param": 1}, "no_such_param")])
+                                           ({"no_such_param": 1}, "no_such_param"),
+                                           ({"regex": "", "min_new_tokens": 1}, "min_new_tokens"),  # #35: a 400
+                                           ({"ebnf": 'root ::= ""', "min_new_tokens": 1}, "min_new_tokens")])
 def test_refused_parameters_are_400s_naming_them(server, params, field):
     res = generate(server, params)
     assert res.status_code == 400 and field in res.text

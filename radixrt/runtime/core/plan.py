@@ -60,6 +60,7 @@ class PlanItemError(RuntimeError):
     """A step failed because of particular items (their indices in the plan): only their requests fail;
     the step's other requests simply run it again."""
 
-    def __init__(self, indices: list[int], message: str):
+    def __init__(self, indices: list[int], message: str, status: int = 500):
         super().__init__(message)
         self.indices = list(indices)
+        self.status = status  # 4xx: the requests asked for something impossible (their fault, not the server's)

@@ -147,14 +147,19 @@ class Scheduler(SchedulerAdmin):
         run the step again. Nothing was applied, so each request holds the KV it had, but its table row
         may or may not have been written: rewrite it in full. A broken invariant after this propagates."""
         culprits = set(error.indices) if isinstance(error, PlanItemError) else set(range(len(plan)))
-        log.error("step failed (%s: %s); failing %d of its %d requests", type(error).__name__, error,
-                  len(culprits), len(plan), exc_info=not isinstance(error, PlanItemError))
-        self.stats.num_step_failures += 1
+        status = error.status if isinstance(error, PlanItemError) else 500
+        if status >= 500:
+            log.error("step failed (%s: %s); failing %d of its %d requests", type(error).__name__, error,
+                      len(culprits), len(plan), exc_info=not isinstance(error, PlanItemError))
+            self.stats.num_step_failures += 1
+        else:
+            log.warning("%d request(s) cannot go on: %s", len(culprits), error)
         for i, (req, _) in enumerate(plan):
             req.table_stale = True
             req.draft_ids, req.draft_states = [], []
             if i in culprits and not req.finished:
-                self._fail(req, f"internal error: {type(error).__name__}: {error}", 500)
+                self._fail(req, str(error) if status < 500 else f"internal error: {type(error).__name__}: {error}",
+                           status)
             elif req.table_row is not None:
                 self.memory.trim(req)  # pages grown for a draft that will not run
         self.check_integrity()

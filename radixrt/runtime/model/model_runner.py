@@ -275,8 +275,12 @@ class ModelRunner:
         last = logits if len(pick_rows) == logits.shape[0] else logits[pick_rows]
         try:
             out = sample(last, rows, mask)
-        except NoAllowedTokenError as e:  # only the requests of those rows fail
-            raise PlanItemError(sorted({picks[k][0] for k in e.rows}), str(e)) from None
+        except NoAllowedTokenError as e:  # only the requests of those rows fail, as bad requests
+            blocked = any(rows[k].blocked_ids for k in e.rows)
+            why = ("its constraint allows only its end here and min_new_tokens (or a stop token id it may not reach "
+                   "before the minimum) forbids ending" if blocked else "its constraint allows no token here")
+            raise PlanItemError(sorted({picks[k][0] for k in e.rows}), "no token satisfies the request's constraint "
+                                f"and sampling parameters together: {why}", status=400) from None
         for k, (i, j) in enumerate(picks):
             res = results[i] if j == 0 else ItemResult()
             res.next_id = out.next_ids[k]
