@@ -99,4 +99,5 @@ def run_detokenizer_process(model_path: str, in_path: str, out_path: str, log_le
         pull.close(linger=0)
         push.close(linger=500)
         ctx.term()
+    logger.info("stopped")
     flag.exit_now()

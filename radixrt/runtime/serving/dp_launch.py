@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 from radixrt.frontend.launcher import free_port, wait_until_healthy
+from radixrt.runtime.serving.process_control import set_parent_death_signal
 
 logger = logging.getLogger("radixrt.server")
 POLL_S = 0.5
@@ -61,6 +62,7 @@ def launch_dp(config: Any, startup_timeout: float = 900.0) -> int:
     router = None
     stopping = []
     previous = signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    previous_int = signal.signal(signal.SIGINT, lambda *_: stopping.append(True))
     try:
         for _ in range(n):
             port = free_port()
@@ -70,7 +72,11 @@ def launch_dp(config: Any, startup_timeout: float = 900.0) -> int:
         router = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--host", config.host,
                                    "--port", str(config.port), "--policy", config.router_policy,
                                    "--prometheus-port", str(free_port()),  # its default port may be taken
-                                   "--worker-urls", *[u for u, _ in replicas], "--log-level", "warn"])
+                                   "--worker-urls", *[u for u, _ in replicas], "--log-level", "warn"],
+                                  # its own session: Ctrl-C in the terminal would reach it with the rest of the
+                                  # group, and sglang-router's Python wrapper dies of it with a traceback; we stop
+                                  # it with SIGTERM, and it still dies with us (parent-death signal)
+                                  start_new_session=True, preexec_fn=set_parent_death_signal)
         logger.info("data parallel: %d replicas behind sglang-router (%s) on %s:%d", n, config.router_policy,
                     config.host, config.port)
         dead: set[str] = set()
@@ -80,6 +86,9 @@ def launch_dp(config: Any, startup_timeout: float = 900.0) -> int:
                 return 1
             for url, proc in replicas:
                 if proc.poll() is not None and url not in dead:
+                    if proc.returncode == 0:  # a replica exits 0 only when stopped (a signal to the group)
+                        logger.info("replica %s was stopped; stopping", url)
+                        return 0
                     dead.add(url)
                     logger.error("replica %s exited with %s; the router routes around it", url, proc.returncode)
             if len(dead) == n:
@@ -93,7 +102,9 @@ def launch_dp(config: Any, startup_timeout: float = 900.0) -> int:
         logger.error("%s", e)
         return 1
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal must not break the cleanup
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        logger.info("stopping")
         for proc in [p for _, p in replicas] + ([router] if router is not None else []):
             if proc.poll() is None:
                 proc.terminate()
@@ -102,3 +113,5 @@ def launch_dp(config: Any, startup_timeout: float = 900.0) -> int:
                 proc.wait(30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)

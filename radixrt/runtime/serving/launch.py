@@ -96,15 +96,19 @@ def launch_server(config: Any, scheduler_class: str | None = None) -> int:
             p.start()
         return asyncio.run(_serve(config, ipc, procs, name))
     except KeyboardInterrupt:
-        logger.info("stopping")
         return 0
     except (RuntimeError, TimeoutError) as e:  # a child could not start
         logger.error("%s", e)
         return 1
     finally:
+        # a second signal (Ctrl-C pressed again, a SIGTERM to the process group) must not break the cleanup
+        previous_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        logger.info("stopping")
         stop_processes(procs)
         shutil.rmtree(ipc.dir, ignore_errors=True)
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
 
 
 async def _serve(config: Any, ipc: IpcPaths, procs: dict[str, Any], name: str) -> int:
@@ -140,6 +144,13 @@ async def _watchdog(tm: Any, procs: dict[str, Any], server: Any, failed: list[st
         await asyncio.sleep(WATCHDOG_INTERVAL_S)
         dead = [(n, p) for n, p in procs.items() if not p.is_alive()]
         reason = None
+        if dead and (server.should_exit or dead[0][1].exitcode == 0):
+            # exit code 0: a child stops so only on a signal (Ctrl-C or a SIGTERM sent to the whole process
+            # group reaches it with us): a stop, not a failure; the requests still in flight are told
+            logger.info("the %s process was stopped; stopping", dead[0][0])
+            tm.fail_all("the server is stopping")
+            server.should_exit = True
+            return
         if dead:
             n, p = dead[0]
             reason = f"the {n} process died (exit code {p.exitcode})"

@@ -167,4 +167,5 @@ def run_scheduler_process(config_dict: dict[str, Any], in_path: str, detokenizer
         for sock in (pull, to_detokenizer, to_tokenizer):
             sock.close(linger=0 if sock is pull else 500)
         ctx.term()
+    logger.info("stopped")
     flag.exit_now()
