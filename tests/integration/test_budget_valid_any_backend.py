@@ -70,3 +70,29 @@ def test_budget_valid_json_in_a_batch_with_late_steering(backend, monkeypatch):
         engine.scheduler.check_integrity()
     finally:
         engine.shutdown()
+
+
+NESTED_DIGITS = 'root ::= list\nlist ::= "[" (item ("," item)*)? "]"\nitem ::= [0-9] | list'
+NESTED_DIGITS_LARK = 'start: list\nlist: "[" (item ("," item)*)? "]"\nitem: DIGIT | list\nDIGIT: /[0-9]/'
+
+
+@pytest.mark.parametrize("backend", ["auto", "llguidance"])
+def test_recursive_grammar_closes_inside_its_budget(backend):
+    """#35.4: a prompt that invites nesting nine deep, budgets too small for that: the output must close. Truth:
+    lark's own parser of the same grammar."""
+    import lark
+
+    parser = lark.Lark(NESTED_DIGITS_LARK)
+    engine = Engine(dtype="float32", grammar_backend=backend)
+    try:
+        tok = engine.tokenizer
+        prompts = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+                   for q in ("Continue the pattern: [1,[2,[3,[4,[5,[6,[7,[8,[9]]]]]]]]] and [1,[2,[3,[4,[5,[6,[7,"
+                             "[8,[9]]]]]]]]] and", "Write a long nested list of lists of digits.")]
+        for budget in (20, 12):
+            for out in engine.generate(prompts, {"temperature": 0, "max_new_tokens": budget, "ebnf": NESTED_DIGITS}):
+                parser.parse(out["text"])  # raises on an unclosed or malformed list
+                assert out["meta_info"]["finish_reason"]["type"] == "stop"
+        engine.scheduler.check_integrity()
+    finally:
+        engine.shutdown()

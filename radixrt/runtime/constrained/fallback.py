@@ -137,7 +137,9 @@ class FallbackFuture:
                 return self._second.done()
             self._shadow = self._backend.shadow_for(self._kind, self._spec)
             if self._shadow is not None:
-                self._state.follow(self._shadow)
+                # a grammar's shadow is only its nesting-bounded part: the output is kept inside it (confined), since
+                # output that nests deeper could no longer be steered to a valid close
+                self._state.follow(self._shadow, confine=self._kind in CFG_KINDS)
             return self._shadow is None or self._shadow.done()
         return self._second.done()
 

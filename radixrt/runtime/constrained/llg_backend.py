@@ -153,6 +153,7 @@ class LLGState(EosGate):
         self.num_words = num_words
         self.jump_forward = jump_forward
         self.shadow: Shadow | None = None  # outlines' DFA of the same grammar, for budget steering (auto)
+        self.confine = False  # every pick inside the shadow's language (a grammar's nesting-bounded subset)
 
     def is_final(self) -> bool:
         return self.matcher.is_accepting()
@@ -182,6 +183,9 @@ class LLGState(EosGate):
         if shadow is None or position.shadow_state is None:
             return position
         steered = shadow.steered_at(position.shadow_state, budget)
+        if steered is None and self.confine:
+            from radixrt.runtime.constrained.state import StateMask
+            steered = StateMask(shadow.compiled, position.shadow_state, shadow.eos_token_ids)
         return position if steered is None else IntersectMask(position, steered)
 
     def for_budget(self, budget: int) -> Any:
@@ -192,11 +196,14 @@ class LLGState(EosGate):
         if shadow is None:
             return self
         steered = shadow.for_budget(budget)
-        return self if steered is shadow else IntersectMask(self, steered)
+        return self if steered is shadow and not self.confine else IntersectMask(self, steered)
 
-    def follow(self, shadow_future: Any) -> None:
-        """Steer by the outlines compile of the same grammar once it arrives (fallback.Shadow)."""
+    def follow(self, shadow_future: Any, confine: bool = False) -> None:
+        """Steer by the outlines compile of the same grammar once it arrives (fallback.Shadow). confine: keep
+        every pick inside the shadow's language, not only near the end of the budget (a grammar's shadow is
+        its nesting-bounded subset: output nested deeper could not be steered to a close any more)."""
         self.shadow = Shadow(shadow_future)
+        self.confine = confine
 
     def draft(self, max_tokens: int) -> tuple[list[int], list[_Position]]:
         """The tokens the grammar forces from here (llguidance's fast-forward), and the mask after each."""
