@@ -7,8 +7,8 @@ llguidance refuses goes to outlines, and the union passes more than either. Both
 
 Budget steering needs the fewest tokens to finish from each state (budget.py), which only the DFA gives. So a
 regex-shaped constraint served by llguidance also gets its outlines grammar compiled in the background (the
-niced, bounded compile pool; cached); once it arrives the request's tokens are replayed on it and it follows
-along. Near the end of the budget the pick is llguidance's mask AND the shadow's steered tokens. If the model
+niced, bounded compile pool; cached), and the request waits for it as for its grammar (a shadow that arrived
+after the first tokens could find the budget already past the shortest completion); it then follows along. Near the end of the budget the pick is llguidance's mask AND the shadow's steered tokens. If the model
 leaves the shadow's language (outlines is stricter: declared key order, no undeclared keys), the shadow is
 dropped and the request goes on unsteered; an intersection that comes out empty keeps llguidance's mask.
 The choice of backend is remembered per grammar, so a later request does not ask llguidance again.
