@@ -9,10 +9,12 @@ refused by name.
 """
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
 
+@functools.lru_cache(maxsize=256)  # a request's spec is read at the edge, again by the scheduler, then served
 def structural_tag_grammar(spec: str) -> str:
     """The Lark grammar (llguidance's dialect) of a structural_tag spec; ValueError naming what is wrong."""
     def bad(what: str) -> ValueError:
