@@ -63,6 +63,20 @@ def stop_processes(procs: dict[str, Any]) -> None:
             logger.warning("%s did not stop within %.0f s; killing it", name, STOP_TIMEOUT_S)
             p.kill()
             p.join()
+    _stop_resource_tracker()
+
+
+def _stop_resource_tracker() -> None:
+    """multiprocessing's resource tracker (started by "spawn") would otherwise exit only after this
+    process does, when its pipe closes: stop it now so that no process outlives the server."""
+    from multiprocessing import resource_tracker
+
+    stop = getattr(resource_tracker._resource_tracker, "_stop", None)  # private, present since 3.8
+    if stop is not None:
+        try:
+            stop()
+        except (OSError, ChildProcessError):
+            pass
 
 
 def _interrupt(signum: int, frame: Any) -> None:
