@@ -7,6 +7,7 @@ matmuls replaced by free stand-ins (their cached outputs), the attention replace
 Cases are bench_vs_vllm.py's. Differences are not strictly additive: the matmuls stream every weight
 from memory and evict what the other ops would find in cache, so "matmuls" includes that effect.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,6 +41,7 @@ def main() -> None:
         if fb.num_decode == fb.num_tokens == len(case["prompts"]) and "fb" not in captured:
             captured["fb"] = fb
         return forward(fb, kv_, attn_)
+
     model.forward = capture
     run_radixrt(engine, case)
     model.forward = forward
@@ -63,6 +65,7 @@ def main() -> None:
         if key not in linear_outs:
             linear_outs[key] = real_linear(self, x)
         return linear_outs[key]
+
     linear.Linear.__call__ = free_linear
     no_matmul = ms()
     real_attn = attn.forward
@@ -70,15 +73,18 @@ def main() -> None:
 
     def free_attn(q, k, v, k_cache, v_cache, fb_, scale):
         return attn_outs.setdefault(q.shape, torch.zeros(q.shape, dtype=q.dtype))
+
     attn.forward = free_attn
     neither = ms()
     linear.Linear.__call__ = real_linear
     no_attention = ms()
     attn.forward = real_attn
     engine.shutdown()
-    print(f"{args.case} ({fb.num_tokens} rows, {engine.scheduler.runner.dtype_name}): forward {full:.2f} ms = "
-          f"matmuls {full - no_matmul:.2f} + attention {full - no_attention:.2f} + everything else {neither:.2f} "
-          f"(not strictly additive)")
+    print(
+        f"{args.case} ({fb.num_tokens} rows, {engine.scheduler.runner.dtype_name}): forward {full:.2f} ms = "
+        f"matmuls {full - no_matmul:.2f} + attention {full - no_attention:.2f} + everything else {neither:.2f} "
+        f"(not strictly additive)"
+    )
 
 
 if __name__ == "__main__":

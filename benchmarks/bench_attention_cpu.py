@@ -14,6 +14,7 @@ thresholds), forced (cascade wherever 32+ positions are shared: shows where the 
 --repeats runs of --iters calls, the variants taking turns: on a shared machine the minimum is
 the least noisy estimate. The variants' outputs are checked to agree.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,13 +25,15 @@ import time
 import torch
 
 from radixrt.kernels.attention_torch import TorchAttentionBackend
-from radixrt.runtime.model.forward_batch import BatchItem, build_forward_batch
 from radixrt.runtime.core.page_allocator import slots_of
+from radixrt.runtime.model.forward_batch import BatchItem, build_forward_batch
 
 HQ, HKV, D = 9, 3, 64
 
 
-def build(num_reqs: int, shared_len: int, own_len: int, new_len: int, page_size: int, seed: int = 0):
+def build(
+    num_reqs: int, shared_len: int, own_len: int, new_len: int, page_size: int, seed: int = 0
+):
     """num_reqs requests of shared_len common + own_len own positions, the last new_len of them new this
     step (new_len 1: a decode step). Pages scattered at random over a pool of just the needed size."""
     rng = random.Random(seed)
@@ -42,9 +45,18 @@ def build(num_reqs: int, shared_len: int, own_len: int, new_len: int, page_size:
     seq_len = shared_len + own_len
     items = []
     for row in range(num_reqs):
-        slots = common + slots_of([free.pop() for _ in range(pages_of(own_len))], 0, own_len, page_size)
-        items.append(BatchItem(row=row, new_ids=[1] * new_len, prefix_len=seq_len - new_len, slots=slots,
-                               write_start=0))
+        slots = common + slots_of(
+            [free.pop() for _ in range(pages_of(own_len))], 0, own_len, page_size
+        )
+        items.append(
+            BatchItem(
+                row=row,
+                new_ids=[1] * new_len,
+                prefix_len=seq_len - new_len,
+                slots=slots,
+                write_start=0,
+            )
+        )
     fb = build_forward_batch(items, torch.zeros((num_reqs, seq_len), dtype=torch.int64))
     return fb, num_pages * page_size
 
@@ -69,7 +81,10 @@ def run_case(num_reqs, shared_len, own_len, new_len, page_size, dtype, repeats, 
     g = torch.Generator().manual_seed(0)
     t = fb.num_tokens
     q = torch.randn(t, HQ, D, generator=g).to(dtype)
-    k, v = torch.randn(t, HKV, D, generator=g).to(dtype), torch.randn(t, HKV, D, generator=g).to(dtype)
+    k, v = (
+        torch.randn(t, HKV, D, generator=g).to(dtype),
+        torch.randn(t, HKV, D, generator=g).to(dtype),
+    )
     k_cache = torch.randn(num_slots, HKV, D, generator=g).to(dtype)
     v_cache = torch.randn(num_slots, HKV, D, generator=g).to(dtype)
     variants = {"padded": {"min_shared_len": None}, "default": {}, "forced": {"min_saved_kv": 0}}
@@ -81,12 +96,16 @@ def run_case(num_reqs, shared_len, own_len, new_len, page_size, dtype, repeats, 
         def meta(backend=backend, batch=batch):
             batch.attn_meta = None
             backend.init_forward_metadata(batch)
+
         meta()
         groups = (batch.attn_meta.decode, *batch.attn_meta.extends)
-        row[label + "_shared"] = max((gr.shared.kv_len for gr in groups if gr is not None and gr.shared), default=0)
+        row[label + "_shared"] = max(
+            (gr.shared.kv_len for gr in groups if gr is not None and gr.shared), default=0
+        )
         metas[label + "_meta"] = meta
-        layers[label] = lambda backend=backend, batch=batch: backend.forward(q, k, v, k_cache, v_cache, batch,
-                                                                            D ** -0.5)
+        layers[label] = lambda backend=backend, batch=batch: backend.forward(
+            q, k, v, k_cache, v_cache, batch, D**-0.5
+        )
         outs.append(layers[label]().float())
     tol = 1e-5 if dtype == torch.float32 else 3e-2
     for out in outs[1:]:
@@ -113,25 +132,36 @@ CASES = [  # (label, num_reqs, shared_len, own_len, new_len, page_size)
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     args = ap.parse_args()
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {args.dtype}, Hq {HQ} Hkv {HKV} D {D}; "
-          f"ms per layer call (best of {args.repeats} x {args.iters}); meta: once per forward")
-    print("padded: cascade off; default: the backend's thresholds (S: shared length it took, 0: none); "
-          "forced: cascade wherever S >= 32")
-    head = (f"{'case':42} {'padded':>8} {'S':>5} {'default':>8} {'speedup':>8} {'forced':>8} {'speedup':>8} "
-            f"{'meta pad':>9} {'meta def':>9}")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {args.dtype}, Hq {HQ} Hkv {HKV} D {D}; "
+        f"ms per layer call (best of {args.repeats} x {args.iters}); meta: once per forward"
+    )
+    print(
+        "padded: cascade off; default: the backend's thresholds (S: shared length it took, 0: none); "
+        "forced: cascade wherever S >= 32"
+    )
+    head = (
+        f"{'case':42} {'padded':>8} {'S':>5} {'default':>8} {'speedup':>8} {'forced':>8} {'speedup':>8} "
+        f"{'meta pad':>9} {'meta def':>9}"
+    )
     print(head)
     print("-" * len(head))
     for label, *spec in CASES:
         r = run_case(*spec, dtype, args.repeats, args.iters)
-        print(f"{label:42} {r['padded']:8.3f} {r['default_shared']:>5} {r['default']:8.3f} "
-              f"{r['padded'] / r['default']:7.2f}x {r['forced']:8.3f} {r['padded'] / r['forced']:7.2f}x "
-              f"{r['padded_meta']:9.3f} {r['default_meta']:9.3f}", flush=True)
+        print(
+            f"{label:42} {r['padded']:8.3f} {r['default_shared']:>5} {r['default']:8.3f} "
+            f"{r['padded'] / r['default']:7.2f}x {r['forced']:8.3f} {r['padded'] / r['forced']:7.2f}x "
+            f"{r['padded_meta']:9.3f} {r['default_meta']:9.3f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

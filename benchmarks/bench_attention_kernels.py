@@ -8,6 +8,7 @@ KV cache, so it is reported as achieved bytes/s over the device's measured copy 
 as a time ratio against torch SDPA on the same data laid out contiguously (SDPA cannot read
 the paged pool: it gets that layout for free). Exits with a message where there is no GPU.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,8 +18,10 @@ import sys
 import torch
 
 if not torch.cuda.is_available():
-    print("bench_attention_kernels: no CUDA device, nothing to measure (the kernels are tested on CPU "
-          "under TRITON_INTERPRET=1 in tests/triton)")
+    print(
+        "bench_attention_kernels: no CUDA device, nothing to measure (the kernels are tested on CPU "
+        "under TRITON_INTERPRET=1 in tests/triton)"
+    )
     sys.exit(0)
 
 import torch.nn.functional as F  # noqa: E402
@@ -66,20 +69,31 @@ def build(prefix_lens, extend_lens, hq, hkv, d, page_size, dtype, seed=0):
 
 def bench_decode(batch, ctx, heads, page_size, dtype, copy_bw):
     hq, hkv, d = heads
-    fb, q, k, v, k_cache, v_cache = build([ctx - 1] * batch, [1] * batch, hq, hkv, d, page_size, dtype)
+    fb, q, k, v, k_cache, v_cache = build(
+        [ctx - 1] * batch, [1] * batch, hq, hkv, d, page_size, dtype
+    )
     backend = TritonAttentionBackend(hq, hkv, d)
     meta_ms = do_bench(lambda: backend.init_forward_metadata(fb), warmup=10, rep=100)
     backend.init_forward_metadata(fb)
-    ms = do_bench(lambda: backend.forward(q, k, v, k_cache, v_cache, fb, d ** -0.5), warmup=25, rep=200)
+    ms = do_bench(
+        lambda: backend.forward(q, k, v, k_cache, v_cache, fb, d**-0.5), warmup=25, rep=200
+    )
     esize = q.element_size()
     meta = fb.attn_meta
     # KV read + slot indices + q/out + split partials written and read back (fp32)
     kv_bytes = 2 * batch * ctx * hkv * d * esize
-    moved = (kv_bytes + batch * ctx * 8 + 2 * batch * hq * d * esize
-             + 2 * meta.part_out.numel() * 4 + 2 * meta.part_lse.numel() * 4)
+    moved = (
+        kv_bytes
+        + batch * ctx * 8
+        + 2 * batch * hq * d * esize
+        + 2 * meta.part_out.numel() * 4
+        + 2 * meta.part_lse.numel() * 4
+    )
     bw = moved / (ms * 1e-3)
-    print(f"decode  B={batch:<3} ctx={ctx:<6} heads={hq}/{hkv} d={d} page={page_size} splits<= {meta.max_splits:<2} "
-          f"{ms * 1e3:8.1f} us  {bw / 1e9:7.0f} GB/s  {bw / copy_bw:5.1%} of copy  (metadata {meta_ms * 1e3:.0f} us)")
+    print(
+        f"decode  B={batch:<3} ctx={ctx:<6} heads={hq}/{hkv} d={d} page={page_size} splits<= {meta.max_splits:<2} "
+        f"{ms * 1e3:8.1f} us  {bw / 1e9:7.0f} GB/s  {bw / copy_bw:5.1%} of copy  (metadata {meta_ms * 1e3:.0f} us)"
+    )
 
 
 def sdpa_extend(qs, ks, vs, prefix_len):
@@ -87,33 +101,47 @@ def sdpa_extend(qs, ks, vs, prefix_len):
     if prefix_len == 0:
         return F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
     n, total = qs.shape[2], ks.shape[2]
-    mask = torch.arange(total, device=DEV)[None, :] <= (prefix_len + torch.arange(n, device=DEV))[:, None]
+    mask = (
+        torch.arange(total, device=DEV)[None, :]
+        <= (prefix_len + torch.arange(n, device=DEV))[:, None]
+    )
     return F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask)
 
 
 def bench_extend(batch, prefix_len, extend_len, heads, page_size, dtype):
     hq, hkv, d = heads
-    fb, q, k, v, k_cache, v_cache = build([prefix_len] * batch, [extend_len] * batch, hq, hkv, d, page_size, dtype)
+    fb, q, k, v, k_cache, v_cache = build(
+        [prefix_len] * batch, [extend_len] * batch, hq, hkv, d, page_size, dtype
+    )
     backend = TritonAttentionBackend(hq, hkv, d)
     backend.init_forward_metadata(fb)
-    scale = d ** -0.5
+    scale = d**-0.5
     out = backend.forward(q, k, v, k_cache, v_cache, fb, scale)
     ms = do_bench(lambda: backend.forward(q, k, v, k_cache, v_cache, fb, scale), warmup=10, rep=100)
     # the same data contiguous, KV heads expanded for SDPA
     seq = prefix_len + extend_len
-    slots = fb.req_to_slot[:batch, :seq]                                   # [B, L]
-    ks = k_cache[slots].repeat_interleave(hq // hkv, 2).transpose(1, 2).contiguous()  # [B, Hq, L, D]
+    slots = fb.req_to_slot[:batch, :seq]  # [B, L]
+    ks = (
+        k_cache[slots].repeat_interleave(hq // hkv, 2).transpose(1, 2).contiguous()
+    )  # [B, Hq, L, D]
     vs = v_cache[slots].repeat_interleave(hq // hkv, 2).transpose(1, 2).contiguous()
-    qs = q.view(batch, extend_len, hq, d).transpose(1, 2).contiguous()     # [B, Hq, n, D]
+    qs = q.view(batch, extend_len, hq, d).transpose(1, 2).contiguous()  # [B, Hq, n, D]
     ref = sdpa_extend(qs, ks, vs, prefix_len)
-    err = (out.view(batch, extend_len, hq, d).transpose(1, 2).float() - ref.float()).abs().max().item()
+    err = (
+        (out.view(batch, extend_len, hq, d).transpose(1, 2).float() - ref.float())
+        .abs()
+        .max()
+        .item()
+    )
     sdpa_ms = do_bench(lambda: sdpa_extend(qs, ks, vs, prefix_len), warmup=10, rep=100)
     # QK^T and PV over the visible (prefix + causal) pairs
     pairs = batch * (extend_len * prefix_len + extend_len * (extend_len + 1) / 2)
     flops = 4 * pairs * hq * d
-    print(f"extend  B={batch:<3} prefix={prefix_len:<5} new={extend_len:<5} heads={hq}/{hkv} d={d} page={page_size} "
-          f"{ms * 1e3:8.1f} us  {flops / ms / 1e9:6.1f} TFLOP/s  SDPA {sdpa_ms * 1e3:8.1f} us  "
-          f"triton/SDPA time {ms / sdpa_ms:4.2f}x  max|diff| {err:.1e}")
+    print(
+        f"extend  B={batch:<3} prefix={prefix_len:<5} new={extend_len:<5} heads={hq}/{hkv} d={d} page={page_size} "
+        f"{ms * 1e3:8.1f} us  {flops / ms / 1e9:6.1f} TFLOP/s  SDPA {sdpa_ms * 1e3:8.1f} us  "
+        f"triton/SDPA time {ms / sdpa_ms:4.2f}x  max|diff| {err:.1e}"
+    )
 
 
 def main() -> None:
@@ -122,8 +150,10 @@ def main() -> None:
     ap.add_argument("--page-size", type=int, default=16)
     args = ap.parse_args()
     dtype, ps = DTYPES[args.dtype], args.page_size
-    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}  "
-          f"dtype {args.dtype}")
+    print(
+        f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}  "
+        f"dtype {args.dtype}"
+    )
     copy_bw = copy_bandwidth()
     print(f"measured copy bandwidth: {copy_bw / 1e9:.0f} GB/s (read + write)")
     for heads in [(32, 8, 128), (9, 3, 64)]:

@@ -27,6 +27,7 @@ Part 2 (outlines only), cost per schema size: compile time, and per decoding ste
 outlines-core writing the bitmask (`write_mask_into`) and our whole fill_mask (bitmask + unpack
 to a bool row), p50/p99 in µs over random walks.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,7 +54,9 @@ from radixrt.runtime.model.weights import load_tokenizer, resolve_model
 PUBLISHED = {"llguidance": 8909, "xgrammar": 8122, "outlines": 7050}  # of 11,306 MaskBench schemas
 MASKBENCH_TOTAL = 11306
 # the workplace's shared data sits next to the repository
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "jsonschemabench" / "maskbench"
+DEFAULT_DATA = (
+    Path(__file__).resolve().parents[2] / "shared" / "data" / "jsonschemabench" / "maskbench"
+)
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -108,6 +111,7 @@ def _child_llg(backend, tokenizer, path: str, conn) -> None:
     from llguidance.torch import fill_next_token_bitmask
 
     from radixrt.runtime.constrained.llg_backend import grammar_for
+
     data = json.load(open(path))
     try:
         t0 = time.perf_counter()
@@ -120,7 +124,9 @@ def _child_llg(backend, tokenizer, path: str, conn) -> None:
     matcher = LLMatcher(backend.tokenizer, grammar)
     buf = torch.zeros((1, backend.num_words), dtype=torch.int32)
     if not matcher.is_error():
-        fill_next_token_bitmask(matcher, buf, 0)  # llguidance builds lazily: the first mask is part of compiling
+        fill_next_token_bitmask(
+            matcher, buf, 0
+        )  # llguidance builds lazily: the first mask is part of compiling
     if matcher.is_error():
         conn.send({"status": "compile_error", "reason": matcher.get_error()[:200]})
         return
@@ -187,10 +193,14 @@ def tally(name: str, files: list[str], records: list[dict], timeout: float) -> d
     valid, invalid = [0, 0], [0, 0]
     passing = 0
     per_cat: dict[str, list[int]] = {}
-    outcomes: dict[str, str] = {}  # schema file -> passing | failing | rejected | compile_error | timeout
+    outcomes: dict[
+        str, str
+    ] = {}  # schema file -> passing | failing | rejected | compile_error | timeout
     for path, rec in zip(files, records):
         final, msg = rec["final"], rec["msg"]
-        ok = final == "done" and rec["compile_s"] <= timeout  # auto's fallback may overrun the budget
+        ok = (
+            final == "done" and rec["compile_s"] <= timeout
+        )  # auto's fallback may overrun the budget
         if final == "done" and not ok:
             final = "timeout"
         status[final if final != "done" else "compiled"] += 1
@@ -207,44 +217,75 @@ def tally(name: str, files: list[str], records: list[dict], timeout: float) -> d
                 if accepted and not is_valid:
                     unsound.append((os.path.basename(path), text))
             passing += ok
-        outcomes[os.path.basename(path)] = ("passing" if ok else "failing") if final == "done" else final
+        outcomes[os.path.basename(path)] = (
+            ("passing" if ok else "failing") if final == "done" else final
+        )
         cat = per_cat.setdefault(category(path), [0, 0, 0])
         cat[0] += 1
         cat[1] += final == "done"
         cat[2] += final == "done" and ok
     total = len(files)
     compiled = status["compiled"]
-    print(f"\n== {name}: JSONSchemaBench / MaskBench sample: {total} schemas, compile timeout {timeout:g} s ==")
-    print(f"rejected with a named reason: {status['rejected']}   compile errors: {status['compile_error']}   "
-          f"timeouts: {status['timeout']}")
+    print(
+        f"\n== {name}: JSONSchemaBench / MaskBench sample: {total} schemas, compile timeout {timeout:g} s =="
+    )
+    print(
+        f"rejected with a named reason: {status['rejected']}   compile errors: {status['compile_error']}   "
+        f"timeouts: {status['timeout']}"
+    )
     if name == "auto":
-        print(f"served by outlines after llguidance refused: {sum('fallback' in r for r in records)}")
+        print(
+            f"served by outlines after llguidance refused: {sum('fallback' in r for r in records)}"
+        )
     print(f"compiled within {timeout:g} s: {compiled}/{total} = {compiled / total:.1%}")
-    print(f"passing (compiled, every valid accepted and invalid rejected): {passing}/{total} = {passing / total:.1%}")
+    print(
+        f"passing (compiled, every valid accepted and invalid rejected): {passing}/{total} = {passing / total:.1%}"
+    )
     for pub, count in PUBLISHED.items():
-        print(f"  published {pub:>10}: {count}/{MASKBENCH_TOTAL} = {count / MASKBENCH_TOTAL:.1%} (full set, not this sample)")
-    print(f"valid instances accepted:   {valid[0]}/{valid[1]}  (compact serialisation; rejections are chosen subsets)")
-    print(f"invalid instances rejected: {invalid[0]}/{invalid[1]}  (soundness; accepted invalid = bug)")
+        print(
+            f"  published {pub:>10}: {count}/{MASKBENCH_TOTAL} = {count / MASKBENCH_TOTAL:.1%} (full set, not this sample)"
+        )
+    print(
+        f"valid instances accepted:   {valid[0]}/{valid[1]}  (compact serialisation; rejections are chosen subsets)"
+    )
+    print(
+        f"invalid instances rejected: {invalid[0]}/{invalid[1]}  (soundness; accepted invalid = bug)"
+    )
     for schema, text in unsound[:10]:
         print(f"  UNSOUND {schema}: {text}")
     if compile_s:
-        print(f"compile time (compiled ones): p50 {pct(compile_s, .5):.2f} s  p90 {pct(compile_s, .9):.2f} s  "
-              f"p99 {pct(compile_s, .99):.2f} s  max {max(compile_s):.2f} s")
+        print(
+            f"compile time (compiled ones): p50 {pct(compile_s, 0.5):.2f} s  p90 {pct(compile_s, 0.9):.2f} s  "
+            f"p99 {pct(compile_s, 0.99):.2f} s  max {max(compile_s):.2f} s"
+        )
     if write_us:
-        print(f"mask write per step: p50 {pct(write_us, .5):.1f} µs  p99 {pct(write_us, .99):.1f} µs "
-              f"({len(write_us)} steps)")
+        print(
+            f"mask write per step: p50 {pct(write_us, 0.5):.1f} µs  p99 {pct(write_us, 0.99):.1f} µs "
+            f"({len(write_us)} steps)"
+        )
     print("per category (schemas / compiled / passing):")
     for cat, (num, num_compiled, num_passing) in sorted(per_cat.items()):
         print(f"  {cat:>16} {num:4d} {num_compiled:4d} {num_passing:4d}")
     print("top reasons for refusing a schema:")
     for reason, count in reasons.most_common(12):
         print(f"  {count:4d}  {reason}")
-    return {"schemas": total, "timeout_s": timeout, "status": dict(status), "compiled": compiled, "passing": passing,
-            "valid_accepted": valid, "invalid_rejected": invalid, "unsound": unsound,
-            "compile_s": compile_s, "compile_s_p99": pct(compile_s, .99) if compile_s else None,
-            "write_mask_us_p50": pct(write_us, .5) if write_us else None,
-            "write_mask_us_p99": pct(write_us, .99) if write_us else None,
-            "per_category": per_cat, "refusal_reasons": dict(reasons.most_common()), "outcomes": outcomes}
+    return {
+        "schemas": total,
+        "timeout_s": timeout,
+        "status": dict(status),
+        "compiled": compiled,
+        "passing": passing,
+        "valid_accepted": valid,
+        "invalid_rejected": invalid,
+        "unsound": unsound,
+        "compile_s": compile_s,
+        "compile_s_p99": pct(compile_s, 0.99) if compile_s else None,
+        "write_mask_us_p50": pct(write_us, 0.5) if write_us else None,
+        "write_mask_us_p99": pct(write_us, 0.99) if write_us else None,
+        "per_category": per_cat,
+        "refusal_reasons": dict(reasons.most_common()),
+        "outcomes": outcomes,
+    }
 
 
 def coverage(runs: dict, tokenizer, files: list[str], timeout: float) -> dict:
@@ -256,40 +297,90 @@ def coverage(runs: dict, tokenizer, files: list[str], timeout: float) -> dict:
         if (n + 1) % 50 == 0:
             print(f"  ... {n + 1}/{len(files)}", file=sys.stderr, flush=True)
     if len(runs) == 2:
-        records["auto"] = [auto_record(a, b) for a, b in zip(records["llguidance"], records["outlines"])]
+        records["auto"] = [
+            auto_record(a, b) for a, b in zip(records["llguidance"], records["outlines"])
+        ]
     return {name: tally(name, files, recs, timeout) for name, recs in records.items()}
 
 
 SIZES = {
-    "small": {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer", "minimum": 0}},
-              "required": ["name", "age"]},
-    "medium": {"type": "object", "properties": {
-        "id": {"type": "string", "format": "uuid"}, "created": {"type": "string", "format": "date-time"},
-        "status": {"enum": ["open", "closed", "pending"]}, "score": {"type": "number", "minimum": 0, "maximum": 1},
-        "tags": {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 5},
-        "owner": {"type": "object", "properties": {"email": {"type": "string", "format": "email"},
-                                                   "name": {"type": "string"}}, "required": ["email"]}},
-        "required": ["id", "status", "owner"]},
-    "large": {"$defs": {"address": {"type": "object", "properties": {
-        "street": {"type": "string"}, "city": {"type": "string"}, "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
-        "country": {"enum": ["US", "CA", "MX", "FR", "DE", "JP"]}}, "required": ["street", "city", "country"]},
-        "person": {"type": "object", "properties": {
-            "first": {"type": "string"}, "last": {"type": "string"}, "born": {"type": "string", "format": "date"},
-            "phones": {"type": "array", "items": {"type": "string", "pattern": "^\\+?[0-9 -]{7,15}$"}, "maxItems": 3},
-            "home": {"$ref": "#/$defs/address"}, "work": {"$ref": "#/$defs/address"}}, "required": ["first", "last"]}},
-        "type": "object", "properties": {"customer": {"$ref": "#/$defs/person"}, "contacts": {"type": "array",
-                                         "items": {"$ref": "#/$defs/person"}, "maxItems": 4},
-                                         "notes": {"type": "string", "maxLength": 200}, "vip": {"type": "boolean"}},
-        "required": ["customer"]},
+    "small": {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer", "minimum": 0}},
+        "required": ["name", "age"],
+    },
+    "medium": {
+        "type": "object",
+        "properties": {
+            "id": {"type": "string", "format": "uuid"},
+            "created": {"type": "string", "format": "date-time"},
+            "status": {"enum": ["open", "closed", "pending"]},
+            "score": {"type": "number", "minimum": 0, "maximum": 1},
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 5},
+            "owner": {
+                "type": "object",
+                "properties": {
+                    "email": {"type": "string", "format": "email"},
+                    "name": {"type": "string"},
+                },
+                "required": ["email"],
+            },
+        },
+        "required": ["id", "status", "owner"],
+    },
+    "large": {
+        "$defs": {
+            "address": {
+                "type": "object",
+                "properties": {
+                    "street": {"type": "string"},
+                    "city": {"type": "string"},
+                    "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
+                    "country": {"enum": ["US", "CA", "MX", "FR", "DE", "JP"]},
+                },
+                "required": ["street", "city", "country"],
+            },
+            "person": {
+                "type": "object",
+                "properties": {
+                    "first": {"type": "string"},
+                    "last": {"type": "string"},
+                    "born": {"type": "string", "format": "date"},
+                    "phones": {
+                        "type": "array",
+                        "items": {"type": "string", "pattern": "^\\+?[0-9 -]{7,15}$"},
+                        "maxItems": 3,
+                    },
+                    "home": {"$ref": "#/$defs/address"},
+                    "work": {"$ref": "#/$defs/address"},
+                },
+                "required": ["first", "last"],
+            },
+        },
+        "type": "object",
+        "properties": {
+            "customer": {"$ref": "#/$defs/person"},
+            "contacts": {"type": "array", "items": {"$ref": "#/$defs/person"}, "maxItems": 4},
+            "notes": {"type": "string", "maxLength": 200},
+            "vip": {"type": "boolean"},
+        },
+        "required": ["customer"],
+    },
 }
 
 
 def step_costs(backend, vocab_size: int, walks: int = 20, steps: int = 150) -> dict:
     print("\n== compile time and mask cost per decoding step, per request (µs) ==")
-    print("write: outlines-core write_mask_into alone; fill: our fill_mask (bitmask + unpack to a bool row),")
-    print("first visit of each state (cold) and the same walk replayed (warm); batch32: fill_masks of 32 rows / 32")
-    print(f"{'schema':>8} {'regex':>6} {'compile s':>9} {'write p50':>9} {'p99':>6} {'cold p50':>8} {'p99':>6} "
-          f"{'warm p50':>8} {'p99':>6} {'batch32':>7}")
+    print(
+        "write: outlines-core write_mask_into alone; fill: our fill_mask (bitmask + unpack to a bool row),"
+    )
+    print(
+        "first visit of each state (cold) and the same walk replayed (warm); batch32: fill_masks of 32 rows / 32"
+    )
+    print(
+        f"{'schema':>8} {'regex':>6} {'compile s':>9} {'write p50':>9} {'p99':>6} {'cold p50':>8} {'p99':>6} "
+        f"{'warm p50':>8} {'p99':>6} {'batch32':>7}"
+    )
     rng = random.Random(0)
     buf = torch.zeros(backend.num_words, dtype=torch.int32)
     row = torch.zeros(vocab_size, dtype=torch.bool)
@@ -309,7 +400,9 @@ def step_costs(backend, vocab_size: int, walks: int = 20, steps: int = 150) -> d
                 t = time.perf_counter()
                 state.fill_mask(row)
                 cold_us.append((time.perf_counter() - t) * 1e6)
-                allowed = [i for i in row.nonzero().flatten().tolist() if i not in backend.eos_token_ids]
+                allowed = [
+                    i for i in row.nonzero().flatten().tolist() if i not in backend.eos_token_ids
+                ]
                 if not allowed:
                     break
                 path.append(rng.choice(allowed[:64]))
@@ -330,12 +423,20 @@ def step_costs(backend, vocab_size: int, walks: int = 20, steps: int = 150) -> d
             t = time.perf_counter()
             fill_masks(states, vocab_size, "cpu")
             batch_us.append((time.perf_counter() - t) * 1e6 / len(states))
-        print(f"{name:>8} {len(rx):>6} {compile_s:>9.2f} {pct(write_us, .5):>9.1f} {pct(write_us, .99):>6.0f} "
-              f"{pct(cold_us, .5):>8.1f} {pct(cold_us, .99):>6.0f} {pct(warm_us, .5):>8.1f} {pct(warm_us, .99):>6.0f} "
-              f"{statistics.median(batch_us):>7.1f}")
-        out[name] = {"regex_len": len(rx), "compile_s": compile_s, "write_us": [pct(write_us, .5), pct(write_us, .99)],
-                     "cold_us": [pct(cold_us, .5), pct(cold_us, .99)], "warm_us": [pct(warm_us, .5), pct(warm_us, .99)],
-                     "batch32_us": statistics.median(batch_us), "steps": len(warm_us)}
+        print(
+            f"{name:>8} {len(rx):>6} {compile_s:>9.2f} {pct(write_us, 0.5):>9.1f} {pct(write_us, 0.99):>6.0f} "
+            f"{pct(cold_us, 0.5):>8.1f} {pct(cold_us, 0.99):>6.0f} {pct(warm_us, 0.5):>8.1f} {pct(warm_us, 0.99):>6.0f} "
+            f"{statistics.median(batch_us):>7.1f}"
+        )
+        out[name] = {
+            "regex_len": len(rx),
+            "compile_s": compile_s,
+            "write_us": [pct(write_us, 0.5), pct(write_us, 0.99)],
+            "cold_us": [pct(cold_us, 0.5), pct(cold_us, 0.99)],
+            "warm_us": [pct(warm_us, 0.5), pct(warm_us, 0.99)],
+            "batch32_us": statistics.median(batch_us),
+            "steps": len(warm_us),
+        }
     return out
 
 
@@ -356,7 +457,11 @@ def batch_walk_costs(make_state, tokenizer, files: list[str], batch: int = 32) -
         except Exception:  # noqa: BLE001 - a schema this backend refuses is simply not in the batch
             continue
         states.append(state)
-        paths.append(tokenizer.encode(json.dumps(valid[0]["data"], separators=(",", ":")), add_special_tokens=False))
+        paths.append(
+            tokenizer.encode(
+                json.dumps(valid[0]["data"], separators=(",", ":")), add_special_tokens=False
+            )
+        )
     step_us, row_us, rows = [], [], []
     for step in range(max(len(p) for p in paths)):
         live = [i for i, p in enumerate(paths) if step < len(p) and states[i] is not None]
@@ -365,7 +470,9 @@ def batch_walk_costs(make_state, tokenizer, files: list[str], batch: int = 32) -
         t = time.perf_counter()
         fill_masks([states[i] for i in live], len(tokenizer), "cpu")
         dt = (time.perf_counter() - t) * 1e6
-        if step:  # the first mask also builds llguidance's lazy automata: compile time, reported above
+        if (
+            step
+        ):  # the first mask also builds llguidance's lazy automata: compile time, reported above
             step_us.append(dt)
             row_us.append(dt / len(live))
             rows.append(len(live))
@@ -374,12 +481,21 @@ def batch_walk_costs(make_state, tokenizer, files: list[str], batch: int = 32) -
                 states[i].accept(paths[i][step])
             except GrammarError:  # an instance tokenized off the grammar's path: that row stops
                 states[i] = None
-    result = {"rows": len(states), "steps": len(step_us), "step_us": [pct(step_us, .5), pct(step_us, .99)],
-              "row_us": [pct(row_us, .5), pct(row_us, .99)], "mean_live_rows": statistics.mean(rows)}
-    print(f"\n== a batch of {len(states)} constrained requests (different sample schemas) walking valid instances ==")
-    print(f"fill_masks per step: p50 {result['step_us'][0]:.0f} µs  p99 {result['step_us'][1]:.0f} µs; per row "
-          f"p50 {result['row_us'][0]:.1f} µs  p99 {result['row_us'][1]:.1f} µs ({len(step_us)} steps after the first, "
-          f"{result['mean_live_rows']:.1f} rows walking on average)")
+    result = {
+        "rows": len(states),
+        "steps": len(step_us),
+        "step_us": [pct(step_us, 0.5), pct(step_us, 0.99)],
+        "row_us": [pct(row_us, 0.5), pct(row_us, 0.99)],
+        "mean_live_rows": statistics.mean(rows),
+    }
+    print(
+        f"\n== a batch of {len(states)} constrained requests (different sample schemas) walking valid instances =="
+    )
+    print(
+        f"fill_masks per step: p50 {result['step_us'][0]:.0f} µs  p99 {result['step_us'][1]:.0f} µs; per row "
+        f"p50 {result['row_us'][0]:.1f} µs  p99 {result['row_us'][1]:.1f} µs ({len(step_us)} steps after the first, "
+        f"{result['mean_live_rows']:.1f} rows walking on average)"
+    )
     return result
 
 
@@ -389,34 +505,65 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=None, help="first N schemas (sorted by name)")
     ap.add_argument("--timeout", type=float, default=5.0, help="compile budget per schema, seconds")
     ap.add_argument("--skip-coverage", action="store_true")
-    ap.add_argument("--backend", default="all", choices=["all", "outlines", "llguidance"],
-                    help="all: both backends and auto (outlines, llguidance for what outlines cannot serve)")
-    ap.add_argument("--no-json-schema-strict", dest="strict", action="store_false",
-                    help="llguidance follows JSON Schema (undeclared keys allowed), as the server's flag of that name")
-    ap.add_argument("--out", default=None, help="default results/grammar.json (grammar_standard.json without strict)")
+    ap.add_argument(
+        "--backend",
+        default="all",
+        choices=["all", "outlines", "llguidance"],
+        help="all: both backends and auto (outlines, llguidance for what outlines cannot serve)",
+    )
+    ap.add_argument(
+        "--no-json-schema-strict",
+        dest="strict",
+        action="store_false",
+        help="llguidance follows JSON Schema (undeclared keys allowed), as the server's flag of that name",
+    )
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="default results/grammar.json (grammar_standard.json without strict)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(1)
     tokenizer = load_tokenizer(resolve_model(None))
     vocab_size = len(tokenizer)
-    results = {"commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                        text=True).stdout.strip(),
-               "machine": {"cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count()},
-               "backend": args.backend, "json_schema_strict": args.strict, "batch32": {}}
+    results = {
+        "commit": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip(),
+        "machine": {"cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count()},
+        "backend": args.backend,
+        "json_schema_strict": args.strict,
+        "batch32": {},
+    }
     files = sorted(glob.glob(os.path.join(args.data, "*.json")))[: args.limit]
     batch_files = [f for f in files if "BFCL" in f] or files
     runs = {}
     if args.backend in ("all", "outlines"):
-        backend = GrammarBackend(tokenizer, vocab_size, [tokenizer.eos_token_id], compile_timeout=args.timeout)
+        backend = GrammarBackend(
+            tokenizer, vocab_size, [tokenizer.eos_token_id], compile_timeout=args.timeout
+        )
         results["step_costs"] = step_costs(backend, vocab_size)
-        results["batch32"]["outlines"] = batch_walk_costs(lambda schema: backend.new_state(
-            backend.compile_in_process(grammar_key("json_schema", schema))), tokenizer, batch_files)
+        results["batch32"]["outlines"] = batch_walk_costs(
+            lambda schema: backend.new_state(
+                backend.compile_in_process(grammar_key("json_schema", schema))
+            ),
+            tokenizer,
+            batch_files,
+        )
         runs["outlines"] = (backend, _child)
     if args.backend in ("all", "llguidance"):
         from radixrt.runtime.constrained.llg_backend import LLGuidanceBackend
-        llg = LLGuidanceBackend(tokenizer, vocab_size, [tokenizer.eos_token_id], compile_timeout=args.timeout,
-                                strict=args.strict)
+
+        llg = LLGuidanceBackend(
+            tokenizer,
+            vocab_size,
+            [tokenizer.eos_token_id],
+            compile_timeout=args.timeout,
+            strict=args.strict,
+        )
         results["batch32"]["llguidance"] = batch_walk_costs(
-            lambda schema: llg._build("json_schema", json.dumps(schema)), tokenizer, batch_files)
+            lambda schema: llg._build("json_schema", json.dumps(schema)), tokenizer, batch_files
+        )
         runs["llguidance"] = (llg, _child_llg)
     if not args.skip_coverage:
         results["coverage"] = coverage(runs, tokenizer, files, args.timeout)

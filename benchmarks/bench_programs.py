@@ -28,6 +28,7 @@ workload.
 
     python benchmarks/bench_programs.py [--repeats 3] [--scale 1] [--skip-transformers] [--workloads mc,chat]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,6 +49,7 @@ from run_info import git_commit, machine  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
+
 # ---------------------------------------------------------------------------- transformers
 class TransformersBackend(Backend):
     """HF transformers, one call at a time: no KV reuse across calls, no batching."""
@@ -66,27 +68,44 @@ class TransformersBackend(Backend):
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def _template_source(self):
-        return self.tokenizer.chat_template, self.tokenizer.bos_token or "", self.tokenizer.eos_token or ""
+        return (
+            self.tokenizer.chat_template,
+            self.tokenizer.bos_token or "",
+            self.tokenizer.eos_token or "",
+        )
 
     def _one(self, ids: list[int], sp: dict, return_logprob: bool, start: int) -> dict:
         torch = self.torch
         max_new = sp.get("max_new_tokens", 128)
-        meta = {"prompt_tokens": len(ids), "cached_tokens": 0, "completion_tokens": 0,
-                "finish_reason": {"type": "length", "length": max_new}}
+        meta = {
+            "prompt_tokens": len(ids),
+            "cached_tokens": 0,
+            "completion_tokens": 0,
+            "finish_reason": {"type": "length", "length": max_new},
+        }
         with torch.inference_mode():
             if return_logprob:
                 logits = self.model(torch.tensor([ids])).logits[0]
                 logprobs = torch.log_softmax(logits.float(), dim=-1)
-                meta["input_token_logprobs"] = [(None if i == 0 else float(logprobs[i - 1, ids[i]]), ids[i], None)
-                                                for i in range(start, len(ids))]
+                meta["input_token_logprobs"] = [
+                    (None if i == 0 else float(logprobs[i - 1, ids[i]]), ids[i], None)
+                    for i in range(start, len(ids))
+                ]
             if max_new == 0:
                 return {"text": "", "output_ids": [], "meta_info": meta}
             greedy = sp.get("temperature", 1.0) == 0
-            out = self.model.generate(torch.tensor([ids]), max_new_tokens=max_new, do_sample=not greedy,
-                                      temperature=None if greedy else sp["temperature"], top_p=None, top_k=None,
-                                      stop_strings=sp.get("stop") or None, tokenizer=self.tokenizer,
-                                      pad_token_id=self.tokenizer.eos_token_id)
-        new = out[0, len(ids):].tolist()
+            out = self.model.generate(
+                torch.tensor([ids]),
+                max_new_tokens=max_new,
+                do_sample=not greedy,
+                temperature=None if greedy else sp["temperature"],
+                top_p=None,
+                top_k=None,
+                stop_strings=sp.get("stop") or None,
+                tokenizer=self.tokenizer,
+                pad_token_id=self.tokenizer.eos_token_id,
+            )
+        new = out[0, len(ids) :].tolist()
         text = self.tokenizer.decode(new, skip_special_tokens=True)
         for stop in sp.get("stop") or []:
             cut = text.find(stop)
@@ -94,16 +113,28 @@ class TransformersBackend(Backend):
         meta["completion_tokens"] = len(new)
         return {"text": text, "output_ids": new, "meta_info": meta}
 
-    def _generate(self, prompt=None, input_ids=None, sampling_params=None, return_logprob=False,
-                  logprob_start_len=None, program_id=None, **_):
-        single = isinstance(prompt, str) or (input_ids is not None and input_ids and isinstance(input_ids[0], int))
+    def _generate(
+        self,
+        prompt=None,
+        input_ids=None,
+        sampling_params=None,
+        return_logprob=False,
+        logprob_start_len=None,
+        program_id=None,
+        **_,
+    ):
+        single = isinstance(prompt, str) or (
+            input_ids is not None and input_ids and isinstance(input_ids[0], int)
+        )
         if prompt is not None:
             id_lists = [self.tokenize(p) for p in ([prompt] if single else prompt)]
         else:
             id_lists = [input_ids] if single else input_ids
         with self.lock:  # one call at a time, as a plain transformers loop would run them
-            outs = [self._one(ids, dict(sampling_params or {}), return_logprob, logprob_start_len or 0)
-                    for ids in id_lists]
+            outs = [
+                self._one(ids, dict(sampling_params or {}), return_logprob, logprob_start_len or 0)
+                for ids in id_lists
+            ]
         return outs[0] if single else outs
 
     def flush_cache(self) -> bool:
@@ -127,7 +158,9 @@ class Timeline:
             t1 = time.perf_counter()
             metas = [r["meta_info"] for r in (result if isinstance(result, list) else [result])]
             params = payload.get("sampling_params") or {}
-            generating = (params[0] if isinstance(params, list) else params).get("max_new_tokens", 1) > 0
+            generating = (params[0] if isinstance(params, list) else params).get(
+                "max_new_tokens", 1
+            ) > 0
             with self.lock:
                 self.rows.append((payload.get("program_id"), t0, t1, metas if generating else []))
             return result
@@ -158,46 +191,74 @@ def run_mode(backend: Backend, program, batch: list[dict], num_threads) -> dict:
     cached = after.get("cached_tokens", 0) - before.get("cached_tokens", 0)
     latencies = timeline.program_latencies()
     tokens = timeline.output_tokens()
-    return {"wall_s": wall, "programs_per_s": len(batch) / wall, "output_tokens_per_s": tokens / wall,
-            "output_tokens": tokens, "mean_latency_s": sum(latencies) / max(len(latencies), 1),
-            "p50_latency_s": statistics.median(latencies) if latencies else 0.0,
-            "latencies_s": latencies, "cache_hit_rate": cached / prompt if prompt else 0.0,
-            "prompt_tokens": prompt, "cached_tokens": cached,
-            "num_requests": len(timeline.rows), "errors": errors[:3],
-            "texts": [s.stream_executor.text_ for s in states]}
+    return {
+        "wall_s": wall,
+        "programs_per_s": len(batch) / wall,
+        "output_tokens_per_s": tokens / wall,
+        "output_tokens": tokens,
+        "mean_latency_s": sum(latencies) / max(len(latencies), 1),
+        "p50_latency_s": statistics.median(latencies) if latencies else 0.0,
+        "latencies_s": latencies,
+        "cache_hit_rate": cached / prompt if prompt else 0.0,
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "num_requests": len(timeline.rows),
+        "errors": errors[:3],
+        "texts": [s.stream_executor.text_ for s in states],
+    }
 
 
 def warm_up(backend: Backend) -> None:
-    sgl.function(lambda s: s.__iadd__("Hello" + sgl.gen("x", max_tokens=2))).run(backend=backend, temperature=0)
+    sgl.function(lambda s: s.__iadd__("Hello" + sgl.gen("x", max_tokens=2))).run(
+        backend=backend, temperature=0
+    )
 
 
 # ---------------------------------------------------------------------------- statistics and provenance
-SUMMARIZED = ("programs_per_s", "output_tokens_per_s", "mean_latency_s", "p50_latency_s", "cache_hit_rate")
+SUMMARIZED = (
+    "programs_per_s",
+    "output_tokens_per_s",
+    "mean_latency_s",
+    "p50_latency_s",
+    "cache_hit_rate",
+)
 
 
 def summarize(runs: list[dict]) -> dict:
     """Median and min-max of each headline metric over the repeats: one run on a shared 2-core
     machine can be off by tens of percent, so a single number would claim more than it knows."""
-    return {k: {"median": statistics.median(r[k] for r in runs), "min": min(r[k] for r in runs),
-                "max": max(r[k] for r in runs)} for k in SUMMARIZED}
+    return {
+        k: {
+            "median": statistics.median(r[k] for r in runs),
+            "min": min(r[k] for r in runs),
+            "max": max(r[k] for r in runs),
+        }
+        for k in SUMMARIZED
+    }
 
 
 # ---------------------------------------------------------------------------- report
-LATENCY_NOTE = ("latency = a program's first call start to its last call end. radixrt and cache off submit all of a\n"
-                "workload's programs at once (run_batch, {threads} threads), so each program's latency includes\n"
-                "queueing behind the others; transformers runs one program at a time, so its latency is one program\n"
-                "alone. Compare throughput (progs/s); latency is comparable only at equal concurrency.")
+LATENCY_NOTE = (
+    "latency = a program's first call start to its last call end. radixrt and cache off submit all of a\n"
+    "workload's programs at once (run_batch, {threads} threads), so each program's latency includes\n"
+    "queueing behind the others; transformers runs one program at a time, so its latency is one program\n"
+    "alone. Compare throughput (progs/s); latency is comparable only at equal concurrency."
+)
 
 
 def report(runs: dict, args: argparse.Namespace, meta: dict) -> None:
     path_base = args.out
     summary = {n: {m: summarize(rs) for m, rs in by_mode.items()} for n, by_mode in runs.items()}
-    modes = [m for m in ("radixrt", "cache off", "transformers") if any(m in r for r in runs.values())]
+    modes = [
+        m for m in ("radixrt", "cache off", "transformers") if any(m in r for r in runs.values())
+    ]
     med = lambda n, m, k: summary[n][m][k]["median"]  # noqa: E731
-    lines = [f"median of {args.repeats} runs, modes alternating within each repeat (min-max); "
-             f"commit {meta['commit']}, {meta['machine']['cpu_count']} CPUs",
-             f"{'workload':<8} {'mode':<13} {'progs/s':>8} {'(min-max)':>13} {'tok/s':>7} {'mean lat s':>10} "
-             f"{'p50 lat s':>9} {'hit rate':>8} {'speedup':>8}"]
+    lines = [
+        f"median of {args.repeats} runs, modes alternating within each repeat (min-max); "
+        f"commit {meta['commit']}, {meta['machine']['cpu_count']} CPUs",
+        f"{'workload':<8} {'mode':<13} {'progs/s':>8} {'(min-max)':>13} {'tok/s':>7} {'mean lat s':>10} "
+        f"{'p50 lat s':>9} {'hit rate':>8} {'speedup':>8}",
+    ]
     equal: dict[str, bool] = {}
     for name, by_mode in runs.items():
         for mode in modes:
@@ -205,34 +266,61 @@ def report(runs: dict, args: argparse.Namespace, meta: dict) -> None:
                 continue
             s = summary[name][mode]
             pps = s["programs_per_s"]
-            speedup = (f"{med(name, 'radixrt', 'programs_per_s') / pps['median']:.2f}x"
-                       if "radixrt" in by_mode and mode != "radixrt" else "")
+            speedup = (
+                f"{med(name, 'radixrt', 'programs_per_s') / pps['median']:.2f}x"
+                if "radixrt" in by_mode and mode != "radixrt"
+                else ""
+            )
             spread = f"({pps['min']:.2f}-{pps['max']:.2f})"
-            lines.append(f"{name:<8} {mode:<13} {pps['median']:>8.2f} {spread:>13} "
-                         f"{med(name, mode, 'output_tokens_per_s'):>7.1f} {med(name, mode, 'mean_latency_s'):>10.2f} "
-                         f"{med(name, mode, 'p50_latency_s'):>9.2f} {med(name, mode, 'cache_hit_rate'):>8.2f} "
-                         f"{speedup:>8}")
+            lines.append(
+                f"{name:<8} {mode:<13} {pps['median']:>8.2f} {spread:>13} "
+                f"{med(name, mode, 'output_tokens_per_s'):>7.1f} {med(name, mode, 'mean_latency_s'):>10.2f} "
+                f"{med(name, mode, 'p50_latency_s'):>9.2f} {med(name, mode, 'cache_hit_rate'):>8.2f} "
+                f"{speedup:>8}"
+            )
         if "radixrt" in by_mode and "cache off" in by_mode:
             # greedy: the cache must not change a single output, in any repeat
-            equal[name] = all(a["texts"] == b["texts"] for a, b in zip(by_mode["radixrt"], by_mode["cache off"]))
-            lines.append(f"{'':<8} outputs radixrt == cache off: {'yes' if equal[name] else 'NO'} "
-                         f"(all {len(by_mode['radixrt'])} runs)")
-    lines += ["speedup = radixrt median programs/s over that mode's median",
-              LATENCY_NOTE.format(threads=args.num_threads)]
+            equal[name] = all(
+                a["texts"] == b["texts"] for a, b in zip(by_mode["radixrt"], by_mode["cache off"])
+            )
+            lines.append(
+                f"{'':<8} outputs radixrt == cache off: {'yes' if equal[name] else 'NO'} "
+                f"(all {len(by_mode['radixrt'])} runs)"
+            )
+    lines += [
+        "speedup = radixrt median programs/s over that mode's median",
+        LATENCY_NOTE.format(threads=args.num_threads),
+    ]
     table = "\n".join(lines)
     print("\n" + table)
     os.makedirs(os.path.dirname(os.path.abspath(path_base)), exist_ok=True)
     with open(path_base + ".txt", "w") as f:
         f.write(table + "\n")
     with open(path_base + ".json", "w") as f:
-        json.dump({**meta, "args": vars(args), "repeats": args.repeats,
-                   "order": "per repeat: every workload on " + ", ".join(modes) + " in turn",
-                   "outputs_equal_radixrt_cache_off": equal,
-                   "workloads": {n: {m: {"summary": summary[n][m],
-                                         "runs": [{k: v for k, v in r.items() if k != "texts"} for r in rs]}
-                                     for m, rs in bm.items()} for n, bm in runs.items()}}, f, indent=1)
+        json.dump(
+            {
+                **meta,
+                "args": vars(args),
+                "repeats": args.repeats,
+                "order": "per repeat: every workload on " + ", ".join(modes) + " in turn",
+                "outputs_equal_radixrt_cache_off": equal,
+                "workloads": {
+                    n: {
+                        m: {
+                            "summary": summary[n][m],
+                            "runs": [{k: v for k, v in r.items() if k != "texts"} for r in rs],
+                        }
+                        for m, rs in bm.items()
+                    }
+                    for n, bm in runs.items()
+                },
+            },
+            f,
+            indent=1,
+        )
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -245,12 +333,20 @@ def report(runs: dict, args: argparse.Namespace, meta: dict) -> None:
         xs = [i + k * width for i in range(len(names))]
         pps = [summary[n][mode]["programs_per_s"] if mode in summary[n] else None for n in names]
         heights = [p["median"] if p else 0 for p in pps]
-        err = [[h - p["min"] if p else 0 for h, p in zip(heights, pps)],
-               [p["max"] - h if p else 0 for h, p in zip(heights, pps)]]
+        err = [
+            [h - p["min"] if p else 0 for h, p in zip(heights, pps)],
+            [p["max"] - h if p else 0 for h, p in zip(heights, pps)],
+        ]
         axes[0].bar(xs, heights, width, yerr=err, capsize=3, label=mode)
-        axes[1].bar(xs, [med(n, mode, "cache_hit_rate") if mode in summary[n] else 0 for n in names], width,
-                    label=mode)
-    for ax, title in zip(axes, [f"programs / s, median of {args.repeats} (min-max bars)", "cache hit rate"]):
+        axes[1].bar(
+            xs,
+            [med(n, mode, "cache_hit_rate") if mode in summary[n] else 0 for n in names],
+            width,
+            label=mode,
+        )
+    for ax, title in zip(
+        axes, [f"programs / s, median of {args.repeats} (min-max bars)", "cache hit rate"]
+    ):
         ax.set_xticks([i + width * (len(modes) - 1) / 2 for i in range(len(names))], names)
         ax.set_title(title)
     axes[0].set_yscale("log")
@@ -262,18 +358,26 @@ def report(runs: dict, args: argparse.Namespace, meta: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scale", type=int, default=1, help="repeat every workload's inputs this many times")
+    parser.add_argument(
+        "--scale", type=int, default=1, help="repeat every workload's inputs this many times"
+    )
     parser.add_argument("--workloads", default="mc,chat,tot,json,agent")
     parser.add_argument("--skip-transformers", action="store_true")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per workload and mode (median, min-max)")
-    parser.add_argument("--num-threads", type=int, default=16, help="run_batch threads for the radixrt modes")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="timed runs per workload and mode (median, min-max)"
+    )
+    parser.add_argument(
+        "--num-threads", type=int, default=16, help="run_batch threads for the radixrt modes"
+    )
     parser.add_argument("--out", default=os.path.join(RESULTS, "bench_programs"))
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
     if args.repeats < 3:
-        print(f"note: --repeats {args.repeats}: a median of fewer than 3 runs is not a headline figure",
-              file=sys.stderr)
+        print(
+            f"note: --repeats {args.repeats}: a median of fewer than 3 runs is not a headline figure",
+            file=sys.stderr,
+        )
     chosen = args.workloads.split(",")
     all_workloads = workloads(args.scale)
     unknown = sorted(set(chosen) - set(all_workloads))
@@ -285,8 +389,10 @@ def main() -> None:
 
     model_dir = str(resolve_model(None))
     # created once and kept for every repeat: start-up and first-call costs stay out of the timings
-    backends = {"radixrt": EngineBackend(sgl.Engine(model_dir)),
-                "cache off": EngineBackend(sgl.Engine(model_dir, disable_radix_cache=True))}
+    backends = {
+        "radixrt": EngineBackend(sgl.Engine(model_dir)),
+        "cache off": EngineBackend(sgl.Engine(model_dir, disable_radix_cache=True)),
+    }
     if not args.skip_transformers:
         backends["transformers"] = TransformersBackend(model_dir)
 
@@ -307,12 +413,18 @@ def main() -> None:
                 r = one(name, mode)
                 print(f"warm-up  {name:<6} {mode:<13} {r['wall_s']:.1f} s", flush=True)
         runs: dict[str, dict[str, list[dict]]] = {n: {m: [] for m in backends} for n in chosen}
-        for rep in range(args.repeats):  # alternating: every mode runs a workload before the next workload
+        for rep in range(
+            args.repeats
+        ):  # alternating: every mode runs a workload before the next workload
             for name in chosen:
                 for mode in backends:
                     runs[name][mode].append(r := one(name, mode))
-                    print(f"repeat {rep + 1} {name:<6} {mode:<13} {len(all_workloads[name][1])} programs in "
-                          f"{r['wall_s']:.1f} s" + (f"  errors: {r['errors']}" if r["errors"] else ""), flush=True)
+                    print(
+                        f"repeat {rep + 1} {name:<6} {mode:<13} {len(all_workloads[name][1])} programs in "
+                        f"{r['wall_s']:.1f} s"
+                        + (f"  errors: {r['errors']}" if r["errors"] else ""),
+                        flush=True,
+                    )
     finally:
         for backend in backends.values():
             engine = getattr(backend, "engine", None)

@@ -23,6 +23,7 @@ TTFT samples per level (102 and 108). With fewer repeats or requests the TTFT p9
 Writes benchmarks/results/bench_serving.{txt,json,png}: the table the README quotes, the raw numbers of
 every run (per-request TTFT, gaps, latency) with the git commit and the machine, and the plot.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,7 +49,16 @@ from workloads import QUESTIONS, shared_prefix_prompts  # noqa: E402
 from radixrt.frontend.launcher import wait_until_healthy  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).parent / "results"
-TOPICS = ["volcanoes", "the moon", "bread baking", "chess openings", "rainforests", "jazz", "bicycles", "bees"]
+TOPICS = [
+    "volcanoes",
+    "the moon",
+    "bread baking",
+    "chess openings",
+    "rainforests",
+    "jazz",
+    "bicycles",
+    "bees",
+]
 FOLLOW_UPS = ["Why is that?", "Give one concrete example.", "Summarize that in one sentence."]
 
 
@@ -69,8 +79,9 @@ async def stream_request(client: httpx.AsyncClient, url: str, path: str, body: d
     """One streamed request: its text, TTFT, the gaps between content chunks, completion tokens."""
     start = time.perf_counter()
     first, last, gaps, text, tokens = None, None, [], "", 0
-    async with client.stream("POST", url + path, json={**body, "stream": True,
-                                                       "stream_options": {"include_usage": True}}) as r:
+    async with client.stream(
+        "POST", url + path, json={**body, "stream": True, "stream_options": {"include_usage": True}}
+    ) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -89,7 +100,13 @@ async def stream_request(client: httpx.AsyncClient, url: str, path: str, body: d
                     last = now
                     text += piece
     end = time.perf_counter()
-    return {"text": text, "ttft": (first or end) - start, "gaps": gaps, "tokens": tokens, "latency": end - start}
+    return {
+        "text": text,
+        "ttft": (first or end) - start,
+        "gaps": gaps,
+        "tokens": tokens,
+        "latency": end - start,
+    }
 
 
 async def poisson_starts(rate: float, n: int, rng: random.Random) -> list[float]:
@@ -100,7 +117,9 @@ async def poisson_starts(rate: float, n: int, rng: random.Random) -> list[float]
     return out
 
 
-async def run_shared_prefix(url: str, rate: float, num_requests: int, max_tokens: int, seed: int) -> list[dict]:
+async def run_shared_prefix(
+    url: str, rate: float, num_requests: int, max_tokens: int, seed: int
+) -> list[dict]:
     prompts = shared_prefix_prompts(num_requests)
     starts = await poisson_starts(rate, num_requests, random.Random(seed))
     async with httpx.AsyncClient(timeout=1800, limits=httpx.Limits(max_connections=256)) as client:
@@ -108,14 +127,25 @@ async def run_shared_prefix(url: str, rate: float, num_requests: int, max_tokens
 
         async def one(i: int) -> dict:
             await asyncio.sleep(max(0.0, t0 + starts[i] - time.perf_counter()))
-            return await stream_request(client, url, "/v1/completions", {
-                "model": "default", "prompt": prompts[i], "max_tokens": max_tokens, "temperature": 0,
-                "ignore_eos": True})
+            return await stream_request(
+                client,
+                url,
+                "/v1/completions",
+                {
+                    "model": "default",
+                    "prompt": prompts[i],
+                    "max_tokens": max_tokens,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                },
+            )
+
         return await asyncio.gather(*[one(i) for i in range(num_requests)])
 
 
-async def run_multi_turn(url: str, rate: float, num_conversations: int, num_turns: int, max_tokens: int,
-                         seed: int) -> list[dict]:
+async def run_multi_turn(
+    url: str, rate: float, num_conversations: int, num_turns: int, max_tokens: int, seed: int
+) -> list[dict]:
     """Conversations start as a Poisson process; the turns of one conversation run one after another."""
     rng = random.Random(seed)
     starts = await poisson_starts(rate, num_conversations, rng)
@@ -124,18 +154,33 @@ async def run_multi_turn(url: str, rate: float, num_conversations: int, num_turn
 
         async def conversation(i: int) -> list[dict]:
             await asyncio.sleep(max(0.0, t0 + starts[i] - time.perf_counter()))
-            msgs = [{"role": "system", "content": "You are a knowledgeable, concise assistant."},
-                    {"role": "user", "content": f"Tell me something interesting about {TOPICS[i % len(TOPICS)]}. "
-                                                f"{QUESTIONS[i % len(QUESTIONS)]}"}]
+            msgs = [
+                {"role": "system", "content": "You are a knowledgeable, concise assistant."},
+                {
+                    "role": "user",
+                    "content": f"Tell me something interesting about {TOPICS[i % len(TOPICS)]}. "
+                    f"{QUESTIONS[i % len(QUESTIONS)]}",
+                },
+            ]
             out = []
             for turn in range(num_turns):
-                res = await stream_request(client, url, "/v1/chat/completions", {
-                    "model": "default", "messages": msgs, "max_tokens": max_tokens, "temperature": 0,
-                    "ignore_eos": True})
+                res = await stream_request(
+                    client,
+                    url,
+                    "/v1/chat/completions",
+                    {
+                        "model": "default",
+                        "messages": msgs,
+                        "max_tokens": max_tokens,
+                        "temperature": 0,
+                        "ignore_eos": True,
+                    },
+                )
                 out.append(res)
                 msgs = msgs + [{"role": "assistant", "content": res["text"]}]
                 msgs.append({"role": "user", "content": FOLLOW_UPS[turn % len(FOLLOW_UPS)]})
             return out
+
         convs = await asyncio.gather(*[conversation(i) for i in range(num_conversations)])
     return [r for conv in convs for r in conv]
 
@@ -147,8 +192,11 @@ def server_info(url: str) -> dict:
 def wait_idle_and_flush(url: str) -> None:
     for _ in range(600):
         info = server_info(url)
-        if info["num_running"] == 0 and info["num_waiting"] == 0 and httpx.post(url + "/flush_cache",
-                                                                                timeout=60).status_code == 200:
+        if (
+            info["num_running"] == 0
+            and info["num_waiting"] == 0
+            and httpx.post(url + "/flush_cache", timeout=60).status_code == 200
+        ):
             return
         time.sleep(0.1)
     raise RuntimeError("server did not become idle")
@@ -160,20 +208,32 @@ def measure(url: str, workload: str, rate: float, args: argparse.Namespace, seed
     before = server_info(url)
     t0 = time.perf_counter()
     if workload == "shared_prefix":
-        results = asyncio.run(run_shared_prefix(url, rate, args.num_requests, args.max_tokens, seed))
+        results = asyncio.run(
+            run_shared_prefix(url, rate, args.num_requests, args.max_tokens, seed)
+        )
     else:
-        results = asyncio.run(run_multi_turn(url, rate, args.num_conversations, args.num_turns, args.max_tokens,
-                                             seed))
+        results = asyncio.run(
+            run_multi_turn(url, rate, args.num_conversations, args.num_turns, args.max_tokens, seed)
+        )
     elapsed = time.perf_counter() - t0
     after = server_info(url)
     prompt = after["prompt_tokens"] - before["prompt_tokens"]
     cached = after["cached_tokens"] - before["cached_tokens"]
     tokens = sum(r["tokens"] for r in results)
-    return {"seed": seed, "num_requests": len(results), "seconds": elapsed, "output_tokens": tokens,
-            "output_tokens_per_s": tokens / elapsed, "requests_per_s": len(results) / elapsed,
-            "prompt_tokens": prompt, "cached_tokens": cached, "cache_hit_rate": cached / prompt if prompt else 0.0,
-            "ttft_s": [r["ttft"] for r in results], "latency_s": [r["latency"] for r in results],
-            "itl_gaps_s": [g for r in results for g in r["gaps"]]}
+    return {
+        "seed": seed,
+        "num_requests": len(results),
+        "seconds": elapsed,
+        "output_tokens": tokens,
+        "output_tokens_per_s": tokens / elapsed,
+        "requests_per_s": len(results) / elapsed,
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "cache_hit_rate": cached / prompt if prompt else 0.0,
+        "ttft_s": [r["ttft"] for r in results],
+        "latency_s": [r["latency"] for r in results],
+        "itl_gaps_s": [g for r in results for g in r["gaps"]],
+    }
 
 
 SPREAD = ("output_tokens_per_s", "requests_per_s", "cache_hit_rate")
@@ -188,9 +248,17 @@ def summarize(server: str, workload: str, rate: float, runs: list[dict]) -> dict
     for k in SPREAD:
         vals = [r[k] for r in runs]
         row[k], row[k + "_min"], row[k + "_max"] = statistics.median(vals), min(vals), max(vals)
-    row.update({"ttft_n": len(ttfts), "ttft_p50": percentile(ttfts, 50), "ttft_p99": percentile(ttfts, 99),
-                "itl_n": len(gaps), "itl_p50": percentile(gaps, 50), "itl_p99": percentile(gaps, 99),
-                "latency_p50": percentile([x for r in runs for x in r["latency_s"]], 50)})
+    row.update(
+        {
+            "ttft_n": len(ttfts),
+            "ttft_p50": percentile(ttfts, 50),
+            "ttft_p99": percentile(ttfts, 99),
+            "itl_n": len(gaps),
+            "itl_p50": percentile(gaps, 50),
+            "itl_p99": percentile(gaps, 99),
+            "latency_p50": percentile([x for r in runs for x in r["latency_s"]], 50),
+        }
+    )
     return row
 
 
@@ -200,9 +268,20 @@ class LaunchedServer:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
-        cmd = [sys.executable, "-m", "radixrt.cli", "serve", "--port", str(port), "--log-level", "warning",
-               "--max-total-tokens", str(args.max_total_tokens), *(["--model-path", args.model_path]
-                                                                   if args.model_path else []), *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "radixrt.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            "--max-total-tokens",
+            str(args.max_total_tokens),
+            *(["--model-path", args.model_path] if args.model_path else []),
+            *extra,
+        ]
         self.proc = subprocess.Popen(cmd)
         try:
             wait_until_healthy(self.url, self.proc, 600, poll_s=0.5)
@@ -225,12 +304,14 @@ def fmt(x: float | None, scale: float = 1.0, spec: str = ".2f", n: int = 0) -> s
 
 
 def table(rows: list[dict], args: argparse.Namespace) -> str:
-    lines = [f"median of {args.repeats} runs (min-max) for throughput and hit rate; TTFT / ITL percentiles over all "
-             f"runs' samples pooled (n = samples), p99 only from >= {min_samples(99)} samples; "
-             f"{args.max_tokens} new tokens per request",
-             "| server | workload | rate /s | out tok/s | req/s | TTFT p50 s | TTFT p99 s | TTFT n | ITL p50 ms "
-             "| ITL p99 ms | ITL n | cache hit |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"median of {args.repeats} runs (min-max) for throughput and hit rate; TTFT / ITL percentiles over all "
+        f"runs' samples pooled (n = samples), p99 only from >= {min_samples(99)} samples; "
+        f"{args.max_tokens} new tokens per request",
+        "| server | workload | rate /s | out tok/s | req/s | TTFT p50 s | TTFT p99 s | TTFT n | ITL p50 ms "
+        "| ITL p99 ms | ITL n | cache hit |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         lines.append(
             f"| {r['server']} | {r['workload']} | {r['rate']:.2f} | {r['output_tokens_per_s']:.1f} "
@@ -238,7 +319,8 @@ def table(rows: list[dict], args: argparse.Namespace) -> str:
             f"({r['requests_per_s_min']:.2f}-{r['requests_per_s_max']:.2f}) | {fmt(r['ttft_p50'], n=2)} "
             f"| {fmt(r['ttft_p99'], n=100)} | {r['ttft_n']} | {fmt(r['itl_p50'], 1e3, '.1f', 2)} "
             f"| {fmt(r['itl_p99'], 1e3, '.1f', 100)} | {r['itl_n']} | {r['cache_hit_rate']:.1%} "
-            f"({r['cache_hit_rate_min']:.1%}-{r['cache_hit_rate_max']:.1%}) |")
+            f"({r['cache_hit_rate_min']:.1%}-{r['cache_hit_rate_max']:.1%}) |"
+        )
     return "\n".join(lines)
 
 
@@ -246,31 +328,53 @@ def ratios(rows: list[dict]) -> str:
     """radix over no-cache at the same load; TTFT ratios only where both sides have the percentile."""
     out = ["radix / no-cache, same load (medians):"]
     for a in (r for r in rows if r["server"] == "radix"):
-        b = next(r for r in rows if r["server"] == "no-cache" and r["workload"] == a["workload"]
-                 and r["rate"] == a["rate"])
-        ttft = [f"TTFT {k[5:]} x{b[k] / a[k]:.2f} faster" if a[k] and b[k] else f"TTFT {k[5:]} n/a (too few samples)"
-                for k in ("ttft_p50", "ttft_p99")]
-        out.append(f"  {a['workload']:>13} rate {a['rate']:5.2f}: throughput "
-                   f"x{a['output_tokens_per_s'] / b['output_tokens_per_s']:.2f}, " + ", ".join(ttft))
+        b = next(
+            r
+            for r in rows
+            if r["server"] == "no-cache"
+            and r["workload"] == a["workload"]
+            and r["rate"] == a["rate"]
+        )
+        ttft = [
+            f"TTFT {k[5:]} x{b[k] / a[k]:.2f} faster"
+            if a[k] and b[k]
+            else f"TTFT {k[5:]} n/a (too few samples)"
+            for k in ("ttft_p50", "ttft_p99")
+        ]
+        out.append(
+            f"  {a['workload']:>13} rate {a['rate']:5.2f}: throughput "
+            f"x{a['output_tokens_per_s'] / b['output_tokens_per_s']:.2f}, " + ", ".join(ttft)
+        )
     return "\n".join(out)
 
 
 def plot(rows: list[dict], path: pathlib.Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 4, figsize=(18, 4))
-    panels = [("output_tokens_per_s", "output tokens/s (median, min-max bars)"), ("ttft_p50", "TTFT p50 (s)"),
-              ("ttft_p99", "TTFT p99 (s; only from >= 100 samples)"), ("itl_p50", "inter-token latency p50 (s)")]
+    panels = [
+        ("output_tokens_per_s", "output tokens/s (median, min-max bars)"),
+        ("ttft_p50", "TTFT p50 (s)"),
+        ("ttft_p99", "TTFT p99 (s; only from >= 100 samples)"),
+        ("itl_p50", "inter-token latency p50 (s)"),
+    ]
     for ax, (key, title) in zip(axes, panels):
         for label in sorted({r["server"] for r in rows}):
             # a percentile with too few samples is None: left out, not drawn as a number it is not
-            pts = [r for r in rows if r["server"] == label and r["workload"] == "shared_prefix"
-                   and r[key] is not None]
+            pts = [
+                r
+                for r in rows
+                if r["server"] == label and r["workload"] == "shared_prefix" and r[key] is not None
+            ]
             xs, ys = [r["rate"] for r in pts], [r[key] for r in pts]
             if key + "_min" in rows[0]:
-                err = [[y - r[key + "_min"] for y, r in zip(ys, pts)], [r[key + "_max"] - y for y, r in zip(ys, pts)]]
+                err = [
+                    [y - r[key + "_min"] for y, r in zip(ys, pts)],
+                    [r[key + "_max"] - y for y, r in zip(ys, pts)],
+                ]
                 ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=label)
             else:
                 ax.plot(xs, ys, marker="o", label=label)
@@ -278,34 +382,57 @@ def plot(rows: list[dict], path: pathlib.Path) -> None:
         ax.set_title(title)
         ax.grid(alpha=0.3)
     axes[0].legend()
-    fig.suptitle(f"radixrt serving: shared-prefix workload (~600-token prefix), Poisson arrivals, "
-                 f"{rows[0]['repeats']} repeats")
+    fig.suptitle(
+        f"radixrt serving: shared-prefix workload (~600-token prefix), Poisson arrivals, "
+        f"{rows[0]['repeats']} repeats"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--url", help="benchmark this running server instead of launching two")
     p.add_argument("--model-path", default=None)
-    p.add_argument("--rates", type=float, nargs="+", default=[0.5, 2.0], help="shared-prefix request rates")
-    p.add_argument("--num-requests", type=int, default=34,
-                   help="requests per shared-prefix rate and repeat (34 x 3 repeats >= 100 TTFT samples)")
-    p.add_argument("--chat-rate", type=float, default=0.5, help="multi-turn conversations started per second")
-    p.add_argument("--num-conversations", type=int, default=12,
-                   help="per repeat (12 x 3 turns x 3 repeats >= 100 TTFT samples)")
+    p.add_argument(
+        "--rates", type=float, nargs="+", default=[0.5, 2.0], help="shared-prefix request rates"
+    )
+    p.add_argument(
+        "--num-requests",
+        type=int,
+        default=34,
+        help="requests per shared-prefix rate and repeat (34 x 3 repeats >= 100 TTFT samples)",
+    )
+    p.add_argument(
+        "--chat-rate", type=float, default=0.5, help="multi-turn conversations started per second"
+    )
+    p.add_argument(
+        "--num-conversations",
+        type=int,
+        default=12,
+        help="per repeat (12 x 3 turns x 3 repeats >= 100 TTFT samples)",
+    )
     p.add_argument("--num-turns", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=12)
     p.add_argument("--max-total-tokens", type=int, default=16384)
-    p.add_argument("--repeats", type=int, default=3, help="runs of every level on every server (median, min-max)")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="runs of every level on every server (median, min-max)",
+    )
     p.add_argument("--seed", type=int, default=0, help="repeat k uses arrival seed SEED + k")
     p.add_argument("--out", default=str(RESULTS / "bench_serving"))
     args = p.parse_args()
     if args.repeats < 1:
         p.error("--repeats must be at least 1")
     if args.repeats < 3:
-        print(f"note: --repeats {args.repeats}: a median of fewer than 3 runs is not a headline figure",
-              file=sys.stderr)
+        print(
+            f"note: --repeats {args.repeats}: a median of fewer than 3 runs is not a headline figure",
+            file=sys.stderr,
+        )
     started = time.perf_counter()
     meta = {"commit": git_commit(), "machine": machine()}
     servers: dict[str, str] = {}
@@ -320,13 +447,19 @@ def main() -> None:
                 launched.append(srv := LaunchedServer(extra, args))
                 servers[label] = srv.url
         for rep in range(args.repeats):
-            for label, url in servers.items():  # alternating: every level on one server, then the other
+            for (
+                label,
+                url,
+            ) in servers.items():  # alternating: every level on one server, then the other
                 for workload, rate in levels(args):
                     r = measure(url, workload, rate, args, args.seed + rep)
                     runs.setdefault((label, workload, rate), []).append(r)
-                    print(f"repeat {rep + 1} {label:>9} {workload:>13} rate {rate:5.2f}/s | "
-                          f"{r['output_tokens_per_s']:7.1f} tok/s {r['requests_per_s']:5.2f} req/s | "
-                          f"{r['seconds']:6.1f} s | cache hit {r['cache_hit_rate']:5.1%}", flush=True)
+                    print(
+                        f"repeat {rep + 1} {label:>9} {workload:>13} rate {rate:5.2f}/s | "
+                        f"{r['output_tokens_per_s']:7.1f} tok/s {r['requests_per_s']:5.2f} req/s | "
+                        f"{r['seconds']:6.1f} s | cache hit {r['cache_hit_rate']:5.1%}",
+                        flush=True,
+                    )
     finally:
         for srv in launched:
             srv.stop()
@@ -338,14 +471,28 @@ def main() -> None:
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".txt").write_text(text + "\n")
-    out.with_suffix(".json").write_text(json.dumps(
-        {**meta, "args": vars(args), "repeats": args.repeats,
-         "order": "per repeat: every level on " + ", then ".join(servers) + "; repeat k uses seed + k",
-         "rows": rows,
-         "runs": [{"server": label, "workload": workload, "rate": rate, "runs": rs}
-                  for (label, workload, rate), rs in runs.items()]}, indent=1))
+    out.with_suffix(".json").write_text(
+        json.dumps(
+            {
+                **meta,
+                "args": vars(args),
+                "repeats": args.repeats,
+                "order": "per repeat: every level on "
+                + ", then ".join(servers)
+                + "; repeat k uses seed + k",
+                "rows": rows,
+                "runs": [
+                    {"server": label, "workload": workload, "rate": rate, "runs": rs}
+                    for (label, workload, rate), rs in runs.items()
+                ],
+            },
+            indent=1,
+        )
+    )
     plot(rows, out.with_suffix(".png"))
-    print(f"\nwrote {out.with_suffix('.txt')}, .json and .png in {time.perf_counter() - started:.0f} s")
+    print(
+        f"\nwrote {out.with_suffix('.txt')}, .json and .png in {time.perf_counter() - started:.0f} s"
+    )
 
 
 if __name__ == "__main__":

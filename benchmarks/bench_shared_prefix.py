@@ -14,6 +14,7 @@ Then decode tok/s at batch 1/8/32 against the matmul rate measured at the same s
 Also the cost of the cache view's per-node hit counting (RadixCache.record_hit, once per admitted request),
 timed inside radixrt's runs. Raw results (and the commit) go to benchmarks/results/shared_prefix.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,7 +36,12 @@ from radixrt.runtime.model.weights import resolve_model  # noqa: E402
 
 
 def run_engine(engine: Engine, prompts: list[str], new_tokens: int) -> tuple[float, list[dict]]:
-    params = {"temperature": 0, "max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "ignore_eos": True}
+    params = {
+        "temperature": 0,
+        "max_new_tokens": new_tokens,
+        "min_new_tokens": new_tokens,
+        "ignore_eos": True,
+    }
     engine.flush_cache()
     t0 = time.perf_counter()
     outs = engine.generate(prompts, params)
@@ -45,6 +51,7 @@ def run_engine(engine: Engine, prompts: list[str], new_tokens: int) -> tuple[flo
 class Transformers:
     def __init__(self, model_dir, dtype: torch.dtype):
         from transformers import AutoModelForCausalLM, AutoTokenizer
+
         self.tok = AutoTokenizer.from_pretrained(model_dir)
         self.tok.padding_side = "left"
         if self.tok.pad_token is None:
@@ -55,25 +62,41 @@ class Transformers:
         enc = self.tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         with torch.inference_mode():
             t0 = time.perf_counter()
-            ids = self.model.generate(**enc, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                                      pad_token_id=self.tok.pad_token_id)
+            ids = self.model.generate(
+                **enc,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=False,
+                pad_token_id=self.tok.pad_token_id,
+            )
             secs = time.perf_counter() - t0
-        return secs, [row[enc["input_ids"].shape[1]:].tolist() for row in ids]
+        return secs, [row[enc["input_ids"].shape[1] :].tolist() for row in ids]
 
-    def prefix_reuse(self, prompts: list[str], prefix_len: int, new_tokens: int) -> tuple[float, list[list[int]]]:
+    def prefix_reuse(
+        self, prompts: list[str], prefix_len: int, new_tokens: int
+    ) -> tuple[float, list[list[int]]]:
         """The shared prefix's KV once, then each request continues from a copy of it."""
         import copy
-        ids = [self.tok(p, return_tensors="pt", add_special_tokens=False)["input_ids"] for p in prompts]
+
+        ids = [
+            self.tok(p, return_tensors="pt", add_special_tokens=False)["input_ids"] for p in prompts
+        ]
         outs = []
         with torch.inference_mode():
             t0 = time.perf_counter()
             prefix_cache = self.model(ids[0][:, :prefix_len], use_cache=True).past_key_values
             for x in ids:
                 cache = copy.deepcopy(prefix_cache)
-                out = self.model.generate(x, attention_mask=torch.ones_like(x), past_key_values=cache,
-                                          max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                                          pad_token_id=self.tok.pad_token_id)
-                outs.append(out[0, x.shape[1]:].tolist())
+                out = self.model.generate(
+                    x,
+                    attention_mask=torch.ones_like(x),
+                    past_key_values=cache,
+                    max_new_tokens=new_tokens,
+                    min_new_tokens=new_tokens,
+                    do_sample=False,
+                    pad_token_id=self.tok.pad_token_id,
+                )
+                outs.append(out[0, x.shape[1] :].tolist())
             secs = time.perf_counter() - t0
         return secs, outs
 
@@ -88,8 +111,10 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 def cached_upper_bound(ids: list[list[int]]) -> int:
     """No request can be served more cached prompt tokens than its longest common prefix with another
     prompt, nor its whole prompt (the last token's logits are needed)."""
-    return sum(min(len(x) - 1, max(common_prefix(x, y) for j, y in enumerate(ids) if j != i))
-               for i, x in enumerate(ids))
+    return sum(
+        min(len(x) - 1, max(common_prefix(x, y) for j, y in enumerate(ids) if j != i))
+        for i, x in enumerate(ids)
+    )
 
 
 def decode_throughput(engine: Engine, batch: int, new_tokens: int = 48) -> float:
@@ -99,7 +124,9 @@ def decode_throughput(engine: Engine, batch: int, new_tokens: int = 48) -> float
     return batch * (new_tokens - 1) / max(tn - t1, 1e-9)
 
 
-def matmul_gflops(rows: int, dtype: torch.dtype, k: int = 576, n: int = 1536, reps: int = 50) -> float:
+def matmul_gflops(
+    rows: int, dtype: torch.dtype, k: int = 576, n: int = 1536, reps: int = 50
+) -> float:
     """The rate of the engine's own linear layer (prepacked where the engine prepacks) at a decode shape."""
     lin, x = Linear(torch.randn(n, k).to(dtype)), torch.randn(rows, k).to(dtype)
     for _ in range(5):
@@ -113,8 +140,10 @@ def matmul_gflops(rows: int, dtype: torch.dtype, k: int = 576, n: int = 1536, re
 def flops_per_token(engine: Engine) -> float:
     """Matmul FLOPs per token: 2 x the weights a token multiplies (layers + lm_head)."""
     model = engine.scheduler.runner.model
-    params = sum(layer.qkv.numel() + layer.o.numel() + layer.gate_up.numel() + layer.down.numel()
-                 for layer in model.layers)
+    params = sum(
+        layer.qkv.numel() + layer.o.numel() + layer.gate_up.numel() + layer.down.numel()
+        for layer in model.layers
+    )
     return 2.0 * (params + model.lm_head.numel())
 
 
@@ -129,6 +158,7 @@ def time_hit_counting(engine: Engine) -> dict:
         record_hit(node)
         acc["seconds"] += time.perf_counter() - t0
         acc["calls"] += 1
+
     tree.record_hit = timed
     return acc
 
@@ -139,7 +169,9 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=24)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip-transformers", action="store_true")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "shared_prefix.json"))
+    ap.add_argument(
+        "--out", default=os.path.join(os.path.dirname(__file__), "results", "shared_prefix.json")
+    )
     args = ap.parse_args()
     prompts = shared_prefix_prompts(args.num_questions)
     model_dir = resolve_model(None)
@@ -171,45 +203,81 @@ def main() -> None:
     bound = cached_upper_bound(ids)
     radixrt_ids = [o["output_ids"] for o in outputs["radixrt"]]
 
-    results = {"commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                        text=True).stdout.strip(),
-               "dtype": str(dtype), "threads": torch.get_num_threads(), "requests": n, "new_tokens": new,
-               "shared_prefix_tokens": prefix_len, "cached_tokens": cached, "cached_upper_bound": bound,
-               "repeats": args.repeats, "engines": {}}
+    results = {
+        "commit": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip(),
+        "dtype": str(dtype),
+        "threads": torch.get_num_threads(),
+        "requests": n,
+        "new_tokens": new,
+        "shared_prefix_tokens": prefix_len,
+        "cached_tokens": cached,
+        "cached_upper_bound": bound,
+        "repeats": args.repeats,
+        "engines": {},
+    }
     for label in runs:
         rates = [n * new / s for s in seconds[label]]
-        outs = outputs[label] if not label.startswith("radixrt") else [o["output_ids"] for o in outputs[label]]
-        results["engines"][label] = {"seconds": seconds[label], "tok_s": rates, "median_tok_s": statistics.median(rates),
-                                     "greedy_equal_to_radixrt": sum(a == b for a, b in zip(outs, radixrt_ids))}
+        outs = (
+            outputs[label]
+            if not label.startswith("radixrt")
+            else [o["output_ids"] for o in outputs[label]]
+        )
+        results["engines"][label] = {
+            "seconds": seconds[label],
+            "tok_s": rates,
+            "median_tok_s": statistics.median(rates),
+            "greedy_equal_to_radixrt": sum(a == b for a, b in zip(outs, radixrt_ids)),
+        }
     run_seconds = sum(seconds["radixrt"])
-    results["hit_counting"] = {"calls": hit_counting["calls"], "seconds": hit_counting["seconds"],
-                               "us_per_request": 1e6 * hit_counting["seconds"] / max(hit_counting["calls"], 1),
-                               "fraction_of_run": hit_counting["seconds"] / run_seconds}
+    results["hit_counting"] = {
+        "calls": hit_counting["calls"],
+        "seconds": hit_counting["seconds"],
+        "us_per_request": 1e6 * hit_counting["seconds"] / max(hit_counting["calls"], 1),
+        "fraction_of_run": hit_counting["seconds"] / run_seconds,
+    }
     results["decode"] = {b: decode_throughput(radixrt, b) for b in (1, 8, 32)}
     results["flops_per_token"] = flops_per_token(radixrt)
 
     base = results["engines"]["radixrt"]["median_tok_s"]
-    print(f"\nshared-prefix workload: {n} requests, shared prefix {prefix_len} tokens, {new} new tokens each, "
-          f"greedy, all submitted at once; {dtype}, {torch.get_num_threads()} threads; median of {args.repeats} "
-          f"alternating runs (min-max)\n")
-    print("| engine | output tok/s | radixrt speedup | what the ratio measures | greedy outputs = radixrt's |")
+    print(
+        f"\nshared-prefix workload: {n} requests, shared prefix {prefix_len} tokens, {new} new tokens each, "
+        f"greedy, all submitted at once; {dtype}, {torch.get_num_threads()} threads; median of {args.repeats} "
+        f"alternating runs (min-max)\n"
+    )
+    print(
+        "| engine | output tok/s | radixrt speedup | what the ratio measures | greedy outputs = radixrt's |"
+    )
     print("|---|---|---|---|---|")
-    effect = {"radixrt": "-", "radixrt, cache off": "caching", "transformers, batched": "caching (both batch)",
-              "transformers, prefix KV reused": "batching (both cache)"}
+    effect = {
+        "radixrt": "-",
+        "radixrt, cache off": "caching",
+        "transformers, batched": "caching (both batch)",
+        "transformers, prefix KV reused": "batching (both cache)",
+    }
     for label, r in results["engines"].items():
-        print(f"| {label} | {r['median_tok_s']:.1f} ({min(r['tok_s']):.1f}-{max(r['tok_s']):.1f}) | "
-              f"{base / r['median_tok_s']:.2f}x | {effect[label]} | {r['greedy_equal_to_radixrt']}/{n} |")
-    print(f"\ncached tokens: {cached} of at most {bound} ({100 * cached / max(bound, 1):.1f}% of the upper bound)")
+        print(
+            f"| {label} | {r['median_tok_s']:.1f} ({min(r['tok_s']):.1f}-{max(r['tok_s']):.1f}) | "
+            f"{base / r['median_tok_s']:.2f}x | {effect[label]} | {r['greedy_equal_to_radixrt']}/{n} |"
+        )
+    print(
+        f"\ncached tokens: {cached} of at most {bound} ({100 * cached / max(bound, 1):.1f}% of the upper bound)"
+    )
     hc = results["hit_counting"]
-    print(f"cache-view hit counting: {hc['calls']} requests, {hc['us_per_request']:.1f} us each, "
-          f"{100 * hc['fraction_of_run']:.4f}% of radixrt's run time")
+    print(
+        f"cache-view hit counting: {hc['calls']} requests, {hc['us_per_request']:.1f} us each, "
+        f"{100 * hc['fraction_of_run']:.4f}% of radixrt's run time"
+    )
     print("\n| decode batch | tok/s | GFLOP/s | fraction of the matmul rate at that batch |")
     print("|---|---|---|---|")
     for b, tok_s in results["decode"].items():
         gflops = tok_s * results["flops_per_token"] / 1e9
         peak = matmul_gflops(b, dtype)
         results.setdefault("matmul_gflops", {})[b] = peak
-        print(f"| {b} | {tok_s:.1f} | {gflops:.1f} | {gflops / peak:.2f} (matmul {b}x576x1536: {peak:.0f} GFLOP/s) |")
+        print(
+            f"| {b} | {tok_s:.1f} | {gflops:.1f} | {gflops / peak:.2f} (matmul {b}x576x1536: {peak:.0f} GFLOP/s) |"
+        )
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1, default=str)

@@ -10,6 +10,7 @@ parallelism does not pay (the ranks share the same cores and add three all-reduc
 is that it runs and is exact (tests/integration/test_tensor_parallel.py), and on several sockets, machines or
 GPUs the same code splits the weights' bandwidth. Results: results/tp.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,16 @@ from run_info import git_commit, machine  # noqa: E402
 
 from radixrt import Engine  # noqa: E402
 
-SHORT = ["Write a poem about the sea.", "List three fruits.", "What is 2+2?", "Name a color.",
-         "Tell me a joke.", "Describe a cat.", "Why is the sky blue?", "Say hello."]
+SHORT = [
+    "Write a poem about the sea.",
+    "List three fruits.",
+    "What is 2+2?",
+    "Name a color.",
+    "Tell me a joke.",
+    "Describe a cat.",
+    "Why is the sky blue?",
+    "Say hello.",
+]
 
 
 def timed(engine: Engine, prompts: list[str], max_new_tokens: int) -> float:
@@ -63,11 +72,16 @@ def main() -> None:
         results["runs"][tp_size] = measure(tp_size, args.dtype, args.steps)
         print(f"tp_size {tp_size}: {results['runs'][tp_size]}", flush=True)
     one, three = results["runs"][1], results["runs"][3]
-    print(f"\n== tensor parallel on {results['machine']['cpu']} ({results['machine']['cpu_count']} cores), "
-          f"dtype {args.dtype} ==")
+    print(
+        f"\n== tensor parallel on {results['machine']['cpu']} ({results['machine']['cpu_count']} cores), "
+        f"dtype {args.dtype} =="
+    )
     print(f"{'':>22} {'tp 1':>10} {'tp 3':>10} {'tp3/tp1':>8}")
-    for key, label in (("decode_ms_batch1", "decode ms/step, bs 1"), ("decode_ms_batch8", "decode ms/step, bs 8"),
-                       ("prefill_tok_s", "prefill tok/s")):
+    for key, label in (
+        ("decode_ms_batch1", "decode ms/step, bs 1"),
+        ("decode_ms_batch8", "decode ms/step, bs 8"),
+        ("prefill_tok_s", "prefill tok/s"),
+    ):
         print(f"{label:>22} {one[key]:10.1f} {three[key]:10.1f} {three[key] / one[key]:8.2f}")
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "tp.json")
     with open(path, "w") as f:

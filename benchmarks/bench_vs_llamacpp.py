@@ -16,6 +16,7 @@ to make it and skips it, never faking its figures:
     python benchmarks/bench_vs_llamacpp.py [--repeats 5]
 Results: results/vs_llamacpp.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,16 +41,22 @@ NEW_TOKENS = 64
 
 
 def prompt_ids(tokenizer) -> list[int]:
-    text = ("You are a helpful assistant. Answer each question in one or two clear sentences.\n\n"
-            + "".join(f"Question: {q}\nAnswer: {a}\n\n" for q, a in (FEW_SHOT * 2)[:17])
-            + "Question: Can you explain, in simple words, how volcanoes work and why they matter?\nAnswer:")
+    text = (
+        "You are a helpful assistant. Answer each question in one or two clear sentences.\n\n"
+        + "".join(f"Question: {q}\nAnswer: {a}\n\n" for q, a in (FEW_SHOT * 2)[:17])
+        + "Question: Can you explain, in simple words, how volcanoes work and why they matter?\nAnswer:"
+    )
     return tokenizer.encode(text, add_special_tokens=False)
 
 
 class LlamaCppWorker:
     def __init__(self, python: pathlib.Path, gguf: str, threads: int):
-        self.proc = subprocess.Popen([str(python), str(pathlib.Path(__file__).parent / "llamacpp_worker.py")],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [str(python), str(pathlib.Path(__file__).parent / "llamacpp_worker.py")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         self._send({"gguf": gguf, "threads": threads, "n_ctx": 2048, "n_batch": 512})
         self.startup_s = self._read()["startup_s"]
 
@@ -89,7 +96,9 @@ def run_radixrt(engine: Engine, prompt: list[int]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--llamacpp-python", default=os.environ.get("RADIXRT_LLAMACPP_PYTHON", str(DEFAULT_PYTHON)))
+    ap.add_argument(
+        "--llamacpp-python", default=os.environ.get("RADIXRT_LLAMACPP_PYTHON", str(DEFAULT_PYTHON))
+    )
     ap.add_argument("--out", default=str(RESULTS / "vs_llamacpp.json"))
     args = ap.parse_args()
     threads = os.cpu_count() or 1
@@ -99,8 +108,11 @@ def main() -> None:
     if python.exists():
         engines["llama.cpp"] = LlamaCppWorker(python, str(default_gguf_path()), threads)
     else:
-        print(f"llama-cpp-python not found at {python}: skipping it (make its venv with the commands in this "
-              "script's docstring, or point --llamacpp-python / RADIXRT_LLAMACPP_PYTHON at one).", file=sys.stderr)
+        print(
+            f"llama-cpp-python not found at {python}: skipping it (make its venv with the commands in this "
+            "script's docstring, or point --llamacpp-python / RADIXRT_LLAMACPP_PYTHON at one).",
+            file=sys.stderr,
+        )
     engine = Engine()
     engines[f"radixrt {engine.scheduler.runner.dtype_name}"] = engine
 
@@ -113,28 +125,48 @@ def main() -> None:
     for r in range(args.repeats):  # alternating
         for name, e in engines.items():
             runs[name].append(run(e))
-            print(f"  repeat {r + 1} {name:16s} decode {runs[name][-1]['decode_s']:.3f} s "
-                  f"prefill {runs[name][-1]['prefill_s']:.3f} s", file=sys.stderr)
+            print(
+                f"  repeat {r + 1} {name:16s} decode {runs[name][-1]['decode_s']:.3f} s "
+                f"prefill {runs[name][-1]['prefill_s']:.3f} s",
+                file=sys.stderr,
+            )
     rows = {}
     for name, rs in runs.items():
-        rows[name] = {"decode_tok_s": statistics.median((NEW_TOKENS - 1) / x["decode_s"] for x in rs),
-                      "prefill_tok_s": statistics.median(len(prompt) / x["prefill_s"] for x in rs),
-                      "output_ids": rs[-1]["output_ids"]}
+        rows[name] = {
+            "decode_tok_s": statistics.median((NEW_TOKENS - 1) / x["decode_s"] for x in rs),
+            "prefill_tok_s": statistics.median(len(prompt) / x["prefill_s"] for x in rs),
+            "output_ids": rs[-1]["output_ids"],
+        }
     peer = rows.get("llama.cpp")
-    print(f"\none prompt of {len(prompt)} tokens, {NEW_TOKENS} forced greedy tokens, {threads} threads each, "
-          f"median of {args.repeats}")
-    print("| engine | decode tok/s | vs llama.cpp | prefill tok/s | vs llama.cpp |\n|---|---|---|---|---|")
+    print(
+        f"\none prompt of {len(prompt)} tokens, {NEW_TOKENS} forced greedy tokens, {threads} threads each, "
+        f"median of {args.repeats}"
+    )
+    print(
+        "| engine | decode tok/s | vs llama.cpp | prefill tok/s | vs llama.cpp |\n|---|---|---|---|---|"
+    )
     for name, row in rows.items():
         d = f"{row['decode_tok_s'] / peer['decode_tok_s']:.2f}x" if peer else "-"
         p = f"{row['prefill_tok_s'] / peer['prefill_tok_s']:.2f}x" if peer else "-"
         print(f"| {name} | {row['decode_tok_s']:.1f} | {d} | {row['prefill_tok_s']:.1f} | {p} |")
     if peer:
         mine = next(r for n, r in rows.items() if n != "llama.cpp")["output_ids"]
-        same = next((i for i, (a, b) in enumerate(zip(mine, peer["output_ids"])) if a != b), NEW_TOKENS)
+        same = next(
+            (i for i, (a, b) in enumerate(zip(mine, peer["output_ids"])) if a != b), NEW_TOKENS
+        )
         print(f"greedy outputs agree on the first {same} of {NEW_TOKENS} tokens")
-    pathlib.Path(args.out).write_text(json.dumps({"commit": git_commit(), "machine": machine(),
-                                                 "prompt_tokens": len(prompt), "new_tokens": NEW_TOKENS,
-                                                 "rows": rows}, indent=1))
+    pathlib.Path(args.out).write_text(
+        json.dumps(
+            {
+                "commit": git_commit(),
+                "machine": machine(),
+                "prompt_tokens": len(prompt),
+                "new_tokens": NEW_TOKENS,
+                "rows": rows,
+            },
+            indent=1,
+        )
+    )
     for e in engines.values():
         e.close() if isinstance(e, LlamaCppWorker) else e.shutdown()
 

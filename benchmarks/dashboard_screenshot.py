@@ -7,6 +7,7 @@ chromium-driver, through selenium), runs benchmarks/bench_serving.py --url again
 the screenshot taken when the radix tree held the most nodes (the benchmark flushes the cache between
 levels). Checks the page logged no console errors.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,11 +26,20 @@ HERE = pathlib.Path(__file__).parent
 def browser():
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
+
     opts = webdriver.ChromeOptions()
     opts.binary_location = shutil.which("chromium")
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--window-size=1400,1150"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--window-size=1400,1150",
+    ):
         opts.add_argument(arg)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     return webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=opts)
@@ -45,19 +55,41 @@ def main() -> None:
         sys.exit("needs Debian's chromium and chromium-driver (bash tests/install_browser.sh)")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "radixrt.cli", "serve", "--port", str(port),
-                               "--log-level", "warning"])
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "radixrt.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ]
+    )
     b = None
     try:
         wait_until_healthy(url, server, 600)
         b = browser()
         b.get(url + "/dashboard")
-        bench = subprocess.Popen([sys.executable, str(HERE / "bench_serving.py"), "--url", url, "--repeats",
-                                  str(args.repeats), "--out", "/tmp/radixrt-dashboard-bench"])
+        bench = subprocess.Popen(
+            [
+                sys.executable,
+                str(HERE / "bench_serving.py"),
+                "--url",
+                url,
+                "--repeats",
+                str(args.repeats),
+                "--out",
+                "/tmp/radixrt-dashboard-bench",
+            ]
+        )
         best = (-1, b"")
         while bench.poll() is None:
             time.sleep(args.every)
-            nodes = int(b.execute_script("return document.getElementById('tree').dataset.numNodes || 0"))
+            nodes = int(
+                b.execute_script("return document.getElementById('tree').dataset.numNodes || 0")
+            )
             if nodes >= best[0]:
                 best = (nodes, b.get_screenshot_as_png())
         errors = [e for e in b.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]

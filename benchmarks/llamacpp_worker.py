@@ -5,6 +5,7 @@ A case is one prompt of token ids and a forced number of greedy tokens: the prom
 call (prefill, timed), then each new token is the argmax of the last logits, fed back one at a time
 (decode, timed: n - 1 steps for n tokens), end of text or not, so both engines produce the same number of tokens.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,15 @@ def main() -> None:
     from llama_cpp import Llama
 
     started = time.perf_counter()
-    llm = Llama(model_path=job["gguf"], n_ctx=job["n_ctx"], n_threads=job["threads"],
-                n_threads_batch=job["threads"], n_batch=job["n_batch"], logits_all=False, verbose=False)
+    llm = Llama(
+        model_path=job["gguf"],
+        n_ctx=job["n_ctx"],
+        n_threads=job["threads"],
+        n_threads_batch=job["threads"],
+        n_batch=job["n_batch"],
+        logits_all=False,
+        verbose=False,
+    )
     vocab = llm.n_vocab()
     print(json.dumps({"event": "ready", "startup_s": time.perf_counter() - started}), flush=True)
     for line in sys.stdin:
@@ -36,11 +44,17 @@ def main() -> None:
             # the last evaluated token's logits (without logits_all, llm.scores is not filled)
             token = int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(vocab,))))
             out.append(token)
-            if i + 1 < case["new_tokens"]:  # the first token came from the prefill: n - 1 decode steps
+            if (
+                i + 1 < case["new_tokens"]
+            ):  # the first token came from the prefill: n - 1 decode steps
                 llm.eval([token])
         decode_s = time.perf_counter() - t1
-        print(json.dumps({"event": "case", "prefill_s": prefill_s, "decode_s": decode_s, "output_ids": out}),
-              flush=True)
+        print(
+            json.dumps(
+                {"event": "case", "prefill_s": prefill_s, "decode_s": decode_s, "output_ids": out}
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

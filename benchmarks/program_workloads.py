@@ -1,27 +1,36 @@
 """The DSL programs bench_programs.py runs: few-shot multiple choice (select), multi-turn
 chat, tree of thought (nested fork/join), JSON decode (json_schema), ReAct agent loop."""
+
 from __future__ import annotations
 
 import radixrt as sgl
 
-MC_SHOTS = [("Which planet is known as the Red Planet?", ["Venus", "Mars", "Jupiter", "Saturn"], "B"),
-            ("What is the boiling point of water at sea level?", ["50 C", "80 C", "100 C", "120 C"], "C"),
-            ("Which animal is the largest mammal?", ["Blue whale", "Elephant", "Giraffe", "Hippo"], "A"),
-            ("How many continents are there?", ["Five", "Six", "Eight", "Seven"], "D"),
-            ("What do bees make?", ["Milk", "Honey", "Silk", "Wool"], "B")]
-MC_QUESTIONS = [("What is the capital of Italy?", ["Rome", "Paris", "Madrid", "Berlin"]),
-                ("How many legs does a spider have?", ["Six", "Ten", "Eight", "Four"]),
-                ("What gas do plants absorb?", ["Oxygen", "Carbon dioxide", "Helium", "Neon"]),
-                ("Which metal is liquid at room temperature?", ["Iron", "Gold", "Copper", "Mercury"]),
-                ("What is the square root of 81?", ["7", "8", "9", "10"]),
-                ("Who painted the Mona Lisa?", ["Da Vinci", "Picasso", "Monet", "Van Gogh"]),
-                ("What is the currency of Japan?", ["Won", "Yuan", "Yen", "Ringgit"]),
-                ("Which organ pumps blood?", ["Lung", "Heart", "Liver", "Kidney"])]
+MC_SHOTS = [
+    ("Which planet is known as the Red Planet?", ["Venus", "Mars", "Jupiter", "Saturn"], "B"),
+    ("What is the boiling point of water at sea level?", ["50 C", "80 C", "100 C", "120 C"], "C"),
+    ("Which animal is the largest mammal?", ["Blue whale", "Elephant", "Giraffe", "Hippo"], "A"),
+    ("How many continents are there?", ["Five", "Six", "Eight", "Seven"], "D"),
+    ("What do bees make?", ["Milk", "Honey", "Silk", "Wool"], "B"),
+]
+MC_QUESTIONS = [
+    ("What is the capital of Italy?", ["Rome", "Paris", "Madrid", "Berlin"]),
+    ("How many legs does a spider have?", ["Six", "Ten", "Eight", "Four"]),
+    ("What gas do plants absorb?", ["Oxygen", "Carbon dioxide", "Helium", "Neon"]),
+    ("Which metal is liquid at room temperature?", ["Iron", "Gold", "Copper", "Mercury"]),
+    ("What is the square root of 81?", ["7", "8", "9", "10"]),
+    ("Who painted the Mona Lisa?", ["Da Vinci", "Picasso", "Monet", "Van Gogh"]),
+    ("What is the currency of Japan?", ["Won", "Yuan", "Yen", "Ringgit"]),
+    ("Which organ pumps blood?", ["Lung", "Heart", "Liver", "Kidney"]),
+]
 LETTERS = ["A", "B", "C", "D"]
 
 
 def _mc_block(question: str, options: list[str]) -> str:
-    return f"Question: {question}\n" + "".join(f"{l}. {o}\n" for l, o in zip(LETTERS, options)) + "Answer: "
+    return (
+        f"Question: {question}\n"
+        + "".join(f"{l}. {o}\n" for l, o in zip(LETTERS, options))
+        + "Answer: "
+    )
 
 
 @sgl.function
@@ -33,10 +42,12 @@ def multiple_choice(s, question, options):
     s += sgl.select("answer", choices=LETTERS)
 
 
-CHAT_TURNS = [["What is a good name for a cat?", "Why that name?", "Give one more."],
-              ["How do I boil an egg?", "How long for a soft egg?", "And a hard one?"],
-              ["Suggest a weekend hobby.", "How do I start?", "What does it cost?"],
-              ["What is the sun made of?", "How hot is it?", "Will it burn out?"]]
+CHAT_TURNS = [
+    ["What is a good name for a cat?", "Why that name?", "Give one more."],
+    ["How do I boil an egg?", "How long for a soft egg?", "And a hard one?"],
+    ["Suggest a weekend hobby.", "How do I start?", "What does it cost?"],
+    ["What is the sun made of?", "How hot is it?", "Will it burn out?"],
+]
 
 
 @sgl.function
@@ -47,8 +58,10 @@ def multi_turn_chat(s, turns, max_tokens=24):
         s += sgl.assistant(sgl.gen(f"answer_{i}", max_tokens=max_tokens))
 
 
-TOT_QUESTIONS = ["A shop sells pens at 3 dollars each. How much do 7 pens cost?",
-                 "A train travels 60 km per hour for 3 hours. How far does it go?"]
+TOT_QUESTIONS = [
+    "A shop sells pens at 3 dollars each. How much do 7 pens cost?",
+    "A train travels 60 km per hour for 3 hours. How far does it go?",
+]
 
 
 @sgl.function
@@ -59,21 +72,36 @@ def tree_of_thought(s, question):
     plans += lambda i: f"Approach {i + 1}:" + sgl.gen("plan", max_tokens=16, stop="\n") + "\n"
     groups = [plan.fork(2) for plan in plans]
     for steps in groups:
-        steps += lambda j: (f"Step {j + 1}:" + sgl.gen("step", max_tokens=16, stop="\n")
-                            + "\nIs this correct? " + sgl.select("ok", choices=["yes", "no"]))
+        steps += lambda j: (
+            f"Step {j + 1}:"
+            + sgl.gen("step", max_tokens=16, stop="\n")
+            + "\nIs this correct? "
+            + sgl.select("ok", choices=["yes", "no"])
+        )
     for steps in groups:
         steps.join()
     plans.join()
     s += sgl.assistant_end()
 
 
-PERSON_SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 24},
-                                                  "age": {"type": "integer", "minimum": 0, "maximum": 120},
-                                                  "city": {"type": "string", "maxLength": 24}},
-                 "required": ["name", "age", "city"], "additionalProperties": False}
-JSON_TEXTS = ["Maria Lopez, 34, lives in Lisbon.", "Kenji Sato is 71 and runs a bakery in Osaka.",
-              "Anna Berg (29) moved to Oslo.", "Tom Reed, aged 45, works in Dublin.",
-              "Lena Vogel, 52, teaches in Vienna.", "Omar Haddad is 38 and lives in Cairo."]
+PERSON_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 24},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "city": {"type": "string", "maxLength": 24},
+    },
+    "required": ["name", "age", "city"],
+    "additionalProperties": False,
+}
+JSON_TEXTS = [
+    "Maria Lopez, 34, lives in Lisbon.",
+    "Kenji Sato is 71 and runs a bakery in Osaka.",
+    "Anna Berg (29) moved to Oslo.",
+    "Tom Reed, aged 45, works in Dublin.",
+    "Lena Vogel, 52, teaches in Vienna.",
+    "Omar Haddad is 38 and lives in Cairo.",
+]
 
 
 @sgl.function
@@ -82,18 +110,28 @@ def json_decode(s, text):
     s += sgl.assistant(sgl.gen("json", max_tokens=48, json_schema=PERSON_SCHEMA))
 
 
-AGENT_TASKS = ["How tall is the Eiffel Tower in centimetres?", "What is 17 times 23?",
-               "How many people live in Paris?"]
-AGENT_FACTS = {"eiffel": "The Eiffel Tower is 330 metres tall.", "paris": "About 2.1 million people live in Paris."}
+AGENT_TASKS = [
+    "How tall is the Eiffel Tower in centimetres?",
+    "What is 17 times 23?",
+    "How many people live in Paris?",
+]
+AGENT_FACTS = {
+    "eiffel": "The Eiffel Tower is 330 metres tall.",
+    "paris": "About 2.1 million people live in Paris.",
+}
 
 
 @sgl.function
 def agent_loop(s, task, num_steps=3):
-    s += ("Solve the task with tools. lookup[topic] returns a fact; calculate[expr] does arithmetic; "
-          "finish[answer] ends.\n\nTask: " + task + "\n")
+    s += (
+        "Solve the task with tools. lookup[topic] returns a fact; calculate[expr] does arithmetic; "
+        "finish[answer] ends.\n\nTask: " + task + "\n"
+    )
     for step in range(num_steps):
         s += f"Thought {step + 1}:" + sgl.gen(f"thought_{step}", max_tokens=16, stop="\n") + "\n"
-        s += f"Action {step + 1}: " + sgl.select(f"tool_{step}", choices=["lookup", "calculate", "finish"])
+        s += f"Action {step + 1}: " + sgl.select(
+            f"tool_{step}", choices=["lookup", "calculate", "finish"]
+        )
         s += "[" + sgl.gen(f"arg_{step}", max_tokens=8, stop="]") + "]\n"
         if s[f"tool_{step}"] == "finish":
             break

@@ -1,4 +1,5 @@
 """What a benchmark's raw results record about where they were measured: the commit and the machine."""
+
 from __future__ import annotations
 
 import os
@@ -19,10 +20,16 @@ def machine() -> dict:
     cpu = platform.processor()  # often empty on Linux: /proc/cpuinfo has the model name
     try:
         with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+            cpu = next(
+                (line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu
+            )
     except OSError:
         pass
-    return {"cpu": cpu or platform.machine(), "cpu_count": os.cpu_count(), "platform": platform.platform(),
-            "python": platform.python_version(),
-            # the machine may be shared: the load when the run started says how quiet it was
-            "loadavg_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None}
+    return {
+        "cpu": cpu or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        # the machine may be shared: the load when the run started says how quiet it was
+        "loadavg_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None,
+    }

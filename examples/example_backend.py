@@ -1,5 +1,6 @@
 """What every example shares: `--url URL` sends its programs to a running `radixrt serve`;
 without it they run on the in-process Engine (radixrt's default backend)."""
+
 from __future__ import annotations
 
 import argparse

@@ -7,8 +7,9 @@ once; each choice is scored from prompt logprobs in one batched request.
     python examples/few_shot_qa.py --url http://127.0.0.1:30000
 """
 
-import radixrt as sgl
 from example_backend import parse_args
+
+import radixrt as sgl
 
 EXAMPLES = [
     ("What is the capital of France?", ["Paris", "Rome", "Madrid"], "Paris"),

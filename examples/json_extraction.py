@@ -1,11 +1,13 @@
 """JSON extraction with a schema: the output is guaranteed to parse and validate.
 
-    python examples/json_extraction.py [--url http://127.0.0.1:30000]
+python examples/json_extraction.py [--url http://127.0.0.1:30000]
 """
+
 import json
 
-import radixrt as sgl
 from example_backend import parse_args
+
+import radixrt as sgl
 
 SCHEMA = {
     "type": "object",

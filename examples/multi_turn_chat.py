@@ -6,8 +6,9 @@ the radix cache, so only the new turn is computed.
     python examples/multi_turn_chat.py [--url http://127.0.0.1:30000]
 """
 
-import radixrt as sgl
 from example_backend import parse_args
+
+import radixrt as sgl
 
 
 @sgl.function
@@ -26,7 +27,9 @@ def main() -> None:
         print(f"{message['role']:>9}: {message['content']}")
     for i in range(len(turns)):
         meta = state.get_meta_info(f"answer_{i}")
-        print(f"turn {i}: prompt {meta['prompt_tokens']} tokens, {meta['cached_tokens']} from the cache")
+        print(
+            f"turn {i}: prompt {meta['prompt_tokens']} tokens, {meta['cached_tokens']} from the cache"
+        )
 
 
 if __name__ == "__main__":

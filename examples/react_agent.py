@@ -5,13 +5,17 @@ cost only its new tokens.
 
     python examples/react_agent.py [--url http://127.0.0.1:30000]
 """
+
 import re
 
-import radixrt as sgl
 from example_backend import parse_args
 
-FACTS = {"paris": "Paris is the capital of France; about 2.1 million people live there.",
-         "eiffel tower": "The Eiffel Tower is 330 metres tall and was finished in 1889."}
+import radixrt as sgl
+
+FACTS = {
+    "paris": "Paris is the capital of France; about 2.1 million people live there.",
+    "eiffel tower": "The Eiffel Tower is 330 metres tall and was finished in 1889.",
+}
 
 
 def lookup(query: str) -> str:
@@ -25,7 +29,9 @@ def calculate(expression: str) -> str:
     if not re.fullmatch(r"[0-9+\-*/(). ]+", expression.strip() or "x"):
         return "Only arithmetic is supported."
     try:
-        return str(eval(expression, {"__builtins__": {}}))  # digits and operators only (checked above)
+        return str(
+            eval(expression, {"__builtins__": {}})
+        )  # digits and operators only (checked above)
     except Exception as e:  # a malformed expression is an observation, not a crash
         return f"Error: {e}"
 
@@ -33,25 +39,34 @@ def calculate(expression: str) -> str:
 TOOLS = {"lookup": lookup, "calculate": calculate}
 
 # One worked example: a small model follows the format far better with it.
-DEMO = ("Question: How many people live in Paris, in thousands?\n"
-        "Thought 1: I should look up the population of Paris.\n"
-        "Action 1: lookup[paris]\n"
-        "Observation 1: " + FACTS["paris"] + "\n"
-        "Thought 2: 2.1 million is 2.1 * 1000 thousand.\n"
-        "Action 2: calculate[2.1 * 1000]\n"
-        "Observation 2: 2100.0\n"
-        "Thought 3: I have the answer.\n"
-        "Action 3: finish[2100 thousand]\n\n")
+DEMO = (
+    "Question: How many people live in Paris, in thousands?\n"
+    "Thought 1: I should look up the population of Paris.\n"
+    "Action 1: lookup[paris]\n"
+    "Observation 1: " + FACTS["paris"] + "\n"
+    "Thought 2: 2.1 million is 2.1 * 1000 thousand.\n"
+    "Action 2: calculate[2.1 * 1000]\n"
+    "Observation 2: 2100.0\n"
+    "Thought 3: I have the answer.\n"
+    "Action 3: finish[2100 thousand]\n\n"
+)
 
 
 @sgl.function
 def agent(s, question, max_steps=3):
-    s += ("Answer the question by thinking and using tools.\n"
-          "Tools: lookup[topic] finds a fact, calculate[expression] does arithmetic, finish[answer] answers.\n\n"
-          + DEMO + "Question: " + question + "\n")
+    s += (
+        "Answer the question by thinking and using tools.\n"
+        "Tools: lookup[topic] finds a fact, calculate[expression] does arithmetic, finish[answer] answers.\n\n"
+        + DEMO
+        + "Question: "
+        + question
+        + "\n"
+    )
     for step in range(max_steps):
         s += f"Thought {step + 1}:" + sgl.gen(f"thought_{step}", max_tokens=32, stop="\n") + "\n"
-        s += f"Action {step + 1}: " + sgl.select(f"tool_{step}", choices=["lookup", "calculate", "finish"])
+        s += f"Action {step + 1}: " + sgl.select(
+            f"tool_{step}", choices=["lookup", "calculate", "finish"]
+        )
         s += "[" + sgl.gen(f"input_{step}", max_tokens=16, stop="]") + "]\n"
         tool, tool_input = s[f"tool_{step}"], s[f"input_{step}"]
         if tool == "finish":

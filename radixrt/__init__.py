@@ -9,22 +9,54 @@
 
 `import radixrt` loads only the DSL (no torch); `radixrt.Engine` is imported on first use.
 """
+
 from typing import Any
 
-from radixrt.frontend import (Backend, BackendError, ChatTemplate, ChoicesDecision, EngineBackend, Function,
-                              OpenAI, ProgramError, ProgramState, ProgramStateGroup, Runtime, RuntimeEndpoint,
-                              SglFunction,
-                              assistant, assistant_begin, assistant_end, flush_cache, function, gen, gen_int,
-                              gen_string, get_default_backend, get_server_info, greedy_token_selection, image,
-                              select, set_default_backend, system, system_begin, system_end,
-                              token_length_normalized, unconditional_likelihood_normalized, user, user_begin,
-                              user_end, video)
+from radixrt.frontend import (
+    Backend,
+    BackendError,
+    ChatTemplate,
+    ChoicesDecision,
+    EngineBackend,
+    Function,
+    OpenAI,
+    ProgramError,
+    ProgramState,
+    ProgramStateGroup,
+    Runtime,
+    RuntimeEndpoint,
+    SglFunction,
+    assistant,
+    assistant_begin,
+    assistant_end,
+    flush_cache,
+    function,
+    gen,
+    gen_int,
+    gen_string,
+    get_default_backend,
+    get_server_info,
+    greedy_token_selection,
+    image,
+    select,
+    set_default_backend,
+    system,
+    system_begin,
+    system_end,
+    token_length_normalized,
+    unconditional_likelihood_normalized,
+    user,
+    user_begin,
+    user_end,
+    video,
+)
 
 __version__ = "0.1.0"
 
 
 class _GlobalConfig:
     """SGLang programs sometimes set sgl.global_config.verbosity; accepted, unused."""
+
     verbosity = 0
     enable_precache_with_tracing = True
 
@@ -41,9 +73,44 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'radixrt' has no attribute {name!r}")
 
 
-__all__ = ["Engine", "Runtime", "RuntimeEndpoint", "EngineBackend", "OpenAI", "Backend", "BackendError", "ProgramError",
-           "ProgramState", "ProgramStateGroup", "ChatTemplate", "ChoicesDecision", "Function", "SglFunction",
-           "function", "gen", "gen_int", "gen_string", "select", "system", "user", "assistant", "system_begin",
-           "system_end", "user_begin", "user_end", "assistant_begin", "assistant_end", "set_default_backend",
-           "get_default_backend", "flush_cache", "get_server_info", "image", "video", "greedy_token_selection",
-           "token_length_normalized", "unconditional_likelihood_normalized", "global_config", "__version__"]
+__all__ = [
+    "Engine",
+    "Runtime",
+    "RuntimeEndpoint",
+    "EngineBackend",
+    "OpenAI",
+    "Backend",
+    "BackendError",
+    "ProgramError",
+    "ProgramState",
+    "ProgramStateGroup",
+    "ChatTemplate",
+    "ChoicesDecision",
+    "Function",
+    "SglFunction",
+    "function",
+    "gen",
+    "gen_int",
+    "gen_string",
+    "select",
+    "system",
+    "user",
+    "assistant",
+    "system_begin",
+    "system_end",
+    "user_begin",
+    "user_end",
+    "assistant_begin",
+    "assistant_end",
+    "set_default_backend",
+    "get_default_backend",
+    "flush_cache",
+    "get_server_info",
+    "image",
+    "video",
+    "greedy_token_selection",
+    "token_length_normalized",
+    "unconditional_likelihood_normalized",
+    "global_config",
+    "__version__",
+]

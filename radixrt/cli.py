@@ -1,5 +1,6 @@
 """`radixrt serve ...` (flags derived from ServerConfig, SGLang's names), `radixrt cache-tree --url ...`
 (what a server's radix cache holds, drawn in the terminal) and `radixrt bench <name> ...`."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,20 +14,40 @@ from radixrt.runtime.core.cache_view import DEFAULT_MAX_DEPTH, DEFAULT_MAX_NODES
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="radixrt", description="radixrt: structured-generation LLM runtime")
+    parser = argparse.ArgumentParser(
+        prog="radixrt", description="radixrt: structured-generation LLM runtime"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="start the HTTP server (SGLang-native and OpenAI-compatible API)")
+    serve = sub.add_parser(
+        "serve", help="start the HTTP server (SGLang-native and OpenAI-compatible API)"
+    )
     ServerConfig.add_cli_args(serve)
     # "module:Class" with the Scheduler interface; tests use it to serve without a model
     serve.add_argument("--scheduler-class", default=None, help=argparse.SUPPRESS)
     tree = sub.add_parser("cache-tree", help="print what a running server's radix cache holds")
-    tree.add_argument("--url", default="http://127.0.0.1:30000", help="the server (default %(default)s)")
-    tree.add_argument("--api-key", default=os.environ.get("RADIXRT_API_KEY"),
-                      help="the server's --api-key (default: $RADIXRT_API_KEY)")
-    tree.add_argument("--max-depth", type=int, default=DEFAULT_MAX_DEPTH, help="levels shown (default %(default)s)")
-    tree.add_argument("--max-nodes", type=int, default=DEFAULT_MAX_NODES, help="nodes shown (default %(default)s)")
-    tree.add_argument("--json", action="store_true", help="print the /cache_tree JSON instead of the drawing")
-    bench = sub.add_parser("bench", help="run a benchmark from benchmarks/ (e.g. `radixrt bench serving --help`)")
+    tree.add_argument(
+        "--url", default="http://127.0.0.1:30000", help="the server (default %(default)s)"
+    )
+    tree.add_argument(
+        "--api-key",
+        default=os.environ.get("RADIXRT_API_KEY"),
+        help="the server's --api-key (default: $RADIXRT_API_KEY)",
+    )
+    tree.add_argument(
+        "--max-depth",
+        type=int,
+        default=DEFAULT_MAX_DEPTH,
+        help="levels shown (default %(default)s)",
+    )
+    tree.add_argument(
+        "--max-nodes", type=int, default=DEFAULT_MAX_NODES, help="nodes shown (default %(default)s)"
+    )
+    tree.add_argument(
+        "--json", action="store_true", help="print the /cache_tree JSON instead of the drawing"
+    )
+    bench = sub.add_parser(
+        "bench", help="run a benchmark from benchmarks/ (e.g. `radixrt bench serving --help`)"
+    )
     bench.add_argument("name", help="benchmark name: benchmarks/bench_<name>.py")
     bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the benchmark")
     return parser
@@ -38,10 +59,15 @@ def print_cache_tree(args: argparse.Namespace) -> int:
     import requests
 
     from radixrt.runtime.cache_tree_text import render_text
+
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     try:
-        r = requests.get(args.url.rstrip("/") + "/cache_tree", headers=headers, timeout=30,
-                         params={"max_depth": args.max_depth, "max_nodes": args.max_nodes})
+        r = requests.get(
+            args.url.rstrip("/") + "/cache_tree",
+            headers=headers,
+            timeout=30,
+            params={"max_depth": args.max_depth, "max_nodes": args.max_nodes},
+        )
     except requests.RequestException as e:
         print(f"radixrt cache-tree: cannot reach {args.url}: {e}", file=sys.stderr)
         return 1
@@ -50,7 +76,9 @@ def print_cache_tree(args: argparse.Namespace) -> int:
             message = r.json()["error"]["message"]
         except (ValueError, KeyError, TypeError):
             message = r.text[:200]
-        print(f"radixrt cache-tree: {args.url} answered {r.status_code}: {message}", file=sys.stderr)
+        print(
+            f"radixrt cache-tree: {args.url} answered {r.status_code}: {message}", file=sys.stderr
+        )
         return 1
     print(json.dumps(r.json(), indent=1) if args.json else render_text(r.json()))
     return 0
@@ -66,12 +94,15 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(e))
         if config.node_rank > 0:  # tensor parallel ranks of another machine: no HTTP, no scheduler
             from radixrt.runtime.model.tp import run_headless_node
+
             code = run_headless_node(config)
         elif config.dp_size > 1:
             from radixrt.runtime.serving.dp_launch import launch_dp
+
             code = launch_dp(config)
         else:
             from radixrt.runtime.serving.launch import launch_server
+
             code = launch_server(config, args.scheduler_class)
         # Children are stopped and sockets removed: skip the interpreter's slow teardown of torch.
         sys.stdout.flush()
@@ -80,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "cache-tree":
         return print_cache_tree(args)
     if args.command == "bench":
-        script = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / f"bench_{args.name}.py"
+        script = (
+            pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / f"bench_{args.name}.py"
+        )
         if not script.is_file():
             parser.error(f"no benchmark {args.name!r} ({script} does not exist)")
         sys.argv = [str(script), *args.args]

@@ -2,6 +2,7 @@
 
 Tests under tests/integration/ are auto-marked `integration` (they need the real default model).
 """
+
 from __future__ import annotations
 
 import os
@@ -11,8 +12,8 @@ import random
 import pytest
 import torch
 
-from radixrt.runtime.model.forward_batch import BatchItem, build_forward_batch
 from radixrt.runtime.core.page_allocator import TableRows, slots_of
+from radixrt.runtime.model.forward_batch import BatchItem, build_forward_batch
 from radixrt.runtime.model.kv_cache import KVCache, ReqToSlotTable
 
 _INTEGRATION_DIR = pathlib.Path(__file__).parent / "integration"
@@ -32,40 +33,71 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def model_dir() -> pathlib.Path:
     from radixrt.runtime.model.weights import resolve_model
+
     return resolve_model(None)
 
 
 @pytest.fixture(scope="session")
 def hf_model(model_dir):
     from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, local_files_only=True)
+
+    model = AutoModelForCausalLM.from_pretrained(
+        str(model_dir), dtype=torch.float32, local_files_only=True
+    )
     return model.eval()
 
 
 @pytest.fixture(scope="session")
 def tokenizer(model_dir):
     from radixrt.runtime.model.weights import load_tokenizer
+
     return load_tokenizer(model_dir)
 
 
 @pytest.fixture
 def tiny_llama_config():
     from transformers import LlamaConfig
-    return LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                       rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False,
-                       bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+    return LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
 
 
 class PagedDriver:
     """Runs a model over the paged pool the way the runner does: pages from a shuffled free list
     (so each request's slots are scattered), one build_forward_batch per step, decode items first."""
 
-    def __init__(self, model, attn, num_pages: int = 256, page_size: int = 1, max_rows: int = 32,
-                 max_context: int | None = None, seed: int = 0):
+    def __init__(
+        self,
+        model,
+        attn,
+        num_pages: int = 256,
+        page_size: int = 1,
+        max_rows: int = 32,
+        max_context: int | None = None,
+        seed: int = 0,
+    ):
         self.model, self.attn, self.page_size = model, attn, page_size
-        self.kv = KVCache(model.num_layers, num_pages * page_size, model.num_kv_heads, model.head_dim,
-                          model.attn_dtype, model.device)
+        self.kv = KVCache(
+            model.num_layers,
+            num_pages * page_size,
+            model.num_kv_heads,
+            model.head_dim,
+            model.attn_dtype,
+            model.device,
+        )
         self.table = ReqToSlotTable(max_rows, max_context or model.max_context, model.device)
         self.rows = TableRows(max_rows)
         self.free_pages = list(range(num_pages))
@@ -75,9 +107,13 @@ class PagedDriver:
     def step(self, feeds: list[tuple[str, list[int], bool]]) -> dict[str, torch.Tensor]:
         """feeds: (request name, new token ids, want logits for every new token). Returns logits per name:
         [len(new_ids), vocab] when all were wanted, else [1, vocab] for the last token."""
-        is_decode = [len(ids) == 1 and not all_rows and self.reqs.get(name, {}).get("kv_len", 0) > 0
-                     for name, ids, all_rows in feeds]
-        order = [f for f, d in zip(feeds, is_decode) if d] + [f for f, d in zip(feeds, is_decode) if not d]
+        is_decode = [
+            len(ids) == 1 and not all_rows and self.reqs.get(name, {}).get("kv_len", 0) > 0
+            for name, ids, all_rows in feeds
+        ]
+        order = [f for f, d in zip(feeds, is_decode) if d] + [
+            f for f, d in zip(feeds, is_decode) if not d
+        ]
         items = []
         for name, ids, all_rows in order:
             if name not in self.reqs:
@@ -87,19 +123,29 @@ class PagedDriver:
             seq_len = prefix_len + len(ids)
             while len(req["pages"]) * self.page_size < seq_len:
                 req["pages"].append(self.free_pages.pop())
-            items.append(BatchItem(row=req["row"], new_ids=list(ids), prefix_len=prefix_len,
-                                   slots=slots_of(req["pages"], prefix_len, seq_len, self.page_size),
-                                   write_start=prefix_len, logits_start=0 if all_rows else None))
+            items.append(
+                BatchItem(
+                    row=req["row"],
+                    new_ids=list(ids),
+                    prefix_len=prefix_len,
+                    slots=slots_of(req["pages"], prefix_len, seq_len, self.page_size),
+                    write_start=prefix_len,
+                    logits_start=0 if all_rows else None,
+                )
+            )
             req["kv_len"] = seq_len
         fb = build_forward_batch(items, self.table.table, self.model.device)
         with torch.inference_mode():
             self.attn.init_forward_metadata(fb)
             logits = self.model.forward(fb, self.kv, self.attn)
-        assert logits.shape == (fb.logits_rows.shape[0], self.model.vocab_size) and logits.dtype == torch.float32
+        assert (
+            logits.shape == (fb.logits_rows.shape[0], self.model.vocab_size)
+            and logits.dtype == torch.float32
+        )
         out, row = {}, 0
         for name, ids, all_rows in order:
             n = len(ids) if all_rows else 1
-            out[name] = logits[row:row + n]
+            out[name] = logits[row : row + n]
             row += n
         assert row == logits.shape[0]
         return out

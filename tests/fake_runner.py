@@ -6,6 +6,7 @@ page, a stale cache entry or an overwritten shared page shows up at once), and i
 next token is a pure function of the token sequence read back from that KV. The truth
 for a whole request is `reference_output`, computed from the token ids alone.
 """
+
 from __future__ import annotations
 
 from radixrt.runtime.core.plan import ItemResult, PlanItem
@@ -18,7 +19,9 @@ def next_token(seq: list[int], vocab: int) -> int:
     return (h + len(seq)) % vocab
 
 
-def reference_output(prompt: list[int], max_new_tokens: int, vocab: int, eos: int | None) -> list[int]:
+def reference_output(
+    prompt: list[int], max_new_tokens: int, vocab: int, eos: int | None
+) -> list[int]:
     seq, out = list(prompt), []
     while len(out) < max_new_tokens:
         t = next_token(seq, vocab)
@@ -40,8 +43,15 @@ class FakeTokenizer:
 
 
 class FakeRunner:
-    def __init__(self, num_pages: int, page_size: int = 1, vocab_size: int = 50, eos: int | None = 0,
-                 context_length: int = 4096, max_rows: int = 16):
+    def __init__(
+        self,
+        num_pages: int,
+        page_size: int = 1,
+        vocab_size: int = 50,
+        eos: int | None = 0,
+        context_length: int = 4096,
+        max_rows: int = 16,
+    ):
         self.num_pages = num_pages
         self.page_size = page_size
         self.vocab_size = vocab_size
@@ -51,8 +61,8 @@ class FakeRunner:
         self.tokenizer = FakeTokenizer()
         self.model_path = "fake"
         self.dtype_name = "fake"
-        self.kv: dict[int, tuple[int, int]] = {}     # slot -> (position, token)
-        self.table: dict[int, dict[int, int]] = {}   # row -> position -> slot
+        self.kv: dict[int, tuple[int, int]] = {}  # slot -> (position, token)
+        self.table: dict[int, dict[int, int]] = {}  # row -> position -> slot
         self.num_forwards = 0
         self.forward_tokens = 0
         self.num_page_copies = 0
@@ -70,7 +80,9 @@ class FakeRunner:
         written: set[int] = set()
         results = []
         self.num_copy_steps += any(it.page_copies for it in plan)
-        for it in plan:  # page copies (forked samples) happen before anything is written, as in the runner
+        for it in (
+            plan
+        ):  # page copies (forked samples) happen before anything is written, as in the runner
             for src, dst in it.page_copies:
                 for off in range(self.page_size):
                     if src * self.page_size + off in self.kv:
@@ -85,16 +97,23 @@ class FakeRunner:
                 row[pos] = it.slots[k]
             fill = it.prompt_ids + it.output_ids
             num_own = len(it.new_ids) - it.num_draft  # the request's own tokens, then its draft
-            assert fill[it.prefix_len:it.prefix_len + num_own] == it.new_ids[:num_own], \
+            assert fill[it.prefix_len : it.prefix_len + num_own] == it.new_ids[:num_own], (
                 "new_ids are not the next tokens"
-            assert it.prefix_len + num_own == len(fill) or not it.num_draft, "a draft fed before the last token"
-            assert len(it.picks) in ((0, 1) if not it.num_draft else (it.num_draft, it.num_draft + 1))
+            )
+            assert it.prefix_len + num_own == len(fill) or not it.num_draft, (
+                "a draft fed before the last token"
+            )
+            assert len(it.picks) in (
+                (0, 1) if not it.num_draft else (it.num_draft, it.num_draft + 1)
+            )
             for j, pick in enumerate(it.picks):  # pick j sees draft tokens 0..j-1 as output
-                assert pick.output_ids == it.output_ids + it.new_ids[num_own:num_own + j]
+                assert pick.output_ids == it.output_ids + it.new_ids[num_own : num_own + j]
             seq = []
             for pos in range(it.prefix_len):
                 got = self.kv.get(row[pos])
-                assert got == (pos, fill[pos]), f"row {it.row}: slot {row[pos]} of position {pos} holds {got}"
+                assert got == (pos, fill[pos]), (
+                    f"row {it.row}: slot {row[pos]} of position {pos} holds {got}"
+                )
                 seq.append(got[1])
             for pos, tok in zip(range(it.prefix_len, end), it.new_ids):
                 slot = row[pos]
@@ -106,7 +125,10 @@ class FakeRunner:
             res = ItemResult()
             if it.picks:
                 # a pick after the own tokens and after each draft token
-                picks = [next_token(seq[:it.prefix_len + num_own + j], self.vocab_size) for j in range(it.num_draft + 1)]
+                picks = [
+                    next_token(seq[: it.prefix_len + num_own + j], self.vocab_size)
+                    for j in range(it.num_draft + 1)
+                ]
                 res.next_id, res.logprob = picks[0], -1.0
                 if it.num_draft:
                     res.draft_results = [ItemResult(next_id=t, logprob=-1.0) for t in picks[1:]]

@@ -1,13 +1,14 @@
 """The public DSL, with SGLang's names and signatures: `import radixrt as sgl`.
 
-    @sgl.function
-    def qa(s, question):
-        s += sgl.user(question)
-        s += sgl.assistant(sgl.gen("answer", max_tokens=64))
+@sgl.function
+def qa(s, question):
+    s += sgl.user(question)
+    s += sgl.assistant(sgl.gen("answer", max_tokens=64))
 
-    state = qa.run(question="Why is the sky blue?", temperature=0)
-    print(state["answer"])
+state = qa.run(question="Why is the sky blue?", temperature=0)
+print(state["answer"])
 """
+
 from __future__ import annotations
 
 import functools
@@ -17,44 +18,98 @@ from typing import Any, Callable
 from radixrt.frontend import ir
 from radixrt.frontend.choices import token_length_normalized
 from radixrt.frontend.errors import for_user
-from radixrt.frontend.runner import (cache_program, get_default_backend, resolve_backend, run_program,
-                                     run_program_batch, set_default_backend)
+from radixrt.frontend.runner import (
+    cache_program,
+    get_default_backend,
+    resolve_backend,
+    run_program,
+    run_program_batch,
+    set_default_backend,
+)
 from radixrt.frontend.tracer import TraceResult, signature_names, trace_program
 
 # gen(n=...): samples of one gen (each one request sharing the prompt's pages)
 MAX_GEN_SAMPLES = 64
 
-__all__ = ["function", "Function", "SglFunction", "gen", "gen_int", "gen_string", "select", "system", "user",
-           "assistant", "system_begin", "system_end", "user_begin", "user_end", "assistant_begin",
-           "assistant_end", "set_default_backend", "get_default_backend", "flush_cache", "get_server_info",
-           "image", "video"]
+__all__ = [
+    "function",
+    "Function",
+    "SglFunction",
+    "gen",
+    "gen_int",
+    "gen_string",
+    "select",
+    "system",
+    "user",
+    "assistant",
+    "system_begin",
+    "system_end",
+    "user_begin",
+    "user_end",
+    "assistant_begin",
+    "assistant_end",
+    "set_default_backend",
+    "get_default_backend",
+    "flush_cache",
+    "get_server_info",
+    "image",
+    "video",
+]
 
 
-def _defaults(max_new_tokens: int = 128, min_new_tokens: int | None = None, stop: Any = (),
-              stop_token_ids: Any = (), temperature: float = 1.0, top_p: float = 1.0, top_k: int = -1,
-              min_p: float = 0.0, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
-              repetition_penalty: float | None = None, ignore_eos: bool = False, seed: int | None = None,
-              return_logprob: bool | None = None, logprob_start_len: int | None = None,
-              top_logprobs_num: int | None = None, return_text_in_logprobs: bool | None = None) -> ir.GenParams:
+def _defaults(
+    max_new_tokens: int = 128,
+    min_new_tokens: int | None = None,
+    stop: Any = (),
+    stop_token_ids: Any = (),
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = -1,
+    min_p: float = 0.0,
+    frequency_penalty: float = 0.0,
+    presence_penalty: float = 0.0,
+    repetition_penalty: float | None = None,
+    ignore_eos: bool = False,
+    seed: int | None = None,
+    return_logprob: bool | None = None,
+    logprob_start_len: int | None = None,
+    top_logprobs_num: int | None = None,
+    return_text_in_logprobs: bool | None = None,
+) -> ir.GenParams:
     """run()'s sampling defaults (SGLang's): every gen inherits what it does not set."""
-    return ir.GenParams(max_tokens=max_new_tokens, min_tokens=min_new_tokens,
-                        stop=[stop] if isinstance(stop, str) else list(stop or []),
-                        stop_token_ids=list(stop_token_ids or []), temperature=temperature, top_p=top_p,
-                        top_k=top_k, min_p=min_p, frequency_penalty=frequency_penalty,
-                        presence_penalty=presence_penalty, repetition_penalty=repetition_penalty,
-                        ignore_eos=ignore_eos, seed=seed, return_logprob=return_logprob,
-                        logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
-                        return_text_in_logprobs=return_text_in_logprobs)
+    return ir.GenParams(
+        max_tokens=max_new_tokens,
+        min_tokens=min_new_tokens,
+        stop=[stop] if isinstance(stop, str) else list(stop or []),
+        stop_token_ids=list(stop_token_ids or []),
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=min_p,
+        frequency_penalty=frequency_penalty,
+        presence_penalty=presence_penalty,
+        repetition_penalty=repetition_penalty,
+        ignore_eos=ignore_eos,
+        seed=seed,
+        return_logprob=return_logprob,
+        logprob_start_len=logprob_start_len,
+        top_logprobs_num=top_logprobs_num,
+        return_text_in_logprobs=return_text_in_logprobs,
+    )
 
 
-_SAMPLING_KEYS = frozenset(_defaults.__code__.co_varnames[:_defaults.__code__.co_argcount])
+_SAMPLING_KEYS = frozenset(_defaults.__code__.co_varnames[: _defaults.__code__.co_argcount])
 
 
 class Function:
     """A program: a Python function whose first argument is the state `s`."""
 
-    def __init__(self, func: Callable, bind_arguments: dict[str, Any] | None = None,
-                 num_api_spec_tokens: int | None = None):
+    def __init__(
+        self,
+        func: Callable,
+        bind_arguments: dict[str, Any] | None = None,
+        num_api_spec_tokens: int | None = None,
+    ):
         self.func = func
         self.name = getattr(func, "__name__", "program")
         self.arg_names, self.arg_defaults = signature_names(func)
@@ -68,25 +123,45 @@ class Function:
             raise ValueError(f"{self.name}() has no argument(s) {', '.join(unknown)}")
         return Function(self.func, {**self.bind_arguments, **kwargs}, self.num_api_spec_tokens)
 
-    def run(self, *args: Any, stream: bool = False, backend: Any = None, session_id: str | None = None,
-            **kwargs: Any) -> Any:
+    def run(
+        self,
+        *args: Any,
+        stream: bool = False,
+        backend: Any = None,
+        session_id: str | None = None,
+        **kwargs: Any,
+    ) -> Any:
         """Run once; returns the ProgramState. Keyword arguments named like sampling
         parameters (max_new_tokens, temperature, stop, ...) set the defaults of every gen;
         the others are the program's arguments. session_id: a multi-turn program's runs are turns of
         one conversation; the runtime keeps the last one cached until the next (or close_session)."""
-        sampling = {k: kwargs.pop(k) for k in list(kwargs) if k in _SAMPLING_KEYS and k not in self.arg_names}
-        state, error = run_program(self, backend, args, kwargs, _defaults(**sampling), stream=stream,
-                                   session_id=session_id)
+        sampling = {
+            k: kwargs.pop(k)
+            for k in list(kwargs)
+            if k in _SAMPLING_KEYS and k not in self.arg_names
+        }
+        state, error = run_program(
+            self, backend, args, kwargs, _defaults(**sampling), stream=stream, session_id=session_id
+        )
         if error is not None:
             raise for_user(error)
         return state
 
-    def run_batch(self, batch_kwargs: list, *, backend: Any = None, num_threads: int | str = "auto",
-                  progress_bar: bool = False, **sampling: Any) -> list:
+    def run_batch(
+        self,
+        batch_kwargs: list,
+        *,
+        backend: Any = None,
+        num_threads: int | str = "auto",
+        progress_bar: bool = False,
+        **sampling: Any,
+    ) -> list:
         unknown = sorted(set(sampling) - _SAMPLING_KEYS)
         if unknown:
             raise ValueError(f"run_batch got unknown keyword(s): {', '.join(unknown)}")
-        return run_program_batch(self, backend, batch_kwargs, _defaults(**sampling), num_threads, progress_bar)
+        return run_program_batch(
+            self, backend, batch_kwargs, _defaults(**sampling), num_threads, progress_bar
+        )
 
     def trace(self, *, backend: Any = None, **kwargs: Any) -> TraceResult:
         """The constant prefix the program appends before anything dynamic."""
@@ -112,38 +187,83 @@ def function(func: Callable | None = None, num_api_spec_tokens: int | None = Non
     return lambda f: Function(f, num_api_spec_tokens=num_api_spec_tokens)
 
 
-def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int | None = None,
-        stop: str | list[str] | None = None, stop_token_ids: list[int] | None = None,
-        temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
-        min_p: float | None = None, frequency_penalty: float | None = None,
-        presence_penalty: float | None = None, ignore_eos: bool | None = None, regex: str | None = None,
-        json_schema: Any = None, choices: list[str] | None = None, dtype: Any = None,
-        choices_method: Any = None, return_logprob: bool | None = None, logprob_start_len: int | None = None,
-        top_logprobs_num: int | None = None, return_text_in_logprobs: bool | None = None,
-        repetition_penalty: float | None = None, seed: int | None = None, n: int | None = None,
-        stop_regex: str | list[str] | None = None) -> ir.Expr:
+def gen(
+    name: str | None = None,
+    max_tokens: int | None = None,
+    min_tokens: int | None = None,
+    stop: str | list[str] | None = None,
+    stop_token_ids: list[int] | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    min_p: float | None = None,
+    frequency_penalty: float | None = None,
+    presence_penalty: float | None = None,
+    ignore_eos: bool | None = None,
+    regex: str | None = None,
+    json_schema: Any = None,
+    choices: list[str] | None = None,
+    dtype: Any = None,
+    choices_method: Any = None,
+    return_logprob: bool | None = None,
+    logprob_start_len: int | None = None,
+    top_logprobs_num: int | None = None,
+    return_text_in_logprobs: bool | None = None,
+    repetition_penalty: float | None = None,
+    seed: int | None = None,
+    n: int | None = None,
+    stop_regex: str | list[str] | None = None,
+) -> ir.Expr:
     """Generate text into variable `name`. With `choices`, this is select(name, choices)."""
     if choices:
-        return ir.Select(name, choices, 0.0 if temperature is None else temperature,
-                         choices_method or token_length_normalized)
-    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_GEN_SAMPLES):
+        return ir.Select(
+            name,
+            choices,
+            0.0 if temperature is None else temperature,
+            choices_method or token_length_normalized,
+        )
+    if n is not None and (
+        isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_GEN_SAMPLES
+    ):
         raise ValueError(f"gen n must be an int in [1, {MAX_GEN_SAMPLES}], got {n!r}")
     if regex is not None:
         try:
             re.compile(regex)
         except re.error as e:
             raise ValueError(f"gen regex {regex!r} is invalid: {e}") from None
-    constraints = [k for k, v in (("regex", regex), ("json_schema", json_schema), ("dtype", dtype)) if v is not None]
+    constraints = [
+        k
+        for k, v in (("regex", regex), ("json_schema", json_schema), ("dtype", dtype))
+        if v is not None
+    ]
     if len(constraints) > 1:
-        raise ValueError(f"gen takes one of regex, json_schema and dtype, got {' and '.join(constraints)}")
-    params = ir.GenParams(max_tokens=max_tokens, min_tokens=min_tokens, stop=stop, stop_token_ids=stop_token_ids,
-                          stop_regex=stop_regex,
-                          temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-                          frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-                          repetition_penalty=repetition_penalty, ignore_eos=ignore_eos, seed=seed, n=n, regex=regex,
-                          json_schema=ir.json_schema_string(json_schema), dtype=dtype,
-                          return_logprob=return_logprob, logprob_start_len=logprob_start_len,
-                          top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs)
+        raise ValueError(
+            f"gen takes one of regex, json_schema and dtype, got {' and '.join(constraints)}"
+        )
+    params = ir.GenParams(
+        max_tokens=max_tokens,
+        min_tokens=min_tokens,
+        stop=stop,
+        stop_token_ids=stop_token_ids,
+        stop_regex=stop_regex,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=min_p,
+        frequency_penalty=frequency_penalty,
+        presence_penalty=presence_penalty,
+        repetition_penalty=repetition_penalty,
+        ignore_eos=ignore_eos,
+        seed=seed,
+        n=n,
+        regex=regex,
+        json_schema=ir.json_schema_string(json_schema),
+        dtype=dtype,
+        return_logprob=return_logprob,
+        logprob_start_len=logprob_start_len,
+        top_logprobs_num=top_logprobs_num,
+        return_text_in_logprobs=return_text_in_logprobs,
+    )
     if dtype is not None:
         params.resolve(ir.GenParams())  # reject a bad dtype here, at the program's line
     return ir.Gen(name, params)
@@ -157,8 +277,12 @@ def gen_string(name: str | None = None, max_tokens: int | None = None, **kwargs:
     return gen(name, max_tokens=max_tokens, dtype=str, **kwargs)
 
 
-def select(name: str | None = None, choices: list[str] | None = None, temperature: float = 0.0,
-           choices_method: Any = token_length_normalized) -> ir.Expr:
+def select(
+    name: str | None = None,
+    choices: list[str] | None = None,
+    temperature: float = 0.0,
+    choices_method: Any = token_length_normalized,
+) -> ir.Expr:
     if choices is None:
         raise ValueError("select needs choices")
     return ir.Select(name, choices, temperature, choices_method)

@@ -9,6 +9,7 @@ Engine; `RuntimeEndpoint` (endpoint.py) speaks HTTP.
 Optional, feature-detected: `pin_prefix(text, program_id) -> handle` / `unpin(handle)`
 keep a prefix in the radix cache until released (fork holds one until join).
 """
+
 from __future__ import annotations
 
 import random
@@ -27,7 +28,9 @@ def _check(result: dict) -> dict:
     meta = result.get("meta_info", {})
     reason = meta.get("finish_reason") or {}
     if isinstance(reason, dict) and reason.get("type") == "abort":
-        raise BackendError(meta.get("error") or reason.get("message") or "request aborted by the runtime")
+        raise BackendError(
+            meta.get("error") or reason.get("message") or "request aborted by the runtime"
+        )
     return result
 
 
@@ -37,8 +40,10 @@ def _prompt_logprobs(result: dict, ids: list[int], start: int) -> list[tuple]:
     if start == 0 and len(entries) == len(ids) - 1:
         entries.insert(0, (None, ids[0], None))  # a runtime may omit position 0 (it has no logprob)
     if [e[1] for e in entries] != ids[start:]:
-        raise BackendError(f"the runtime's prompt logprobs cover other tokens than were sent "
-                           f"(got {len(entries)} entries for {len(ids) - start} tokens)")
+        raise BackendError(
+            f"the runtime's prompt logprobs cover other tokens than were sent "
+            f"(got {len(entries)} entries for {len(ids) - start} tokens)"
+        )
     return entries
 
 
@@ -88,49 +93,96 @@ class Backend:
     def set_chat_template(self, template: ct.ChatTemplate) -> None:
         self._chat_template = template
 
-    def generate(self, text: str, sampling_params: dict, program_id: str | None = None,
-                 session_id: str | None = None, **logprob_options: Any) -> tuple[str | list[str], dict | list[dict]]:
+    def generate(
+        self,
+        text: str,
+        sampling_params: dict,
+        program_id: str | None = None,
+        session_id: str | None = None,
+        **logprob_options: Any,
+    ) -> tuple[str | list[str], dict | list[dict]]:
         """(text, meta_info); with sampling_params n > 1, a list of each, one per sample. session_id: the
         runtime keeps this turn pinned until the session's next one (Engine.generate)."""
-        result = self._generate(prompt=text, sampling_params=sampling_params, program_id=program_id,
-                                **({"session_id": session_id} if session_id is not None else {}), **logprob_options)
+        result = self._generate(
+            prompt=text,
+            sampling_params=sampling_params,
+            program_id=program_id,
+            **({"session_id": session_id} if session_id is not None else {}),
+            **logprob_options,
+        )
         if isinstance(result, list):  # n > 1: the runtime answers one result per sample
             results = [_check(r) for r in result]
             return [r["text"] for r in results], [r["meta_info"] for r in results]
         result = _check(result)
         return result["text"], result["meta_info"]
 
-    def generate_stream(self, text: str, sampling_params: dict, program_id: str | None = None,
-                        session_id: str | None = None, **logprob_options: Any) -> Iterator[tuple[str, dict]]:
+    def generate_stream(
+        self,
+        text: str,
+        sampling_params: dict,
+        program_id: str | None = None,
+        session_id: str | None = None,
+        **logprob_options: Any,
+    ) -> Iterator[tuple[str, dict]]:
         session = {"session_id": session_id} if session_id is not None else {}
-        for delta, meta in self._generate_stream(prompt=text, sampling_params=sampling_params,
-                                                 program_id=program_id, **session, **logprob_options):
+        for delta, meta in self._generate_stream(
+            prompt=text,
+            sampling_params=sampling_params,
+            program_id=program_id,
+            **session,
+            **logprob_options,
+        ):
             _check({"meta_info": meta})
             yield delta, meta
 
     def cache_prefix(self, text: str, program_id: str | None = None) -> dict:
         """Prefill `text` into the radix cache (a max_new_tokens=0 request)."""
-        result = _check(self._generate(prompt=text, sampling_params={"max_new_tokens": 0},
-                                       program_id=program_id))
+        result = _check(
+            self._generate(
+                prompt=text, sampling_params={"max_new_tokens": 0}, program_id=program_id
+            )
+        )
         return result["meta_info"]
 
-    def select(self, prefix: str, choices: list[str], temperature: float, choices_method: Any,
-               program_id: str | None = None) -> ChoicesDecision:
+    def select(
+        self,
+        prefix: str,
+        choices: list[str],
+        temperature: float,
+        choices_method: Any,
+        program_id: str | None = None,
+    ) -> ChoicesDecision:
         if len(choices) > self.max_select_choices:
-            raise ValueError(f"select has {len(choices)} choices; at most {self.max_select_choices} are scored")
-        scored = self.score_choices(prefix, choices, choices_method.requires_unconditional_logprobs
-                                    if hasattr(choices_method, "requires_unconditional_logprobs") else False,
-                                    program_id)
+            raise ValueError(
+                f"select has {len(choices)} choices; at most {self.max_select_choices} are scored"
+            )
+        scored = self.score_choices(
+            prefix,
+            choices,
+            choices_method.requires_unconditional_logprobs
+            if hasattr(choices_method, "requires_unconditional_logprobs")
+            else False,
+            program_id,
+        )
         cond, uncond = scored
-        kwargs = dict(choices=choices, normalized_prompt_logprobs=normalized_prompt_logprobs(cond),
-                      input_token_logprobs=cond, output_token_logprobs=[[] for _ in choices],
-                      unconditional_token_logprobs=uncond)
+        kwargs = dict(
+            choices=choices,
+            normalized_prompt_logprobs=normalized_prompt_logprobs(cond),
+            input_token_logprobs=cond,
+            output_token_logprobs=[[] for _ in choices],
+            unconditional_token_logprobs=uncond,
+        )
         if isinstance(choices_method, BUILTIN_METHODS):
             kwargs.update(temperature=temperature, rng=self._rng)
         return choices_method(**kwargs)
 
-    def score_choices(self, prefix: str, choices: list[str], unconditional: bool = False,
-                      program_id: str | None = None) -> tuple[list[list], list[list] | None]:
+    def score_choices(
+        self,
+        prefix: str,
+        choices: list[str],
+        unconditional: bool = False,
+        program_id: str | None = None,
+    ) -> tuple[list[list], list[list] | None]:
         """Per choice, the (logprob, token_id, text) entries of the choice's own tokens given
         `prefix`; with `unconditional`, also the same tokens' logprobs without the prefix.
 
@@ -147,35 +199,61 @@ class Backend:
         shared = min(starts)
         if shared > 0:
             self._cache_ids(prefix_ids[:shared], program_id)
-        results = self._generate(input_ids=full_ids, sampling_params={"max_new_tokens": 0, "temperature": 0.0},
-                                 return_logprob=True, logprob_start_len=shared, program_id=program_id)
-        cond = [_prompt_logprobs(result, ids, shared)[start - shared:]
-                for ids, start, result in zip(full_ids, starts, results)]
+        results = self._generate(
+            input_ids=full_ids,
+            sampling_params={"max_new_tokens": 0, "temperature": 0.0},
+            return_logprob=True,
+            logprob_start_len=shared,
+            program_id=program_id,
+        )
+        cond = [
+            _prompt_logprobs(result, ids, shared)[start - shared :]
+            for ids, start, result in zip(full_ids, starts, results)
+        ]
         uncond = None
         if unconditional:
             own_ids = [ids[start:] for ids, start in zip(full_ids, starts)]
-            results = self._generate(input_ids=own_ids, sampling_params={"max_new_tokens": 0, "temperature": 0.0},
-                                     return_logprob=True, logprob_start_len=0, program_id=program_id)
+            results = self._generate(
+                input_ids=own_ids,
+                sampling_params={"max_new_tokens": 0, "temperature": 0.0},
+                return_logprob=True,
+                logprob_start_len=0,
+                program_id=program_id,
+            )
             uncond = [_prompt_logprobs(r, ids, 0) for ids, r in zip(own_ids, results)]
         return cond, uncond
 
     def _cache_ids(self, ids: list[int], program_id: str | None) -> None:
-        _check(self._generate(input_ids=ids, sampling_params={"max_new_tokens": 0}, program_id=program_id))
+        _check(
+            self._generate(
+                input_ids=ids, sampling_params={"max_new_tokens": 0}, program_id=program_id
+            )
+        )
 
-    def _score_choices_text(self, prefix: str, choices: list[str], unconditional: bool,
-                            program_id: str | None) -> tuple[list[list], list[list] | None]:
+    def _score_choices_text(
+        self, prefix: str, choices: list[str], unconditional: bool, program_id: str | None
+    ) -> tuple[list[list], list[list] | None]:
         """Without a tokenizer: assume the prefix's tokens are a prefix of prefix+choice's
         (true unless the boundary merges), and score from there."""
         shared = self.cache_prefix(prefix, program_id)["prompt_tokens"] if prefix else 0
-        results = self._generate(prompt=[prefix + c for c in choices],
-                                 sampling_params={"max_new_tokens": 0, "temperature": 0.0},
-                                 return_logprob=True, logprob_start_len=shared, program_id=program_id)
+        results = self._generate(
+            prompt=[prefix + c for c in choices],
+            sampling_params={"max_new_tokens": 0, "temperature": 0.0},
+            return_logprob=True,
+            logprob_start_len=shared,
+            program_id=program_id,
+        )
         cond = [[tuple(e) for e in _check(r)["meta_info"]["input_token_logprobs"]] for r in results]
         uncond = None
         if unconditional:
             own_ids = [[e[1] for e in c] for c in cond]
-            results = self._generate(input_ids=own_ids, sampling_params={"max_new_tokens": 0, "temperature": 0.0},
-                                     return_logprob=True, logprob_start_len=0, program_id=program_id)
+            results = self._generate(
+                input_ids=own_ids,
+                sampling_params={"max_new_tokens": 0, "temperature": 0.0},
+                return_logprob=True,
+                logprob_start_len=0,
+                program_id=program_id,
+            )
             uncond = [_prompt_logprobs(r, ids, 0) for ids, r in zip(own_ids, results)]
         return cond, uncond
 

@@ -11,6 +11,7 @@ template on marker messages and cut the output at the markers:
 
 Only jinja2 is used (no transformers, no torch).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -18,7 +19,11 @@ from datetime import datetime
 from typing import Any
 
 ROLES = ("system", "user", "assistant")
-_MARK = {"system": "RADIXRTSYSTEMMARK", "user": "RADIXRTUSERMARK", "assistant": "RADIXRTASSISTANTMARK"}
+_MARK = {
+    "system": "RADIXRTSYSTEMMARK",
+    "user": "RADIXRTUSERMARK",
+    "assistant": "RADIXRTASSISTANTMARK",
+}
 
 
 @dataclass(frozen=True)
@@ -28,10 +33,14 @@ class ChatTemplate:
     default_system_prompt: str | None = None
     stop_str: tuple[str, ...] = field(default=())
 
-    def get_prefix_and_suffix(self, role: str, history: list[dict[str, Any]] | None = None) -> tuple[str, str]:
+    def get_prefix_and_suffix(
+        self, role: str, history: list[dict[str, Any]] | None = None
+    ) -> tuple[str, str]:
         if role not in self.role_prefix_and_suffix:
-            raise ValueError(f"role {role!r} is not supported by chat template {self.name!r} "
-                             f"(roles: {', '.join(self.role_prefix_and_suffix)})")
+            raise ValueError(
+                f"role {role!r} is not supported by chat template {self.name!r} "
+                f"(roles: {', '.join(self.role_prefix_and_suffix)})"
+            )
         return self.role_prefix_and_suffix[role]
 
     def render(self, messages: list[dict[str, str]]) -> str:
@@ -47,8 +56,10 @@ class ChatTemplate:
 
 
 # Used when the tokenizer has no chat template (base models).
-PLAIN = ChatTemplate("plain", {"system": ("SYSTEM:", "\n"), "user": ("USER:", "\n"),
-                               "assistant": ("ASSISTANT:", "\n")})
+PLAIN = ChatTemplate(
+    "plain",
+    {"system": ("SYSTEM:", "\n"), "user": ("USER:", "\n"), "assistant": ("ASSISTANT:", "\n")},
+)
 
 
 def _environment() -> Any:
@@ -59,7 +70,9 @@ def _environment() -> Any:
         raise jinja2.exceptions.TemplateError(message)
 
     # Same environment options transformers uses, so whitespace control matches.
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     return env
@@ -69,10 +82,12 @@ def _split(text: str, mark: str) -> tuple[str, str]:
     idx = text.find(mark)
     if idx < 0:
         raise ValueError(f"the chat template dropped the message content {mark}")
-    return text[:idx], text[idx + len(mark):]
+    return text[:idx], text[idx + len(mark) :]
 
 
-def from_jinja(template: str, bos_token: str = "", eos_token: str = "", name: str = "model") -> ChatTemplate:
+def from_jinja(
+    template: str, bos_token: str = "", eos_token: str = "", name: str = "model"
+) -> ChatTemplate:
     """Derive role prefixes/suffixes from a Jinja chat template.
 
     `bos_token` should be "" when the tokenizer adds BOS itself when encoding text (so the
@@ -83,8 +98,13 @@ def from_jinja(template: str, bos_token: str = "", eos_token: str = "", name: st
 
     def render(roles: list[str], add_generation_prompt: bool = False) -> str:
         messages = [{"role": r, "content": _MARK[r]} for r in roles]
-        return compiled.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                               bos_token=bos_token, eos_token=eos_token, tools=None)
+        return compiled.render(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=bos_token,
+            eos_token=eos_token,
+            tools=None,
+        )
 
     spans: dict[str, tuple[str, str]] = {}
     try:
@@ -97,8 +117,10 @@ def from_jinja(template: str, bos_token: str = "", eos_token: str = "", name: st
     for role in ("user", "assistant"):
         full = render(history + [role])
         if not full.startswith(base):
-            raise ValueError(f"chat template output for {history + [role]} does not extend {history}")
-        spans[role] = _split(full[len(base):], _MARK[role])
+            raise ValueError(
+                f"chat template output for {history + [role]} does not extend {history}"
+            )
+        spans[role] = _split(full[len(base) :], _MARK[role])
         history, base = history + [role], full
 
     default_system = None
@@ -106,9 +128,9 @@ def from_jinja(template: str, bos_token: str = "", eos_token: str = "", name: st
         head, _ = _split(render(["user"]), _MARK["user"])
         user_prefix = spans["user"][0]
         sys_prefix, sys_suffix = spans["system"]
-        block = head[:len(head) - len(user_prefix)] if head.endswith(user_prefix) else ""
+        block = head[: len(head) - len(user_prefix)] if head.endswith(user_prefix) else ""
         if block and block.startswith(sys_prefix) and block.endswith(sys_suffix):
-            default_system = block[len(sys_prefix):len(block) - len(sys_suffix)]
+            default_system = block[len(sys_prefix) : len(block) - len(sys_suffix)]
 
     # The assistant's end marker (e.g. "<|im_end|>"), so generation inside an assistant
     # turn stops there even on a model whose EOS id is a different token.
@@ -117,8 +139,9 @@ def from_jinja(template: str, bos_token: str = "", eos_token: str = "", name: st
     return ChatTemplate(name, spans, default_system, stop_str)
 
 
-def from_tokenizer_config(template: str | None, bos_token: str = "", eos_token: str = "",
-                          name: str = "model") -> ChatTemplate:
+def from_tokenizer_config(
+    template: str | None, bos_token: str = "", eos_token: str = "", name: str = "model"
+) -> ChatTemplate:
     """The template when there is one and it can be cut into roles, else PLAIN."""
     if not template or not isinstance(template, str):
         return PLAIN

@@ -4,6 +4,7 @@ Each method gets, per choice, the logprobs of the choice's own tokens given the 
 (`input_token_logprobs`: lists of (logprob, token_id, text) entries) and returns a
 ChoicesDecision. The backend computes the logprobs; the methods are pure functions.
 """
+
 from __future__ import annotations
 
 import math
@@ -42,15 +43,30 @@ def normalized_prompt_logprobs(input_token_logprobs: list[list[Any]]) -> list[fl
 
 class TokenLengthNormalized:
     """Highest mean token logprob of the choice."""
+
     requires_unconditional_logprobs = False
 
-    def __call__(self, *, choices, input_token_logprobs, unconditional_token_logprobs=None,
-                 temperature=0.0, rng=None, output_token_logprobs=None, **_: Any) -> ChoicesDecision:
+    def __call__(
+        self,
+        *,
+        choices,
+        input_token_logprobs,
+        unconditional_token_logprobs=None,
+        temperature=0.0,
+        rng=None,
+        output_token_logprobs=None,
+        **_: Any,
+    ) -> ChoicesDecision:
         scores = normalized_prompt_logprobs(input_token_logprobs)
         best = _pick(scores, temperature, rng)
-        return ChoicesDecision(choices[best], {
-            "normalized_prompt_logprobs": scores, "input_token_logprobs": input_token_logprobs,
-            "output_token_logprobs": output_token_logprobs})
+        return ChoicesDecision(
+            choices[best],
+            {
+                "normalized_prompt_logprobs": scores,
+                "input_token_logprobs": input_token_logprobs,
+                "output_token_logprobs": output_token_logprobs,
+            },
+        )
 
     def __repr__(self) -> str:
         return "token_length_normalized"
@@ -62,10 +78,20 @@ class GreedyTokenSelection:
     A shorter choice is padded with its own mean logprob, so "Paris" can still beat
     "Paris, France" when the extra tokens are unlikely.
     """
+
     requires_unconditional_logprobs = False
 
-    def __call__(self, *, choices, input_token_logprobs, unconditional_token_logprobs=None,
-                 temperature=0.0, rng=None, output_token_logprobs=None, **_: Any) -> ChoicesDecision:
+    def __call__(
+        self,
+        *,
+        choices,
+        input_token_logprobs,
+        unconditional_token_logprobs=None,
+        temperature=0.0,
+        rng=None,
+        output_token_logprobs=None,
+        **_: Any,
+    ) -> ChoicesDecision:
         rows = [_values(entries) for entries in input_token_logprobs]
         width = max(len(r) for r in rows)
         matrix = [r + [_mean(r)] * (width - len(r)) for r in rows]
@@ -75,10 +101,15 @@ class GreedyTokenSelection:
             remaining = [i for i in remaining if matrix[i][j] == best]
             if len(remaining) == 1:
                 break
-        return ChoicesDecision(choices[remaining[0]], {
-            "normalized_prompt_logprobs": normalized_prompt_logprobs(input_token_logprobs),
-            "input_token_logprobs": input_token_logprobs, "output_token_logprobs": output_token_logprobs,
-            "greedy_logprob_matrix": matrix})
+        return ChoicesDecision(
+            choices[remaining[0]],
+            {
+                "normalized_prompt_logprobs": normalized_prompt_logprobs(input_token_logprobs),
+                "input_token_logprobs": input_token_logprobs,
+                "output_token_logprobs": output_token_logprobs,
+                "greedy_logprob_matrix": matrix,
+            },
+        )
 
     def __repr__(self) -> str:
         return "greedy_token_selection"
@@ -89,25 +120,46 @@ class UnconditionalLikelihoodNormalized:
 
     Corrects for choices that are likely anywhere (short, common words).
     """
+
     requires_unconditional_logprobs = True
 
-    def __call__(self, *, choices, input_token_logprobs, unconditional_token_logprobs=None,
-                 temperature=0.0, rng=None, output_token_logprobs=None, **_: Any) -> ChoicesDecision:
+    def __call__(
+        self,
+        *,
+        choices,
+        input_token_logprobs,
+        unconditional_token_logprobs=None,
+        temperature=0.0,
+        rng=None,
+        output_token_logprobs=None,
+        **_: Any,
+    ) -> ChoicesDecision:
         if unconditional_token_logprobs is None:
-            raise ValueError("unconditional_likelihood_normalized needs unconditional token logprobs")
+            raise ValueError(
+                "unconditional_likelihood_normalized needs unconditional token logprobs"
+            )
         scores = []
         for cond, uncond in zip(input_token_logprobs, unconditional_token_logprobs):
             if len(cond) != len(uncond):
                 raise ValueError("conditional and unconditional logprobs cover different tokens")
             # The choice's first token has no unconditional logprob (nothing precedes it): 0.
-            diffs = [c[0] - (u[0] if u[0] is not None else 0.0) for c, u in zip(cond, uncond) if c[0] is not None]
+            diffs = [
+                c[0] - (u[0] if u[0] is not None else 0.0)
+                for c, u in zip(cond, uncond)
+                if c[0] is not None
+            ]
             scores.append(_mean(diffs))
         best = _pick(scores, temperature, rng)
-        return ChoicesDecision(choices[best], {
-            "normalized_prompt_logprobs": normalized_prompt_logprobs(input_token_logprobs),
-            "input_token_logprobs": input_token_logprobs, "output_token_logprobs": output_token_logprobs,
-            "unconditional_token_logprobs": unconditional_token_logprobs,
-            "normalized_unconditional_prompt_logprobs": scores})
+        return ChoicesDecision(
+            choices[best],
+            {
+                "normalized_prompt_logprobs": normalized_prompt_logprobs(input_token_logprobs),
+                "input_token_logprobs": input_token_logprobs,
+                "output_token_logprobs": output_token_logprobs,
+                "unconditional_token_logprobs": unconditional_token_logprobs,
+                "normalized_unconditional_prompt_logprobs": scores,
+            },
+        )
 
     def __repr__(self) -> str:
         return "unconditional_likelihood_normalized"

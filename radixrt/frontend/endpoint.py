@@ -4,6 +4,7 @@ Routes used: POST /generate, GET /get_model_info, GET /get_server_info, POST
 /flush_cache; when the server has them, POST /tokenize, POST /pin_prefix and POST /unpin
 (a 404 turns the feature off). A server that cannot be reached is an error naming the URL.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,13 @@ _CONNECT_TIMEOUT_S = 10.0
 
 
 class RuntimeEndpoint(Backend):
-    def __init__(self, base_url: str, api_key: str | None = None, verify: Any = None,
-                 chat_template_name: str | None = None):
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        verify: Any = None,
+        chat_template_name: str | None = None,
+    ):
         super().__init__()
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise ValueError(f"RuntimeEndpoint needs an http(s):// URL, got {base_url!r}")
@@ -42,26 +48,46 @@ class RuntimeEndpoint(Backend):
             session.trust_env = False
         return session
 
-    def _call(self, method: str, path: str, payload: Any = None, stream: bool = False,
-              allow_404: bool = False) -> requests.Response | None:
+    def _call(
+        self,
+        method: str,
+        path: str,
+        payload: Any = None,
+        stream: bool = False,
+        allow_404: bool = False,
+    ) -> requests.Response | None:
         url = self.base_url + path
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         try:
-            res = self._session().request(method, url, json=payload, headers=headers, stream=stream,
-                                          timeout=(_CONNECT_TIMEOUT_S, None), verify=self.verify)
+            res = self._session().request(
+                method,
+                url,
+                json=payload,
+                headers=headers,
+                stream=stream,
+                timeout=(_CONNECT_TIMEOUT_S, None),
+                verify=self.verify,
+            )
         except requests.ConnectionError as e:
-            raise ConnectionError(f"cannot reach the radixrt server at {self.base_url} ({type(e).__name__}); "
-                                  f"is `radixrt serve` running there?") from None
+            raise ConnectionError(
+                f"cannot reach the radixrt server at {self.base_url} ({type(e).__name__}); "
+                f"is `radixrt serve` running there?"
+            ) from None
         except requests.Timeout:
-            raise ConnectionError(f"the radixrt server at {self.base_url} did not answer within "
-                                  f"{_CONNECT_TIMEOUT_S:.0f} s") from None
+            raise ConnectionError(
+                f"the radixrt server at {self.base_url} did not answer within "
+                f"{_CONNECT_TIMEOUT_S:.0f} s"
+            ) from None
         if res.status_code == 404 and allow_404:
             return None
         if res.status_code != 200:
             try:
                 body = res.json()
-                detail = body.get("error", body.get("detail", body.get("message", body))) \
-                    if isinstance(body, dict) else body
+                detail = (
+                    body.get("error", body.get("detail", body.get("message", body)))
+                    if isinstance(body, dict)
+                    else body
+                )
                 if isinstance(detail, dict):
                     detail = detail.get("message", detail)
             except ValueError:
@@ -98,7 +124,7 @@ class RuntimeEndpoint(Backend):
                     raise BackendError(f"{self.base_url}/generate stream failed: {chunk['error']}")
                 text = chunk.get("text", "")
                 # SGLang servers send the text so far; take what is new.
-                delta = text[len(sent):] if text.startswith(sent) else text
+                delta = text[len(sent) :] if text.startswith(sent) else text
                 sent = text if text.startswith(sent) else sent + text
                 yield delta, chunk.get("meta_info", {})
 
@@ -112,7 +138,9 @@ class RuntimeEndpoint(Backend):
 
     def tokenize(self, text: str) -> list[int] | None:
         if self._has_tokenize is not False:
-            res = self._call("POST", "/tokenize", {"text": text, "add_special_tokens": False}, allow_404=True)
+            res = self._call(
+                "POST", "/tokenize", {"text": text, "add_special_tokens": False}, allow_404=True
+            )
             if res is not None:
                 self._has_tokenize = True
                 body = res.json()
@@ -130,7 +158,11 @@ class RuntimeEndpoint(Backend):
 
     def _template_source(self) -> tuple[str | None, str, str]:
         info = self.model_info
-        template, bos, eos = info.get("chat_template"), info.get("bos_token") or "", info.get("eos_token") or ""
+        template, bos, eos = (
+            info.get("chat_template"),
+            info.get("bos_token") or "",
+            info.get("eos_token") or "",
+        )
         directory = self._tokenizer_dir()
         if template is None and directory is not None:
             config_path = os.path.join(directory, "tokenizer_config.json")
@@ -138,7 +170,10 @@ class RuntimeEndpoint(Backend):
                 with open(config_path) as f:
                     config = json.load(f)
                 template = config.get("chat_template")
-                bos, eos = bos or _token_str(config.get("bos_token")), eos or _token_str(config.get("eos_token"))
+                bos, eos = (
+                    bos or _token_str(config.get("bos_token")),
+                    eos or _token_str(config.get("eos_token")),
+                )
             jinja_path = os.path.join(directory, "chat_template.jinja")
             if template is None and os.path.exists(jinja_path):
                 with open(jinja_path) as f:
@@ -153,7 +188,9 @@ class RuntimeEndpoint(Backend):
         return self.model_info.get("model_path", "")
 
     def pin_prefix(self, text: str, program_id: str | None = None) -> Any:
-        res = self._call("POST", "/pin_prefix", {"text": text, "program_id": program_id}, allow_404=True)
+        res = self._call(
+            "POST", "/pin_prefix", {"text": text, "program_id": program_id}, allow_404=True
+        )
         if res is None:
             self.supports_pin = False
             return None
@@ -178,7 +215,12 @@ class RuntimeEndpoint(Backend):
 
     def health(self) -> bool:
         try:
-            return self._session().get(self.base_url + "/health", timeout=_CONNECT_TIMEOUT_S).status_code == 200
+            return (
+                self._session()
+                .get(self.base_url + "/health", timeout=_CONNECT_TIMEOUT_S)
+                .status_code
+                == 200
+            )
         except requests.RequestException:
             return False
 

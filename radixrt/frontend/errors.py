@@ -5,6 +5,7 @@ worker's. Each submitted expression remembers the line of the program that appen
 (`CallSite`); a failure becomes a ProgramError quoting that line, and the traceback the
 user sees is trimmed of frames inside radixrt.frontend.
 """
+
 from __future__ import annotations
 
 import contextlib

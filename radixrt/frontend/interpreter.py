@@ -6,6 +6,7 @@ and their requests meet in one batch on the runtime. A failure stops the state: 
 expressions are dropped, waiters wake up, and the next read or append raises a
 ProgramError naming the program line that appended the failing expression.
 """
+
 from __future__ import annotations
 
 import collections
@@ -49,7 +50,9 @@ class StreamExecutor:
             if self.error_ is not None:
                 raise self.error_.again()
             if self._closed:
-                raise RuntimeError("this program state has ended (its program returned or it was joined)")
+                raise RuntimeError(
+                    "this program state has ended (its program returned or it was joined)"
+                )
             for name in ir.produced_names(expr):
                 self.variable_event[name] = threading.Event()
             self._pending.append((expr, site))
@@ -107,7 +110,9 @@ class StreamExecutor:
         if name not in self.variables:
             if self.error_ is not None:
                 raise self.error_.again()
-            raise KeyError(f"program variable {name!r} was never set (variables: {sorted(self.variables)})")
+            raise KeyError(
+                f"program variable {name!r} was never set (variables: {sorted(self.variables)})"
+            )
         return self.variables[name]
 
     def get_meta_info(self, name: str) -> Any:
@@ -138,14 +143,14 @@ class StreamExecutor:
         elif isinstance(expr, ir.VarScopeBegin):
             self.variables[expr.name] = len(self.text_)
         elif isinstance(expr, ir.VarScopeEnd):
-            self.variables[expr.name] = self.text_[self.variables[expr.name]:]
+            self.variables[expr.name] = self.text_[self.variables[expr.name] :]
             self.variable_event[expr.name].set()
         elif isinstance(expr, ir.ConcatAndAppend):
             for state in expr.states:
                 branch = state.stream_executor
                 branch.sync()
                 branch.raise_if_failed()
-                self._fill(branch.text_[branch.fork_start_text_pos:])
+                self._fill(branch.text_[branch.fork_start_text_pos :])
         else:
             raise TypeError(f"cannot execute {type(expr).__name__}")
 
@@ -175,7 +180,9 @@ class StreamExecutor:
         pid = self.program.program_id
         if self.program.session_id is not None:
             logprob = {**logprob, "session_id": self.program.session_id}
-        if getattr(self.backend, "wants_messages", False):  # a chat API (sgl.OpenAI): the finished messages
+        if getattr(
+            self.backend, "wants_messages", False
+        ):  # a chat API (sgl.OpenAI): the finished messages
             logprob = {**logprob, "messages": list(self.messages_)}
         if not self.stream or sampling.get("n", 1) > 1:
             text, meta = self.backend.generate(self.text_, sampling, program_id=pid, **logprob)
@@ -187,7 +194,9 @@ class StreamExecutor:
         value, meta = "", None
         if gen.name is not None:
             self.variables[gen.name] = value
-        for delta, chunk_meta in self.backend.generate_stream(self.text_, sampling, program_id=pid, **logprob):
+        for delta, chunk_meta in self.backend.generate_stream(
+            self.text_, sampling, program_id=pid, **logprob
+        ):
             value += delta
             meta = merge_stream_meta(meta, chunk_meta)
             if gen.name is not None:
@@ -197,15 +206,27 @@ class StreamExecutor:
         self._set(gen.name, value, meta)
 
     def _select(self, sel: ir.Select) -> None:
-        chat = {"messages": list(self.messages_)} if getattr(self.backend, "wants_messages", False) else {}
-        decision = self.backend.select(self.text_, sel.choices, sel.temperature, sel.choices_method,
-                                       program_id=self.program.program_id, **chat)
+        chat = (
+            {"messages": list(self.messages_)}
+            if getattr(self.backend, "wants_messages", False)
+            else {}
+        )
+        decision = self.backend.select(
+            self.text_,
+            sel.choices,
+            sel.temperature,
+            sel.choices_method,
+            program_id=self.program.program_id,
+            **chat,
+        )
         self._fill(decision.decision)
         self._set(sel.name, decision.decision, decision.meta_info)
 
     def _role_begin(self, role: str) -> None:
         if self.cur_role is not None:
-            raise ValueError(f"role {role!r} begins inside role {self.cur_role!r}: roles cannot nest")
+            raise ValueError(
+                f"role {role!r} begins inside role {self.cur_role!r}: roles cannot nest"
+            )
         template = self.program.chat_template
         if not self.messages_ and role != "system" and template.default_system_prompt:
             # The model's template adds its default system turn; do the same so the text
@@ -221,7 +242,7 @@ class StreamExecutor:
     def _role_end(self, role: str) -> None:
         if self.cur_role != role:
             raise ValueError(f"role {role!r} ends but the open role is {self.cur_role!r}")
-        content = self.text_[self.cur_role_begin_pos:].lstrip()
+        content = self.text_[self.cur_role_begin_pos :].lstrip()
         _, suffix = self.program.chat_template.get_prefix_and_suffix(role, self.messages_)
         self.cur_role = None
         self._fill(suffix)
@@ -257,8 +278,14 @@ class StreamExecutor:
 
 def _describe(expr: ir.Expr) -> str:
     if isinstance(expr, ir.ExprList):
-        inner = [e for e in expr.items if not isinstance(e, (ir.ConstantText, ir.RoleBegin, ir.RoleEnd))]
-        return _describe(inner[0]) if len(inner) == 1 else "appending " + ", ".join(_describe(e) for e in expr.items)
+        inner = [
+            e for e in expr.items if not isinstance(e, (ir.ConstantText, ir.RoleBegin, ir.RoleEnd))
+        ]
+        return (
+            _describe(inner[0])
+            if len(inner) == 1
+            else "appending " + ", ".join(_describe(e) for e in expr.items)
+        )
     if isinstance(expr, ir.Gen):
         return f"gen({expr.name!r})"
     if isinstance(expr, ir.Select):
@@ -270,7 +297,10 @@ def _describe(expr: ir.Expr) -> str:
     return type(expr).__name__
 
 
-STREAMED_LOGPROB_KEYS = ("output_token_logprobs", "output_top_logprobs")  # a stream chunk carries only its own
+STREAMED_LOGPROB_KEYS = (
+    "output_token_logprobs",
+    "output_top_logprobs",
+)  # a stream chunk carries only its own
 
 
 def merge_stream_meta(meta: dict | None, chunk: dict) -> dict:

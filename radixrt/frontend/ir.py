@@ -3,6 +3,7 @@
 Nodes are plain objects; `a + b` builds an ExprList so `s += "Q: " + gen("x")` works
 as in SGLang. Every node that produces a variable has a `name`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,16 +19,31 @@ REGEX_FLOAT = r"[-+]?[0-9]*\.?[0-9]+[ \n]*"
 REGEX_BOOL = r"(True|False)"
 REGEX_STR = r"\"[\w\d\s]*\""
 
-_DTYPE_REGEX = {"int": (REGEX_INT, [" ", "\n"]), "float": (REGEX_FLOAT, [" ", "\n"]),
-                "bool": (REGEX_BOOL, []), "str": (REGEX_STR, [])}
+_DTYPE_REGEX = {
+    "int": (REGEX_INT, [" ", "\n"]),
+    "float": (REGEX_FLOAT, [" ", "\n"]),
+    "bool": (REGEX_BOOL, []),
+    "str": (REGEX_STR, []),
+}
 
 # gen() argument name -> runtime sampling-parameter name
 _SAMPLING_NAMES = {
-    "max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens", "stop": "stop",
-    "stop_token_ids": "stop_token_ids", "temperature": "temperature", "top_p": "top_p",
-    "top_k": "top_k", "min_p": "min_p", "frequency_penalty": "frequency_penalty",
-    "presence_penalty": "presence_penalty", "repetition_penalty": "repetition_penalty",
-    "ignore_eos": "ignore_eos", "seed": "seed", "regex": "regex", "json_schema": "json_schema", "n": "n",
+    "max_tokens": "max_new_tokens",
+    "min_tokens": "min_new_tokens",
+    "stop": "stop",
+    "stop_token_ids": "stop_token_ids",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "frequency_penalty": "frequency_penalty",
+    "presence_penalty": "presence_penalty",
+    "repetition_penalty": "repetition_penalty",
+    "ignore_eos": "ignore_eos",
+    "seed": "seed",
+    "regex": "regex",
+    "json_schema": "json_schema",
+    "n": "n",
     "stop_regex": "stop_regex",
 }
 
@@ -35,6 +51,7 @@ _SAMPLING_NAMES = {
 @dataclass
 class GenParams:
     """Per-gen overrides (None = inherit the run() defaults)."""
+
     max_tokens: int | None = None
     min_tokens: int | None = None
     stop: str | list[str] | None = None
@@ -60,9 +77,17 @@ class GenParams:
 
     def resolve(self, defaults: "GenParams") -> tuple[dict[str, Any], dict[str, Any]]:
         """Merge over `defaults`; returns (sampling_params for the runtime, logprob options)."""
-        merged = {f.name: getattr(self, f.name) if getattr(self, f.name) is not None else getattr(defaults, f.name)
-                  for f in dataclasses.fields(self)}
-        sampling = {_SAMPLING_NAMES[k]: v for k, v in merged.items() if k in _SAMPLING_NAMES and v is not None}
+        merged = {
+            f.name: getattr(self, f.name)
+            if getattr(self, f.name) is not None
+            else getattr(defaults, f.name)
+            for f in dataclasses.fields(self)
+        }
+        sampling = {
+            _SAMPLING_NAMES[k]: v
+            for k, v in merged.items()
+            if k in _SAMPLING_NAMES and v is not None
+        }
         if isinstance(sampling.get("stop"), str):
             sampling["stop"] = [sampling["stop"]]
         if "stop" in sampling:
@@ -74,10 +99,19 @@ class GenParams:
                 raise ValueError(f"gen dtype must be one of int, float, bool, str; got {dtype!r}")
             sampling["regex"], extra_stop = _DTYPE_REGEX[key]
             sampling.pop("json_schema", None)
-            sampling["stop"] = list(sampling.get("stop", [])) + [s for s in extra_stop
-                                                                 if s not in sampling.get("stop", [])]
-        logprob = {k: merged[k] for k in ("return_logprob", "logprob_start_len", "top_logprobs_num",
-                                          "return_text_in_logprobs") if merged[k] is not None}
+            sampling["stop"] = list(sampling.get("stop", [])) + [
+                s for s in extra_stop if s not in sampling.get("stop", [])
+            ]
+        logprob = {
+            k: merged[k]
+            for k in (
+                "return_logprob",
+                "logprob_start_len",
+                "top_logprobs_num",
+                "return_text_in_logprobs",
+            )
+            if merged[k] is not None
+        }
         return sampling, logprob
 
 
@@ -89,7 +123,9 @@ def json_schema_string(schema: Any) -> str | None:
         return json.dumps(schema)
     if hasattr(schema, "model_json_schema"):
         return json.dumps(schema.model_json_schema())
-    raise ValueError(f"json_schema must be a JSON string, a dict or a pydantic model, got {type(schema).__name__}")
+    raise ValueError(
+        f"json_schema must be a JSON string, a dict or a pydantic model, got {type(schema).__name__}"
+    )
 
 
 class Expr:
@@ -109,8 +145,10 @@ def as_expr(x: Any) -> Expr:
         return ConstantText(x)
     if isinstance(x, (int, float)) and not isinstance(x, bool):
         return ConstantText(str(x))
-    raise TypeError(f"cannot append {type(x).__name__} to a program state; append str, gen(...), select(...) "
-                    "or a role")
+    raise TypeError(
+        f"cannot append {type(x).__name__} to a program state; append str, gen(...), select(...) "
+        "or a role"
+    )
 
 
 def _flatten(e: Expr) -> list[Expr]:
@@ -143,7 +181,9 @@ class Gen(Expr):
 
 
 class Select(Expr):
-    def __init__(self, name: str | None, choices: list[str], temperature: float, choices_method: Any):
+    def __init__(
+        self, name: str | None, choices: list[str], temperature: float, choices_method: Any
+    ):
         if not isinstance(choices, (list, tuple)) or not choices:
             raise ValueError("select choices must be a non-empty list of strings")
         if not all(isinstance(c, str) and c for c in choices):

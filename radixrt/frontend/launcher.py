@@ -6,6 +6,7 @@
 The server (and the worker processes it starts) runs in its own process group, so
 `shutdown()` stops all of them; it is also registered with atexit.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -22,8 +23,13 @@ from typing import Any, Callable
 from radixrt.frontend.endpoint import RuntimeEndpoint
 
 
-def wait_until_healthy(url: str, process: subprocess.Popen, timeout: float, poll_s: float = 0.25,
-                       log_tail: Callable[[], str] = lambda: "") -> None:
+def wait_until_healthy(
+    url: str,
+    process: subprocess.Popen,
+    timeout: float,
+    poll_s: float = 0.25,
+    log_tail: Callable[[], str] = lambda: "",
+) -> None:
     """Poll `url`/health until it answers 200. RuntimeError if the process exits first, TimeoutError
     after `timeout` s; both end with `log_tail()`, the server's last words."""
     import requests
@@ -31,15 +37,19 @@ def wait_until_healthy(url: str, process: subprocess.Popen, timeout: float, poll
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"`radixrt serve` exited with code {process.returncode} before it was ready:\n"
-                               f"{log_tail()}")
+            raise RuntimeError(
+                f"`radixrt serve` exited with code {process.returncode} before it was ready:\n"
+                f"{log_tail()}"
+            )
         try:
             if requests.get(url + "/health", timeout=2).status_code == 200:
                 return
         except requests.RequestException:
             pass
         time.sleep(poll_s)
-    raise TimeoutError(f"`radixrt serve` on {url} was not healthy after {timeout:.0f} s:\n{log_tail()}")
+    raise TimeoutError(
+        f"`radixrt serve` on {url} was not healthy after {timeout:.0f} s:\n{log_tail()}"
+    )
 
 
 def free_port() -> int:
@@ -55,8 +65,9 @@ def server_command(port: int, model_path: str | None, server_args: dict[str, Any
     fields = {f.name: f for f in dataclasses.fields(ServerConfig)}
     unknown = sorted(set(server_args) - set(fields))
     if unknown:
-        raise ValueError(f"unknown server argument(s): {', '.join(unknown)} "
-                         f"(see `radixrt serve --help`)")
+        raise ValueError(
+            f"unknown server argument(s): {', '.join(unknown)} (see `radixrt serve --help`)"
+        )
     args = {**server_args, "host": "127.0.0.1", "port": port}
     if model_path is not None:
         args["model_path"] = model_path
@@ -71,17 +82,29 @@ def server_command(port: int, model_path: str | None, server_args: dict[str, Any
 
 
 class Runtime:
-    def __init__(self, model_path: str | None = None, log_level: str = "error", launch_timeout: float = 600.0,
-                 **server_args: Any):
+    def __init__(
+        self,
+        model_path: str | None = None,
+        log_level: str = "error",
+        launch_timeout: float = 600.0,
+        **server_args: Any,
+    ):
         self.port = server_args.pop("port", None) or free_port()
         self.api_key = server_args.get("api_key")
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = server_command(self.port, model_path, {**server_args, "log_level": log_level})
-        self._log = tempfile.NamedTemporaryFile(prefix="radixrt-serve-", suffix=".log", delete=False)
+        self._log = tempfile.NamedTemporaryFile(
+            prefix="radixrt-serve-", suffix=".log", delete=False
+        )
         self.log_path = self._log.name
         self.pid: int | None = None
-        self.process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        start_new_session=True)
+        self.process = subprocess.Popen(
+            cmd,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         self.pid = self.process.pid
         atexit.register(self.shutdown)
         try:

@@ -14,6 +14,7 @@ or else the nearest, is taken); its meta_info says so. Constraints: regex (and g
 `regex` extra field (radixrt, SGLang and vLLM take it); json_schema as `response_format`. Logprobs,
 pins and cache administration are not available here and raise NotImplementedError naming them.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,13 +31,26 @@ from radixrt.frontend.choices import ChoicesDecision
 # completion models among OpenAI's own (the rest of its models are chat models)
 COMPLETION_MODELS = ("gpt-3.5-turbo-instruct", "babbage-002", "davinci-002")
 MAX_CHOICE_TOKENS = 256
-_NEUTRAL = {"stop_token_ids": [], "top_k": -1, "min_p": 0.0, "ignore_eos": False, "repetition_penalty": 1.0,
-            "min_new_tokens": 0}  # SGLang sampling defaults that need not be sent
+_NEUTRAL = {
+    "stop_token_ids": [],
+    "top_k": -1,
+    "min_p": 0.0,
+    "ignore_eos": False,
+    "repetition_penalty": 1.0,
+    "min_new_tokens": 0,
+}  # SGLang sampling defaults that need not be sent
 
 
 class OpenAI(Backend):
-    def __init__(self, model_name: str, base_url: str | None = None, api_key: str | None = None,
-                 is_chat_model: bool | None = None, chat_template: ct.ChatTemplate | None = None, **client_kwargs: Any):
+    def __init__(
+        self,
+        model_name: str,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        is_chat_model: bool | None = None,
+        chat_template: ct.ChatTemplate | None = None,
+        **client_kwargs: Any,
+    ):
         super().__init__()
         try:
             import openai
@@ -44,10 +58,16 @@ class OpenAI(Backend):
             raise ImportError("sgl.OpenAI needs the openai package: pip install openai") from None
         self.model_name = model_name
         self.base_url = base_url
-        self.client = openai.OpenAI(base_url=base_url, api_key=api_key or os.environ.get("OPENAI_API_KEY", "none"),
-                                    **client_kwargs)
-        self.is_chat_model = (base_url is None and model_name not in COMPLETION_MODELS) if is_chat_model is None \
+        self.client = openai.OpenAI(
+            base_url=base_url,
+            api_key=api_key or os.environ.get("OPENAI_API_KEY", "none"),
+            **client_kwargs,
+        )
+        self.is_chat_model = (
+            (base_url is None and model_name not in COMPLETION_MODELS)
+            if is_chat_model is None
             else is_chat_model
+        )
         self.wants_messages = self.is_chat_model  # the interpreter passes the finished messages
         if chat_template is not None:
             self.set_chat_template(chat_template)
@@ -59,7 +79,11 @@ class OpenAI(Backend):
             try:
                 info = requests.get(root + "/get_model_info", timeout=30).json()
                 if isinstance(info, dict) and info.get("chat_template"):
-                    return info["chat_template"], info.get("bos_token") or "", info.get("eos_token") or ""
+                    return (
+                        info["chat_template"],
+                        info.get("bos_token") or "",
+                        info.get("eos_token") or "",
+                    )
             except (requests.RequestException, ValueError):
                 pass
         return None, "", ""
@@ -70,14 +94,23 @@ class OpenAI(Backend):
         """SGLang sampling params -> (OpenAI arguments, extra_body)."""
         sp = dict(sampling_params)
         args: dict[str, Any] = {}
-        for ours, theirs in (("max_new_tokens", "max_tokens"), ("temperature", "temperature"), ("top_p", "top_p"),
-                             ("frequency_penalty", "frequency_penalty"), ("presence_penalty", "presence_penalty"),
-                             ("seed", "seed"), ("n", "n"), ("stop", "stop")):
+        for ours, theirs in (
+            ("max_new_tokens", "max_tokens"),
+            ("temperature", "temperature"),
+            ("top_p", "top_p"),
+            ("frequency_penalty", "frequency_penalty"),
+            ("presence_penalty", "presence_penalty"),
+            ("seed", "seed"),
+            ("n", "n"),
+            ("stop", "stop"),
+        ):
             if sp.get(ours) is not None:
                 args[theirs] = sp.pop(ours)
         if sp.get("json_schema") is not None:
-            args["response_format"] = {"type": "json_schema", "json_schema": {
-                "name": "output", "schema": json.loads(sp.pop("json_schema"))}}
+            args["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "output", "schema": json.loads(sp.pop("json_schema"))},
+            }
         # regex, top_k, min_p, min_tokens, ignore_eos, ...: only when set to something other than their defaults
         # (a hosted API refuses arguments it does not know)
         extra = {k: v for k, v in sp.items() if v is not None and _NEUTRAL.get(k, object()) != v}
@@ -85,30 +118,41 @@ class OpenAI(Backend):
             extra["min_tokens"] = extra.pop("min_new_tokens")
         return args, extra
 
-    def _call(self, text: str, messages: list[dict] | None, sampling_params: dict, stream: bool) -> Any:
+    def _call(
+        self, text: str, messages: list[dict] | None, sampling_params: dict, stream: bool
+    ) -> Any:
         args, extra = self._request(sampling_params)
-        if not self.is_chat_model and "response_format" in args:  # not a completions argument of the client
+        if (
+            not self.is_chat_model and "response_format" in args
+        ):  # not a completions argument of the client
             extra["response_format"] = args.pop("response_format")
         common = dict(model=self.model_name, stream=stream, extra_body=extra or None, **args)
         if self.is_chat_model:
-            return self.client.chat.completions.create(messages=self._chat_messages(text, messages), **common)
+            return self.client.chat.completions.create(
+                messages=self._chat_messages(text, messages), **common
+            )
         return self.client.completions.create(prompt=text, **common)
 
     def _chat_messages(self, text: str, messages: list[dict] | None) -> list[dict]:
         prefix, _ = self.get_chat_template().get_prefix_and_suffix("assistant", messages or [])
         if messages is None or not text.endswith(prefix):
-            raise ValueError("on a chat model (sgl.OpenAI with is_chat_model=True) a gen must open the assistant's "
-                             "turn: s += sgl.assistant(sgl.gen(...)) after the other messages")
+            raise ValueError(
+                "on a chat model (sgl.OpenAI with is_chat_model=True) a gen must open the assistant's "
+                "turn: s += sgl.assistant(sgl.gen(...)) after the other messages"
+            )
         return [dict(m) for m in messages]
 
     @staticmethod
     def _meta(response: Any, choice: Any) -> dict:
         usage = response.usage
         details = getattr(usage, "prompt_tokens_details", None) if usage is not None else None
-        return {"id": response.id, "finish_reason": {"type": choice.finish_reason},
-                "prompt_tokens": usage.prompt_tokens if usage else None,
-                "completion_tokens": usage.completion_tokens if usage else None,
-                "cached_tokens": getattr(details, "cached_tokens", None)}
+        return {
+            "id": response.id,
+            "finish_reason": {"type": choice.finish_reason},
+            "prompt_tokens": usage.prompt_tokens if usage else None,
+            "completion_tokens": usage.completion_tokens if usage else None,
+            "cached_tokens": getattr(details, "cached_tokens", None),
+        }
 
     def _text(self, choice: Any) -> str:
         return (choice.message.content or "") if self.is_chat_model else choice.text
@@ -116,11 +160,19 @@ class OpenAI(Backend):
     @staticmethod
     def _no_logprobs(options: dict) -> None:
         if options.get("return_logprob") or options.get("top_logprobs_num"):
-            raise NotImplementedError("return_logprob / top_logprobs_num are not available on sgl.OpenAI")
+            raise NotImplementedError(
+                "return_logprob / top_logprobs_num are not available on sgl.OpenAI"
+            )
 
-    def generate(self, text: str, sampling_params: dict, program_id: str | None = None,
-                 session_id: str | None = None, messages: list[dict] | None = None,
-                 **logprob_options: Any) -> tuple[str | list[str], dict | list[dict]]:
+    def generate(
+        self,
+        text: str,
+        sampling_params: dict,
+        program_id: str | None = None,
+        session_id: str | None = None,
+        messages: list[dict] | None = None,
+        **logprob_options: Any,
+    ) -> tuple[str | list[str], dict | list[dict]]:
         self._no_logprobs(logprob_options)
         response = self._call(text, messages, sampling_params, stream=False)
         texts = [self._text(c) for c in response.choices]
@@ -129,9 +181,15 @@ class OpenAI(Backend):
             return texts, metas
         return texts[0], metas[0]
 
-    def generate_stream(self, text: str, sampling_params: dict, program_id: str | None = None,
-                        session_id: str | None = None, messages: list[dict] | None = None,
-                        **logprob_options: Any) -> Iterator[tuple[str, dict]]:
+    def generate_stream(
+        self,
+        text: str,
+        sampling_params: dict,
+        program_id: str | None = None,
+        session_id: str | None = None,
+        messages: list[dict] | None = None,
+        **logprob_options: Any,
+    ) -> Iterator[tuple[str, dict]]:
         self._no_logprobs(logprob_options)
         meta: dict = {}
         for chunk in self._call(text, messages, sampling_params, stream=True):
@@ -143,17 +201,35 @@ class OpenAI(Backend):
                 meta = {"id": chunk.id, "finish_reason": {"type": c.finish_reason}}
             yield delta, meta
 
-    def select(self, prefix: str, choices: list[str], temperature: float, choices_method: Any,
-               program_id: str | None = None, messages: list[dict] | None = None) -> ChoicesDecision:
+    def select(
+        self,
+        prefix: str,
+        choices: list[str],
+        temperature: float,
+        choices_method: Any,
+        program_id: str | None = None,
+        messages: list[dict] | None = None,
+    ) -> ChoicesDecision:
         """Approximate (see the module docstring): a greedy generation constrained to the choices."""
         pattern = "(?:" + "|".join(re.escape(c) for c in choices) + ")"
         params = {"max_new_tokens": MAX_CHOICE_TOKENS, "temperature": 0.0, "regex": pattern}
         text, meta = self.generate(prefix, params, program_id, messages=messages)
-        decision = next((c for c in sorted(choices, key=len, reverse=True) if text.startswith(c)), None)
-        if decision is None:  # the server ignored the constraint: the choice sharing the longest start
+        decision = next(
+            (c for c in sorted(choices, key=len, reverse=True) if text.startswith(c)), None
+        )
+        if (
+            decision is None
+        ):  # the server ignored the constraint: the choice sharing the longest start
             decision = max(choices, key=lambda c: (len(os.path.commonprefix([c, text])), -len(c)))
-        return ChoicesDecision(decision, {"method": "constrained greedy generation (approximate: no prompt "
-                                                    "logprobs over the OpenAI API)", "generated": text, **meta})
+        return ChoicesDecision(
+            decision,
+            {
+                "method": "constrained greedy generation (approximate: no prompt "
+                "logprobs over the OpenAI API)",
+                "generated": text,
+                **meta,
+            },
+        )
 
     def cache_prefix(self, text: str, program_id: str | None = None) -> dict:
         return {}  # no cache control over this API; the server may still cache prefixes itself

@@ -4,6 +4,7 @@ A fork's shared prefix is pinned in the runtime's radix cache (when the backend 
 pin) until its branches join; `finish()` releases whatever a program still holds, so
 an error or a forgotten join cannot leak a pin.
 """
+
 from __future__ import annotations
 
 import threading
@@ -16,8 +17,14 @@ from radixrt.frontend import ir
 class Program:
     """What all states of one run share: its id, its backend, pinned prefixes, executors."""
 
-    def __init__(self, backend: Any, defaults: ir.GenParams, stream: bool, chat_template: Any = None,
-                 session_id: str | None = None):
+    def __init__(
+        self,
+        backend: Any,
+        defaults: ir.GenParams,
+        stream: bool,
+        chat_template: Any = None,
+        session_id: str | None = None,
+    ):
         self.backend = backend
         self.session_id = session_id  # every gen of the run is a turn of this runtime session
         self.defaults = defaults

@@ -7,6 +7,7 @@ program: a failed program's state carries the error (`state.error()`; reading it
 text raises it). Before a batch starts, its constant prefix (found by tracing) is
 cached once, and pinned while the batch runs when the backend can pin.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -68,12 +69,16 @@ def resolve_backend(backend: Any) -> Any:
             if wrapped is None or wrapped.engine is not backend:
                 wrapped = _engine_backends[id(backend)] = EngineBackend(backend)
         return wrapped
-    raise ValueError(f"not a backend: {backend!r} (use RuntimeEndpoint(url), Runtime(...), Engine(...) "
-                     "or a frontend backend)")
+    raise ValueError(
+        f"not a backend: {backend!r} (use RuntimeEndpoint(url), Runtime(...), Engine(...) "
+        "or a frontend backend)"
+    )
 
 
 def bind_arguments(function: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
-    bound = inspect.signature(function.func).bind(None, *args, **{**function.bind_arguments, **kwargs})
+    bound = inspect.signature(function.func).bind(
+        None, *args, **{**function.bind_arguments, **kwargs}
+    )
     bound.apply_defaults()
     arguments = dict(bound.arguments)
     arguments.pop(next(iter(arguments)))  # the state `s`
@@ -90,7 +95,9 @@ def _site_of(exc: BaseException) -> CallSite | None:
     return site
 
 
-def _execute(function: Any, arguments: dict, program: Program, state: ProgramState) -> BaseException | None:
+def _execute(
+    function: Any, arguments: dict, program: Program, state: ProgramState
+) -> BaseException | None:
     """Run the program body; returns its failure (also recorded on the state)."""
     error: BaseException | None = None
     try:
@@ -105,21 +112,35 @@ def _execute(function: Any, arguments: dict, program: Program, state: ProgramSta
     if error is None:
         return None
     if exe.error_ is None:
-        exe.error_ = error if isinstance(error, ProgramError) else ProgramError(f"{function.name}()", error,
-                                                                                 _site_of(error))
+        exe.error_ = (
+            error
+            if isinstance(error, ProgramError)
+            else ProgramError(f"{function.name}()", error, _site_of(error))
+        )
         exe.notify_changed()
     return error
 
 
-def run_program(function: Any, backend: Any, args: tuple, kwargs: dict, defaults: ir.GenParams,
-                stream: bool = False, session_id: str | None = None) -> tuple[ProgramState, BaseException | None]:
+def run_program(
+    function: Any,
+    backend: Any,
+    args: tuple,
+    kwargs: dict,
+    defaults: ir.GenParams,
+    stream: bool = False,
+    session_id: str | None = None,
+) -> tuple[ProgramState, BaseException | None]:
     """Run (or, streaming, start) the program; returns its state and its failure, if any."""
     arguments = bind_arguments(function, args, kwargs)
     program = Program(resolve_backend(backend), defaults, stream, session_id=session_id)
     state = ProgramState(StreamExecutor(program))
     if stream:
-        threading.Thread(target=_execute, args=(function, arguments, program, state),
-                         name="radixrt-stream", daemon=True).start()
+        threading.Thread(
+            target=_execute,
+            args=(function, arguments, program, state),
+            name="radixrt-stream",
+            daemon=True,
+        ).start()
         return state, None
     return state, _execute(function, arguments, program, state)
 
@@ -136,14 +157,23 @@ def cache_program(function: Any, backend: Any) -> tuple[Any, Any]:
     return program.pin(prefix), program
 
 
-def run_program_batch(function: Any, backend: Any, batch_arguments: list, defaults: ir.GenParams,
-                      num_threads: int | str = "auto", progress_bar: bool = False) -> list[ProgramState]:
+def run_program_batch(
+    function: Any,
+    backend: Any,
+    batch_arguments: list,
+    defaults: ir.GenParams,
+    num_threads: int | str = "auto",
+    progress_bar: bool = False,
+) -> list[ProgramState]:
     backend = resolve_backend(backend)
     if not isinstance(batch_arguments, (list, tuple)):
         raise ValueError("run_batch takes a list of argument dicts (or tuples)")
     if not batch_arguments:
         return []
-    batch = [dict(a) if isinstance(a, dict) else bind_arguments(function, tuple(a), {}) for a in batch_arguments]
+    batch = [
+        dict(a) if isinstance(a, dict) else bind_arguments(function, tuple(a), {})
+        for a in batch_arguments
+    ]
     if num_threads == "auto":
         num_threads = AUTO_NUM_THREADS
     if not isinstance(num_threads, int) or num_threads < 1:

@@ -4,11 +4,12 @@ The SGLang surface: `s += expr`, `s["x"]`, `s.text()`, `s.messages()`,
 `s.get_meta_info(name)`, `with s.user():`, `with s.var_scope("x"):`, `s.fork(n)`,
 `s.copy()`, `state.text_iter(name)`, `state.text_async_iter(name)`.
 """
+
 from __future__ import annotations
 
 import asyncio
 from contextlib import contextmanager
-from typing import Any, AsyncIterator, Callable, Iterator
+from typing import Any, AsyncIterator, Iterator
 
 from radixrt.frontend import ir
 from radixrt.frontend.errors import user_call_site
@@ -29,8 +30,10 @@ class ProgramState:
 
     def _role(self, role: str, expr: Any = None) -> Any:
         if expr is not None:
-            self.stream_executor.submit(ir.ExprList([ir.RoleBegin(role), ir.as_expr(expr), ir.RoleEnd(role)]),
-                                        user_call_site())
+            self.stream_executor.submit(
+                ir.ExprList([ir.RoleBegin(role), ir.as_expr(expr), ir.RoleEnd(role)]),
+                user_call_site(),
+            )
             return None
 
         @contextmanager
@@ -59,9 +62,13 @@ class ProgramState:
 
     # ---- fork ----------------------------------------------------------------------------
     def fork(self, size: int = 1, position_ids_offset: Any = None) -> "ProgramStateGroup":
-        if position_ids_offset is not None:  # branches always continue at their own next position here
-            raise NotImplementedError("fork(position_ids_offset=...) is not supported: radixrt gives every token "
-                                      "its position in the sequence")
+        if (
+            position_ids_offset is not None
+        ):  # branches always continue at their own next position here
+            raise NotImplementedError(
+                "fork(position_ids_offset=...) is not supported: radixrt gives every token "
+                "its position in the sequence"
+            )
         site = user_call_site()
         branches, handle = self.stream_executor.fork(size, site)
         return ProgramStateGroup([ProgramState(b) for b in branches], self, handle)
@@ -116,7 +123,9 @@ class ProgramState:
 
     def __repr__(self) -> str:
         exe = self.stream_executor
-        status = "failed" if exe.error_ is not None else "finished" if exe.is_finished else "running"
+        status = (
+            "failed" if exe.error_ is not None else "finished" if exe.is_finished else "running"
+        )
         return f"<ProgramState {status} {exe.text_[-200:]!r}>"
 
     # ---- streaming -----------------------------------------------------------------------
@@ -139,12 +148,17 @@ class ProgramState:
                 yield current[pos:]
                 pos = len(current)
             if done:
-                if exe.error_ is not None and var_name is not None and var_name not in exe.variables:
+                if (
+                    exe.error_ is not None
+                    and var_name is not None
+                    and var_name not in exe.variables
+                ):
                     raise exe.error_.again()
                 return
 
-    async def text_async_iter(self, var_name: str | None = None,
-                              return_meta_data: bool = False) -> AsyncIterator[Any]:
+    async def text_async_iter(
+        self, var_name: str | None = None, return_meta_data: bool = False
+    ) -> AsyncIterator[Any]:
         loop = asyncio.get_running_loop()
         it = self.text_iter(var_name)
         end = object()
@@ -177,7 +191,9 @@ class ProgramStateGroup:
 
     def join(self, mode: str = "gather_variable") -> None:
         if mode not in ("gather_variable", "concate_and_append"):
-            raise ValueError(f"join mode must be gather_variable or concate_and_append, got {mode!r}")
+            raise ValueError(
+                f"join mode must be gather_variable or concate_and_append, got {mode!r}"
+            )
         program = self.src_state.stream_executor.program
         try:
             for state in self.states:
@@ -192,7 +208,9 @@ class ProgramStateGroup:
                         if name not in before:
                             src_vars.setdefault(name, []).append(value)
             else:
-                self.src_state.stream_executor.submit(ir.ConcatAndAppend(self.states), user_call_site())
+                self.src_state.stream_executor.submit(
+                    ir.ConcatAndAppend(self.states), user_call_site()
+                )
                 self.src_state.stream_executor.sync()
                 self.src_state.stream_executor.raise_if_failed()
         finally:
@@ -222,7 +240,9 @@ class ProgramStateGroup:
             items = [other(i) for i in range(len(self.states))]
         elif isinstance(other, (list, tuple)):
             if len(other) != len(self.states):
-                raise ValueError(f"appending {len(other)} items to {len(self.states)} fork branches")
+                raise ValueError(
+                    f"appending {len(other)} items to {len(self.states)} fork branches"
+                )
             items = list(other)
         else:
             items = [other] * len(self.states)

@@ -5,6 +5,7 @@ value, generates, selects or forks is the same text for every call: `run_batch` 
 (and pins) that prefix once so the batch's programs all hit it. A stand-in argument
 stops the trace the moment it is used (formatted, added, iterated, ...).
 """
+
 from __future__ import annotations
 
 import inspect
@@ -71,10 +72,20 @@ class TracerState:
         if isinstance(expr, ir.ConstantText):
             self.result.prefix += expr.value
         elif isinstance(expr, ir.RoleBegin):
-            if not self._has_messages and expr.role != "system" and self.chat_template.default_system_prompt:
-                self._append(ir.ExprList([ir.RoleBegin("system"),
-                                          ir.ConstantText(self.chat_template.default_system_prompt),
-                                          ir.RoleEnd("system")]))
+            if (
+                not self._has_messages
+                and expr.role != "system"
+                and self.chat_template.default_system_prompt
+            ):
+                self._append(
+                    ir.ExprList(
+                        [
+                            ir.RoleBegin("system"),
+                            ir.ConstantText(self.chat_template.default_system_prompt),
+                            ir.RoleEnd("system"),
+                        ]
+                    )
+                )
             self._role = expr.role
             self.result.prefix += self.chat_template.get_prefix_and_suffix(expr.role)[0]
         elif isinstance(expr, ArgumentPlaceholder):
@@ -122,7 +133,9 @@ class TracerState:
         raise StopTracing(f"s[{name!r}] read")
 
 
-def trace_program(function: Any, chat_template: Any, arguments: dict[str, Any] | None = None) -> TraceResult:
+def trace_program(
+    function: Any, chat_template: Any, arguments: dict[str, Any] | None = None
+) -> TraceResult:
     """Run `function` with placeholders for every argument not given in `arguments`."""
     given = {**function.bind_arguments, **(arguments or {})}
     unknown = sorted(set(given) - set(function.arg_names))
@@ -144,8 +157,10 @@ def signature_names(func: Any) -> tuple[list[str], dict[str, Any]]:
     """Argument names after `s` and their defaults."""
     params = list(inspect.signature(func).parameters.values())
     if not params or params[0].name != "s":
-        raise ValueError(f"the first argument of a @function program must be `s`, "
-                         f"got {params[0].name if params else 'none'} in {func.__name__}")
+        raise ValueError(
+            f"the first argument of a @function program must be `s`, "
+            f"got {params[0].name if params else 'none'} in {func.__name__}"
+        )
     names, defaults = [], {}
     for p in params[1:]:
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):

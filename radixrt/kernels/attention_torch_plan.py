@@ -6,6 +6,7 @@ same pool slots for their first S positions gets a shared prefix (the cascade: a
 attends to it once for the whole group). A single long chunk after its own cached prefix is split
 into "prefix, unmasked" + "itself, causal" instead of one masked call.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,9 +34,12 @@ def _additive(visible: torch.Tensor, device) -> torch.Tensor:
 @dataclass
 class SharedPrefix:
     """Positions 0..kv_len-1 read the same pool slots in every request of a group, before every new token."""
-    kv_len: int                    # S
-    kv_idx: torch.Tensor           # [S] pool slots
-    first_slot: int | None = None  # set when kv_idx is first_slot, first_slot + 1, ...: read in place, no gather
+
+    kv_len: int  # S
+    kv_idx: torch.Tensor  # [S] pool slots
+    first_slot: int | None = (
+        None  # set when kv_idx is first_slot, first_slot + 1, ...: read in place, no gather
+    )
 
 
 @dataclass
@@ -43,25 +47,26 @@ class DecodeMeta:
     """The decode group: decode requests, and the short extends after a cached prefix that follow them
     (drafts to verify, cached-prompt tails). They attend in one call to their shared prefix and one
     call to their own positions, with the G q heads of a kv head as query rows (no K/V repeat)."""
-    num_reqs: int                  # rows, one per new token (a request feeding k tokens has k): the group
-                                   # owns the first num_reqs rows of T
-    kv_len: int                    # Ld: longest KV in the group (own part: minus S)
-    kv_idx: torch.Tensor           # [rows * Ld] pool slots (padding points at a valid slot, masked)
-    mask: torch.Tensor | None      # [rows, 1, 1, Ld] additive, None when every row sees all Ld keys
+
+    num_reqs: int  # rows, one per new token (a request feeding k tokens has k): the group
+    # owns the first num_reqs rows of T
+    kv_len: int  # Ld: longest KV in the group (own part: minus S)
+    kv_idx: torch.Tensor  # [rows * Ld] pool slots (padding points at a valid slot, masked)
+    mask: torch.Tensor | None  # [rows, 1, 1, Ld] additive, None when every row sees all Ld keys
     shared: SharedPrefix | None = None  # set: kv_len/kv_idx/mask cover only positions S..
 
 
 @dataclass
 class ExtendMeta:
     num_reqs: int
-    q_start: int                   # first row of the group in T
-    num_tokens: int                # Te: rows of T the group owns
-    q_len: int                     # Lq: longest extend in the group
-    kv_len: int                    # Lk: longest KV in the group (own part: minus S)
-    kv_idx: torch.Tensor | None    # [Be * Lk] pool slots; None: attend to the new k/v directly
-    q_idx: torch.Tensor | None     # [Be * Lq] rows of T to pad q into; None: no padding needed
-    unpad_idx: torch.Tensor | None # [Te] rows of the padded [Be * Lq] output that are real tokens
-    mask: torch.Tensor | None      # [Be, 1, Lq, Lk] additive; None: plain causal (is_causal)
+    q_start: int  # first row of the group in T
+    num_tokens: int  # Te: rows of T the group owns
+    q_len: int  # Lq: longest extend in the group
+    kv_len: int  # Lk: longest KV in the group (own part: minus S)
+    kv_idx: torch.Tensor | None  # [Be * Lk] pool slots; None: attend to the new k/v directly
+    q_idx: torch.Tensor | None  # [Be * Lq] rows of T to pad q into; None: no padding needed
+    unpad_idx: torch.Tensor | None  # [Te] rows of the padded [Be * Lq] output that are real tokens
+    mask: torch.Tensor | None  # [Be, 1, Lq, Lk] additive; None: plain causal (is_causal)
     shared: SharedPrefix | None = None  # set: kv_len/kv_idx/mask cover only positions S..
     # one long chunk after its own cached prefix (CPU): kv_idx holds the prefix only; the new tokens
     # attend to it unmasked and to themselves causally, merged by log-sum-exp. Both calls are the
@@ -72,14 +77,19 @@ class ExtendMeta:
 @dataclass
 class TorchAttentionMeta:
     decode: DecodeMeta | None
-    extends: list[ExtendMeta]     # consecutive runs of short / long extends, each padded on its own
+    extends: list[ExtendMeta]  # consecutive runs of short / long extends, each padded on its own
     k_buf: torch.Tensor | None = None  # gather workspaces reused by every layer of this forward
     v_buf: torch.Tensor | None = None
 
 
 class TorchAttentionPlanner:
-    def __init__(self, num_kv_heads: int, head_dim: int, min_shared_len: int | None = CASCADE_MIN_SHARED_LEN,
-                 min_saved_kv: int = CASCADE_MIN_SAVED_KV):
+    def __init__(
+        self,
+        num_kv_heads: int,
+        head_dim: int,
+        min_shared_len: int | None = CASCADE_MIN_SHARED_LEN,
+        min_saved_kv: int = CASCADE_MIN_SAVED_KV,
+    ):
         """The cascade is taken for a group whose shared prefix S >= min_shared_len and whose
         (num_reqs - 1) * S * num_kv_heads * head_dim >= min_saved_kv; min_shared_len None: never."""
         if min_shared_len is not None and min_shared_len < 1:
@@ -98,10 +108,15 @@ class TorchAttentionPlanner:
         plan then takes the general masked paths (no shared-prefix cascade, no unmasked fast paths)."""
         self.window = window
         num_decode = fb.num_decode
-        runs = _extend_runs(fb.extend_lens_list, num_decode)  # the first run, if any, starts at num_decode
+        runs = _extend_runs(
+            fb.extend_lens_list, num_decode
+        )  # the first run, if any, starts at num_decode
         group_end = num_decode
-        if runs and fb.extend_lens_list[num_decode] <= SHORT_EXTEND_LEN and all(
-                fb.seq_lens_list[i] > fb.extend_lens_list[i] for i in range(*runs[0])):
+        if (
+            runs
+            and fb.extend_lens_list[num_decode] <= SHORT_EXTEND_LEN
+            and all(fb.seq_lens_list[i] > fb.extend_lens_list[i] for i in range(*runs[0]))
+        ):
             # short extends after a cached prefix join the decodes: a step verifying drafts then makes one
             # shared-prefix call and one own call, not two of each (a verify step costs ~a decode step)
             group_end = runs.pop(0)[1]
@@ -119,20 +134,26 @@ class TorchAttentionPlanner:
         num_reqs = table.shape[0]
         if self.min_shared_len is None or num_reqs < 2 or self.window is not None:
             return None
-        saved_per_pos = (num_reqs - 1) * self.num_kv_heads * self.head_dim  # K elements not re-read per position
+        saved_per_pos = (
+            (num_reqs - 1) * self.num_kv_heads * self.head_dim
+        )  # K elements not re-read per position
         min_len = max(self.min_shared_len, -(-self.min_saved_kv // saved_per_pos))
         if max_len < min_len:
             return None
         head = table[:, :max_len]
         same = (head == head[:1]).all(dim=0)  # [max_len]: column holds one slot in every request
-        shared_len = int(same.int().cumprod(0).sum())  # leading run of such columns (one sync per group)
+        shared_len = int(
+            same.int().cumprod(0).sum()
+        )  # leading run of such columns (one sync per group)
         if shared_len < min_len:
             return None
         kv_idx = head[0, :shared_len].contiguous()
         # a prefix prefilled in one go usually sits in consecutive slots: attention then reads the pool
         # itself instead of a gathered copy (one sync per group per forward, ~20 us a layer saved)
         first = int(kv_idx[0])
-        consecutive = bool((kv_idx == torch.arange(first, first + shared_len, device=kv_idx.device)).all())
+        consecutive = bool(
+            (kv_idx == torch.arange(first, first + shared_len, device=kv_idx.device)).all()
+        )
         return SharedPrefix(shared_len, kv_idx, first if consecutive else None)
 
     def _decode_meta(self, fb: AttentionBatch, nd: int) -> DecodeMeta:
@@ -155,17 +176,30 @@ class TorchAttentionPlanner:
                 valid = k_pos[None, :] < fb.seq_lens[:nd, None]  # [Bd, Ld - S]
                 if self.window is not None:
                     valid &= k_pos[None, :] >= fb.seq_lens[:nd, None] - self.window
-                kv_idx = kv_idx.masked_fill(~valid, 0)  # stale table entries past seq_len: any in-range slot
+                kv_idx = kv_idx.masked_fill(
+                    ~valid, 0
+                )  # stale table entries past seq_len: any in-range slot
                 mask = _additive(valid[:, None, None, :], device)
             return DecodeMeta(nd, kv_len - start, kv_idx.reshape(-1), mask, shared)
-        row_req = torch.repeat_interleave(torch.arange(nd, device=device), fb.extend_lens[:nd])  # [Tg]
-        row_pos = fb.prefix_lens[row_req] + torch.arange(num_tokens, device=device) - fb.qo_indptr[row_req]
+        row_req = torch.repeat_interleave(
+            torch.arange(nd, device=device), fb.extend_lens[:nd]
+        )  # [Tg]
+        row_pos = (
+            fb.prefix_lens[row_req]
+            + torch.arange(num_tokens, device=device)
+            - fb.qo_indptr[row_req]
+        )
         visible = k_pos[None, :] <= row_pos[:, None]  # [Tg, Ld - S]: up to the row's own position
         if self.window is not None:
             visible &= k_pos[None, :] > row_pos[:, None] - self.window
         kv_idx = table[row_req, start:].masked_fill(~visible, 0)
-        return DecodeMeta(num_tokens, kv_len - start, kv_idx.reshape(-1), _additive(visible[:, None, None, :], device),
-                          shared)
+        return DecodeMeta(
+            num_tokens,
+            kv_len - start,
+            kv_idx.reshape(-1),
+            _additive(visible[:, None, None, :], device),
+            shared,
+        )
 
     def _extend_meta(self, fb: AttentionBatch, lo: int, hi: int, q_start: int) -> ExtendMeta:
         """Requests lo..hi-1 (extends), whose new tokens are rows q_start.. of T."""
@@ -178,10 +212,25 @@ class TorchAttentionPlanner:
             # a fresh prompt: the new k/v are the whole KV, causal mask without materializing it
             return ExtendMeta(1, q_start, q_len, q_len, kv_len, None, None, None, None)
         table = fb.req_to_slot[fb.req_rows[lo:hi], :kv_len]  # [Be, Lk]
-        if num_reqs == 1 and q_len > SHORT_EXTEND_LEN and device.type == "cpu" and self.window is None:
+        if (
+            num_reqs == 1
+            and q_len > SHORT_EXTEND_LEN
+            and device.type == "cpu"
+            and self.window is None
+        ):
             prefix_len = seq_lens[0] - extend_lens[0]
-            return ExtendMeta(1, q_start, q_len, q_len, prefix_len, table[0, :prefix_len].contiguous(), None, None,
-                               None, split_prefix=True)
+            return ExtendMeta(
+                1,
+                q_start,
+                q_len,
+                q_len,
+                prefix_len,
+                table[0, :prefix_len].contiguous(),
+                None,
+                None,
+                None,
+                split_prefix=True,
+            )
         shared = self._shared_prefix(table, min(s - e for s, e in zip(seq_lens, extend_lens)))
         start = shared.kv_len if shared else 0
         prefix_lens = fb.prefix_lens[lo:hi, None]
@@ -193,7 +242,9 @@ class TorchAttentionPlanner:
         # key j is visible to new token i when j <= prefix + i; padded query rows (i >= extend_len) still
         # see every real key, so no softmax row is empty (no NaNs) -- except under a sliding window, where a
         # padded row may see none: its NaNs stay in that row, which unpad_idx drops.
-        mask = (k_pos[:, None, :] <= (prefix_lens + q_pos)[:, :, None]) & kv_valid[:, None, :]  # [Be, Lq, Lk]
+        mask = (k_pos[:, None, :] <= (prefix_lens + q_pos)[:, :, None]) & kv_valid[
+            :, None, :
+        ]  # [Be, Lq, Lk]
         if self.window is not None:
             mask &= k_pos[:, None, :] > (prefix_lens + q_pos)[:, :, None] - self.window
         q_idx = unpad_idx = None
@@ -204,9 +255,18 @@ class TorchAttentionPlanner:
             q_idx = torch.where(q_valid, q_starts + q_pos, q_starts).reshape(-1)
             # the real tokens, in padded row-major order, are exactly T's order
             unpad_idx = torch.nonzero(q_valid.reshape(-1)).squeeze(1)
-        return ExtendMeta(num_reqs, q_start, sum(extend_lens), q_len, kv_len - start, kv_idx.reshape(-1), q_idx,
-                           unpad_idx,
-                           _additive(mask[:, None], device), shared)
+        return ExtendMeta(
+            num_reqs,
+            q_start,
+            sum(extend_lens),
+            q_len,
+            kv_len - start,
+            kv_idx.reshape(-1),
+            q_idx,
+            unpad_idx,
+            _additive(mask[:, None], device),
+            shared,
+        )
 
 
 def _extend_runs(extend_lens: list[int], num_decode: int) -> list[tuple[int, int]]:

@@ -9,6 +9,7 @@ read-only. The scale is the row's absolute maximum over head_dim divided by the 
 when quantised, its scales [slots, Hkv]; `write` quantises rows into slots, `select` gathers slots back in a
 compute dtype. The Triton kernels read the same two tensors and scale inside the kernel.
 """
+
 from __future__ import annotations
 
 import torch
@@ -64,10 +65,12 @@ class LayerKV:
         if self.scales is None:
             return torch.index_select(self.values, 0, idx, out=out)
         values = _bytes(self.values).index_select(0, idx).view(self.values.dtype).float()
-        return out.copy_(values.mul_(self.scales.index_select(0, idx)[..., None]))  # scaled in float32
+        return out.copy_(
+            values.mul_(self.scales.index_select(0, idx)[..., None])
+        )  # scaled in float32
 
     def rows(self, first: int, num: int, dtype: torch.dtype) -> torch.Tensor:
         """A contiguous run of slots, in dtype."""
         if self.scales is None:
-            return self.values[first:first + num].to(dtype)
-        return dequantize(self.values[first:first + num], self.scales[first:first + num], dtype)
+            return self.values[first : first + num].to(dtype)
+        return dequantize(self.values[first : first + num], self.scales[first : first + num], dtype)

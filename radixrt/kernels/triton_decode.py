@@ -9,6 +9,7 @@ Stage 2: program (b, q head) merges the `num_splits[b]` partials by their log-su
 Splitting the KV axis is what keeps a small decode batch with long contexts from running on a
 handful of SMs; the split counts are chosen on the host (see attention_triton.plan_decode_splits).
 """
+
 from __future__ import annotations
 
 import triton
@@ -19,12 +20,38 @@ from radixrt.kernels.triton_softmax import M_INIT, attend_block, dequant_rows
 
 @triton.jit
 def _decode_stage1(
-    Q, K_cache, V_cache, K_scale, V_scale, kv_indptr, kv_indices, num_splits, chunk_lens,
-    Part_out, Part_lse, sm_scale_log2, window,
-    stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_scale,
-    stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
+    Q,
+    K_cache,
+    V_cache,
+    K_scale,
+    V_scale,
+    kv_indptr,
+    kv_indices,
+    num_splits,
+    chunk_lens,
+    Part_out,
+    Part_lse,
+    sm_scale_log2,
+    window,
+    stride_qt,
+    stride_qh,
+    stride_ks,
+    stride_kh,
+    stride_vs,
+    stride_vh,
+    stride_scale,
+    stride_pb,
+    stride_ph,
+    stride_ps,
+    stride_lb,
+    stride_lh,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    PRECISION: tl.constexpr,
     QUANT: tl.constexpr,
 ):
     b = tl.program_id(0)
@@ -48,8 +75,11 @@ def _decode_stage1(
     mask_h = offs_g < GROUP
     mask_d = offs_d < HEAD_DIM
 
-    q = tl.load(Q + b * stride_qt + q_heads[:, None] * stride_qh + offs_d[None, :],
-                mask=mask_h[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_H, BLOCK_D]
+    q = tl.load(
+        Q + b * stride_qt + q_heads[:, None] * stride_qh + offs_d[None, :],
+        mask=mask_h[:, None] & mask_d[None, :],
+        other=0.0,
+    )  # [BLOCK_H, BLOCK_D]
     if DOT_FP32:
         q = q.to(tl.float32)
 
@@ -60,29 +90,60 @@ def _decode_stage1(
         pos = start + offs_n
         mask_n = pos < hi
         slot = tl.load(kv_indices + kv_start + pos, mask=mask_n, other=0).to(tl.int64)
-        k = tl.load(K_cache + slot[:, None] * stride_ks + kv_head * stride_kh + offs_d[None, :],
-                    mask=mask_n[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
-        v = tl.load(V_cache + slot[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :],
-                    mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+        k = tl.load(
+            K_cache + slot[:, None] * stride_ks + kv_head * stride_kh + offs_d[None, :],
+            mask=mask_n[:, None] & mask_d[None, :],
+            other=0.0,
+        )  # [BLOCK_N, BLOCK_D]
+        v = tl.load(
+            V_cache + slot[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :],
+            mask=mask_n[:, None] & mask_d[None, :],
+            other=0.0,
+        )
         if QUANT:  # int8 / fp8 rows times their per-token, per-head scale
-            k, v = dequant_rows(k, v, K_scale, V_scale, slot, kv_head, stride_scale, mask_n, q.dtype)
-        m_i, l_i, acc = attend_block(q, k, v, mask_n[None, :], m_i, l_i, acc, sm_scale_log2, DOT_FP32, PRECISION)
+            k, v = dequant_rows(
+                k, v, K_scale, V_scale, slot, kv_head, stride_scale, mask_n, q.dtype
+            )
+        m_i, l_i, acc = attend_block(
+            q, k, v, mask_n[None, :], m_i, l_i, acc, sm_scale_log2, DOT_FP32, PRECISION
+        )
 
     # A split is never empty (the host makes chunk_len * (num_splits - 1) < L), so l_i > 0, except one wholly
     # before a sliding window: it stores weight 0 (lse -inf), and the last split always holds the query.
     seen = l_i > 0
     out_mask = mask_h[:, None] & mask_d[None, :]
-    tl.store(Part_out + b * stride_pb + q_heads[:, None] * stride_ph + split * stride_ps + offs_d[None, :],
-             acc / tl.where(seen, l_i, 1.0)[:, None], mask=out_mask)
-    tl.store(Part_lse + b * stride_lb + q_heads * stride_lh + split,
-             tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf")), mask=mask_h)
+    tl.store(
+        Part_out
+        + b * stride_pb
+        + q_heads[:, None] * stride_ph
+        + split * stride_ps
+        + offs_d[None, :],
+        acc / tl.where(seen, l_i, 1.0)[:, None],
+        mask=out_mask,
+    )
+    tl.store(
+        Part_lse + b * stride_lb + q_heads * stride_lh + split,
+        tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf")),
+        mask=mask_h,
+    )
 
 
 @triton.jit
 def _decode_stage2(
-    Part_out, Part_lse, num_splits, Out,
-    stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ot, stride_oh,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    Part_out,
+    Part_lse,
+    num_splits,
+    Out,
+    stride_pb,
+    stride_ph,
+    stride_ps,
+    stride_lb,
+    stride_lh,
+    stride_ot,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -90,9 +151,18 @@ def _decode_stage2(
     offs_d = tl.arange(0, BLOCK_D)
     mask_s = offs_s < tl.load(num_splits + b)
     mask_d = offs_d < HEAD_DIM
-    lse = tl.load(Part_lse + b * stride_lb + h * stride_lh + offs_s, mask=mask_s, other=float("-inf"))
-    w = tl.exp2(lse - tl.max(lse, 0))  # [BLOCK_S]; the last split holds the query itself: the max is finite
-    part = tl.load(Part_out + b * stride_pb + h * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :],
-                   mask=mask_s[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_S, BLOCK_D]
+    lse = tl.load(
+        Part_lse + b * stride_lb + h * stride_lh + offs_s, mask=mask_s, other=float("-inf")
+    )
+    w = tl.exp2(
+        lse - tl.max(lse, 0)
+    )  # [BLOCK_S]; the last split holds the query itself: the max is finite
+    part = tl.load(
+        Part_out + b * stride_pb + h * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :],
+        mask=mask_s[:, None] & mask_d[None, :],
+        other=0.0,
+    )  # [BLOCK_S, BLOCK_D]
     out = tl.sum(part * w[:, None], 0) / tl.sum(w, 0)
-    tl.store(Out + b * stride_ot + h * stride_oh + offs_d, out.to(Out.dtype.element_ty), mask=mask_d)
+    tl.store(
+        Out + b * stride_ot + h * stride_oh + offs_d, out.to(Out.dtype.element_ty), mask=mask_d
+    )

@@ -9,6 +9,7 @@ runs one online softmax over two key ranges:
 Requests of any lengths share one launch: the grid's tile axis covers the longest extend and
 tiles past a request's end exit at once.
 """
+
 from __future__ import annotations
 
 import triton
@@ -19,12 +20,39 @@ from radixrt.kernels.triton_softmax import M_INIT, attend_block, dequant_rows
 
 @triton.jit
 def _extend_kernel(
-    Q, K_new, V_new, K_cache, V_cache, K_scale, V_scale, Out,
-    qo_indptr, prefix_indptr, prefix_indices, sm_scale_log2, window,
-    stride_qt, stride_qh, stride_knt, stride_knh, stride_vnt, stride_vnh,
-    stride_ks, stride_kh, stride_vs, stride_vh, stride_scale, stride_ot, stride_oh,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
+    Q,
+    K_new,
+    V_new,
+    K_cache,
+    V_cache,
+    K_scale,
+    V_scale,
+    Out,
+    qo_indptr,
+    prefix_indptr,
+    prefix_indices,
+    sm_scale_log2,
+    window,
+    stride_qt,
+    stride_qh,
+    stride_knt,
+    stride_knh,
+    stride_vnt,
+    stride_vnh,
+    stride_ks,
+    stride_kh,
+    stride_vs,
+    stride_vh,
+    stride_scale,
+    stride_ot,
+    stride_oh,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    PRECISION: tl.constexpr,
     QUANT: tl.constexpr,
 ):
     e = tl.program_id(0)
@@ -44,8 +72,11 @@ def _extend_kernel(
     mask_m = offs_m < extend_len
     mask_d = offs_d < HEAD_DIM
     rows = (qo_start + offs_m).to(tl.int64)
-    q = tl.load(Q + rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
-                mask=mask_m[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_M, BLOCK_D]
+    q = tl.load(
+        Q + rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
+        mask=mask_m[:, None] & mask_d[None, :],
+        other=0.0,
+    )  # [BLOCK_M, BLOCK_D]
     if DOT_FP32:
         q = q.to(tl.float32)
 
@@ -58,16 +89,30 @@ def _extend_kernel(
         pos = start + offs_n
         mask_n = pos < prefix_len
         slot = tl.load(prefix_indices + prefix_start + pos, mask=mask_n, other=0).to(tl.int64)
-        k = tl.load(K_cache + slot[:, None] * stride_ks + kv_head * stride_kh + offs_d[None, :],
-                    mask=mask_n[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
-        v = tl.load(V_cache + slot[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :],
-                    mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+        k = tl.load(
+            K_cache + slot[:, None] * stride_ks + kv_head * stride_kh + offs_d[None, :],
+            mask=mask_n[:, None] & mask_d[None, :],
+            other=0.0,
+        )  # [BLOCK_N, BLOCK_D]
+        v = tl.load(
+            V_cache + slot[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :],
+            mask=mask_n[:, None] & mask_d[None, :],
+            other=0.0,
+        )
         if QUANT:  # int8 / fp8 rows times their per-token, per-head scale
-            k, v = dequant_rows(k, v, K_scale, V_scale, slot, kv_head, stride_scale, mask_n, q.dtype)
-        visible = mask_n[None, :] & (offs_m[:, None] >= 0)  # [BLOCK_M, BLOCK_N]: every prefix key, unless
-        if window > 0:  # a sliding window hides it: key pos is visible to query prefix_len + m iff pos > it - window
+            k, v = dequant_rows(
+                k, v, K_scale, V_scale, slot, kv_head, stride_scale, mask_n, q.dtype
+            )
+        visible = mask_n[None, :] & (
+            offs_m[:, None] >= 0
+        )  # [BLOCK_M, BLOCK_N]: every prefix key, unless
+        if (
+            window > 0
+        ):  # a sliding window hides it: key pos is visible to query prefix_len + m iff pos > it - window
             visible = visible & (pos[None, :] > prefix_len + offs_m[:, None] - window)
-        m_i, l_i, acc = attend_block(q, k, v, visible, m_i, l_i, acc, sm_scale_log2, DOT_FP32, PRECISION)
+        m_i, l_i, acc = attend_block(
+            q, k, v, visible, m_i, l_i, acc, sm_scale_log2, DOT_FP32, PRECISION
+        )
 
     # 2. new tokens, causal; keys past this tile's last query are never visible
     causal_end = tl.minimum(extend_len, (tile + 1) * BLOCK_M)
@@ -75,16 +120,27 @@ def _extend_kernel(
         pos = start + offs_n
         mask_n = pos < causal_end
         key_rows = (qo_start + pos).to(tl.int64)
-        k = tl.load(K_new + key_rows[:, None] * stride_knt + kv_head * stride_knh + offs_d[None, :],
-                    mask=mask_n[:, None] & mask_d[None, :], other=0.0)
-        v = tl.load(V_new + key_rows[:, None] * stride_vnt + kv_head * stride_vnh + offs_d[None, :],
-                    mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+        k = tl.load(
+            K_new + key_rows[:, None] * stride_knt + kv_head * stride_knh + offs_d[None, :],
+            mask=mask_n[:, None] & mask_d[None, :],
+            other=0.0,
+        )
+        v = tl.load(
+            V_new + key_rows[:, None] * stride_vnt + kv_head * stride_vnh + offs_d[None, :],
+            mask=mask_n[:, None] & mask_d[None, :],
+            other=0.0,
+        )
         visible = mask_n[None, :] & (pos[None, :] <= offs_m[:, None])
         if window > 0:
             visible = visible & (pos[None, :] > offs_m[:, None] - window)
-        m_i, l_i, acc = attend_block(q, k, v, visible, m_i, l_i, acc, sm_scale_log2, DOT_FP32, PRECISION)
+        m_i, l_i, acc = attend_block(
+            q, k, v, visible, m_i, l_i, acc, sm_scale_log2, DOT_FP32, PRECISION
+        )
 
     # every valid query row sees at least itself, so l_i > 0 where stored
     out = acc / tl.where(mask_m, l_i, 1.0)[:, None]
-    tl.store(Out + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
-             out.to(Out.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
+    tl.store(
+        Out + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
+        out.to(Out.dtype.element_ty),
+        mask=mask_m[:, None] & mask_d[None, :],
+    )

@@ -1,5 +1,6 @@
 """The steps both Triton attention kernels run over each block of keys: the online softmax, and reading a
 quantised pool."""
+
 from __future__ import annotations
 
 import triton
@@ -10,8 +11,9 @@ M_INIT = tl.constexpr(-1.0e30)
 
 
 @triton.jit
-def attend_block(q, k, v, visible, m_i, l_i, acc, sm_scale_log2,
-                 DOT_FP32: tl.constexpr, PRECISION: tl.constexpr):
+def attend_block(
+    q, k, v, visible, m_i, l_i, acc, sm_scale_log2, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr
+):
     """Fold one K/V block into the running (max, sum, acc) of q's rows, in the log2 domain.
     q [M, D]; k, v [N, D]; visible broadcastable to [M, N]. Returns the new (m_i, l_i, acc)."""
     if DOT_FP32:

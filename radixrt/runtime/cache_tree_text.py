@@ -1,5 +1,6 @@
 """The cache view (core/cache_view.py) made readable: text previews from token ids, the request
 limits checked with errors that name the field, and the tree drawn as indented text for a terminal."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -11,7 +12,10 @@ PREVIEW_CHARS = 60
 
 def check_view_limits(max_depth: Any, max_nodes: Any) -> None:
     """ValueError naming the field when a limit is not an integer in range."""
-    for name, value, limit in (("max_depth", max_depth, MAX_DEPTH_LIMIT), ("max_nodes", max_nodes, MAX_NODES_LIMIT)):
+    for name, value, limit in (
+        ("max_depth", max_depth, MAX_DEPTH_LIMIT),
+        ("max_nodes", max_nodes, MAX_NODES_LIMIT),
+    ):
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
             raise ValueError(f"{name} must be an integer in [1, {limit}], got {value!r}")
 
@@ -33,25 +37,35 @@ def add_previews(view: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
 
 def render_text(view: dict[str, Any]) -> str:
     """The tree as indented lines: tokens, hits, tokens served, age, locks/pins, and the text preview."""
-    lines = [f"radix cache: {view['num_nodes']} nodes, {view['num_tokens']} tokens "
-             f"(showing {view['num_nodes_shown']}; page size {view['page_size']})"
-             + (" — the radix cache is disabled" if view.get("disabled") else "")]
+    lines = [
+        f"radix cache: {view['num_nodes']} nodes, {view['num_tokens']} tokens "
+        f"(showing {view['num_nodes_shown']}; page size {view['page_size']})"
+        + (" — the radix cache is disabled" if view.get("disabled") else "")
+    ]
 
     def walk(node: dict[str, Any], indent: str) -> None:
         children = node["children"]
         for i, child in enumerate(children):
             last = i == len(children) - 1 and not node.get("omitted")
             age = child.get("last_access_age_s")
-            flags = "".join([f" locked×{child['lock_ref']}" if child["lock_ref"] else "",
-                             f" pinned×{child['pins']}" if child["pins"] else "",
-                             f" sessions {','.join(child['sessions'])}" if child.get("sessions") else ""])
-            lines.append(f"{indent}{'└─' if last else '├─'} {child['num_tokens']} tok · hits {child['hits']} · "
-                         f"served {child['tokens_served']} · {'-' if age is None else f'{age:.0f}s ago'}{flags}  "
-                         f"{child['text']!r}")
+            flags = "".join(
+                [
+                    f" locked×{child['lock_ref']}" if child["lock_ref"] else "",
+                    f" pinned×{child['pins']}" if child["pins"] else "",
+                    f" sessions {','.join(child['sessions'])}" if child.get("sessions") else "",
+                ]
+            )
+            lines.append(
+                f"{indent}{'└─' if last else '├─'} {child['num_tokens']} tok · hits {child['hits']} · "
+                f"served {child['tokens_served']} · {'-' if age is None else f'{age:.0f}s ago'}{flags}  "
+                f"{child['text']!r}"
+            )
             walk(child, indent + ("   " if last else "│  "))
         if node.get("omitted"):
             o = node["omitted"]
-            lines.append(f"{indent}└─ … {o['nodes']} more nodes, {o['tokens']} tok, hits {o['hits']}")
+            lines.append(
+                f"{indent}└─ … {o['nodes']} more nodes, {o['tokens']} tok, hits {o['hits']}"
+            )
 
     walk(view["root"], "")
     return "\n".join(lines)

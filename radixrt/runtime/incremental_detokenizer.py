@@ -15,6 +15,7 @@ Engine run the same class over the same ids to produce the text, so they cut at 
 The cost of a step does not depend on the output length (a short decode window, and the stop
 search starts at the text not yet handed out).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -27,9 +28,16 @@ REPLACEMENT_CHAR = "\ufffd"  # what a decoder shows for an incomplete UTF-8 sequ
 class IncrementalDetokenizer:
     """Text of one request, produced delta by delta. Pure logic: tokenizer in, strings out."""
 
-    def __init__(self, tokenizer: Any, stop: list[str] | tuple[str, ...] = (), skip_special_tokens: bool = True, *,
-                 stop_regex: list[str] | tuple[str, ...] = (), no_stop_trim: bool = False,
-                 spaces_between_special_tokens: bool = True):
+    def __init__(
+        self,
+        tokenizer: Any,
+        stop: list[str] | tuple[str, ...] = (),
+        skip_special_tokens: bool = True,
+        *,
+        stop_regex: list[str] | tuple[str, ...] = (),
+        no_stop_trim: bool = False,
+        spaces_between_special_tokens: bool = True,
+    ):
         self.tokenizer = tokenizer
         self.stop = [s for s in stop if s]
         self.skip_special_tokens = skip_special_tokens
@@ -37,7 +45,9 @@ class IncrementalDetokenizer:
         self.regex_fed = 0  # chars of self.text already fed to the stop_regex searches
         self.no_stop_trim = no_stop_trim
         # passed only when off: True is every tokenizer's default, and some decode() signatures lack it
-        self.decode_kwargs = {} if spaces_between_special_tokens else {"spaces_between_special_tokens": False}
+        self.decode_kwargs = (
+            {} if spaces_between_special_tokens else {"spaces_between_special_tokens": False}
+        )
         self.ids: list[int] = []
         self.prefix_offset = 0  # decode window start (always on a character boundary)
         self.read_offset = 0  # ids before this are already in self.text
@@ -50,33 +60,40 @@ class IncrementalDetokenizer:
     def for_request(cls, tokenizer: Any, sp: Any) -> "IncrementalDetokenizer":
         """The text of a request with sampling parameters sp (a SamplingParams or its dict)."""
         get = sp.get if isinstance(sp, dict) else (lambda k, d=None: getattr(sp, k, d))
-        return cls(tokenizer, get("stop") or [], get("skip_special_tokens", True), stop_regex=get("stop_regex") or [],
-                   no_stop_trim=get("no_stop_trim", False),
-                   spaces_between_special_tokens=get("spaces_between_special_tokens", True))
+        return cls(
+            tokenizer,
+            get("stop") or [],
+            get("skip_special_tokens", True),
+            stop_regex=get("stop_regex") or [],
+            no_stop_trim=get("no_stop_trim", False),
+            spaces_between_special_tokens=get("spaces_between_special_tokens", True),
+        )
 
     @property
     def finished(self) -> bool:
         return self.matched_stop is not None
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens, **self.decode_kwargs)
+        return self.tokenizer.decode(
+            ids, skip_special_tokens=self.skip_special_tokens, **self.decode_kwargs
+        )
 
     def _absorb(self, flush: bool) -> None:
-        prefix_text = self._decode(self.ids[self.prefix_offset:self.read_offset])
-        new_text = self._decode(self.ids[self.prefix_offset:])[len(prefix_text):]
+        prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        new_text = self._decode(self.ids[self.prefix_offset :])[len(prefix_text) :]
         # A trailing replacement char means the last token ended mid-character: show what comes
         # before it, keep the window open for the rest (unless the request is over: then the broken
         # tail is what the model produced). The earlier tokens stay in the window as context
         # (sentencepiece decodes a word's leading space only after another token).
         if flush or not new_text.endswith(REPLACEMENT_CHAR):
-            self.text += new_text[self.pending_len:]
+            self.text += new_text[self.pending_len :]
             self.prefix_offset = self.read_offset
             self.read_offset = len(self.ids)
             self.pending_len = 0
         else:
             stable = new_text.rstrip(REPLACEMENT_CHAR)
             if len(stable) > self.pending_len:
-                self.text += stable[self.pending_len:]
+                self.text += stable[self.pending_len :]
                 self.pending_len = len(stable)
 
     def _stop_hold_len(self) -> int:
@@ -111,23 +128,25 @@ class IncrementalDetokenizer:
                 self.matched_stop = s
                 return self._cut(pos + len(s) if self.no_stop_trim else pos)
         if self.stop_regex:
-            new_text, self.regex_fed = self.text[self.regex_fed:], len(self.text)
+            new_text, self.regex_fed = self.text[self.regex_fed :], len(self.text)
             for search in self.stop_regex:
-                if search.feed(new_text) is not None:  # the match stays: the text runs to the end of this step
+                if (
+                    search.feed(new_text) is not None
+                ):  # the match stays: the text runs to the end of this step
                     self.matched_stop = search.pattern
                     return self._cut(len(self.text))
         end = len(self.text) if finished else len(self.text) - self._stop_hold_len()
-        out = self.text[self.num_sent:end]
+        out = self.text[self.num_sent : end]
         self.num_sent = end
         return out
 
     def _cut(self, pos: int) -> str:
         """End the text at pos (a stop was found); return what was not handed out yet."""
-        out = self.text[self.num_sent:pos]
+        out = self.text[self.num_sent : pos]
         self.text = self.text[:pos]
         self.num_sent = pos
         return out
 
     @property
     def sent_text(self) -> str:
-        return self.text[:self.num_sent]
+        return self.text[: self.num_sent]

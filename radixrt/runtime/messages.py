@@ -3,6 +3,7 @@
 A message is a dataclass registered here; `encode` tags it with its class name and
 `decode` rebuilds it, refusing any tag it does not know.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,13 +29,16 @@ def decode(data: bytes) -> Any:
     obj = orjson.loads(data)
     cls = _TYPES.get(obj.get("type")) if isinstance(obj, dict) else None
     if cls is None:
-        raise ValueError(f"unknown message type {obj.get('type') if isinstance(obj, dict) else obj!r}")
+        raise ValueError(
+            f"unknown message type {obj.get('type') if isinstance(obj, dict) else obj!r}"
+        )
     return cls(**obj["body"])
 
 
 @message
 class TokenizedGenerateReq:
     """One sequence to generate (n>1 is expanded into n of these before the scheduler)."""
+
     rid: str
     input_ids: list[int]
     sampling_params: dict[str, Any]  # SamplingParams.to_dict(), already validated
@@ -44,8 +48,12 @@ class TokenizedGenerateReq:
     stream: bool = False
     program_id: str | None = None
     arrival_time: float = 0.0
-    pin_ttl_s: float | None = None  # keep the prompt pinned in the cache after it finishes (handle = rid)
-    session_id: str | None = None  # a turn of this session: pinned when finished, until the next turn (sessions.py)
+    pin_ttl_s: float | None = (
+        None  # keep the prompt pinned in the cache after it finishes (handle = rid)
+    )
+    session_id: str | None = (
+        None  # a turn of this session: pinned when finished, until the next turn (sessions.py)
+    )
 
 
 @message
@@ -77,6 +85,7 @@ class CacheTreeOut:
 @message
 class TokenOut:
     """What one request produced in one step: only the delta."""
+
     rid: str
     new_ids: list[int]
     finished_reason: dict[str, Any] | None = None  # {"type": "stop"|"length"|"abort", ...}
@@ -90,7 +99,9 @@ class TokenOut:
     input_logprobs: list[list[Any]] | None = None
     input_top_logprobs: list[list[list[Any]]] | None = None
     error: str | None = None
-    error_status: int = 400  # with error: 400 the request was refused as given, 500 it failed inside the server
+    error_status: int = (
+        400  # with error: 400 the request was refused as given, 500 it failed inside the server
+    )
 
 
 @message
@@ -105,18 +116,23 @@ class SchedulerInfo:
 
 # --- serving runtime (server / scheduler process / detokenizer), added by the serving issue ---
 
+
 @message
 class DetokenizeReq:
     """Scheduler process -> detokenizer, sent on the same socket before any TokenOut of rid (so it
     always arrives first): what the detokenizer needs to turn that request's ids into text."""
+
     rid: str
-    sampling_params: dict[str, Any] = field(default_factory=dict)  # what shapes the text: stop, stop_regex, ...
+    sampling_params: dict[str, Any] = field(
+        default_factory=dict
+    )  # what shapes the text: stop, stop_regex, ...
 
 
 @message
 class BatchTextOut:
     """Detokenizer -> tokenizer manager: TokenOut dicts, each with a "text" delta added (and
     finished_reason set once the request is done, stop strings already trimmed from the text)."""
+
     outputs: list[dict[str, Any]]
 
 
@@ -128,6 +144,7 @@ class FlushCacheOut:
 @message
 class ProfileReq:
     """/start_profile and /stop_profile (SGLang's routes): torch.profiler around the scheduler's steps."""
+
     action: str  # "start" | "stop"
     output_dir: str | None = None
     num_steps: int | None = None  # stop by itself after this many forward steps
@@ -152,6 +169,7 @@ class HealthCheckOut:
 @message
 class ProcessReady:
     """A child process finished starting (scheduler: model loaded; info holds model_info and server_info)."""
+
     name: str
     info: dict[str, Any] = field(default_factory=dict)
 
@@ -159,6 +177,7 @@ class ProcessReady:
 @message
 class ProcessFailed:
     """A child process could not start; error is the reason (a traceback's last line)."""
+
     name: str
     error: str
 

@@ -5,6 +5,7 @@ One module so the three entries cannot drift apart: the tokenizer manager turns 
 a 4xx naming the field, the Engine raises it, the scheduler turns it into an abort of that request.
 No torch, no HTTP framework here.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,7 +15,7 @@ from typing import Any, Callable
 
 from radixrt.runtime.core.sessions import MAX_SESSION_ID_CHARS
 from radixrt.runtime.messages import TokenizedGenerateReq
-from radixrt.runtime.sampling_params import MAX_TOP_LOGPROBS, CONSTRAINT_FIELDS, SamplingParams
+from radixrt.runtime.sampling_params import CONSTRAINT_FIELDS, MAX_TOP_LOGPROBS, SamplingParams
 
 CONSTRAINT_KINDS = CONSTRAINT_FIELDS  # a constraint's kind is the name of its sampling parameter
 
@@ -31,6 +32,7 @@ class RequestError(ValueError):
 @dataclass(frozen=True)
 class EdgeLimits:
     """What the model and the pool allow a single request."""
+
     vocab_size: int
     context_len: int
     pool_tokens: int
@@ -43,13 +45,21 @@ def constraint_of(sp: SamplingParams) -> tuple[str, Any] | None:
         if spec is not None:
             if kind == "structural_tag":  # served as the grammar it stands for
                 from radixrt.runtime.constrained.structural_tag import structural_tag_grammar
+
                 return "ebnf", structural_tag_grammar(spec)
             return kind, spec
     return None
 
 
-def check_prompt(input_ids: Any, sp: SamplingParams, limits: EdgeLimits, *, return_logprob: bool = False,
-                 logprob_start_len: int | None = None, top_logprobs_num: int = 0) -> int:
+def check_prompt(
+    input_ids: Any,
+    sp: SamplingParams,
+    limits: EdgeLimits,
+    *,
+    return_logprob: bool = False,
+    logprob_start_len: int | None = None,
+    top_logprobs_num: int = 0,
+) -> int:
     """Raise RequestError unless the prompt can run; returns the logprob start (-1: no prompt logprobs)."""
     if not isinstance(input_ids, list) or not input_ids:
         raise RequestError("the prompt is empty", param="prompt")
@@ -58,51 +68,93 @@ def check_prompt(input_ids: Any, sp: SamplingParams, limits: EdgeLimits, *, retu
     if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab for t in input_ids):
         raise RequestError(f"input_ids must be token ids in [0, {vocab})", param="input_ids")
     if n >= limits.context_len:
-        raise RequestError(f"the prompt has {n} tokens but this model's context length is {limits.context_len}",
-                           param="prompt", code="context_length_exceeded")
+        raise RequestError(
+            f"the prompt has {n} tokens but this model's context length is {limits.context_len}",
+            param="prompt",
+            code="context_length_exceeded",
+        )
     if sp.max_new_tokens > limits.context_len:
-        raise RequestError(f"max_new_tokens is {sp.max_new_tokens} but this model's context length is "
-                           f"{limits.context_len}", param="max_tokens", code="context_length_exceeded")
+        raise RequestError(
+            f"max_new_tokens is {sp.max_new_tokens} but this model's context length is "
+            f"{limits.context_len}",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
     bad_bias = [t for t, _ in sp.logit_bias_pairs() if t >= vocab]
     if bad_bias:
-        raise RequestError(f"logit_bias keys must be token ids in [0, {vocab}), got {bad_bias[:3]}", param="logit_bias")
+        raise RequestError(
+            f"logit_bias keys must be token ids in [0, {vocab}), got {bad_bias[:3]}",
+            param="logit_bias",
+        )
     bad_stop = [t for t in sp.stop_token_ids if t >= vocab]
     if bad_stop:
-        raise RequestError(f"stop_token_ids must be token ids in [0, {vocab}), got {bad_stop[:3]}",
-                           param="stop_token_ids")
+        raise RequestError(
+            f"stop_token_ids must be token ids in [0, {vocab}), got {bad_stop[:3]}",
+            param="stop_token_ids",
+        )
     need = n + min(sp.max_new_tokens, limits.context_len - n)  # the scheduler clamps at the context
     if need > limits.pool_tokens:
-        raise RequestError(f"the request needs {need} tokens of KV (prompt {n} + max_new_tokens) but the KV pool "
-                           f"holds {limits.pool_tokens}; it can never run", param="max_tokens",
-                           code="context_length_exceeded")
+        raise RequestError(
+            f"the request needs {need} tokens of KV (prompt {n} + max_new_tokens) but the KV pool "
+            f"holds {limits.pool_tokens}; it can never run",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
     start = -1 if not return_logprob or logprob_start_len is None else logprob_start_len
     if return_logprob and not (isinstance(start, int) and -1 <= start < n):
-        raise RequestError(f"logprob_start_len must be in [-1, {n - 1}], got {start}", param="logprob_start_len")
+        raise RequestError(
+            f"logprob_start_len must be in [-1, {n - 1}], got {start}", param="logprob_start_len"
+        )
     if not (isinstance(top_logprobs_num, int) and 0 <= top_logprobs_num <= MAX_TOP_LOGPROBS):
-        raise RequestError(f"top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS}], got {top_logprobs_num}",
-                           param="top_logprobs")
+        raise RequestError(
+            f"top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS}], got {top_logprobs_num}",
+            param="top_logprobs",
+        )
     return start
 
 
-def expand_n(base_rid: str, input_ids: list[int], sp: SamplingParams, *, stream: bool = False,
-             return_logprob: bool = False, logprob_start_len: int = -1, top_logprobs_num: int = 0,
-             program_id: str | None = None, pin_ttl_s: float | None = None,
-             session_id: str | None = None) -> list[TokenizedGenerateReq]:
+def expand_n(
+    base_rid: str,
+    input_ids: list[int],
+    sp: SamplingParams,
+    *,
+    stream: bool = False,
+    return_logprob: bool = False,
+    logprob_start_len: int = -1,
+    top_logprobs_num: int = 0,
+    program_id: str | None = None,
+    pin_ttl_s: float | None = None,
+    session_id: str | None = None,
+) -> list[TokenizedGenerateReq]:
     """One prompt -> sp.n scheduler requests: rid base (n = 1) or base-0..base-{n-1}, seeds seed+i."""
     if session_id is not None:
         if not isinstance(session_id, str) or not 0 < len(session_id) <= MAX_SESSION_ID_CHARS:
-            raise RequestError(f"session_id must be a string of 1 to {MAX_SESSION_ID_CHARS} characters",
-                               param="session_id")
+            raise RequestError(
+                f"session_id must be a string of 1 to {MAX_SESSION_ID_CHARS} characters",
+                param="session_id",
+            )
         if sp.n != 1:
-            raise RequestError("session_id needs n = 1 (a session continues one conversation)", param="session_id")
+            raise RequestError(
+                "session_id needs n = 1 (a session continues one conversation)", param="session_id"
+            )
     reqs = []
     for i in range(sp.n):
         seed = None if sp.seed is None else sp.seed + i
-        reqs.append(TokenizedGenerateReq(
-            rid=base_rid if sp.n == 1 else f"{base_rid}-{i}", input_ids=list(input_ids),
-            sampling_params=dataclasses.replace(sp, n=1, seed=seed).to_dict(), return_logprob=return_logprob,
-            logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num, stream=stream,
-            program_id=program_id, arrival_time=time.time(), pin_ttl_s=pin_ttl_s, session_id=session_id))
+        reqs.append(
+            TokenizedGenerateReq(
+                rid=base_rid if sp.n == 1 else f"{base_rid}-{i}",
+                input_ids=list(input_ids),
+                sampling_params=dataclasses.replace(sp, n=1, seed=seed).to_dict(),
+                return_logprob=return_logprob,
+                logprob_start_len=logprob_start_len,
+                top_logprobs_num=top_logprobs_num,
+                stream=stream,
+                program_id=program_id,
+                arrival_time=time.time(),
+                pin_ttl_s=pin_ttl_s,
+                session_id=session_id,
+            )
+        )
     return reqs
 
 
@@ -131,7 +183,10 @@ class SequenceResult:
         self.output_logprobs.extend(out.get("output_logprobs") or [])
         self.output_top_logprobs.extend(out.get("output_top_logprobs") or [])
         if out.get("input_logprobs") is not None:
-            self.input_logprobs, self.input_top_logprobs = out["input_logprobs"], out.get("input_top_logprobs")
+            self.input_logprobs, self.input_top_logprobs = (
+                out["input_logprobs"],
+                out.get("input_top_logprobs"),
+            )
         for key in ("prompt_tokens", "completion_tokens", "cached_tokens"):
             if out.get(key):
                 setattr(self, key, out[key])
@@ -146,26 +201,43 @@ class SequenceResult:
         return self.finished_reason is not None
 
 
-def generate_output(res: SequenceResult, return_logprob: bool, token_text: Callable[[int], Any],
-                    index: int | None = None, logprobs_from: int = 0) -> dict[str, Any]:
+def generate_output(
+    res: SequenceResult,
+    return_logprob: bool,
+    token_text: Callable[[int], Any],
+    index: int | None = None,
+    logprobs_from: int = 0,
+) -> dict[str, Any]:
     """SGLang's /generate (and Engine.generate) result: text, output_ids, meta_info, logprobs as
     (logprob, id, text or None) triples. logprobs_from: a stream chunk carries the output logprobs from
     there on (those it adds, as SGLang's streams do); output_token_logprobs_length and completion_tokens
     stay the totals so far."""
-    meta: dict[str, Any] = {"id": res.rid, "prompt_tokens": res.prompt_tokens,
-                            "completion_tokens": res.completion_tokens, "cached_tokens": res.cached_tokens,
-                            "finish_reason": res.finished_reason}
+    meta: dict[str, Any] = {
+        "id": res.rid,
+        "prompt_tokens": res.prompt_tokens,
+        "completion_tokens": res.completion_tokens,
+        "cached_tokens": res.cached_tokens,
+        "finish_reason": res.finished_reason,
+    }
     if res.error:
         meta["error"] = res.error
     if res.finished_reason and res.finished_reason.get("incomplete"):
-        meta["incomplete"] = True  # a constrained output cut by its budget before the grammar completed
+        meta["incomplete"] = (
+            True  # a constrained output cut by its budget before the grammar completed
+        )
     if return_logprob:
+
         def triple(x: list) -> tuple:
             return (x[0], x[1], token_text(x[1]))
+
         meta["input_token_logprobs"] = [triple(x) for x in res.input_logprobs or []]
-        meta["input_top_logprobs"] = [[triple(x) for x in top] for top in res.input_top_logprobs or []]
+        meta["input_top_logprobs"] = [
+            [triple(x) for x in top] for top in res.input_top_logprobs or []
+        ]
         meta["output_token_logprobs"] = [triple(x) for x in res.output_logprobs[logprobs_from:]]
-        meta["output_top_logprobs"] = [[triple(x) for x in top] for top in res.output_top_logprobs[logprobs_from:]]
+        meta["output_top_logprobs"] = [
+            [triple(x) for x in top] for top in res.output_top_logprobs[logprobs_from:]
+        ]
         meta["output_token_logprobs_length"] = len(res.output_logprobs)
     out = {"text": res.text, "output_ids": list(res.output_ids), "meta_info": meta}
     if index is not None:

@@ -1,4 +1,5 @@
 """The scheduler with a real model behind it: core/ never imports model/, so the two meet here."""
+
 from __future__ import annotations
 
 from radixrt.runtime.config import ServerConfig

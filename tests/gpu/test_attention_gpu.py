@@ -3,6 +3,7 @@
 Skipped without CUDA. The kernels are imported only after the skip: triton.jit picks
 interpreted-or-compiled at decoration time, and the CPU tier interprets them (tests/triton).
 """
+
 from __future__ import annotations
 
 import random
@@ -14,8 +15,9 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 
-from radixrt.kernels.attention_triton import TritonAttentionBackend  # noqa: E402
 from attention_cases import check_against_reference, make_case  # noqa: E402
+
+from radixrt.kernels.attention_triton import TritonAttentionBackend  # noqa: E402
 
 DEV = "cuda"
 # fp32 runs with exact (ieee) dots; 16-bit ones multiply P in the input dtype like every flash kernel
@@ -32,9 +34,12 @@ def check(prefix_lens, extend_lens, heads, page_size, dtype, seed=0, **backend_k
 LLAMA8B, SMOL, MHA128 = (32, 8, 128), (9, 3, 64), (16, 16, 128)
 BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
 # every 16-bit combination; fp32 (slow-compiling ieee dots, rarely served) on the default model's shape
-DECODE_CASES = [(h, p, d) for h in (LLAMA8B, SMOL, MHA128) for p in (1, 16) for d in (BF16, F16)] + \
-    [(SMOL, 1, F32), (SMOL, 16, F32)]
-EXTEND_CASES = [(h, p, d) for h in (LLAMA8B, SMOL) for p in (1, 16) for d in (BF16, F16)] + [(SMOL, 16, F32)]
+DECODE_CASES = [
+    (h, p, d) for h in (LLAMA8B, SMOL, MHA128) for p in (1, 16) for d in (BF16, F16)
+] + [(SMOL, 1, F32), (SMOL, 16, F32)]
+EXTEND_CASES = [(h, p, d) for h in (LLAMA8B, SMOL) for p in (1, 16) for d in (BF16, F16)] + [
+    (SMOL, 16, F32)
+]
 
 
 def ids(cases):
@@ -73,7 +78,9 @@ def test_sliding_window(window):
     """Sliding-window layers at serving sizes: decodes split across programs (whole splits before the window)
     and extends with prefixes, against reference_attention with the same window."""
     hq, hkv, d = LLAMA8B
-    case = make_case([9000, 17, 0, 1536], [1, 1, 700, 300], hq, hkv, d, 16, BF16, seed=window, device=DEV)
+    case = make_case(
+        [9000, 17, 0, 1536], [1, 1, 700, 300], hq, hkv, d, 16, BF16, seed=window, device=DEV
+    )
     check_against_reference(TritonAttentionBackend(hq, hkv, d), case, *TOL[BF16], window=window)
 
 
@@ -83,13 +90,16 @@ def test_quantized_pool_decode(kv_dtype):
     the dequantised pool, to bf16 rounding."""
     from radixrt.kernels.attention_reference import reference_attention
     from radixrt.kernels.kv_quant import LayerKV, quantize
+
     hq, hkv, d = LLAMA8B
-    fb, q, k, v, k_cache, v_cache = make_case([3000, 17, 900], [1, 1, 1], hq, hkv, d, 16, BF16, seed=2, device=DEV)
+    fb, q, k, v, k_cache, v_cache = make_case(
+        [3000, 17, 900], [1, 1, 1], hq, hkv, d, 16, BF16, seed=2, device=DEV
+    )
     (kq, ks), (vq, vs) = quantize(k_cache, kv_dtype), quantize(v_cache, kv_dtype)
     backend = TritonAttentionBackend(hq, hkv, d)
     backend.init_forward_metadata(fb)
-    out = backend.forward(q, k, v, kq, vq, fb, d ** -0.5, ks, vs)
+    out = backend.forward(q, k, v, kq, vq, fb, d**-0.5, ks, vs)
     pool_k = LayerKV(kq, ks).rows(0, kq.shape[0], torch.float32)
     pool_v = LayerKV(vq, vs).rows(0, vq.shape[0], torch.float32)
-    want = reference_attention(q.float(), pool_k, pool_v, fb, d ** -0.5)
+    want = reference_attention(q.float(), pool_k, pool_v, fb, d**-0.5)
     torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2)

@@ -1,5 +1,6 @@
 """The engine with the compiled Triton backend on a GPU against the torch backend on the same GPU
 (the CPU tier only interprets the kernels). Skipped without CUDA; `bash benchmarks/gpu_check.sh` runs it."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,19 +14,31 @@ from radixrt import Engine  # noqa: E402
 
 try:
     from radixrt.runtime.model.weights import resolve_model
+
     resolve_model(None)
-except (OSError, ValueError, ImportError) as e:  # the default model's package is not on this machine
+except (
+    OSError,
+    ValueError,
+    ImportError,
+) as e:  # the default model's package is not on this machine
     pytest.skip(f"default model not available: {e}", allow_module_level=True)
 
-PROMPTS = ["The three primary colors are red, yellow and blue. Mixing two of them gives a secondary color: "
-           "red and yellow make orange, yellow and blue make green, and blue and red make purple." + tail
-           for tail in ("", " The sky is", " Grass is")]
+PROMPTS = [
+    "The three primary colors are red, yellow and blue. Mixing two of them gives a secondary color: "
+    "red and yellow make orange, yellow and blue make green, and blue and red make purple." + tail
+    for tail in ("", " The sky is", " Grass is")
+]
 PARAMS = {"temperature": 0, "max_new_tokens": 24}
 
 
 def run(backend: str, page_size: int) -> tuple[list[list[int]], list[int]]:
-    engine = Engine(dtype="float32", device="cuda", attention_backend=backend, page_size=page_size,
-                    max_total_tokens=8192)
+    engine = Engine(
+        dtype="float32",
+        device="cuda",
+        attention_backend=backend,
+        page_size=page_size,
+        max_total_tokens=8192,
+    )
     try:
         outs = [engine.generate(PROMPTS[0], PARAMS)] + engine.generate(PROMPTS[1:], PARAMS)
         engine.check_integrity()

@@ -1,6 +1,7 @@
 """Tensor parallelism over NCCL: the default model at TP=3 (or 2 heads' worth: TP must divide 9 query heads, so
 3) greedy output equals TP=1, on a machine with at least 3 GPUs. Skipped elsewhere (the gloo version runs on the
 CPU in tests/integration/test_tensor_parallel.py)."""
+
 import pytest
 import torch
 
@@ -18,7 +19,10 @@ def test_default_model_tp3_nccl_equals_tp1():
     for tp in (1, 3):
         e = Engine(dtype="float32", tp_size=tp)
         try:
-            outs[tp] = [o["output_ids"] for o in e.generate(PROMPTS, {"temperature": 0, "max_new_tokens": 16})]
+            outs[tp] = [
+                o["output_ids"]
+                for o in e.generate(PROMPTS, {"temperature": 0, "max_new_tokens": 16})
+            ]
         finally:
             e.shutdown()
     assert outs[3] == outs[1]

@@ -1,6 +1,7 @@
 """A really launched `radixrt serve` for tests: a subprocess on a free port, waited on until /health
 answers, with its temp dir (where its ipc sockets live) under the test's tmp path so a test can
 check that nothing is left behind."""
+
 from __future__ import annotations
 
 import os
@@ -25,15 +26,22 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, args: list[str], tmp_dir: pathlib.Path, fake_scheduler: bool = False,
-                 env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        args: list[str],
+        tmp_dir: pathlib.Path,
+        fake_scheduler: bool = False,
+        env: dict[str, str] | None = None,
+    ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.tmp_dir = pathlib.Path(tmp_dir)
         self.tmp_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = self.tmp_dir / "server.log"
         env = {**os.environ, "TMPDIR": str(self.tmp_dir), "PYTHONUNBUFFERED": "1", **(env or {})}
-        if "--dtype" not in args:  # token-exact checks run in float32; the default dtype has its own test
+        if (
+            "--dtype" not in args
+        ):  # token-exact checks run in float32; the default dtype has its own test
             args = [*args, "--dtype", "float32"]
         cmd = [sys.executable, "-m", "radixrt.cli", "serve", "--port", str(self.port), *args]
         if fake_scheduler:
@@ -47,7 +55,9 @@ class ServerProcess:
 
     def _wait_healthy(self) -> None:
         try:
-            wait_until_healthy(self.url, self.proc, STARTUP_TIMEOUT_S, poll_s=0.5, log_tail=self.log)
+            wait_until_healthy(
+                self.url, self.proc, STARTUP_TIMEOUT_S, poll_s=0.5, log_tail=self.log
+            )
         except TimeoutError:
             self.stop(signal.SIGKILL)
             raise
@@ -59,8 +69,11 @@ class ServerProcess:
         return [str(p) for p in self.tmp_dir.glob("radixrt-ipc-*")]
 
     def alive_pids(self) -> list[int]:
-        return [p for p in [self.proc.pid, *self.child_pids] if psutil.pid_exists(p)
-                and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        return [
+            p
+            for p in [self.proc.pid, *self.child_pids]
+            if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+        ]
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
         if self.proc.poll() is None:
@@ -75,7 +88,9 @@ class ServerProcess:
         return self.proc.returncode
 
 
-def inflight_then(url: str, trigger_text: str, max_new_tokens: int = 200, timeout: float = 30) -> list:
+def inflight_then(
+    url: str, trigger_text: str, max_new_tokens: int = 200, timeout: float = 30
+) -> list:
     """A plain and a streamed /generate in flight, then a request with trigger_text (a fake scheduler's
     CRASH or HANG): the three outcomes (response, SSE payloads, response), or the exception each raised."""
     import asyncio
@@ -88,11 +103,16 @@ def inflight_then(url: str, trigger_text: str, max_new_tokens: int = 200, timeou
             plain = asyncio.create_task(client.post(url + "/generate", json=body))
 
             async def streamed() -> list[str]:
-                async with client.stream("POST", url + "/generate", json={**body, "stream": True}) as r:
+                async with client.stream(
+                    "POST", url + "/generate", json={**body, "stream": True}
+                ) as r:
                     return sse_events([line async for line in r.aiter_lines()])
+
             streaming = asyncio.create_task(streamed())
             await asyncio.sleep(0.5)
-            trigger = asyncio.create_task(client.post(url + "/generate", json={"text": trigger_text}))
+            trigger = asyncio.create_task(
+                client.post(url + "/generate", json={"text": trigger_text})
+            )
             return await asyncio.gather(plain, streaming, trigger, return_exceptions=True)
 
     return asyncio.run(run())
@@ -100,4 +120,4 @@ def inflight_then(url: str, trigger_text: str, max_new_tokens: int = 200, timeou
 
 def sse_events(lines: list[str]) -> list[str]:
     """The data payloads of an SSE body, in order."""
-    return [line[len("data: "):] for line in lines if line.startswith("data: ")]
+    return [line[len("data: ") :] for line in lines if line.startswith("data: ")]

@@ -6,13 +6,15 @@ PROGRAMS maps a name to (run, on_openai, deterministic): on_openai False where t
 the construct (prompt logprobs, logprob returns); deterministic False where sampling or the approximate
 OpenAI select may legitimately differ between backends.
 """
+
 from __future__ import annotations
 
 import radixrt as sgl
 
 T0 = {"temperature": 0}
-FEW_SHOT = ("Q: What is the capital of France?\nA: Paris\n"
-            "Q: What is the capital of Japan?\nA: Tokyo\n")
+FEW_SHOT = (
+    "Q: What is the capital of France?\nA: Paris\nQ: What is the capital of Japan?\nA: Tokyo\n"
+)
 
 
 @sgl.function
@@ -35,7 +37,9 @@ def multi_turn(s, q1, q2):
 
 @sgl.function
 def select_yes_no(s):
-    s += "Q: Is the sky blue on a clear day? Answer yes or no.\nA: " + sgl.select("ans", choices=["yes", "no"])
+    s += "Q: Is the sky blue on a clear day? Answer yes or no.\nA: " + sgl.select(
+        "ans", choices=["yes", "no"]
+    )
 
 
 @sgl.function
@@ -50,7 +54,9 @@ def gen_int_prog(s):
 
 @sgl.function
 def gen_string_prog(s):
-    s += 'The name of the French capital, as a JSON string: ' + sgl.gen_string("name", max_tokens=8, **T0)
+    s += "The name of the French capital, as a JSON string: " + sgl.gen_string(
+        "name", max_tokens=8, **T0
+    )
 
 
 @sgl.function
@@ -61,7 +67,8 @@ def gen_dtype_float(s):
 @sgl.function
 def regex_date(s):
     s += "The first moon landing happened on (YYYY-MM-DD): " + sgl.gen(
-        "date", regex=r"19[0-9]{2}-[01][0-9]-[0-3][0-9]", max_tokens=12, **T0)
+        "date", regex=r"19[0-9]{2}-[01][0-9]-[0-3][0-9]", max_tokens=12, **T0
+    )
 
 
 @sgl.function
@@ -73,9 +80,12 @@ def json_by_pieces(s):
 
 @sgl.function
 def json_schema_prog(s):
-    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
-                                                "sunny": {"type": "boolean"}},
-              "required": ["city", "sunny"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 10}, "sunny": {"type": "boolean"}},
+        "required": ["city", "sunny"],
+        "additionalProperties": False,
+    }
     s += "The weather report as JSON: " + sgl.gen("report", json_schema=schema, max_tokens=24, **T0)
 
 
@@ -126,13 +136,19 @@ def parallel_encoding(s):
     forks[0] += "The Nile is a river in Africa.\n"
     forks[1] += "Mount Fuji is a volcano in Japan.\n"
     forks.join("concate_and_append")
-    s += "Question: Which fact mentions Japan?\nAnswer:" + sgl.gen("answer", max_tokens=8, stop="\n", **T0)
+    s += "Question: Which fact mentions Japan?\nAnswer:" + sgl.gen(
+        "answer", max_tokens=8, stop="\n", **T0
+    )
 
 
 @sgl.function(num_api_spec_tokens=32)
 def spec_tokens(s):
-    s += "Name: " + sgl.gen("name", max_tokens=6, stop="\n", **T0) + "\nJob: " + sgl.gen(
-        "job", max_tokens=6, stop="\n", **T0)
+    s += (
+        "Name: "
+        + sgl.gen("name", max_tokens=6, stop="\n", **T0)
+        + "\nJob: "
+        + sgl.gen("job", max_tokens=6, stop="\n", **T0)
+    )
 
 
 @sgl.function
@@ -162,25 +178,37 @@ def explicit_role_markers(s):
 
 @sgl.function
 def stop_list(s):
-    s += "List three animals separated by commas:" + sgl.gen("animals", max_tokens=16, stop=[".", "\n"], **T0)
+    s += "List three animals separated by commas:" + sgl.gen(
+        "animals", max_tokens=16, stop=[".", "\n"], **T0
+    )
 
 
 @sgl.function
 def unconditional_select(s):
-    s += "The best pet is a " + sgl.select("pet", choices=["cat", "dog", "goldfish"],
-                                         choices_method=sgl.unconditional_likelihood_normalized)
+    s += "The best pet is a " + sgl.select(
+        "pet",
+        choices=["cat", "dog", "goldfish"],
+        choices_method=sgl.unconditional_likelihood_normalized,
+    )
 
 
 @sgl.function
 def logprobs_prog(s):
-    s += "The capital of France is" + sgl.gen("x", max_tokens=3, return_logprob=True, top_logprobs_num=2,
-                                               return_text_in_logprobs=True, **T0)
+    s += "The capital of France is" + sgl.gen(
+        "x",
+        max_tokens=3,
+        return_logprob=True,
+        top_logprobs_num=2,
+        return_text_in_logprobs=True,
+        **T0,
+    )
 
 
 @sgl.function
 def penalties(s):
-    s += "Repeat after me: la la la la" + sgl.gen("x", max_tokens=8, frequency_penalty=0.8, presence_penalty=0.5,
-                                                  **T0)
+    s += "Repeat after me: la la la la" + sgl.gen(
+        "x", max_tokens=8, frequency_penalty=0.8, presence_penalty=0.5, **T0
+    )
 
 
 @sgl.function
@@ -200,8 +228,14 @@ def run_streaming(backend) -> dict:
 
 
 def run_batch_with_bar(backend) -> dict:
-    states = few_shot_qa.run_batch([{"question": "What is the capital of Spain?"},
-                                    {"question": "What is the capital of Egypt?"}], backend=backend, progress_bar=True)
+    states = few_shot_qa.run_batch(
+        [
+            {"question": "What is the capital of Spain?"},
+            {"question": "What is the capital of Egypt?"},
+        ],
+        backend=backend,
+        progress_bar=True,
+    )
     return {"text": [s.text() for s in states], "vars": {"answers": [s["answer"] for s in states]}}
 
 
@@ -214,12 +248,18 @@ def run_logprobs(backend) -> dict:
     state = logprobs_prog.run(backend=backend)
     meta = state.get_meta_info("x")
     entries = meta["output_token_logprobs"]
-    assert len(entries) == 3 and all(isinstance(e[2], str) for e in entries), entries  # text in logprobs
+    assert len(entries) == 3 and all(isinstance(e[2], str) for e in entries), (
+        entries
+    )  # text in logprobs
     return {"text": state.text(), "vars": {"tokens": [e[2] for e in entries]}}
 
 
 PROGRAMS = {
-    "few_shot_qa": (lambda b: _run(few_shot_qa, b, question="What is the capital of Italy?"), True, True),
+    "few_shot_qa": (
+        lambda b: _run(few_shot_qa, b, question="What is the capital of Italy?"),
+        True,
+        True,
+    ),
     "multi_turn": (lambda b: _run(multi_turn, b, q1="Hi!", q2="Name a colour."), True, True),
     "select_yes_no": (lambda b: _run(select_yes_no, b), True, False),
     "gen_with_choices": (lambda b: _run(gen_with_choices, b), True, False),

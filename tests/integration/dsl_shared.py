@@ -1,4 +1,5 @@
 """Process-wide model objects shared by the DSL integration tests (loaded once)."""
+
 from __future__ import annotations
 
 import functools
@@ -38,16 +39,23 @@ def hf_greedy(ids: list[int], max_new_tokens: int, eos_ids: tuple[int, ...] = (2
     import torch
 
     with torch.no_grad():
-        out = hf_model().generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False,
-                                  eos_token_id=list(eos_ids), pad_token_id=eos_ids[0])
-    new = out[0, len(ids):].tolist()
-    return new[:new.index(eos_ids[0]) + 1] if eos_ids[0] in new else new
+        out = hf_model().generate(
+            torch.tensor([ids]),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=list(eos_ids),
+            pad_token_id=eos_ids[0],
+        )
+    new = out[0, len(ids) :].tolist()
+    return new[: new.index(eos_ids[0]) + 1] if eos_ids[0] in new else new
 
 
 def runtime_available() -> bool:
     import importlib.util
 
-    return importlib.util.find_spec("radixrt.runtime.serving.launch") is not None and not os.environ.get("RADIXRT_NO_SERVE")
+    return importlib.util.find_spec(
+        "radixrt.runtime.serving.launch"
+    ) is not None and not os.environ.get("RADIXRT_NO_SERVE")
 
 
 class Recorder:

@@ -6,6 +6,7 @@ exact text), one token per request per step, with a short sleep standing in for 
 A prompt that contains "CRASH" makes the process die on its next step, one with "HANG" makes its next
 step never return (watchdog tests: a dead scheduler, a hung one).
 """
+
 from __future__ import annotations
 
 import os
@@ -25,9 +26,13 @@ class FakeScheduler:
         self.config = config
         self.tokenizer = load_tokenizer(config.model_path)
         self.context_len = 1024
-        self.model_info = {"model_path": config.model_path, "context_length": self.context_len,
-                           "vocab_size": len(self.tokenizer), "eos_token_ids": [self.tokenizer.eos_token_id],
-                           "is_generation": True}
+        self.model_info = {
+            "model_path": config.model_path,
+            "context_length": self.context_len,
+            "vocab_size": len(self.tokenizer),
+            "eos_token_ids": [self.tokenizer.eos_token_id],
+            "is_generation": True,
+        }
         self.running: dict[str, dict] = {}
         self.num_finished = 0
         self.num_added = 0  # every request that reached the scheduler
@@ -36,19 +41,38 @@ class FakeScheduler:
         self.num_tokens_generated = 0
         self.num_aborted = 0
 
-    def _out(self, r: dict, new_ids: list[int], reason: dict | None, error: str | None = None) -> TokenOut:
-        return TokenOut(rid=r["rid"], new_ids=new_ids, finished_reason=reason, prompt_tokens=len(r["input_ids"]),
-                        completion_tokens=len(r["out"]), error=error,
-                        output_logprobs=[[-0.5, t] for t in new_ids] if r["logprob"] else [],
-                        output_top_logprobs=[[[-0.5, t]] for t in new_ids] if r["logprob"] else [])
+    def _out(
+        self, r: dict, new_ids: list[int], reason: dict | None, error: str | None = None
+    ) -> TokenOut:
+        return TokenOut(
+            rid=r["rid"],
+            new_ids=new_ids,
+            finished_reason=reason,
+            prompt_tokens=len(r["input_ids"]),
+            completion_tokens=len(r["out"]),
+            error=error,
+            output_logprobs=[[-0.5, t] for t in new_ids] if r["logprob"] else [],
+            output_top_logprobs=[[[-0.5, t]] for t in new_ids] if r["logprob"] else [],
+        )
 
     def add_request(self, msg: TokenizedGenerateReq) -> list[TokenOut]:
         self.num_added += 1
         sp = SamplingParams.from_dict(msg.sampling_params)
-        r = {"rid": msg.rid, "input_ids": msg.input_ids, "sp": sp, "out": [], "stream": msg.stream,
-             "sent": 0, "logprob": msg.return_logprob}
+        r = {
+            "rid": msg.rid,
+            "input_ids": msg.input_ids,
+            "sp": sp,
+            "out": [],
+            "stream": msg.stream,
+            "sent": 0,
+            "logprob": msg.return_logprob,
+        }
         if len(msg.input_ids) + sp.max_new_tokens > NUM_PAGES:
-            return [self._out(r, [], {"type": "abort", "message": "too long"}, error="too long for the pool")]
+            return [
+                self._out(
+                    r, [], {"type": "abort", "message": "too long"}, error="too long for the pool"
+                )
+            ]
         if "CRASH" in self.tokenizer.decode(msg.input_ids):
             self.crash = True
         if "HANG" in self.tokenizer.decode(msg.input_ids):
@@ -86,7 +110,7 @@ class FakeScheduler:
                 del self.running[rid]
                 self.num_finished += 1
             if reason is not None or r["stream"]:
-                outs.append(self._out(r, r["out"][r["sent"]:], reason))
+                outs.append(self._out(r, r["out"][r["sent"] :], reason))
                 r["sent"] = len(r["out"])
         return outs
 
@@ -95,12 +119,22 @@ class FakeScheduler:
 
     def server_info(self, walk: bool = True) -> dict:
         used = sum(len(r["input_ids"]) + len(r["out"]) for r in self.running.values())
-        return {"kv_pages_total": NUM_PAGES, "kv_pages_free": NUM_PAGES - used, "kv_pages_evictable": 0,
-                "page_size": 1, "max_total_tokens": NUM_PAGES, "num_running": len(self.running), "num_waiting": 0,
-                "num_preemptions": 0, "cache_hit_rate": 0.0, "num_requests_finished": self.num_finished,
-                "num_added": self.num_added, "num_tokens_generated": self.num_tokens_generated,
-                "num_aborted": self.num_aborted,
-                "pid": os.getpid()}
+        return {
+            "kv_pages_total": NUM_PAGES,
+            "kv_pages_free": NUM_PAGES - used,
+            "kv_pages_evictable": 0,
+            "page_size": 1,
+            "max_total_tokens": NUM_PAGES,
+            "num_running": len(self.running),
+            "num_waiting": 0,
+            "num_preemptions": 0,
+            "cache_hit_rate": 0.0,
+            "num_requests_finished": self.num_finished,
+            "num_added": self.num_added,
+            "num_tokens_generated": self.num_tokens_generated,
+            "num_aborted": self.num_aborted,
+            "pid": os.getpid(),
+        }
 
     def check_integrity(self) -> None:
         pass

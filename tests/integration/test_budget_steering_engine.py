@@ -7,6 +7,7 @@ field and budgets from tight to ample: output is schema-valid exactly when the s
 otherwise ends with finish_reason length and meta_info.incomplete; an output that finishes inside its budget
 is the same as with a budget twice as large (steering left it alone).
 """
+
 import json
 import sys
 import time
@@ -31,7 +32,9 @@ def engine():
 
 
 def shortest(engine, schema) -> int:
-    fut = engine.scheduler.get_grammar_backend("json_schema").request("json_schema", json.dumps(schema))
+    fut = engine.scheduler.get_grammar_backend("json_schema").request(
+        "json_schema", json.dumps(schema)
+    )
     while not fut.done():
         time.sleep(0.01)
     state = fut.result()
@@ -41,7 +44,9 @@ def shortest(engine, schema) -> int:
 def prompt(engine, name, schema) -> str:
     return engine.tokenizer.apply_chat_template(
         [{"role": "user", "content": f"Write a long JSON value for {name}: {json.dumps(schema)}"}],
-        tokenize=False, add_generation_prompt=True)
+        tokenize=False,
+        add_generation_prompt=True,
+    )
 
 
 def test_output_is_valid_whenever_the_shortest_completion_fits(engine):
@@ -51,9 +56,13 @@ def test_output_is_valid_whenever_the_shortest_completion_fits(engine):
         for budget in sorted({k - 1, k, k + 2, k + 6, 3 * k, 96}):
             if budget > 0:
                 cases.append((name, schema, k, budget))
-    outs = engine.generate([prompt(engine, n, s) for n, s, _, _ in cases],
-                           [{"json_schema": json.dumps(s), "temperature": 0, "max_new_tokens": b}
-                            for _, s, _, b in cases])
+    outs = engine.generate(
+        [prompt(engine, n, s) for n, s, _, _ in cases],
+        [
+            {"json_schema": json.dumps(s), "temperature": 0, "max_new_tokens": b}
+            for _, s, _, b in cases
+        ],
+    )
     num_steered_valid = 0
     for (name, schema, k, budget), out in zip(cases, outs):
         meta = out["meta_info"]
@@ -64,7 +73,10 @@ def test_output_is_valid_whenever_the_shortest_completion_fits(engine):
             assert not meta.get("incomplete")
             num_steered_valid += meta["completion_tokens"] == budget  # it needed every token it had
         else:
-            assert meta["finish_reason"]["type"] == "length" and meta.get("incomplete") is True, (name, budget)
+            assert meta["finish_reason"]["type"] == "length" and meta.get("incomplete") is True, (
+                name,
+                budget,
+            )
     # the unbounded fields really did run into their budget and were closed by steering
     assert num_steered_valid >= len(UNBOUNDED), num_steered_valid
     engine.check_integrity()
@@ -72,13 +84,21 @@ def test_output_is_valid_whenever_the_shortest_completion_fits(engine):
 
 def test_output_that_finishes_inside_its_budget_is_untouched(engine):
     names = list(UNBOUNDED)
-    params = [{"json_schema": json.dumps(UNBOUNDED[n]), "temperature": 0, "max_new_tokens": 48} for n in names]
+    params = [
+        {"json_schema": json.dumps(UNBOUNDED[n]), "temperature": 0, "max_new_tokens": 48}
+        for n in names
+    ]
     small = engine.generate([prompt(engine, n, UNBOUNDED[n]) for n in names], params)
-    large = engine.generate([prompt(engine, n, UNBOUNDED[n]) for n in names],
-                            [{**p, "max_new_tokens": 96} for p in params])
+    large = engine.generate(
+        [prompt(engine, n, UNBOUNDED[n]) for n in names],
+        [{**p, "max_new_tokens": 96} for p in params],
+    )
     compared = 0
     for name, a, b in zip(names, small, large):
-        if b["meta_info"]["finish_reason"]["type"] == "stop" and b["meta_info"]["completion_tokens"] <= 40:
+        if (
+            b["meta_info"]["finish_reason"]["type"] == "stop"
+            and b["meta_info"]["completion_tokens"] <= 40
+        ):
             assert a["output_ids"] == b["output_ids"], name
             compared += 1
     assert compared >= 2, "too few outputs finished inside the smaller budget to compare"
@@ -88,14 +108,21 @@ def test_llguidance_marks_cut_output_incomplete():
     llg = Engine(dtype="float32", grammar_backend="llguidance")
     try:
         schema = UNBOUNDED["free_string"]
-        out = llg.generate(prompt(llg, "free_string", schema),
-                           {"json_schema": json.dumps(schema), "temperature": 0, "max_new_tokens": 3})
-        assert out["meta_info"]["finish_reason"]["type"] == "length" and out["meta_info"]["incomplete"] is True
+        out = llg.generate(
+            prompt(llg, "free_string", schema),
+            {"json_schema": json.dumps(schema), "temperature": 0, "max_new_tokens": 3},
+        )
+        assert (
+            out["meta_info"]["finish_reason"]["type"] == "length"
+            and out["meta_info"]["incomplete"] is True
+        )
     finally:
         llg.shutdown()
 
 
-LEAVES_OUTLINES_LANGUAGE = {"open_object"}  # additionalProperties: llguidance allows the keys, outlines does not
+LEAVES_OUTLINES_LANGUAGE = {
+    "open_object"
+}  # additionalProperties: llguidance allows the keys, outlines does not
 
 
 def test_auto_steers_what_llguidance_serves(engine):
@@ -107,13 +134,20 @@ def test_auto_steers_what_llguidance_serves(engine):
         cases = []
         for name, schema in UNBOUNDED.items():
             k = shortest(engine, schema)
-            shadow = auto.scheduler.get_grammar_backend("json_schema").secondary  # outlines, cached once compiled
+            shadow = auto.scheduler.get_grammar_backend(
+                "json_schema"
+            ).secondary  # outlines, cached once compiled
             fut = shadow.request("json_schema", json.dumps(schema))
             while not fut.done():
                 time.sleep(0.01)
             cases += [(name, schema, b) for b in (k, k + 3, 2 * k)]
-        outs = auto.generate([prompt(auto, n, s) for n, s, _ in cases],
-                             [{"json_schema": json.dumps(s), "temperature": 0, "max_new_tokens": b} for _, s, b in cases])
+        outs = auto.generate(
+            [prompt(auto, n, s) for n, s, _ in cases],
+            [
+                {"json_schema": json.dumps(s), "temperature": 0, "max_new_tokens": b}
+                for _, s, b in cases
+            ],
+        )
         for (name, schema, budget), out in zip(cases, outs):
             if name in LEAVES_OUTLINES_LANGUAGE and out["meta_info"].get("incomplete"):
                 continue  # the model wrote an undeclared key, which outlines' DFA has not: the shadow was lost
@@ -132,24 +166,34 @@ def test_auto_steers_ebnf_grammars():
     from test_grammar_backends import GRAMMARS, lark  # noqa: F401  (lark: skipped when missing)
 
     from radixrt.runtime.constrained.cfg_regex import cfg_regex
+
     auto = Engine(dtype="float32")
     try:
         cases = []
         for name, (gbnf, lark_text) in GRAMMARS.items():
-            shadow = auto.scheduler.get_grammar_backend("ebnf").secondary  # outlines, cached once compiled
+            shadow = auto.scheduler.get_grammar_backend(
+                "ebnf"
+            ).secondary  # outlines, cached once compiled
             fut = shadow.request("regex", cfg_regex(gbnf))
             while not fut.done():
                 time.sleep(0.01)
             state = fut.result()
-            k = state.compiled.steering.dist[state.guide.get_state()]  # the subset's shortest completion
+            k = state.compiled.steering.dist[
+                state.guide.get_state()
+            ]  # the subset's shortest completion
             cases += [(name, gbnf, lark_text, k, b) for b in (k - 1, k, k + 2, 2 * k + 4) if b > 0]
-        outs = auto.generate([f"Write a very long example of {name} text:" for name, *_ in cases],
-                             [{"ebnf": g, "temperature": 0, "max_new_tokens": b} for _, g, _, _, b in cases])
+        outs = auto.generate(
+            [f"Write a very long example of {name} text:" for name, *_ in cases],
+            [{"ebnf": g, "temperature": 0, "max_new_tokens": b} for _, g, _, _, b in cases],
+        )
         fitted = 0
-        for (name, gbnf, lark_text, k, budget), out in zip(cases, outs):
+        for (name, _gbnf, lark_text, k, budget), out in zip(cases, outs):
             meta = out["meta_info"]
             if budget < k:  # nothing complete fits
-                assert meta.get("incomplete") and meta["finish_reason"]["type"] == "length", (name, out["text"])
+                assert meta.get("incomplete") and meta["finish_reason"]["type"] == "length", (
+                    name,
+                    out["text"],
+                )
                 continue
             assert not meta.get("incomplete"), (name, budget, out["text"])
             lark.Lark(lark_text, parser="earley").parse(out["text"])

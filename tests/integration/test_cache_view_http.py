@@ -6,6 +6,7 @@ Chromium (Debian's `chromium` + `chromium-driver`, driven by selenium) loading t
 errors, the tree and the plots render, and the figures move after requests are sent. A screenshot is
 saved under $RADIXRT_TEST_ARTIFACTS (default: test-artifacts/ in the repository).
 """
+
 import os
 import pathlib
 import shutil
@@ -20,24 +21,38 @@ from naive_cache_tree import NaiveCacheTree, canonical_view
 
 pytestmark = pytest.mark.integration
 PAGE_SIZE = 4
-SYSTEM = ("You are a careful assistant who answers questions about geography, history and science in one "
-          "short sentence. ")
-QUESTIONS = ["What is the capital of France?", "What is the capital of Peru?", "Who wrote Hamlet?",
-             "What is the capital of France? Answer briefly.", "Why is the sky blue?"]
-ARTIFACTS = pathlib.Path(os.environ.get("RADIXRT_TEST_ARTIFACTS", pathlib.Path(__file__).parents[2] / "test-artifacts"))
+SYSTEM = (
+    "You are a careful assistant who answers questions about geography, history and science in one "
+    "short sentence. "
+)
+QUESTIONS = [
+    "What is the capital of France?",
+    "What is the capital of Peru?",
+    "Who wrote Hamlet?",
+    "What is the capital of France? Answer briefly.",
+    "Why is the sky blue?",
+]
+ARTIFACTS = pathlib.Path(
+    os.environ.get("RADIXRT_TEST_ARTIFACTS", pathlib.Path(__file__).parents[2] / "test-artifacts")
+)
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = ServerProcess(["--page-size", str(PAGE_SIZE), "--max-total-tokens", "4096", "--log-level", "warning"],
-                        tmp_path_factory.mktemp("cache_view"))
+    srv = ServerProcess(
+        ["--page-size", str(PAGE_SIZE), "--max-total-tokens", "4096", "--log-level", "warning"],
+        tmp_path_factory.mktemp("cache_view"),
+    )
     yield srv
     srv.stop()
 
 
 def generate(server, ids: list[int]) -> dict:
-    r = httpx.post(server.url + "/generate", json={"input_ids": ids, "sampling_params": {
-        "max_new_tokens": 1, "temperature": 0}}, timeout=300)
+    r = httpx.post(
+        server.url + "/generate",
+        json={"input_ids": ids, "sampling_params": {"max_new_tokens": 1, "temperature": 0}},
+        timeout=300,
+    )
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -45,7 +60,11 @@ def generate(server, ids: list[int]) -> dict:
 def test_cache_tree_is_what_the_requests_imply(server, tokenizer):
     assert httpx.post(server.url + "/flush_cache", timeout=60).status_code == 200
     prompts = [tokenizer.encode(SYSTEM + q, add_special_tokens=False) for q in QUESTIONS]
-    prompts += [prompts[0], prompts[1], tokenizer.encode("Completely unrelated words here.", add_special_tokens=False)]
+    prompts += [
+        prompts[0],
+        prompts[1],
+        tokenizer.encode("Completely unrelated words here.", add_special_tokens=False),
+    ]
     naive = NaiveCacheTree(PAGE_SIZE)
     for ids in prompts:  # one at a time, so the order of matches is the order sent
         # max_new_tokens=1: the sampled token is never fed back, so the cached sequence is the prompt
@@ -58,36 +77,68 @@ def test_cache_tree_is_what_the_requests_imply(server, tokenizer):
     assert view["page_size"] == PAGE_SIZE
     # the first level: the shared system prompt, then the unrelated prompt; text previews decode the edge
     first = max(view["root"]["children"], key=lambda c: c["subtree_tokens"])
-    edge = tokenizer.decode(prompts[0][:first["num_tokens"]], skip_special_tokens=False)
+    edge = tokenizer.decode(prompts[0][: first["num_tokens"]], skip_special_tokens=False)
     assert first["text"].rstrip("…") and edge.startswith(first["text"].rstrip("…"))
-    assert first["hits"] == len(prompts) - 2  # everything but the first and the unrelated prompt matched it
+    assert (
+        first["hits"] == len(prompts) - 2
+    )  # everything but the first and the unrelated prompt matched it
     assert first["tokens_served"] == first["hits"] * first["num_tokens"]
-    assert all(c["last_access_age_s"] is not None and c["lock_ref"] == 0 for c in view["root"]["children"])
+    assert all(
+        c["last_access_age_s"] is not None and c["lock_ref"] == 0 for c in view["root"]["children"]
+    )
     # a summarised view keeps the totals
-    small = httpx.get(server.url + "/cache_tree", params={"max_depth": 1, "max_nodes": 1}, timeout=60).json()
+    small = httpx.get(
+        server.url + "/cache_tree", params={"max_depth": 1, "max_nodes": 1}, timeout=60
+    ).json()
     assert small["num_nodes_shown"] == 1 and small["num_nodes"] == view["num_nodes"]
-    assert small["root"]["omitted"]["tokens"] + small["root"]["children"][0]["subtree_tokens"] == view["num_tokens"]
+    assert (
+        small["root"]["omitted"]["tokens"] + small["root"]["children"][0]["subtree_tokens"]
+        == view["num_tokens"]
+    )
     assert httpx.get(server.url + "/get_server_info", timeout=60).json()["integrity_ok"]
 
 
 def test_cache_tree_refuses_bad_limits_by_name(server):
-    for params, field in (({"max_nodes": "0"}, "max_nodes"), ({"max_depth": "x"}, "max_depth"),
-                          ({"max_nodes": "99999999"}, "max_nodes"), ({"depth": "3"}, "depth")):
+    for params, field in (
+        ({"max_nodes": "0"}, "max_nodes"),
+        ({"max_depth": "x"}, "max_depth"),
+        ({"max_nodes": "99999999"}, "max_nodes"),
+        ({"depth": "3"}, "depth"),
+    ):
         r = httpx.get(server.url + "/cache_tree", params=params, timeout=60)
         assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
     assert httpx.get(server.url + "/health", timeout=60).status_code == 200
 
 
 def test_cli_prints_the_tree(server):
-    out = subprocess.run([sys.executable, "-m", "radixrt.cli", "cache-tree", "--url", server.url],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "radixrt.cli", "cache-tree", "--url", server.url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     view = httpx.get(server.url + "/cache_tree", timeout=60).json()
     lines = out.stdout.splitlines()
-    assert lines[0].startswith(f"radix cache: {view['num_nodes']} nodes, {view['num_tokens']} tokens")
+    assert lines[0].startswith(
+        f"radix cache: {view['num_nodes']} nodes, {view['num_tokens']} tokens"
+    )
     assert len(lines) == 1 + view["num_nodes"]  # one line per node, nothing summarised at this size
-    bad = subprocess.run([sys.executable, "-m", "radixrt.cli", "cache-tree", "--url", server.url, "--max-nodes", "0"],
-                         capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "radixrt.cli",
+            "cache-tree",
+            "--url",
+            server.url,
+            "--max-nodes",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 1 and "max_nodes" in bad.stderr
 
 
@@ -95,13 +146,24 @@ def _browser():
     chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
     if not (chromium and driver):
         pytest.skip("no browser: install Debian's chromium and chromium-driver (.ci/run does)")
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
+    webdriver = pytest.importorskip(
+        "selenium.webdriver", reason="selenium is not installed (pip install selenium)"
+    )
     from selenium.webdriver.chrome.service import Service
+
     opts = webdriver.ChromeOptions()
     opts.binary_location = chromium
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--window-size=1400,1150"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--window-size=1400,1150",
+    ):
         opts.add_argument(arg)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     return webdriver.Chrome(service=Service(driver), options=opts)
@@ -122,10 +184,23 @@ def test_dashboard_in_a_real_browser(server, tokenizer):
     try:
         assert httpx.post(server.url + "/flush_cache", timeout=60).status_code == 200
         browser.get(server.url + "/dashboard")
-        _wait(browser, "const d = window.radixrtDashboard; return d && d.infoUpdates >= 2 && d.treeUpdates >= 1")
-        assert browser.execute_script("return document.getElementById('tree').dataset.numNodes") == "0"
-        plots = browser.execute_script("return Array.from(document.querySelectorAll('.js-plotly-plot')).map(e => e.id)")
-        assert sorted(plots) == ["plot-hitrate", "plot-pool", "plot-requests", "plot-throughput", "tree"]
+        _wait(
+            browser,
+            "const d = window.radixrtDashboard; return d && d.infoUpdates >= 2 && d.treeUpdates >= 1",
+        )
+        assert (
+            browser.execute_script("return document.getElementById('tree').dataset.numNodes") == "0"
+        )
+        plots = browser.execute_script(
+            "return Array.from(document.querySelectorAll('.js-plotly-plot')).map(e => e.id)"
+        )
+        assert sorted(plots) == [
+            "plot-hitrate",
+            "plot-pool",
+            "plot-requests",
+            "plot-throughput",
+            "tree",
+        ]
         # requests sharing a prefix: the tree gains nodes with hits, the hit-rate card and the table fill
         for q in QUESTIONS:
             generate(server, tokenizer.encode(SYSTEM + q, add_special_tokens=False))
@@ -134,9 +209,14 @@ def test_dashboard_in_a_real_browser(server, tokenizer):
         _wait(browser, "return document.querySelectorAll('#hot-table tbody tr').length >= 5")
         _wait(browser, "return document.getElementById('card-hitrate').textContent !== '0.0%'")
         # the time series are redrawn with the new figures: the throughput axis grows past its empty range (0-4)
-        _wait(browser, "return Math.max(...Array.from(document.querySelectorAll('#plot-throughput .ytick text'))"
-                       ".map(t => Number(t.textContent.replace(/[^0-9.]/g, '')) || 0)) > 4")
-        top_hits = browser.execute_script("return document.querySelector('#hot-table tbody tr td:nth-child(3)').textContent")
+        _wait(
+            browser,
+            "return Math.max(...Array.from(document.querySelectorAll('#plot-throughput .ytick text'))"
+            ".map(t => Number(t.textContent.replace(/[^0-9.]/g, '')) || 0)) > 4",
+        )
+        top_hits = browser.execute_script(
+            "return document.querySelector('#hot-table tbody tr td:nth-child(3)').textContent"
+        )
         assert int(top_hits) == len(QUESTIONS) - 1
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         browser.save_screenshot(str(ARTIFACTS / "dashboard.png"))

@@ -2,6 +2,7 @@
 tokens as the eager model for batches of every bucket (one token, small decode batches, prefill chunks and
 mixed steps); no graph compiled after start-up however the batches vary; a second engine over the same cache
 loads every graph instead of compiling it."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,8 +10,16 @@ import pytest
 from radixrt import Engine
 from radixrt.runtime.model import compiled_layers
 
-PROMPTS = ["The capital of France is", "Write a haiku about the sea.", "List three primary colors:",
-           "def fibonacci(n):", "Once upon a time", "The quick brown fox", "1, 2, 3, 4,", "Q: Why is the sky blue?"]
+PROMPTS = [
+    "The capital of France is",
+    "Write a haiku about the sea.",
+    "List three primary colors:",
+    "def fibonacci(n):",
+    "Once upon a time",
+    "The quick brown fox",
+    "1, 2, 3, 4,",
+    "Q: Why is the sky blue?",
+]
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +37,9 @@ def generate_varied(engine: Engine) -> list[list[int]]:
     outs = [engine.generate(PROMPTS[0], params)["output_ids"]]
     outs += [o["output_ids"] for o in engine.generate(PROMPTS[1:4], params)]
     outs += [o["output_ids"] for o in engine.generate(PROMPTS, params)]
-    long_prompt = " ".join(PROMPTS) * 12  # ~600 tokens: chunks of 512, then a mixed step with the others
+    long_prompt = (
+        " ".join(PROMPTS) * 12
+    )  # ~600 tokens: chunks of 512, then a mixed step with the others
     outs += [o["output_ids"] for o in engine.generate([long_prompt] + PROMPTS[:3], params)]
     return outs
 
@@ -43,14 +54,18 @@ def test_compiled_equals_eager_and_never_recompiles(cache_env):
     engine = Engine(**cache_env, enable_torch_compile=True)
     try:
         graphs = engine.scheduler.runner.graphs
-        assert graphs is not None and graphs.num_compiles == 9  # 3 functions x 3 buckets, at start-up
+        assert (
+            graphs is not None and graphs.num_compiles == 9
+        )  # 3 functions x 3 buckets, at start-up
         got = generate_varied(engine)
         assert graphs.num_compiles == 9, "a graph was compiled after start-up"
         assert got == want
         engine.check_integrity()
     finally:
         engine.shutdown()
-    again = Engine(**cache_env, enable_torch_compile=True)  # a later start: every graph from the cache
+    again = Engine(
+        **cache_env, enable_torch_compile=True
+    )  # a later start: every graph from the cache
     try:
         assert again.scheduler.runner.graphs.num_compiles == 0
         assert generate_varied(again) == want
@@ -59,12 +74,16 @@ def test_compiled_equals_eager_and_never_recompiles(cache_env):
 
 
 def test_why_eager(cache_env, monkeypatch):
-    from radixrt.runtime.config import ServerConfig
     import torch
+
+    from radixrt.runtime.config import ServerConfig
+
     cpu = torch.device("cpu")
     monkeypatch.delenv("RADIXRT_DISABLE_TORCH_COMPILE")
     assert compiled_layers.why_eager(ServerConfig(), cpu, False) is None
-    assert "disable" in compiled_layers.why_eager(ServerConfig(disable_torch_compile=True), cpu, False)
+    assert "disable" in compiled_layers.why_eager(
+        ServerConfig(disable_torch_compile=True), cpu, False
+    )
     assert "tensor parallel" in compiled_layers.why_eager(ServerConfig(), cpu, True)
     monkeypatch.setenv("CXX", "no-such-compiler")
     monkeypatch.setenv("PATH", "/nonexistent")

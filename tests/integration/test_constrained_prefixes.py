@@ -1,6 +1,7 @@
 """Constrained output is a valid prefix of its grammar at every length, not only when it stopped, and
 concurrency does not change it. Truth: the grammar's own regex matched by an independent engine (the
 `regex` package, partial matching) and `jsonschema` for finished outputs."""
+
 from __future__ import annotations
 
 import asyncio
@@ -17,16 +18,34 @@ from radixrt import Engine
 from radixrt.runtime.constrained.spec import grammar_key, spec_regex
 
 SCHEMAS = [
-    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
-                                      "age": {"type": "integer", "minimum": 0, "maximum": 120}},
-     "required": ["name", "age"], "additionalProperties": False},
-    {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]},
-                                      "tags": {"type": "array", "items": {"type": "string", "maxLength": 6},
-                                               "maxItems": 3}},
-     "required": ["color", "tags"], "additionalProperties": False},
-    {"type": "object", "properties": {"ok": {"type": "boolean"}, "score": {"type": "number"},
-                                      "note": {"anyOf": [{"type": "null"}, {"type": "string", "maxLength": 10}]}},
-     "required": ["ok", "score", "note"], "additionalProperties": False},
+    {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 12},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        },
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "object",
+        "properties": {
+            "color": {"enum": ["red", "green", "blue"]},
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 3},
+        },
+        "required": ["color", "tags"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "object",
+        "properties": {
+            "ok": {"type": "boolean"},
+            "score": {"type": "number"},
+            "note": {"anyOf": [{"type": "null"}, {"type": "string", "maxLength": 10}]},
+        },
+        "required": ["ok", "score", "note"],
+        "additionalProperties": False,
+    },
 ]
 PROMPT = "Write one JSON record:"
 
@@ -36,7 +55,9 @@ def compiled_regex(schema: dict):
 
 
 def check_output(pattern, schema: dict, text: str, reason: dict) -> None:
-    assert pattern.fullmatch(text, partial=True) is not None, f"not a prefix of the grammar: {text!r}"
+    assert pattern.fullmatch(text, partial=True) is not None, (
+        f"not a prefix of the grammar: {text!r}"
+    )
     if reason["type"] == "stop":
         assert pattern.fullmatch(text) is not None, text
         jsonschema.validate(json.loads(text), schema)
@@ -51,8 +72,12 @@ def test_sampled_outputs_are_grammar_prefixes_at_every_length():
         stopped = truncated = 0
         for seed in range(16):
             for schema, pattern in zip(SCHEMAS, patterns):
-                params = {"json_schema": json.dumps(schema), "temperature": 1.0, "seed": seed,
-                          "max_new_tokens": 6 + seed % 4 * 8}
+                params = {
+                    "json_schema": json.dumps(schema),
+                    "temperature": 1.0,
+                    "seed": seed,
+                    "max_new_tokens": 6 + seed % 4 * 8,
+                }
                 out = engine.generate(PROMPT, params)
                 reason = out["meta_info"]["finish_reason"]
                 check_output(pattern, schema, out["text"], reason)
@@ -66,21 +91,40 @@ def test_sampled_outputs_are_grammar_prefixes_at_every_length():
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = ServerProcess(["--max-total-tokens", "8192", "--grammar-compile-timeout", "120", "--log-level", "warning"],
-                        tmp_path_factory.mktemp("constrained"))
+    srv = ServerProcess(
+        [
+            "--max-total-tokens",
+            "8192",
+            "--grammar-compile-timeout",
+            "120",
+            "--log-level",
+            "warning",
+        ],
+        tmp_path_factory.mktemp("constrained"),
+    )
     yield srv
     srv.stop(signal.SIGKILL if srv.proc.poll() is None else signal.SIGTERM)
 
 
 def body(i: int) -> dict:
-    return {"text": PROMPT, "sampling_params": {"json_schema": json.dumps(SCHEMAS[i % 3]), "temperature": 1.0,
-                                               "seed": 100 + i, "max_new_tokens": 40}}
+    return {
+        "text": PROMPT,
+        "sampling_params": {
+            "json_schema": json.dumps(SCHEMAS[i % 3]),
+            "temperature": 1.0,
+            "seed": 100 + i,
+            "max_new_tokens": 40,
+        },
+    }
 
 
 def test_32_concurrent_constrained_requests_some_cancelled_while_compiling(server):
     async def run():
         async with httpx.AsyncClient(timeout=300) as client:
-            tasks = [asyncio.create_task(client.post(server.url + "/generate", json=body(i))) for i in range(32)]
+            tasks = [
+                asyncio.create_task(client.post(server.url + "/generate", json=body(i)))
+                for i in range(32)
+            ]
             await asyncio.sleep(0.05)  # the grammars are compiling now
             for i in range(0, 32, 4):
                 tasks[i].cancel()
@@ -94,7 +138,9 @@ def test_32_concurrent_constrained_requests_some_cancelled_while_compiling(serve
             continue  # cancelled (or finished before the cancel landed: either way not compared)
         assert r.status_code == 200, r.text
         out = r.json()
-        check_output(patterns[i % 3], SCHEMAS[i % 3], out["text"], out["meta_info"]["finish_reason"])
+        check_output(
+            patterns[i % 3], SCHEMAS[i % 3], out["text"], out["meta_info"]["finish_reason"]
+        )
         alone = httpx.post(server.url + "/generate", json=body(i), timeout=300).json()
         assert alone["output_ids"] == out["output_ids"], i  # seeded: concurrency changes nothing
         kept += 1

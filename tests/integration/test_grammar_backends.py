@@ -5,6 +5,7 @@ Truth: `jsonschema` for schema output (test_constrained.py's 35+ schemas, now un
 independent Lark parser (the `lark` package) for ebnf output, `json.loads` for json_object, and the
 outlines backend's own output for a batch that mixes backends. Jump-forward on == off, token for token.
 """
+
 import json
 
 import pytest
@@ -13,22 +14,30 @@ from test_constrained import CONTEXTS, MAX_NEW_TOKENS, SCHEMAS, SUITE, SUITE_NAM
 from radixrt import Engine
 
 pytestmark = pytest.mark.integration
-llguidance = pytest.importorskip("llguidance", reason="the llguidance backend needs pip install llguidance")
+llguidance = pytest.importorskip(
+    "llguidance", reason="the llguidance backend needs pip install llguidance"
+)
 lark = pytest.importorskip("lark", reason="the ebnf checks parse with lark (pip install lark)")
 
 
 # GBNF (SGLang's ebnf) grammars and the same languages in Lark for the independent parser
 GRAMMARS = {
-    "arithmetic": ('root ::= expr\nexpr ::= term (op term)? (op term)? (op term)?\nop ::= "+" | "-" | "*"\n'
-                   'term ::= num | "(" num op num ")"\nnum ::= [0-9] [0-9]?',
-                   'start: expr\nexpr: term (op term)? (op term)? (op term)?\nop: "+" | "-" | "*"\n'
-                   'term: NUM | "(" NUM op NUM ")"\nNUM: /[0-9][0-9]?/'),
-    "sql": ('root ::= "SELECT " cols " FROM " name (" WHERE " name " = " [0-9]+)? ";"\n'
-            'cols ::= name (", " name)*\nname ::= [a-z]+',
-            'start: "SELECT " cols " FROM " NAME (" WHERE " NAME " = " /[0-9]+/)? ";"\ncols: NAME (", " NAME)*\n'
-            'NAME: /[a-z]+/'),
-    "nested_lists": ('root ::= list\nlist ::= "[" (item ("," item)*)? "]"\nitem ::= list | [a-z]',
-                     'start: list\nlist: "[" (item ("," item)*)? "]"\nitem: list | /[a-z]/'),
+    "arithmetic": (
+        'root ::= expr\nexpr ::= term (op term)? (op term)? (op term)?\nop ::= "+" | "-" | "*"\n'
+        'term ::= num | "(" num op num ")"\nnum ::= [0-9] [0-9]?',
+        'start: expr\nexpr: term (op term)? (op term)? (op term)?\nop: "+" | "-" | "*"\n'
+        'term: NUM | "(" NUM op NUM ")"\nNUM: /[0-9][0-9]?/',
+    ),
+    "sql": (
+        'root ::= "SELECT " cols " FROM " name (" WHERE " name " = " [0-9]+)? ";"\n'
+        'cols ::= name (", " name)*\nname ::= [a-z]+',
+        'start: "SELECT " cols " FROM " NAME (" WHERE " NAME " = " /[0-9]+/)? ";"\ncols: NAME (", " NAME)*\n'
+        "NAME: /[a-z]+/",
+    ),
+    "nested_lists": (
+        'root ::= list\nlist ::= "[" (item ("," item)*)? "]"\nitem ::= list | [a-z]',
+        'start: list\nlist: "[" (item ("," item)*)? "]"\nitem: list | /[a-z]/',
+    ),
 }
 
 
@@ -44,7 +53,9 @@ def test_schemas_give_valid_json_under_llguidance(engines):
     schemas = {**SCHEMAS, **{n: SUITE[n][0] for n in SUITE_NAMES}}
     backend = engine.scheduler.get_grammar_backend("json_schema")
     refused = []
-    for name, schema in list(schemas.items()):  # llguidance refuses what it does not implement, by name
+    for name, schema in list(
+        schemas.items()
+    ):  # llguidance refuses what it does not implement, by name
         try:
             backend.validate("json_schema", json.dumps(schema))
         except ValueError as e:
@@ -52,9 +63,18 @@ def test_schemas_give_valid_json_under_llguidance(engines):
             del schemas[name]
     assert len(refused) <= 3, refused
     assert len(schemas) >= 30
-    prompts = [chat(engine.tokenizer, (f"{CONTEXTS[n]}\n" if n in CONTEXTS else "")
-                    + f"Reply with a JSON object for this schema:\n{json.dumps(s)}") for n, s in schemas.items()]
-    params = [{"json_schema": json.dumps(s), "temperature": 0, "max_new_tokens": MAX_NEW_TOKENS} for s in schemas.values()]
+    prompts = [
+        chat(
+            engine.tokenizer,
+            (f"{CONTEXTS[n]}\n" if n in CONTEXTS else "")
+            + f"Reply with a JSON object for this schema:\n{json.dumps(s)}",
+        )
+        for n, s in schemas.items()
+    ]
+    params = [
+        {"json_schema": json.dumps(s), "temperature": 0, "max_new_tokens": MAX_NEW_TOKENS}
+        for s in schemas.values()
+    ]
     outs = engine.generate(prompts, params)
     finished = 0
     for (name, schema), out in zip(schemas.items(), outs):
@@ -72,12 +92,16 @@ def test_schemas_give_valid_json_under_llguidance(engines):
 def test_ebnf_output_parses_with_an_independent_parser(engines, name):
     gbnf, lark_grammar = GRAMMARS[name]
     parser = lark.Lark(lark_grammar, parser="earley")
-    engine = Engine(dtype="float32") if name == "sql" else engines["llguidance"]  # sql: the default backend routes
+    engine = (
+        Engine(dtype="float32") if name == "sql" else engines["llguidance"]
+    )  # sql: the default backend routes
     try:
         prompt = chat(engine.tokenizer, f"Write one short example ({name}).")
         parsed = 0
         for seed in range(3):
-            out = engine.generate(prompt, {"ebnf": gbnf, "max_new_tokens": 48, "temperature": 0.9, "seed": seed})
+            out = engine.generate(
+                prompt, {"ebnf": gbnf, "max_new_tokens": 48, "temperature": 0.9, "seed": seed}
+            )
             if out["meta_info"]["finish_reason"]["type"] == "stop":
                 parser.parse(out["text"])  # raises on anything outside the language
                 parsed += 1
@@ -91,12 +115,17 @@ def test_ebnf_output_parses_with_an_independent_parser(engines, name):
 
 def test_json_object_is_real_json_at_any_depth(engines):
     from radixrt.runtime.serving.openai_sampling import JSON_OBJECT_LARK
+
     engine = engines["llguidance"]
-    prompts = ["A deeply nested JSON object describing a company, its departments, teams and members:",
-               "A JSON object whose values are arrays of arrays of numbers:",
-               'Reply with exactly {"a": {"b": {"c": 1}}, "d": [1, [2]]} and nothing else:']
-    outs = engine.generate([chat(engine.tokenizer, p) for p in prompts],
-                           {"ebnf": JSON_OBJECT_LARK, "max_new_tokens": 200, "temperature": 0})
+    prompts = [
+        "A deeply nested JSON object describing a company, its departments, teams and members:",
+        "A JSON object whose values are arrays of arrays of numbers:",
+        'Reply with exactly {"a": {"b": {"c": 1}}, "d": [1, [2]]} and nothing else:',
+    ]
+    outs = engine.generate(
+        [chat(engine.tokenizer, p) for p in prompts],
+        {"ebnf": JSON_OBJECT_LARK, "max_new_tokens": 200, "temperature": 0},
+    )
     depths = []
     for out in outs:
         if out["meta_info"]["finish_reason"]["type"] == "stop":
@@ -115,10 +144,16 @@ def _depth(value) -> int:
 
 
 def test_jump_forward_on_equals_off_under_llguidance(engines):
-    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
-                                                "kind": {"enum": ["cat", "dog", "fish"]},
-                                                "legs": {"type": "integer", "minimum": 0, "maximum": 8}},
-              "required": ["name", "kind", "legs"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 12},
+            "kind": {"enum": ["cat", "dog", "fish"]},
+            "legs": {"type": "integer", "minimum": 0, "maximum": 8},
+        },
+        "required": ["name", "kind", "legs"],
+        "additionalProperties": False,
+    }
     off = Engine(dtype="float32", grammar_backend="llguidance", enable_jump_forward=False)
     try:
         prompts = [chat(off.tokenizer, f"Describe pet number {i} as JSON.") for i in range(4)]
@@ -133,15 +168,20 @@ def test_jump_forward_on_equals_off_under_llguidance(engines):
 
 
 def test_a_batch_mixing_backends_keeps_each_guarantee():
-    engine = Engine(dtype="float32")  # outlines by default; ebnf goes to llguidance in the same batch
+    engine = Engine(
+        dtype="float32"
+    )  # outlines by default; ebnf goes to llguidance in the same batch
     try:
         prompt = chat(engine.tokenizer, "Give an example.")
-        params = [{"regex": r"[0-9]{3}-[0-9]{4}", "max_new_tokens": 16, "temperature": 0},
-                  {"ebnf": GRAMMARS["nested_lists"][0], "max_new_tokens": 24, "temperature": 0},
-                  {"max_new_tokens": 8, "temperature": 0},
-                  {"choices": ["alpha", "beta"], "temperature": 0}]
+        params = [
+            {"regex": r"[0-9]{3}-[0-9]{4}", "max_new_tokens": 16, "temperature": 0},
+            {"ebnf": GRAMMARS["nested_lists"][0], "max_new_tokens": 24, "temperature": 0},
+            {"max_new_tokens": 8, "temperature": 0},
+            {"choices": ["alpha", "beta"], "temperature": 0},
+        ]
         outs = engine.generate([prompt] * 4, params)
         import re
+
         assert re.fullmatch(r"[0-9]{3}-[0-9]{4}", outs[0]["text"])
         if outs[1]["meta_info"]["finish_reason"]["type"] == "stop":
             lark.Lark(GRAMMARS["nested_lists"][1]).parse(outs[1]["text"])
@@ -168,9 +208,17 @@ def test_json_object_depth_is_bounded_by_the_flag(tokenizer, max_depth):
     from llguidance.gbnf_to_lark import any_to_lark
 
     from radixrt.runtime.serving.openai_sampling import json_object_grammar
+
     llt = llguidance.hf.from_tokenizer(tokenizer, n_vocab=len(tokenizer))
     grammar = llguidance.LLMatcher.grammar_from_lark(any_to_lark(json_object_grammar(max_depth)))
-    for obj in ({}, {"a": 1}, {"a": {"b": 1}}, {"a": [1, [2]]}, {"a": {"b": {"c": 1}}}, {"x": [[[1]]]}):
+    for obj in (
+        {},
+        {"a": 1},
+        {"a": {"b": 1}},
+        {"a": [1, [2]]},
+        {"a": {"b": {"c": 1}}},
+        {"x": [[[1]]]},
+    ):
         matcher = llguidance.LLMatcher(llt, grammar, log_level=0)
         ids = tokenizer.encode(json.dumps(obj), add_special_tokens=False)
         accepted = all(matcher.consume_token(t) for t in ids) and matcher.is_accepting()

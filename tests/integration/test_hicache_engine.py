@@ -5,6 +5,7 @@ Truth: the same Engine configuration without the tier (greedy, float32). The tie
 back, fewer prompt tokens computed); check_integrity holds after each scenario; the tier file is named, checked
 at start, checksummed per page, and deleted at shutdown.
 """
+
 import glob
 import os
 
@@ -25,13 +26,24 @@ def make(tier, tmp_path, **kw):
         extra = {"enable_hierarchical_cache": True, "hicache_ratio": 6.0}
         if tier == "file":
             extra.update(hicache_storage_backend="file", hicache_storage_dir=str(tmp_path))
-    return Engine(**{"dtype": "float32", "max_total_tokens": 480, "page_size": 4, "chunked_prefill_size": 128,
-                     **extra, **kw})
+    return Engine(
+        **{
+            "dtype": "float32",
+            "max_total_tokens": 480,
+            "page_size": 4,
+            "chunked_prefill_size": 128,
+            **extra,
+            **kw,
+        }
+    )
 
 
 def chat_rounds(engine, rounds=3, num_conv=6):
     """Multi-turn chats whose histories together outgrow the pool: the early turns are evicted."""
-    histories = [f"{SYSTEM}Conversation {c}: let us talk about topic number {c * 7}. " * 3 for c in range(num_conv)]
+    histories = [
+        f"{SYSTEM}Conversation {c}: let us talk about topic number {c * 7}. " * 3
+        for c in range(num_conv)
+    ]
     outputs = []
     for r in range(rounds):
         for c in range(num_conv):
@@ -48,8 +60,10 @@ def baseline(tmp_path_factory):
     try:
         chats = chat_rounds(engine)
         computed = engine.scheduler.stats.prompt_tokens - engine.scheduler.stats.cached_tokens
-        batch = engine.generate([f"Story {i}: once upon a time" for i in range(10)],
-                                {"temperature": 0, "max_new_tokens": 110, "ignore_eos": True})
+        batch = engine.generate(
+            [f"Story {i}: once upon a time" for i in range(10)],
+            {"temperature": 0, "max_new_tokens": 110, "ignore_eos": True},
+        )
         assert engine.scheduler.stats.num_preemptions > 0, "the batch should outgrow the pool"
     finally:
         engine.shutdown()
@@ -68,11 +82,20 @@ def test_outputs_are_token_identical_with_the_tier(baseline, tier, tmp_path):
         s = engine.scheduler
         info = s.server_info()
         assert info["hicache_tokens_loaded"] > 0 and info["hicache_hits"] > 0
-        assert info["hicache_bytes_loaded"] == info["hicache_tokens_loaded"] * info["kv_bytes_per_token"]
-        assert s.stats.prompt_tokens - s.stats.cached_tokens < computed_off, "the tier saved no prefill"
-        batch = engine.generate([f"Story {i}: once upon a time" for i in range(10)],
-                                {"temperature": 0, "max_new_tokens": 110, "ignore_eos": True})
-        assert [o["output_ids"] for o in batch] == batch_off, "preemption with the tier changed an output"
+        assert (
+            info["hicache_bytes_loaded"]
+            == info["hicache_tokens_loaded"] * info["kv_bytes_per_token"]
+        )
+        assert s.stats.prompt_tokens - s.stats.cached_tokens < computed_off, (
+            "the tier saved no prefill"
+        )
+        batch = engine.generate(
+            [f"Story {i}: once upon a time" for i in range(10)],
+            {"temperature": 0, "max_new_tokens": 110, "ignore_eos": True},
+        )
+        assert [o["output_ids"] for o in batch] == batch_off, (
+            "preemption with the tier changed an output"
+        )
         engine.check_integrity()
         assert engine.flush_cache()
         info = s.server_info()
@@ -80,7 +103,9 @@ def test_outputs_are_token_identical_with_the_tier(baseline, tier, tmp_path):
     finally:
         engine.shutdown()
     if tier == "file":
-        assert not glob.glob(str(tmp_path / "radixrt-kv-tier-*.bin")), "the tier file outlived the engine"
+        assert not glob.glob(str(tmp_path / "radixrt-kv-tier-*.bin")), (
+            "the tier file outlived the engine"
+        )
 
 
 def test_a_corrupted_tier_file_is_recomputed_not_served(baseline, tmp_path):
@@ -89,15 +114,15 @@ def test_a_corrupted_tier_file_is_recomputed_not_served(baseline, tmp_path):
     try:
         store = engine.scheduler.runner.kv_tier
         first = chat_rounds(engine, rounds=2)
-        assert first == chats[:len(first)]
+        assert first == chats[: len(first)]
         used = engine.scheduler.tree.host_page_ids()
         assert used
         records = store.data.numpy()
         for p in used:  # flip a byte of every page the tier holds, behind its checksum's back
             records[p, 100] ^= 0xFF
         engine.scheduler.tree.tier_stats.checksum_failures = 0
-        rest = chat_rounds(engine, rounds=3)[len(first):]
-        assert rest == chats[len(first):], "corrupt KV reached an output"
+        rest = chat_rounds(engine, rounds=3)[len(first) :]
+        assert rest == chats[len(first) :], "corrupt KV reached an output"
         assert engine.scheduler.tree.tier_stats.checksum_failures > 0
         engine.check_integrity()
     finally:
@@ -119,6 +144,7 @@ def test_bad_tier_settings_are_clear_errors_at_start(tmp_path):
 
 def test_header_names_the_model_and_a_foreign_header_is_refused(tmp_path):
     from radixrt.runtime.model.kv_tier import HEADER_BYTES, MAGIC
+
     engine = make("file", tmp_path, max_total_tokens=64)
     try:
         store = engine.scheduler.runner.kv_tier

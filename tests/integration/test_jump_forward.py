@@ -6,6 +6,7 @@ truncation by max_new_tokens or a stop string inside a draft must cut where toke
 decoding cuts. The on-engine must have taken draft tokens and used fewer forwards, so the
 equalities are not vacuous.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,44 +16,98 @@ import pytest
 from radixrt import Engine
 
 SCHEMAS = [
-    {"type": "object", "properties": {
-        "city": {"type": "string", "maxLength": 20}, "temperature_c": {"type": "number", "minimum": -50, "maximum": 60},
-        "conditions": {"enum": ["sunny", "cloudy", "thunderstorm", "snow"]}, "date": {"type": "string", "format": "date"}},
-     "required": ["city", "temperature_c", "conditions", "date"], "additionalProperties": False},
-    {"type": "object", "properties": {"sentiment": {"enum": ["positive", "negative", "neutral"]},
-                                      "stars": {"type": "integer", "minimum": 1, "maximum": 5},
-                                      "keywords": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 3}},
-     "required": ["sentiment", "stars", "keywords"], "additionalProperties": False},
-    {"oneOf": [
-        {"type": "object", "properties": {"kind": {"const": "circle"}, "radius": {"type": "integer", "minimum": 1, "maximum": 100}},
-         "required": ["kind", "radius"], "additionalProperties": False},
-        {"type": "object", "properties": {"kind": {"const": "square"}, "side": {"type": "integer", "minimum": 1, "maximum": 100}},
-         "required": ["kind", "side"], "additionalProperties": False}]},
+    {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 20},
+            "temperature_c": {"type": "number", "minimum": -50, "maximum": 60},
+            "conditions": {"enum": ["sunny", "cloudy", "thunderstorm", "snow"]},
+            "date": {"type": "string", "format": "date"},
+        },
+        "required": ["city", "temperature_c", "conditions", "date"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "object",
+        "properties": {
+            "sentiment": {"enum": ["positive", "negative", "neutral"]},
+            "stars": {"type": "integer", "minimum": 1, "maximum": 5},
+            "keywords": {
+                "type": "array",
+                "items": {"type": "string", "maxLength": 12},
+                "maxItems": 3,
+            },
+        },
+        "required": ["sentiment", "stars", "keywords"],
+        "additionalProperties": False,
+    },
+    {
+        "oneOf": [
+            {
+                "type": "object",
+                "properties": {
+                    "kind": {"const": "circle"},
+                    "radius": {"type": "integer", "minimum": 1, "maximum": 100},
+                },
+                "required": ["kind", "radius"],
+                "additionalProperties": False,
+            },
+            {
+                "type": "object",
+                "properties": {
+                    "kind": {"const": "square"},
+                    "side": {"type": "integer", "minimum": 1, "maximum": 100},
+                },
+                "required": ["kind", "side"],
+                "additionalProperties": False,
+            },
+        ]
+    },
 ]
 REGEX = r"The (answer|conclusion) is (affirmative|negative)\."
 CHOICES = ["internationalization", "localization", "globalization"]
 
 
 def chat(tokenizer, text: str) -> str:
-    return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+    )
 
 
 @pytest.fixture(scope="module")
 def engines():
-    on = Engine(dtype="float32", max_total_tokens=8192, grammar_compile_timeout=120.0, enable_jump_forward=True,
-                grammar_backend="outlines")
-    off = Engine(dtype="float32", max_total_tokens=8192, grammar_compile_timeout=120.0, enable_jump_forward=False,
-                 grammar_backend="outlines")
+    on = Engine(
+        dtype="float32",
+        max_total_tokens=8192,
+        grammar_compile_timeout=120.0,
+        enable_jump_forward=True,
+        grammar_backend="outlines",
+    )
+    off = Engine(
+        dtype="float32",
+        max_total_tokens=8192,
+        grammar_compile_timeout=120.0,
+        enable_jump_forward=False,
+        grammar_backend="outlines",
+    )
     yield on, off
     on.shutdown()
     off.shutdown()
 
 
 def requests(tokenizer, **extra):
-    prompts = [chat(tokenizer, f"Reply with JSON for this schema:\n{json.dumps(s)}") for s in SCHEMAS]
+    prompts = [
+        chat(tokenizer, f"Reply with JSON for this schema:\n{json.dumps(s)}") for s in SCHEMAS
+    ]
     params = [{"json_schema": json.dumps(s), "max_new_tokens": 120, **extra} for s in SCHEMAS]
-    prompts += [chat(tokenizer, "Is the sky blue? Answer in one sentence."), chat(tokenizer, "What is i18n short for?")]
-    params += [{"regex": REGEX, "max_new_tokens": 40, **extra}, {"choices": CHOICES, "max_new_tokens": 20, **extra}]
+    prompts += [
+        chat(tokenizer, "Is the sky blue? Answer in one sentence."),
+        chat(tokenizer, "What is i18n short for?"),
+    ]
+    params += [
+        {"regex": REGEX, "max_new_tokens": 40, **extra},
+        {"choices": CHOICES, "max_new_tokens": 20, **extra},
+    ]
     return prompts, params
 
 
@@ -85,8 +140,10 @@ def test_greedy_equal_with_logprobs_and_fewer_forwards(engines):
         assert a["meta_info"]["finish_reason"] == b["meta_info"]["finish_reason"]
         lp_on = [lp for lp, _, _ in a["meta_info"]["output_token_logprobs"]]
         lp_off = [lp for lp, _, _ in b["meta_info"]["output_token_logprobs"]]
-        assert None not in lp_on and lp_on == pytest.approx(lp_off, abs=1e-3)  # verified picks carry real logprobs
-    for out in outs_on[:len(SCHEMAS)]:
+        assert None not in lp_on and lp_on == pytest.approx(
+            lp_off, abs=1e-3
+        )  # verified picks carry real logprobs
+    for out in outs_on[: len(SCHEMAS)]:
         json.loads(out["text"])
     assert outs_on[-1]["text"] in CHOICES
     assert accepted > 0 and forwards_on < forwards_off, (accepted, forwards_on, forwards_off)
@@ -118,18 +175,25 @@ def test_truncation_and_min_new_tokens_inside_a_draft(engines):
     prompt = chat(tok, "What is i18n short for?")
     # three tokens cannot spell the choice (its shortest spelling is four): the draft is cut at the budget and
     # the output marked incomplete (with four, budget steering would finish it)
-    for params in ({"choices": ["internationalization and localization"], "max_new_tokens": 3},
-                   {"choices": ["internationalization"], "max_new_tokens": 50, "stop": ["nation"]},
-                   {"regex": REGEX, "max_new_tokens": 50, "stop": ["is aff", "is neg"]},
-                   # the draft ends the grammar while EOS is still blocked: no pick may be taken there
-                   {"choices": ["internationalization"], "max_new_tokens": 30, "min_new_tokens": 10}):
+    for params in (
+        {"choices": ["internationalization and localization"], "max_new_tokens": 3},
+        {"choices": ["internationalization"], "max_new_tokens": 50, "stop": ["nation"]},
+        {"regex": REGEX, "max_new_tokens": 50, "stop": ["is aff", "is neg"]},
+        # the draft ends the grammar while EOS is still blocked: no pick may be taken there
+        {"choices": ["internationalization"], "max_new_tokens": 30, "min_new_tokens": 10},
+    ):
         params = {**params, "temperature": 0}
         a, _, _ = generate(on, prompt, params)
         b, _, _ = generate(off, prompt, params)
-        assert (a["output_ids"], a["text"], a["meta_info"]["finish_reason"]) == \
-            (b["output_ids"], b["text"], b["meta_info"]["finish_reason"]), params
+        assert (a["output_ids"], a["text"], a["meta_info"]["finish_reason"]) == (
+            b["output_ids"],
+            b["text"],
+            b["meta_info"]["finish_reason"],
+        ), params
         if "stop" not in params and "min_new_tokens" not in params:
-            assert a["meta_info"]["finish_reason"]["type"] == "length" and a["meta_info"]["incomplete"]
+            assert (
+                a["meta_info"]["finish_reason"]["type"] == "length" and a["meta_info"]["incomplete"]
+            )
             assert len(a["output_ids"]) == params["max_new_tokens"]
     assert_no_leak(on)
     assert_no_leak(off)

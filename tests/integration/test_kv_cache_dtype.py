@@ -6,6 +6,7 @@ quantised pool, must reach 95% for int8 (the issue's floor; benchmarks/bench_kv_
 prompts and fp8 too). The radix tree and preemption run unchanged on quantised pages: a shared prefix is
 reused and a pool too small for the batch preempts, and nothing leaks.
 """
+
 import os
 import sys
 
@@ -29,12 +30,17 @@ def refs(hf_model, tokenizer):
 def test_quantized_kv_top1_agreement_with_transformers_fp32(refs, kv):
     engine = Engine(dtype="float32", kv_cache_dtype=kv, chunked_prefill_size=8, page_size=8)
     try:
-        assert engine.scheduler.server_info()["kv_cache_dtype"] == {"int8": "int8", "fp8_e4m3": "float8_e4m3fn"}[kv]
+        assert (
+            engine.scheduler.server_info()["kv_cache_dtype"]
+            == {"int8": "int8", "fp8_e4m3": "float8_e4m3fn"}[kv]
+        )
         agree, total, delta = teacher_forced(engine, refs)
         engine.check_integrity()
     finally:
         engine.shutdown()
-    print(f"KV {kv}: top-1 agreement {agree}/{total} = {agree / total:.4f}, mean |d logprob| {delta:.4f}")
+    print(
+        f"KV {kv}: top-1 agreement {agree}/{total} = {agree / total:.4f}, mean |d logprob| {delta:.4f}"
+    )
     assert total == len(refs) * NUM_TOKENS
     assert agree / total >= FLOOR[kv]
 
@@ -55,11 +61,17 @@ def test_radix_cache_and_preemption_on_quantized_pages():
         system = "You are a helpful assistant who answers in one short sentence. " * 4
         first = engine.generate(system + "What is 2+2?", {"temperature": 0, "max_new_tokens": 8})
         again = engine.generate(system + "What is 2+2?", {"temperature": 0, "max_new_tokens": 8})
-        assert again["meta_info"]["cached_tokens"] > 40 and again["output_ids"] == first["output_ids"]
-        outs = engine.generate([f"Story {i}: once upon a time" for i in range(8)],
-                               {"temperature": 0, "max_new_tokens": 120, "ignore_eos": True})
+        assert (
+            again["meta_info"]["cached_tokens"] > 40 and again["output_ids"] == first["output_ids"]
+        )
+        outs = engine.generate(
+            [f"Story {i}: once upon a time" for i in range(8)],
+            {"temperature": 0, "max_new_tokens": 120, "ignore_eos": True},
+        )
         assert all(o["meta_info"]["completion_tokens"] == 120 for o in outs)
-        assert engine.scheduler.stats.num_preemptions > 0, "the pool was meant to be too small for the batch"
+        assert engine.scheduler.stats.num_preemptions > 0, (
+            "the pool was meant to be too small for the batch"
+        )
         engine.check_integrity()
     finally:
         engine.shutdown()
@@ -74,7 +86,9 @@ def test_n_seeded_samples_fork_and_equal_the_same_seeds_one_by_one():
     try:
         prompt = engine.tokenizer.apply_chat_template(
             [{"role": "user", "content": "Tell me a short story about a fox and a crow. " * 4}],
-            tokenize=False, add_generation_prompt=True)
+            tokenize=False,
+            add_generation_prompt=True,
+        )
         n_prompt = len(engine.tokenizer.encode(prompt))
         assert (n_prompt - 1) % 16, "the prompt must end inside a page for the fork to copy one"
         params = {"temperature": 0.9, "seed": 7, "max_new_tokens": 24}

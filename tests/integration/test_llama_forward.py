@@ -1,6 +1,6 @@
 """The real default model (SmolLM2-135M-Instruct, float32): our paged forward vs Hugging Face."""
-from __future__ import annotations
 
+from __future__ import annotations
 
 import pytest
 import torch
@@ -11,8 +11,10 @@ from radixrt.runtime.model.weights import load_config, load_state_dict, resolve_
 
 PROMPTS = [
     [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}],
-    [{"role": "system", "content": "You are a terse assistant."},
-     {"role": "user", "content": "List three prime numbers."}],
+    [
+        {"role": "system", "content": "You are a terse assistant."},
+        {"role": "user", "content": "List three prime numbers."},
+    ],
 ]
 
 
@@ -40,8 +42,13 @@ def test_second_resolve_converts_nothing(model_dir, monkeypatch):
 
 def test_shapes_of_default_model(ours):
     model, _ = ours
-    assert (model.num_layers, model.num_q_heads, model.num_kv_heads, model.head_dim, model.vocab_size) == \
-        (30, 9, 3, 64, 49152)
+    assert (
+        model.num_layers,
+        model.num_q_heads,
+        model.num_kv_heads,
+        model.head_dim,
+        model.vocab_size,
+    ) == (30, 9, 3, 64, 49152)
     assert model.max_context == 8192
 
 
@@ -53,7 +60,9 @@ def test_prefill_logits_match_hf(ours, hf_model, tokenizer, paged_driver):
     driver = paged_driver(model, attn, num_pages=64, page_size=16, seed=1)
     # in two chunks, so the second attends to a cached prefix through scattered pages
     cut = len(ids) // 2
-    got = torch.cat((driver.step([("a", ids[:cut], True)])["a"], driver.step([("a", ids[cut:], True)])["a"]))
+    got = torch.cat(
+        (driver.step([("a", ids[:cut], True)])["a"], driver.step([("a", ids[cut:], True)])["a"])
+    )
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
     assert torch.equal(got.argmax(-1), expected.argmax(-1))
 
@@ -66,16 +75,25 @@ def test_greedy_decode_matches_hf_generate(ours, hf_model, tokenizer, paged_driv
     expected = []
     for ids in prompts:
         with torch.no_grad():
-            out = hf_model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                    do_sample=False, max_new_tokens=num_new, pad_token_id=tokenizer.eos_token_id)
-        expected.append(out[0, len(ids):].tolist())  # ends early with the EOS id if the model stops
+            out = hf_model.generate(
+                torch.tensor([ids]),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                do_sample=False,
+                max_new_tokens=num_new,
+                pad_token_id=tokenizer.eos_token_id,
+            )
+        expected.append(
+            out[0, len(ids) :].tolist()
+        )  # ends early with the EOS id if the model stops
     assert all(len(e) >= 8 for e in expected), expected
 
     driver = paged_driver(model, attn, num_pages=512, page_size=1, seed=3)
     outputs: list[list[int]] = [[], []]
 
     def done(i: int) -> bool:
-        return len(outputs[i]) == num_new or (outputs[i] and outputs[i][-1] == tokenizer.eos_token_id)
+        return len(outputs[i]) == num_new or (
+            outputs[i] and outputs[i][-1] == tokenizer.eos_token_id
+        )
 
     def step(feeds):
         logits = driver.step(feeds)
@@ -83,7 +101,9 @@ def test_greedy_decode_matches_hf_generate(ours, hf_model, tokenizer, paged_driv
             outputs[int(name[1])].append(int(logits[name][0].argmax()))
 
     step([("r0", prompts[0], False)])
-    step([("r0", outputs[0][-1:], False), ("r1", prompts[1], False)])  # r1's prefill joins r0's decode
+    step(
+        [("r0", outputs[0][-1:], False), ("r1", prompts[1], False)]
+    )  # r1's prefill joins r0's decode
     while not (done(0) and done(1)):
         step([(f"r{i}", outputs[i][-1:], False) for i in range(2) if not done(i)])
     assert outputs == expected, (tokenizer.decode(outputs[0]), tokenizer.decode(expected[0]))

@@ -3,6 +3,7 @@
 Truth: the scheduler's own page accounting in /get_server_info (num_pins, flush refused
 while pinned, every page back after unpin + flush) and a later request's cached_tokens.
 """
+
 import httpx
 import pytest
 from conftest_server import ServerProcess
@@ -14,7 +15,9 @@ PREFIX = "You are a meticulous assistant. Think step by step about the question 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = ServerProcess(["--max-total-tokens", "2048", "--log-level", "warning"], tmp_path_factory.mktemp("pin"))
+    srv = ServerProcess(
+        ["--max-total-tokens", "2048", "--log-level", "warning"], tmp_path_factory.mktemp("pin")
+    )
     yield srv
     srv.stop()
 
@@ -29,12 +32,21 @@ def test_pin_holds_prefix_until_unpin(server):
     body = res.json()
     assert body["handle"] and body["prompt_tokens"] > 20
     assert info(server)["num_pins"] == 1
-    assert httpx.post(server.url + "/flush_cache", timeout=60).status_code == 400  # pinned pages are locked
-    out = httpx.post(server.url + "/generate", json={"text": PREFIX + "What is 2 + 2?",
-                                                     "sampling_params": {"max_new_tokens": 2, "temperature": 0}},
-                     timeout=120).json()
+    assert (
+        httpx.post(server.url + "/flush_cache", timeout=60).status_code == 400
+    )  # pinned pages are locked
+    out = httpx.post(
+        server.url + "/generate",
+        json={
+            "text": PREFIX + "What is 2 + 2?",
+            "sampling_params": {"max_new_tokens": 2, "temperature": 0},
+        },
+        timeout=120,
+    ).json()
     assert out["meta_info"]["cached_tokens"] >= body["prompt_tokens"] - 1
-    assert httpx.post(server.url + "/unpin", json={"handle": body["handle"]}, timeout=60).json() == {"success": True}
+    assert httpx.post(
+        server.url + "/unpin", json={"handle": body["handle"]}, timeout=60
+    ).json() == {"success": True}
     assert info(server)["num_pins"] == 0
     assert httpx.post(server.url + "/flush_cache", timeout=60).status_code == 200
     after = info(server)
@@ -42,8 +54,16 @@ def test_pin_holds_prefix_until_unpin(server):
 
 
 def test_bad_pin_requests_are_4xx(server):
-    for body in ({}, {"text": "a", "input_ids": [1]}, {"text": "a", "ttl_s": -1}, {"text": 5}, {"handle": 1}):
-        assert 400 <= httpx.post(server.url + "/pin_prefix", json=body, timeout=60).status_code < 500, body
+    for body in (
+        {},
+        {"text": "a", "input_ids": [1]},
+        {"text": "a", "ttl_s": -1},
+        {"text": 5},
+        {"handle": 1},
+    ):
+        assert (
+            400 <= httpx.post(server.url + "/pin_prefix", json=body, timeout=60).status_code < 500
+        ), body
     assert httpx.post(server.url + "/unpin", json={"nope": 1}, timeout=60).status_code == 400
     assert httpx.get(server.url + "/health", timeout=60).status_code == 200
 

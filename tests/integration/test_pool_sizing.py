@@ -1,5 +1,6 @@
 """The KV pool sized from free memory (--mem-fraction-static), checked against an independent reading of
 /proc/meminfo and the model's own shape (layers x KV heads x head dim x 2 for K and V x bytes per value)."""
+
 import pytest
 
 from radixrt import Engine
@@ -25,8 +26,15 @@ def test_pool_from_a_fraction_of_free_memory_and_explicit_size_wins(hf_model):
         assert info["kv_bytes_per_token"] == per_token
         assert info["kv_pool_bytes"] == info["max_total_tokens"] * per_token
         # the runner read MemAvailable between these two readings, less 1 GiB of headroom
-        low, high = (min(before, after) - (1 << 30)) * fraction / per_token, (max(before, after) - (1 << 30)) * fraction / per_token
-        assert 0.95 * low <= info["max_total_tokens"] <= 1.05 * high, (info["max_total_tokens"], low, high)
+        low, high = (
+            (min(before, after) - (1 << 30)) * fraction / per_token,
+            (max(before, after) - (1 << 30)) * fraction / per_token,
+        )
+        assert 0.95 * low <= info["max_total_tokens"] <= 1.05 * high, (
+            info["max_total_tokens"],
+            low,
+            high,
+        )
         out = engine.generate("The capital of France is", {"max_new_tokens": 3, "temperature": 0})
         assert out["meta_info"]["completion_tokens"] == 3
         engine.check_integrity()

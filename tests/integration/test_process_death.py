@@ -3,6 +3,7 @@ while streaming and non-streaming requests run: every client gets an error withi
 turns non-200, the server exits non-zero, and no process or ipc directory is left. SIGTERM instead
 drains: a running request still finishes, new connections are refused, the exit code is 0.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -20,8 +21,10 @@ from conftest_server import ServerProcess, sse_events
 
 MODEL = "SmolLM2-135M-Instruct"
 FAIL_DEADLINE_S = 10.0
-BODY = {"text": "Count slowly from one to one thousand:",
-        "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}}
+BODY = {
+    "text": "Count slowly from one to one thousand:",
+    "sampling_params": {"max_new_tokens": 400, "ignore_eos": True},
+}
 slowest: list[float] = []
 
 
@@ -35,10 +38,14 @@ def child_bound_to(server: ServerProcess, socket_name: str) -> psutil.Process:
 
 
 def launch(tmp_path_factory, name: str) -> ServerProcess:
-    return ServerProcess(["--max-total-tokens", "4096", "--log-level", "warning"], tmp_path_factory.mktemp(name))
+    return ServerProcess(
+        ["--max-total-tokens", "4096", "--log-level", "warning"], tmp_path_factory.mktemp(name)
+    )
 
 
-async def _inflight_until_killed(server: ServerProcess, victim: psutil.Process) -> tuple[list, float, list[float]]:
+async def _inflight_until_killed(
+    server: ServerProcess, victim: psutil.Process
+) -> tuple[list, float, list[float]]:
     """Two plain + two streamed requests; once every stream has a token, SIGKILL the victim.
     Returns (results, kill time, seconds from the kill to each client's answer)."""
     answered: list[float] = []
@@ -56,20 +63,28 @@ async def _inflight_until_killed(server: ServerProcess, victim: psutil.Process) 
             assert r.status_code == 200
             async for line in r.aiter_lines():
                 lines.append(line)
-                if line.startswith("data: ") and len(sse_events(lines)) == 2:  # a token, past chat's role chunk
+                if (
+                    line.startswith("data: ") and len(sse_events(lines)) == 2
+                ):  # a token, past chat's role chunk
                     num_started[0] += 1
                     if num_started[0] == 2:
                         streams_started.set()
         answered.append(time.monotonic())
         return sse_events(lines)
 
-    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Count to one thousand."}], "max_tokens": 400,
-            "ignore_eos": True}
+    chat = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Count to one thousand."}],
+        "max_tokens": 400,
+        "ignore_eos": True,
+    }
     async with httpx.AsyncClient(timeout=120) as client:
-        tasks = [asyncio.create_task(plain(client, "/generate", BODY)),
-                 asyncio.create_task(plain(client, "/v1/chat/completions", chat)),
-                 asyncio.create_task(streamed(client, "/generate", BODY)),
-                 asyncio.create_task(streamed(client, "/v1/chat/completions", chat))]
+        tasks = [
+            asyncio.create_task(plain(client, "/generate", BODY)),
+            asyncio.create_task(plain(client, "/v1/chat/completions", chat)),
+            asyncio.create_task(streamed(client, "/generate", BODY)),
+            asyncio.create_task(streamed(client, "/v1/chat/completions", chat)),
+        ]
         await asyncio.wait_for(streams_started.wait(), 300)
         killed_at = time.monotonic()
         victim.send_signal(signal.SIGKILL)
@@ -95,13 +110,17 @@ def test_kill_9_child_fails_inflight_and_exits_clean(tmp_path_factory, victim_na
             assert events[-1] == "[DONE]" and "error" in json.loads(events[-2]), events[-3:]
         assert len(delays) == 4 and max(delays) < FAIL_DEADLINE_S, delays
         slowest.append(max(delays))
-        print(f"\n{victim_name} killed: clients answered after {', '.join(f'{d:.2f}' for d in delays)} s")
+        print(
+            f"\n{victim_name} killed: clients answered after {', '.join(f'{d:.2f}' for d in delays)} s"
+        )
         try:
             assert httpx.get(server.url + "/health", timeout=5).status_code != 200
         except httpx.TransportError:
             pass  # the listener is already closed: just as good
         assert server.proc.wait(30) != 0
-        print(f"server exited {server.proc.returncode} {time.monotonic() - killed_at:.2f} s after the kill")
+        print(
+            f"server exited {server.proc.returncode} {time.monotonic() - killed_at:.2f} s after the kill"
+        )
         time.sleep(0.5)
         assert server.alive_pids() == [], server.alive_pids()
         assert server.ipc_leftovers() == []
@@ -113,8 +132,11 @@ def test_kill_9_child_fails_inflight_and_exits_clean(tmp_path_factory, victim_na
 def test_sigterm_drains_running_request_then_exits_0(tmp_path_factory):
     server = launch(tmp_path_factory, "sigterm")
     try:
-        body = {"text": "Name some fruits:", "sampling_params": {"max_new_tokens": 24, "ignore_eos": True},
-                "stream": True}
+        body = {
+            "text": "Name some fruits:",
+            "sampling_params": {"max_new_tokens": 24, "ignore_eos": True},
+            "stream": True,
+        }
         events: list[str] = []
         first_token = threading.Event()
 
@@ -137,7 +159,9 @@ def test_sigterm_drains_running_request_then_exits_0(tmp_path_factory):
         data = sse_events(events)
         assert data[-1] == "[DONE]"
         last = json.loads(data[-2])
-        assert last["meta_info"]["finish_reason"]["type"] == "length" and len(last["output_ids"]) == 24, data[-2]
+        assert (
+            last["meta_info"]["finish_reason"]["type"] == "length" and len(last["output_ids"]) == 24
+        ), data[-2]
         assert server.proc.wait(60) == 0, server.log()
         time.sleep(0.5)
         assert server.alive_pids() == [] and server.ipc_leftovers() == []

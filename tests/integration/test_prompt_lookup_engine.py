@@ -2,12 +2,21 @@
 against the same engine with drafts off (token-by-token decoding is the truth), greedy and seeded
 sampled outputs are equal token for token, logprobs agree, stops inside a draft cut where they
 would, and no page leaks."""
+
 import pytest
 
 from radixrt import Engine
 
-FEW_SHOT = "".join(f"Q: What is the capital of {c}?\nA: The capital of {c} is {k}.\n\n" for c, k in [
-    ("France", "Paris"), ("Spain", "Madrid"), ("Italy", "Rome"), ("Japan", "Tokyo"), ("Peru", "Lima")])
+FEW_SHOT = "".join(
+    f"Q: What is the capital of {c}?\nA: The capital of {c} is {k}.\n\n"
+    for c, k in [
+        ("France", "Paris"),
+        ("Spain", "Madrid"),
+        ("Italy", "Rome"),
+        ("Japan", "Tokyo"),
+        ("Peru", "Lima"),
+    ]
+)
 QUESTIONS = ["France", "Italy", "Kenya", "Canada", "Japan", "Chile"]
 
 
@@ -23,9 +32,16 @@ def engines():
 def run(engine, params, **kw):
     stats = engine.scheduler.stats
     before = stats.num_forwards, stats.num_draft_tokens, stats.num_draft_accepted
-    outs = engine.generate([FEW_SHOT + f"Q: What is the capital of {q}?\nA:" for q in QUESTIONS], params, **kw)
+    outs = engine.generate(
+        [FEW_SHOT + f"Q: What is the capital of {q}?\nA:" for q in QUESTIONS], params, **kw
+    )
     engine.check_integrity()
-    return outs, stats.num_forwards - before[0], stats.num_draft_tokens - before[1], stats.num_draft_accepted - before[2]
+    return (
+        outs,
+        stats.num_forwards - before[0],
+        stats.num_draft_tokens - before[1],
+        stats.num_draft_accepted - before[2],
+    )
 
 
 def test_greedy_equal_with_logprobs(engines):
@@ -44,8 +60,10 @@ def test_greedy_equal_with_logprobs(engines):
 
 def test_seeded_sampling_and_stops_equal(engines):
     on, off = engines
-    params = [{"temperature": 1.0, "top_p": 0.9, "seed": 7 + i, "max_new_tokens": 40, "stop": ["\n\nQ:"]}
-              for i in range(len(QUESTIONS))]
+    params = [
+        {"temperature": 1.0, "top_p": 0.9, "seed": 7 + i, "max_new_tokens": 40, "stop": ["\n\nQ:"]}
+        for i in range(len(QUESTIONS))
+    ]
     outs_on, _, drafted, _ = run(on, params)
     outs_off, _, _, _ = run(off, params)
     assert [o["output_ids"] for o in outs_on] == [o["output_ids"] for o in outs_off]

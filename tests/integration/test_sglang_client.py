@@ -7,6 +7,7 @@ Every program that needs no image and no OpenAI backend runs. Most must pass as 
 assert what a 135M model happens to know (capital cities, the hours in a day, where Linus Torvalds lives): for
 those the program must run to its end and produce its variables, checked on the states the program returned.
 """
+
 from __future__ import annotations
 
 import ast
@@ -37,6 +38,7 @@ def _variables_produced(names):
         for state in states:
             for name in names:
                 assert str(state[name]).strip(), f"{name} is empty"
+
     return check
 
 
@@ -45,6 +47,7 @@ def _ints_produced(names):
         for state in states:
             for name in names:
                 int(state[name])  # regex-constrained to an integer: it must parse
+
     return check
 
 
@@ -60,17 +63,24 @@ def program_names() -> list[str]:
     """The programs of sglang.test.test_programs, read from its source: importing sglang at collection would
     import triton before tests/triton/conftest.py switches it to the interpreter (triton decides when a kernel,
     its standard library's included, is decorated)."""
-    spec = importlib.util.find_spec("sglang")  # tests/install_sglang_client.sh installs it (the test command does)
+    spec = importlib.util.find_spec(
+        "sglang"
+    )  # tests/install_sglang_client.sh installs it (the test command does)
     if spec is None or spec.origin is None:
         return []
     source = pathlib.Path(spec.origin).parent / "test" / "test_programs.py"
-    return sorted(node.name for node in ast.parse(source.read_text()).body
-                  if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"))
+    return sorted(
+        node.name
+        for node in ast.parse(source.read_text()).body
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")
+    )
 
 
 ALL_PROGRAMS = program_names()
 PROGRAMS = [name for name in ALL_PROGRAMS if name not in NEEDS_IMAGES | NEEDS_OPENAI_BACKEND]
-needs_client = pytest.mark.skipif(not ALL_PROGRAMS, reason="sglang is not installed: run tests/install_sglang_client.sh")
+needs_client = pytest.mark.skipif(
+    not ALL_PROGRAMS, reason="sglang is not installed: run tests/install_sglang_client.sh"
+)
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +118,7 @@ def returned_states(monkeypatch, sgl):
             out = __original(self, *args, **kwargs)
             states.extend(out if isinstance(out, list) else [out])
             return out
+
         monkeypatch.setattr(ir.SglFunction, method, recording)
     return states
 
@@ -120,7 +131,9 @@ def local_tokenizer_loader(monkeypatch):
     from transformers import AutoTokenizer
 
     shim = types.ModuleType("sglang.srt.utils.hf_transformers_utils")
-    shim.get_tokenizer = lambda path, **kw: AutoTokenizer.from_pretrained(path, local_files_only=True)
+    shim.get_tokenizer = lambda path, **kw: AutoTokenizer.from_pretrained(
+        path, local_files_only=True
+    )
     monkeypatch.setitem(sys.modules, "sglang.srt.utils.hf_transformers_utils", shim)
 
 
@@ -136,7 +149,9 @@ def test_program(name, backend, server, returned_states, local_tokenizer_loader)
     from sglang.test import test_programs
 
     program = getattr(test_programs, name)
-    kwargs = {"check_answer": False} if "check_answer" in inspect.signature(program).parameters else {}
+    kwargs = (
+        {"check_answer": False} if "check_answer" in inspect.signature(program).parameters else {}
+    )
     try:
         program(**kwargs)
     except AssertionError:
@@ -156,14 +171,21 @@ PROMPT = "Once upon a time, in a small village by the sea, there lived"
 
 
 def generate(server, sampling_params, **body):
-    res = httpx.post(server.url + "/generate", json={"text": PROMPT, "sampling_params": sampling_params, **body},
-                     timeout=300)
+    res = httpx.post(
+        server.url + "/generate",
+        json={"text": PROMPT, "sampling_params": sampling_params, **body},
+        timeout=300,
+    )
     return res
 
 
 def stream(server, sampling_params, **body) -> list[dict]:
-    with httpx.stream("POST", server.url + "/generate", json={"text": PROMPT, "sampling_params": sampling_params,
-                                                              "stream": True, **body}, timeout=300) as res:
+    with httpx.stream(
+        "POST",
+        server.url + "/generate",
+        json={"text": PROMPT, "sampling_params": sampling_params, "stream": True, **body},
+        timeout=300,
+    ) as res:
         assert res.status_code == 200
         events = sse_events(list(res.iter_lines()))
     assert events[-1] == "[DONE]"
@@ -193,8 +215,8 @@ def test_no_stop_trim_keeps_the_stop_string(server):
     word = free.split()[3]
     trimmed = generate(server, {**GREEDY, "stop": word}).json()
     kept = generate(server, {**GREEDY, "stop": word, "no_stop_trim": True}).json()
-    assert trimmed["text"] == free[:free.index(word)]
-    assert kept["text"] == free[:free.index(word) + len(word)]
+    assert trimmed["text"] == free[: free.index(word)]
+    assert kept["text"] == free[: free.index(word) + len(word)]
     assert kept["meta_info"]["finish_reason"] == {"type": "stop", "matched": word}
 
 
@@ -208,22 +230,30 @@ def test_streamed_logprobs_are_per_chunk_with_running_totals(server):
         collected += meta["output_token_logprobs"]
         assert meta["output_token_logprobs_length"] == meta["completion_tokens"] == len(collected)
     assert [x[1] for x in collected] == [x[1] for x in whole["output_token_logprobs"]]
-    assert [x[0] for x in collected] == pytest.approx([x[0] for x in whole["output_token_logprobs"]], abs=1e-4)
-    assert chunks[-1]["text"] == generate(server, params).json()["text"]  # a chunk's text is the text so far
+    assert [x[0] for x in collected] == pytest.approx(
+        [x[0] for x in whole["output_token_logprobs"]], abs=1e-4
+    )
+    assert (
+        chunks[-1]["text"] == generate(server, params).json()["text"]
+    )  # a chunk's text is the text so far
 
 
 def test_stream_interval_sends_a_chunk_every_k_tokens(server):
     chunks = stream(server, {**GREEDY, "max_new_tokens": 21, "stream_interval": 4})
     counts = [len(c["output_ids"]) for c in chunks]
     assert counts[-1] == 21
-    assert all(b - a >= 4 for a, b in zip([0] + counts[:-2], counts[:-1]))  # every chunk but the last: >= 4 new
+    assert all(
+        b - a >= 4 for a, b in zip([0] + counts[:-2], counts[:-1])
+    )  # every chunk but the last: >= 4 new
     assert len(chunks) <= 21 // 4 + 1
 
 
 def test_profile_routes_write_a_trace(server, tmp_path):
     res = httpx.post(server.url + "/start_profile", json={"output_dir": str(tmp_path)}, timeout=60)
     assert res.status_code == 200, res.text
-    assert httpx.get(server.url + "/start_profile", timeout=60).status_code == 400  # already running
+    assert (
+        httpx.get(server.url + "/start_profile", timeout=60).status_code == 400
+    )  # already running
     assert generate(server, {**GREEDY, "max_new_tokens": 4}).status_code == 200
     res = httpx.get(server.url + "/stop_profile", timeout=120)  # SGLang's client sends a GET
     assert res.status_code == 200, res.text
@@ -233,47 +263,96 @@ def test_profile_routes_write_a_trace(server, tmp_path):
 
 
 def test_concate_and_append_request(server):
-    ok = httpx.post(server.url + "/concate_and_append_request", json={"src_rids": ["a", "b"], "dst_rid": "c"})
+    ok = httpx.post(
+        server.url + "/concate_and_append_request", json={"src_rids": ["a", "b"], "dst_rid": "c"}
+    )
     assert ok.status_code == 200 and ok.json()["success"] is True
-    bad = httpx.post(server.url + "/concate_and_append_request", json={"src_rids": "a", "dst_rid": "c"})
+    bad = httpx.post(
+        server.url + "/concate_and_append_request", json={"src_rids": "a", "dst_rid": "c"}
+    )
     assert bad.status_code == 400 and "src_rids" in bad.text
 
 
-@pytest.mark.parametrize("params, field", [({"beam_width": 3}, "beam_width"), ({"stop_regex": "(?=x)"}, "stop_regex"),
-                                           ({"no_such_param": 1}, "no_such_param"),
-                                           ({"regex": "", "min_new_tokens": 1}, "min_new_tokens"),  # #35: a 400
-                                           ({"ebnf": 'root ::= ""', "min_new_tokens": 1}, "min_new_tokens")])
+@pytest.mark.parametrize(
+    "params, field",
+    [
+        ({"beam_width": 3}, "beam_width"),
+        ({"stop_regex": "(?=x)"}, "stop_regex"),
+        ({"no_such_param": 1}, "no_such_param"),
+        ({"regex": "", "min_new_tokens": 1}, "min_new_tokens"),  # #35: a 400
+        ({"ebnf": 'root ::= ""', "min_new_tokens": 1}, "min_new_tokens"),
+    ],
+)
 def test_refused_parameters_are_400s_naming_them(server, params, field):
     res = generate(server, params)
     assert res.status_code == 400 and field in res.text
-    assert generate(server, {**GREEDY, "max_new_tokens": 2}).status_code == 200  # and the server goes on
+    assert (
+        generate(server, {**GREEDY, "max_new_tokens": 2}).status_code == 200
+    )  # and the server goes on
 
 
-WEATHER_TAG = {"type": "structural_tag", "triggers": ["<function="], "structures": [{
-    "begin": "<function=get_weather>", "end": "</function>",
-    # a code the examples never show: unconstrained, the model would copy the examples' shape ("Paris")
-    "schema": {"type": "object", "properties": {"city": {"enum": ["PAR-75", "LYS-69"]}},
-               "required": ["city"], "additionalProperties": False}}]}
-FEW_SHOT_CALLS = ("Q: weather in Rome?\nA: <function=get_weather>{\"city\": \"Rome\"}</function>\n"
-                  "Q: weather in Oslo?\nA: <function=get_weather>{\"city\": \"Oslo\"}</function>\n"
-                  "Q: weather in Paris?\nA:")
+WEATHER_TAG = {
+    "type": "structural_tag",
+    "triggers": ["<function="],
+    "structures": [
+        {
+            "begin": "<function=get_weather>",
+            "end": "</function>",
+            # a code the examples never show: unconstrained, the model would copy the examples' shape ("Paris")
+            "schema": {
+                "type": "object",
+                "properties": {"city": {"enum": ["PAR-75", "LYS-69"]}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        }
+    ],
+}
+FEW_SHOT_CALLS = (
+    'Q: weather in Rome?\nA: <function=get_weather>{"city": "Rome"}</function>\n'
+    'Q: weather in Oslo?\nA: <function=get_weather>{"city": "Oslo"}</function>\n'
+    "Q: weather in Paris?\nA:"
+)
 
 
 def test_structural_tag_constrains_the_tagged_segment(server):
     import jsonschema
 
     def run(params):
-        return httpx.post(server.url + "/generate", json={"text": FEW_SHOT_CALLS, "sampling_params": {
-            "temperature": 0, "max_new_tokens": 40, "stop": ["\nQ:"], **params}}, timeout=300).json()["text"]
+        return httpx.post(
+            server.url + "/generate",
+            json={
+                "text": FEW_SHOT_CALLS,
+                "sampling_params": {
+                    "temperature": 0,
+                    "max_new_tokens": 40,
+                    "stop": ["\nQ:"],
+                    **params,
+                },
+            },
+            timeout=300,
+        ).json()["text"]
 
     free = run({})
-    assert "<function=get_weather>" in free and "PAR-75" not in free  # precondition: the model calls, unconstrained
+    assert (
+        "<function=get_weather>" in free and "PAR-75" not in free
+    )  # precondition: the model calls, unconstrained
     text = run({"structural_tag": json.dumps(WEATHER_TAG)})
     calls = re.findall(r"<function=(.*?)</function>", text, re.S)
     assert calls and text.count("<function=") == len(calls), text
     for call in calls:
         assert call.startswith("get_weather>"), text
-        jsonschema.validate(json.loads(call[len("get_weather>"):]), WEATHER_TAG["structures"][0]["schema"])
-    bad = httpx.post(server.url + "/generate", json={"text": "x", "sampling_params": {
-        "structural_tag": json.dumps({"type": "structural_tag", "format": {}})}}, timeout=60)
+        jsonschema.validate(
+            json.loads(call[len("get_weather>") :]), WEATHER_TAG["structures"][0]["schema"]
+        )
+    bad = httpx.post(
+        server.url + "/generate",
+        json={
+            "text": "x",
+            "sampling_params": {
+                "structural_tag": json.dumps({"type": "structural_tag", "format": {}})
+            },
+        },
+        timeout=60,
+    )
     assert bad.status_code == 400 and "structural_tag" in bad.text

@@ -4,6 +4,7 @@ client (stream closed early, or a plain request cancelled), a few regex / json_s
 small enough to preempt (768 tokens). Nothing is lost (every kept request ends with a finish reason), aborts are
 counted by the scheduler, and afterwards a flush gives every KV page back with the integrity check ok.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -15,21 +16,27 @@ import time
 import httpx
 import jsonschema
 import pytest
-from conftest_server import ServerProcess, sse_events
+from conftest_server import ServerProcess
 
 MODEL = "SmolLM2-135M-Instruct"
 NUM_REQUESTS = 200
 NUM_CLIENTS = 32
 REGEX = r"[0-9]{3}-[a-z]{2}"
-SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}, "ok": {"type": "boolean"}},
-          "required": ["n", "ok"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {"n": {"type": "integer"}, "ok": {"type": "boolean"}},
+    "required": ["n", "ok"],
+    "additionalProperties": False,
+}
 WORDS = "the quick brown fox jumps over a lazy dog while seven tired owls sing about rain".split()
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = ServerProcess(["--max-total-tokens", "768", "--page-size", "16", "--log-level", "warning"],
-                        tmp_path_factory.mktemp("soak"))
+    srv = ServerProcess(
+        ["--max-total-tokens", "768", "--page-size", "16", "--log-level", "warning"],
+        tmp_path_factory.mktemp("soak"),
+    )
     yield srv
     srv.stop()
 
@@ -43,10 +50,17 @@ def make_plan(rng: random.Random) -> list[dict]:
     for i in range(NUM_REQUESTS):
         prompt = " ".join(rng.choice(WORDS) for _ in range(rng.choice([3, 10, 40, 120])))
         constraint = None if i % 25 else rng.choice(["regex", "json_schema"])
-        plan.append({"i": i, "route": rng.choice(["/generate", "/v1/chat/completions"]),
-                     "stream": rng.random() < 0.5, "prompt": f"{i}: {prompt}", "constraint": constraint,
-                     "max_tokens": 40 if constraint else rng.choice([1, 2, 8, 16, 24]),
-                     "abort": None if constraint or rng.random() > 0.15 else rng.uniform(0.05, 2.0)})
+        plan.append(
+            {
+                "i": i,
+                "route": rng.choice(["/generate", "/v1/chat/completions"]),
+                "stream": rng.random() < 0.5,
+                "prompt": f"{i}: {prompt}",
+                "constraint": constraint,
+                "max_tokens": 40 if constraint else rng.choice([1, 2, 8, 16, 24]),
+                "abort": None if constraint or rng.random() > 0.15 else rng.uniform(0.05, 2.0),
+            }
+        )
     return plan
 
 
@@ -60,9 +74,21 @@ def body_of(p: dict) -> dict:
     if p["route"] == "/generate":
         return {"text": p["prompt"], "sampling_params": sp, "stream": p["stream"]}
     if p["constraint"] == "json_schema":
-        extra = {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}}}
-    return {"model": MODEL, "messages": [{"role": "user", "content": p["prompt"]}], "max_tokens": p["max_tokens"],
-            "temperature": 0.7, "seed": p["i"], "stream": p["stream"], **extra}
+        extra = {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": SCHEMA},
+            }
+        }
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": p["prompt"]}],
+        "max_tokens": p["max_tokens"],
+        "temperature": 0.7,
+        "seed": p["i"],
+        "stream": p["stream"],
+        **extra,
+    }
 
 
 def outcome(route: str, last: dict) -> tuple[str, object]:
@@ -103,8 +129,11 @@ async def one(client: httpx.AsyncClient, url: str, p: dict) -> dict:
     if p["route"] == "/generate":
         text = events[-1]["text"]
     finals = [e for e in events if e.get("choices") and e["choices"][0].get("finish_reason")]
-    reason = (events[-1]["meta_info"]["finish_reason"] or {}).get("type") if p["route"] == "/generate" else (
-        finals[-1]["choices"][0]["finish_reason"] if finals else None)
+    reason = (
+        (events[-1]["meta_info"]["finish_reason"] or {}).get("type")
+        if p["route"] == "/generate"
+        else (finals[-1]["choices"][0]["finish_reason"] if finals else None)
+    )
     return {"aborted": False, "text": text, "finish": reason}
 
 
@@ -115,17 +144,25 @@ def test_soak_nothing_lost_nothing_leaked(server):
 
     async def run() -> list[dict]:
         sem = asyncio.Semaphore(NUM_CLIENTS)
-        async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=NUM_CLIENTS + 8)) as client:
+        async with httpx.AsyncClient(
+            timeout=600, limits=httpx.Limits(max_connections=NUM_CLIENTS + 8)
+        ) as client:
+
             async def limited(p: dict) -> dict:
                 async with sem:
                     return await one(client, server.url, p)
+
             return await asyncio.gather(*[limited(p) for p in plan])
 
     results = asyncio.run(run())
     elapsed = time.monotonic() - started
     served = [(p, r) for p, r in zip(plan, results) if not r["aborted"]]
     num_aborted = len(plan) - len(served)
-    lost = [(p["i"], r) for p, r in served if not r.get("late") and r["finish"] not in ("stop", "length")]
+    lost = [
+        (p["i"], r)
+        for p, r in served
+        if not r.get("late") and r["finish"] not in ("stop", "length")
+    ]
     assert not lost, lost[:5]
     for p, r in served:
         if p["constraint"] == "regex" and r["finish"] == "stop":
@@ -138,7 +175,11 @@ def test_soak_nothing_lost_nothing_leaked(server):
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         now = info(server)
-        if now["num_running"] == 0 and now["num_waiting"] == 0 and now["num_inflight_requests"] == 0:
+        if (
+            now["num_running"] == 0
+            and now["num_waiting"] == 0
+            and now["num_inflight_requests"] == 0
+        ):
             break
         time.sleep(0.2)
     num_sched_aborted = now["num_requests_aborted"] - before["num_requests_aborted"]
@@ -148,9 +189,11 @@ def test_soak_nothing_lost_nothing_leaked(server):
     assert httpx.post(server.url + "/flush_cache", timeout=60).status_code == 200
     after = info(server)
     leaked = after["kv_pages_total"] - after["kv_pages_free"]
-    print(f"\nsoak: {len(plan)} requests in {elapsed:.1f} s from {NUM_CLIENTS} clients: {len(served)} served, "
-          f"{num_aborted} abandoned by clients ({num_sched_aborted} aborted in the scheduler), "
-          f"{num_finished} finished in the scheduler, {num_preempted} preemptions, "
-          f"{num_constrained_checked} constrained outputs validated, {leaked} KV pages leaked")
+    print(
+        f"\nsoak: {len(plan)} requests in {elapsed:.1f} s from {NUM_CLIENTS} clients: {len(served)} served, "
+        f"{num_aborted} abandoned by clients ({num_sched_aborted} aborted in the scheduler), "
+        f"{num_finished} finished in the scheduler, {num_preempted} preemptions, "
+        f"{num_constrained_checked} constrained outputs validated, {leaked} KV pages leaked"
+    )
     assert leaked == 0 and after["integrity_ok"], after["integrity_error"]
     assert httpx.get(server.url + "/health", timeout=60).status_code == 200

@@ -3,6 +3,7 @@ Engine and over HTTP. A regex forces the model to write the stop string (each em
 tokens), so the test does not depend on what the model would say. Before the one incremental matcher
 (runtime/incremental_detokenizer.py), the scheduler looked back `1 + len(stop) + 4` tokens with len in
 characters, and a stop string spanning more tokens than that never matched on the Engine."""
+
 from __future__ import annotations
 
 import httpx
@@ -12,7 +13,7 @@ from conftest_server import ServerProcess
 from radixrt import Engine
 
 CASES = [
-    ("x" + "🙂" * 6 + "y" * 6, "🙂" * 6),   # 6 emoji: 24 bytes, far more tokens than characters
+    ("x" + "🙂" * 6 + "y" * 6, "🙂" * 6),  # 6 emoji: 24 bytes, far more tokens than characters
     ("ab語語語cd", "語語語"),
     ("héllo wörld ünïcode", "wörld"),
 ]
@@ -20,7 +21,7 @@ CASES = [
 
 def check(text: str, reason: dict, forced: str, stop: str) -> None:
     assert reason == {"type": "stop", "matched": stop}, reason
-    assert text == forced[:forced.index(stop)], (text, forced)
+    assert text == forced[: forced.index(stop)], (text, forced)
 
 
 @pytest.mark.parametrize("forced,stop", CASES)
@@ -29,7 +30,13 @@ def test_engine_stops_at_a_multibyte_stop_string(forced, stop, tokenizer):
     engine = Engine(dtype="float32", max_total_tokens=2048)
     try:
         import re
-        params = {"max_new_tokens": 64, "temperature": 0, "regex": re.escape(forced), "stop": [stop]}
+
+        params = {
+            "max_new_tokens": 64,
+            "temperature": 0,
+            "regex": re.escape(forced),
+            "stop": [stop],
+        }
         out = engine.generate("Say something:", params)
         check(out["text"], out["meta_info"]["finish_reason"], forced, stop)
         chunks = list(engine.generate("Say something:", params, stream=True))
@@ -41,11 +48,19 @@ def test_engine_stops_at_a_multibyte_stop_string(forced, stop, tokenizer):
 
 def test_http_stops_at_a_multibyte_stop_string(tmp_path):
     import re
+
     srv = ServerProcess(["--max-total-tokens", "2048", "--log-level", "warning"], tmp_path)
     try:
         for forced, stop in CASES:
-            body = {"text": "Say something:", "sampling_params": {"max_new_tokens": 64, "temperature": 0,
-                                                                  "regex": re.escape(forced), "stop": [stop]}}
+            body = {
+                "text": "Say something:",
+                "sampling_params": {
+                    "max_new_tokens": 64,
+                    "temperature": 0,
+                    "regex": re.escape(forced),
+                    "stop": [stop],
+                },
+            }
             r = httpx.post(srv.url + "/generate", json=body, timeout=120).json()
             check(r["text"], r["meta_info"]["finish_reason"], forced, stop)
             # the server stopped generating there (the raw tokens end at most a token past the stop string),
@@ -58,4 +73,5 @@ def test_http_stops_at_a_multibyte_stop_string(tmp_path):
 
 def decode(ids: list[int]) -> str:
     from radixrt.runtime.model.weights import load_tokenizer, resolve_model
+
     return load_tokenizer(resolve_model(None)).decode(ids)

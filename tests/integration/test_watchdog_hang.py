@@ -1,6 +1,7 @@
 """A scheduler that hangs without dying (the fake scheduler's HANG prompt): the heartbeat watchdog
 fails every in-flight request within its bound, /health stops answering 200, and the server exits
 non-zero with no process or socket left behind."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,11 @@ WATCHDOG_S = 3
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = ServerProcess(["--watchdog-timeout", str(WATCHDOG_S), "--log-level", "warning"],
-                        tmp_path_factory.mktemp("hang"), fake_scheduler=True)
+    srv = ServerProcess(
+        ["--watchdog-timeout", str(WATCHDOG_S), "--log-level", "warning"],
+        tmp_path_factory.mktemp("hang"),
+        fake_scheduler=True,
+    )
     yield srv
     srv.stop(signal.SIGKILL if srv.proc.poll() is None else signal.SIGTERM)
 

@@ -6,6 +6,7 @@ imported them compiled (no CUDA here, so they could never run), reload them inte
 On a CUDA machine this tier is skipped instead: tests/gpu runs the compiled kernels there, and
 switching the whole session to the interpreter would turn those into interpreter runs.
 """
+
 import importlib
 import os
 import pathlib
@@ -19,8 +20,11 @@ _ON_CUDA = torch.cuda.is_available()
 
 if not _ON_CUDA:
     os.environ["TRITON_INTERPRET"] = "1"
-    for _name in ("radixrt.kernels.triton_decode", "radixrt.kernels.triton_extend",
-                  "radixrt.kernels.attention_triton"):
+    for _name in (
+        "radixrt.kernels.triton_decode",
+        "radixrt.kernels.triton_extend",
+        "radixrt.kernels.attention_triton",
+    ):
         if _name in sys.modules:
             importlib.reload(sys.modules[_name])
 
@@ -28,7 +32,9 @@ if not _ON_CUDA:
 def pytest_collection_modifyitems(config, items):
     if not _ON_CUDA:
         return
-    skip = pytest.mark.skip(reason="interpreter tier runs on CPU-only machines; tests/gpu covers CUDA")
+    skip = pytest.mark.skip(
+        reason="interpreter tier runs on CPU-only machines; tests/gpu covers CUDA"
+    )
     for item in items:
         if _HERE in pathlib.Path(str(item.fspath)).parents:
             item.add_marker(skip)

@@ -4,6 +4,7 @@ Every case builds a real ForwardBatch over randomly placed pages (so slots are a
 runs TritonAttentionBackend, and compares the output with reference_attention on the cache
 the test itself updated. Shapes are small: the interpreter runs each program in Python.
 """
+
 from __future__ import annotations
 
 import os
@@ -12,18 +13,26 @@ import sys
 
 import pytest
 import torch
+from attention_cases import check_against_reference, make_case
 
 from radixrt.kernels.attention_reference import reference_attention
 from radixrt.kernels.attention_triton import TritonAttentionBackend, plan_decode_splits
-from attention_cases import check_against_reference, make_case
 
-TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-3, 2e-3), torch.bfloat16: (8e-3, 1.6e-2)}  # (atol, rtol)
+TOL = {
+    torch.float32: (1e-5, 1e-5),
+    torch.float16: (1e-3, 2e-3),
+    torch.bfloat16: (8e-3, 1.6e-2),
+}  # (atol, rtol)
 
 
-def run_and_check(prefix_lens, extend_lens, hq, hkv, d, page_size, dtype, seed=0, backend_kwargs=None, **kw):
+def run_and_check(
+    prefix_lens, extend_lens, hq, hkv, d, page_size, dtype, seed=0, backend_kwargs=None, **kw
+):
     case = make_case(prefix_lens, extend_lens, hq, hkv, d, page_size, dtype, seed, **kw)
     # reference and kernel each round once to dtype: allow ~2 ulps of it
-    check_against_reference(TritonAttentionBackend(hq, hkv, d, **(backend_kwargs or {})), case, *TOL[dtype])
+    check_against_reference(
+        TritonAttentionBackend(hq, hkv, d, **(backend_kwargs or {})), case, *TOL[dtype]
+    )
     return case[0]
 
 
@@ -34,12 +43,24 @@ FORCE_SPLITS = dict(min_split_len=16, target_programs=64, max_kv_splits=8)
 
 def cases(*combos):
     """Hand-picked (heads, page_size, dtype) combos: every value of each axis, not the full product."""
-    return pytest.mark.parametrize("heads,page_size,dtype", combos,
-                                   ids=[f"h{h[0]}x{h[1]}d{h[2]}-p{p}-{str(d)[6:]}" for h, p, d in combos])
+    return pytest.mark.parametrize(
+        "heads,page_size,dtype",
+        combos,
+        ids=[f"h{h[0]}x{h[1]}d{h[2]}-p{p}-{str(d)[6:]}" for h, p, d in combos],
+    )
 
 
-@cases((MHA, 1, F32), (MHA, 16, BF16), (MHA, 16, F16), (GQA3, 16, F32), (GQA3, 1, BF16), (GQA3, 1, F16),
-       (GQA4, 1, F32), (GQA4, 16, BF16), (GQA4, 1, F16))
+@cases(
+    (MHA, 1, F32),
+    (MHA, 16, BF16),
+    (MHA, 16, F16),
+    (GQA3, 16, F32),
+    (GQA3, 1, BF16),
+    (GQA3, 1, F16),
+    (GQA4, 1, F32),
+    (GQA4, 16, BF16),
+    (GQA4, 1, F16),
+)
 def test_decode(heads, page_size, dtype):
     # contexts 2 (first decode after a one-token prompt) .. 70, one split each at default settings
     fb = run_and_check([1, 16, 33, 69], [1] * 4, *heads, page_size, dtype, seed=page_size)
@@ -49,28 +70,48 @@ def test_decode(heads, page_size, dtype):
 @cases((GQA3, 1, F32), (GQA3, 16, BF16), (GQA4, 16, F32), (GQA4, 1, F16))
 def test_decode_split_kv(heads, page_size, dtype):
     # very different lengths; the long ones are split across several programs and merged by LSE
-    fb = run_and_check([3, 150, 47, 200], [1] * 4, *heads, page_size, dtype, seed=7, backend_kwargs=FORCE_SPLITS)
+    fb = run_and_check(
+        [3, 150, 47, 200], [1] * 4, *heads, page_size, dtype, seed=7, backend_kwargs=FORCE_SPLITS
+    )
     splits = fb.attn_meta.num_splits.tolist()
     assert splits[0] == 1 and max(splits) > 2, splits
 
 
-@cases((MHA, 1, F32), (MHA, 16, F16), (GQA3, 16, F32), (GQA3, 1, BF16), (GQA4, 16, BF16), (GQA4, 1, F16))
+@cases(
+    (MHA, 1, F32),
+    (MHA, 16, F16),
+    (GQA3, 16, F32),
+    (GQA3, 1, BF16),
+    (GQA4, 16, BF16),
+    (GQA4, 1, F16),
+)
 def test_extend(heads, page_size, dtype):
     # empty prefix + single-token prompt, empty prefix + long, page-aligned prefix, odd everything
-    run_and_check([0, 0, 16, 21, 3], [1, 37, 18, 5, 20], *heads, page_size, dtype, seed=11 + page_size)
+    run_and_check(
+        [0, 0, 16, 21, 3], [1, 37, 18, 5, 20], *heads, page_size, dtype, seed=11 + page_size
+    )
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_extend_shared_prefix_pages(page_size):
     # several requests read the same (radix-cached) prefix slots
-    run_and_check([32, 32, 40], [3, 17, 9], 9, 3, 64, page_size, torch.float32, seed=3, share_prefix=True)
+    run_and_check(
+        [32, 32, 40], [3, 17, 9], 9, 3, 64, page_size, torch.float32, seed=3, share_prefix=True
+    )
 
 
 @cases((MHA, 16, F16), (GQA3, 1, F32), (GQA4, 16, BF16))
 def test_mixed_decode_and_extend(heads, page_size, dtype):
     # decodes (one split and several) followed by chunked-prefill-like extends in one forward
-    fb = run_and_check([90, 1, 7, 0, 40, 64], [1, 1, 1, 23, 1, 16], *heads, page_size, dtype, seed=5,
-                       backend_kwargs=FORCE_SPLITS)
+    fb = run_and_check(
+        [90, 1, 7, 0, 40, 64],
+        [1, 1, 1, 23, 1, 16],
+        *heads,
+        page_size,
+        dtype,
+        seed=5,
+        backend_kwargs=FORCE_SPLITS,
+    )
     # the 1-token extend after a 0-prefix extend stays an extend
     assert fb.num_decode == 3 and fb.attn_meta.num_extend == 3
 
@@ -91,8 +132,9 @@ def test_metadata_is_per_forward_and_reused_across_layers():
 
 def test_plan_decode_splits_balances_and_never_leaves_a_split_empty():
     lens = [1, 2, 16, 17, 100, 1000, 4096, 5]
-    splits, chunks = plan_decode_splits(lens, num_kv_heads=2, target_programs=64, max_splits=8,
-                                        min_split_len=16, align=16)
+    splits, chunks = plan_decode_splits(
+        lens, num_kv_heads=2, target_programs=64, max_splits=8, min_split_len=16, align=16
+    )
     for seq_len, n, c in zip(lens, splits, chunks):
         assert 1 <= n <= 8 and c % 16 == 0 and c * (n - 1) < seq_len <= c * n
     assert splits[lens.index(4096)] == 8 and splits[0] == 1
@@ -149,8 +191,13 @@ def test_kernels_compile_for_hopper(dtype="bfloat16", head_dim=128):
     # memory): compile each kernel to a sm_90 cubin with the backend's GPU launch settings. No GPU
     # needed, but a fresh process: triton's own jit helpers are interpreted once TRITON_INTERPRET is set.
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER, dtype, str(head_dim)], env=env,
-                         capture_output=True, text=True, timeout=240)
+    res = subprocess.run(
+        [sys.executable, "-c", COMPILE_FOR_HOPPER, dtype, str(head_dim)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.count("shared") == 5, res.stdout
 
@@ -164,21 +211,31 @@ def test_tiny_llama_with_triton_backend_matches_hf(tiny_llama_config, paged_driv
     from radixrt.runtime.model.models.llama import LlamaForCausalLM
 
     torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(tiny_llama_config, attn_implementation="eager", dtype=F32).eval()
+    hf = AutoModelForCausalLM.from_config(
+        tiny_llama_config, attn_implementation="eager", dtype=F32
+    ).eval()
     with torch.no_grad():  # away from init values so attention is not near-uniform
         for name, p in hf.named_parameters():
             p.uniform_(0.5, 1.5) if "norm" in name else p.normal_(0.0, 0.15)
     ours = LlamaForCausalLM(tiny_llama_config, F32, "cpu")
     ours.load_weights(hf.state_dict())
-    attn = TritonAttentionBackend(ours.num_q_heads, ours.num_kv_heads, ours.head_dim, min_split_len=8)
+    attn = TritonAttentionBackend(
+        ours.num_q_heads, ours.num_kv_heads, ours.head_dim, min_split_len=8
+    )
     seqs = {"a": torch.randint(0, 128, (40,)).tolist(), "b": torch.randint(0, 128, (9,)).tolist()}
     with torch.no_grad():
         expected = {n: hf(torch.tensor([s])).logits[0] for n, s in seqs.items()}
     driver = paged_driver(ours, attn, num_pages=40, page_size=4, seed=1)
     fed = {"a": 0, "b": 0}
-    for feeds in ([("a", 30)], [("a", 1), ("b", 1)], [("a", 1), ("b", 5)], [("a", 1), ("b", 1)],
-                  [("b", 1), ("a", 1)], [("a", 6), ("b", 1)]):
-        out = driver.step([(n, seqs[n][fed[n]:fed[n] + k], False) for n, k in feeds])
+    for feeds in (
+        [("a", 30)],
+        [("a", 1), ("b", 1)],
+        [("a", 1), ("b", 5)],
+        [("a", 1), ("b", 1)],
+        [("b", 1), ("a", 1)],
+        [("a", 6), ("b", 1)],
+    ):
+        out = driver.step([(n, seqs[n][fed[n] : fed[n] + k], False) for n, k in feeds])
         for n, k in feeds:
             fed[n] += k
             torch.testing.assert_close(out[n][0], expected[n][fed[n] - 1], atol=1e-4, rtol=1e-4)
@@ -196,6 +253,7 @@ def test_quantized_pool_matches_the_torch_backend(kv_dtype, dtype, decode_only):
     reads them back from the pool, so they differ by the format's rounding."""
     from radixrt.kernels.attention_torch import TorchAttentionBackend
     from radixrt.kernels.kv_quant import quantize
+
     hq, hkv, d = GQA3
     # decodes (two splits for the long one), then extends with and without a cached prefix
     lens = ([5, 90, 33], [1, 1, 1]) if decode_only else ([5, 90, 0, 21], [1, 1, 9, 6])
@@ -204,18 +262,24 @@ def test_quantized_pool_matches_the_torch_backend(kv_dtype, dtype, decode_only):
     for _ in range(2):
         (kq, ks), (vq, vs) = quantize(k_cache, kv_dtype), quantize(v_cache, kv_dtype)
         pools.append((kq, vq, ks, vs))
-    scale = d ** -0.5
+    scale = d**-0.5
     triton_backend = TritonAttentionBackend(hq, hkv, d, **FORCE_SPLITS)
     triton_backend.init_forward_metadata(fb)
-    out = triton_backend.forward(q, k, v, pools[0][0], pools[0][1], fb, scale, pools[0][2], pools[0][3])
+    out = triton_backend.forward(
+        q, k, v, pools[0][0], pools[0][1], fb, scale, pools[0][2], pools[0][3]
+    )
     torch_backend = TorchAttentionBackend(hq, hkv, d)
     fb.attn_meta = None
     torch_backend.init_forward_metadata(fb)
-    want = torch_backend.forward(q, k, v, pools[1][0], pools[1][1], fb, scale, pools[1][2], pools[1][3])
+    want = torch_backend.forward(
+        q, k, v, pools[1][0], pools[1][1], fb, scale, pools[1][2], pools[1][3]
+    )
     for a, b in zip(pools[0], pools[1]):
         assert torch.equal(a.float(), b.float()), "the two backends stored different quantised rows"
     if decode_only:
-        torch.testing.assert_close(out.float(), want.float(), atol=TOL[dtype][0] * 4 + 1e-4, rtol=TOL[dtype][1] * 2)
+        torch.testing.assert_close(
+            out.float(), want.float(), atol=TOL[dtype][0] * 4 + 1e-4, rtol=TOL[dtype][1] * 2
+        )
     else:
         atol = 0.05 if kv_dtype == torch.int8 else 0.2
         torch.testing.assert_close(out.float(), want.float(), atol=atol, rtol=0.1)
@@ -228,5 +292,9 @@ def test_sliding_window(heads, page_size, dtype, window):
     splits fall before the window), and extends with and without a cached prefix, against
     reference_attention with the same window."""
     hq, hkv, d = heads
-    case = make_case([3, 150, 47, 0, 21], [1, 1, 1, 30, 12], hq, hkv, d, page_size, dtype, seed=window)
-    check_against_reference(TritonAttentionBackend(hq, hkv, d, **FORCE_SPLITS), case, *TOL[dtype], window=window)
+    case = make_case(
+        [3, 150, 47, 0, 21], [1, 1, 1, 30, 12], hq, hkv, d, page_size, dtype, seed=window
+    )
+    check_against_reference(
+        TritonAttentionBackend(hq, hkv, d, **FORCE_SPLITS), case, *TOL[dtype], window=window
+    )

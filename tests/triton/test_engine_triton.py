@@ -5,14 +5,17 @@ the cached-token count an independent computation predicts from the token ids. T
 pages of 16, so the second one really reads its prefix from the radix cache through the Triton kernels.
 Few new tokens: the interpreter costs ~0.25 s per layer per step.
 """
+
 import pytest
 
 from radixrt import Engine
 
 pytestmark = pytest.mark.integration
 
-BASE = ("The three primary colors are red, yellow and blue. Mixing two of them gives a secondary color: "
-        "red and yellow make orange, yellow and blue make green, and blue and red make purple.")
+BASE = (
+    "The three primary colors are red, yellow and blue. Mixing two of them gives a secondary color: "
+    "red and yellow make orange, yellow and blue make green, and blue and red make purple."
+)
 EXTENDED = BASE + " The sky is"
 PARAMS = {"temperature": 0, "max_new_tokens": 3}
 
@@ -34,16 +37,25 @@ def expected_cached(tokenizer, first_output: list[int], page_size: int) -> int:
 
 def run(engine: Engine) -> tuple[list[list[int]], list[int]]:
     first = engine.generate(BASE, PARAMS)
-    second = engine.generate(EXTENDED, PARAMS)  # extends the first: its prefix comes from the radix cache
+    second = engine.generate(
+        EXTENDED, PARAMS
+    )  # extends the first: its prefix comes from the radix cache
     engine.check_integrity()
-    return [first["output_ids"], second["output_ids"]], [first["meta_info"]["cached_tokens"],
-                                                        second["meta_info"]["cached_tokens"]]
+    return [first["output_ids"], second["output_ids"]], [
+        first["meta_info"]["cached_tokens"],
+        second["meta_info"]["cached_tokens"],
+    ]
 
 
 @pytest.fixture(scope="module")
 def torch_run(model_dir):
-    engine = Engine(dtype="float32", model_path=str(model_dir), attention_backend="torch", max_total_tokens=2048,
-                    page_size=16)
+    engine = Engine(
+        dtype="float32",
+        model_path=str(model_dir),
+        attention_backend="torch",
+        max_total_tokens=2048,
+        page_size=16,
+    )
     try:
         return run(engine)
     finally:
@@ -52,8 +64,13 @@ def torch_run(model_dir):
 
 def test_triton_engine_matches_torch_engine_through_the_cache(model_dir, torch_run):
     page_size = 16
-    engine = Engine(dtype="float32", model_path=str(model_dir), attention_backend="triton", page_size=page_size,
-                    max_total_tokens=2048)
+    engine = Engine(
+        dtype="float32",
+        model_path=str(model_dir),
+        attention_backend="triton",
+        page_size=page_size,
+        max_total_tokens=2048,
+    )
     try:
         outputs, cached = run(engine)
         want = expected_cached(engine.tokenizer, outputs[0], page_size)

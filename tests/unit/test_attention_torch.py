@@ -1,4 +1,5 @@
 """TorchAttentionBackend (padded, batched) against reference_attention (per-request loop)."""
+
 from __future__ import annotations
 
 import random
@@ -8,19 +9,30 @@ import pytest
 import torch
 
 from radixrt.kernels import attention_torch
-from radixrt.kernels.attention_torch import (CASCADE_MIN_SHARED_LEN, TorchAttentionBackend, _attend_lse,
-                                            _attend_lse_matmul)
 from radixrt.kernels.attention_reference import reference_attention
-from radixrt.runtime.model.forward_batch import BatchItem, build_forward_batch
+from radixrt.kernels.attention_torch import (
+    CASCADE_MIN_SHARED_LEN,
+    TorchAttentionBackend,
+    _attend_lse,
+    _attend_lse_matmul,
+)
 from radixrt.runtime.core.page_allocator import slots_of
+from radixrt.runtime.model.forward_batch import BatchItem, build_forward_batch
 
 HEAD_DIM = 16
 NUM_KV_HEADS = 2
 
 
-def make_batch(rng: random.Random, decode_lens: list[int], extends: list[tuple[int, int]], page_size: int,
-               max_rows: int = 16, max_context: int = 512, shared_lens: list[int] | None = None,
-               consecutive_shared: bool = False):
+def make_batch(
+    rng: random.Random,
+    decode_lens: list[int],
+    extends: list[tuple[int, int]],
+    page_size: int,
+    max_rows: int = 16,
+    max_context: int = 512,
+    shared_lens: list[int] | None = None,
+    consecutive_shared: bool = False,
+):
     """decode_lens: KV length before each decode step; extends: (prefix_len, extend_len) per request.
     shared_lens: per request (decode first), how many leading positions use one common run of pages, as
     when requests borrow the same radix-cache prefix; the rest of a request's positions use its own pages.
@@ -33,7 +45,11 @@ def make_batch(rng: random.Random, decode_lens: list[int], extends: list[tuple[i
     shared_lens = shared_lens or [0] * len(specs)
     assert len(shared_lens) == len(specs)
     pages_of = lambda n: -(-n // page_size)  # noqa: E731
-    num_pages = sum(pages_of(p + e - sh) for (p, e), sh in zip(specs, shared_lens)) + pages_of(max(shared_lens)) + 3
+    num_pages = (
+        sum(pages_of(p + e - sh) for (p, e), sh in zip(specs, shared_lens))
+        + pages_of(max(shared_lens))
+        + 3
+    )
     free_pages = list(range(num_pages))
     rng.shuffle(free_pages)
     num_slots = num_pages * page_size
@@ -55,15 +71,26 @@ def make_batch(rng: random.Random, decode_lens: list[int], extends: list[tuple[i
         # the prefix part of the table was written by earlier steps; this step writes from a random point
         write_start = rng.randint(0, prefix_len)
         table[row, :write_start] = torch.tensor(slots[:write_start], dtype=torch.int64)
-        items.append(BatchItem(row=row, new_ids=[rng.randrange(100) for _ in range(extend_len)],
-                               prefix_len=prefix_len, slots=slots[write_start:], write_start=write_start))
+        items.append(
+            BatchItem(
+                row=row,
+                new_ids=[rng.randrange(100) for _ in range(extend_len)],
+                prefix_len=prefix_len,
+                slots=slots[write_start:],
+                write_start=write_start,
+            )
+        )
     fb = build_forward_batch(items, table)
     assert fb.num_decode == len(decode_lens)
-    assert len(set(fb.out_slots.tolist())) == fb.num_tokens, "two requests write one slot: a broken test batch"
+    assert len(set(fb.out_slots.tolist())) == fb.num_tokens, (
+        "two requests write one slot: a broken test batch"
+    )
     return fb, num_slots
 
 
-def run_both(fb, num_slots: int, num_q_heads: int, dtype=torch.float32, seed: int = 0, **backend_kw):
+def run_both(
+    fb, num_slots: int, num_q_heads: int, dtype=torch.float32, seed: int = 0, **backend_kw
+):
     g = torch.Generator().manual_seed(seed)
     T = fb.num_tokens
     q = torch.randn(T, num_q_heads, HEAD_DIM, generator=g).to(dtype)
@@ -74,14 +101,16 @@ def run_both(fb, num_slots: int, num_q_heads: int, dtype=torch.float32, seed: in
     ref_k, ref_v = k_cache.clone(), v_cache.clone()
     ref_k[fb.out_slots] = k
     ref_v[fb.out_slots] = v
-    scale = HEAD_DIM ** -0.5
+    scale = HEAD_DIM**-0.5
     expected = reference_attention(q, ref_k, ref_v, fb, scale)
 
     backend = TorchAttentionBackend(num_q_heads, NUM_KV_HEADS, HEAD_DIM, **backend_kw)
     fb.attn_meta = None
     backend.init_forward_metadata(fb)
     out = backend.forward(q, k, v, k_cache, v_cache, fb, scale)
-    assert torch.equal(k_cache, ref_k) and torch.equal(v_cache, ref_v), "new K/V not written at out_slots"
+    assert torch.equal(k_cache, ref_k) and torch.equal(v_cache, ref_v), (
+        "new K/V not written at out_slots"
+    )
     # a second layer reuses the same metadata (and its gather workspaces)
     out2 = backend.forward(q, k, v, k_cache, v_cache, fb, scale)
     assert out.shape == (T, num_q_heads, HEAD_DIM)
@@ -100,7 +129,10 @@ SCENARIOS = {
     "mixed": ([3, 50, 1], [(0, 11), (20, 9), (64, 1)]),
     "very_different_lengths": ([200, 2], [(0, 150), (0, 1), (7, 2)]),
     # runs of short and long extends (drafts beside prefill chunks) padded apart
-    "short_long_short_runs": ([40, 9], [(30, 5), (12, 17), (0, 70), (5, 40), (90, 3), (0, 1), (2, 33)]),
+    "short_long_short_runs": (
+        [40, 9],
+        [(30, 5), (12, 17), (0, 70), (5, 40), (90, 3), (0, 1), (2, 33)],
+    ),
     # one long chunk after its cached prefix: "prefix, unmasked" + "itself, causal", merged
     "long_chunk_after_prefix": ([], [(70, 50)]),
     "long_chunk_after_prefix_beside_decodes_and_drafts": ([12, 40], [(3, 4), (100, 64), (20, 2)]),
@@ -123,7 +155,9 @@ def test_short_and_long_extends_are_padded_apart():
     """Short extends after a cached prefix right behind the decodes join the decode group (drafts to
     verify); other runs of short and long extends are padded apart."""
     rng = random.Random(11)
-    fb, num_slots = make_batch(rng, [40, 9], [(30, 5), (12, 17), (0, 70), (5, 40), (90, 3), (0, 1), (2, 33)], 16)
+    fb, num_slots = make_batch(
+        rng, [40, 9], [(30, 5), (12, 17), (0, 70), (5, 40), (90, 3), (0, 1), (2, 33)], 16
+    )
     out, out2, expected = run_both(fb, num_slots, 3 * NUM_KV_HEADS, seed=1)
     torch.testing.assert_close(out, expected, atol=2e-5, rtol=1e-5)
     d = fb.attn_meta.decode
@@ -145,7 +179,9 @@ def test_random_batches(seed):
     rng = random.Random(seed)
     page_size = rng.choice([1, 2, 16])
     decode_lens = [rng.randint(1, 90) for _ in range(rng.randint(0, 5))]
-    extends = [(rng.choice([0, rng.randint(0, 60)]), rng.randint(1, 40)) for _ in range(rng.randint(0, 4))]
+    extends = [
+        (rng.choice([0, rng.randint(0, 60)]), rng.randint(1, 40)) for _ in range(rng.randint(0, 4))
+    ]
     if not decode_lens and not extends:
         extends = [(0, 3)]
     fb, num_slots = make_batch(rng, decode_lens, extends, page_size)
@@ -165,9 +201,24 @@ SHARED_SCENARIOS = {
     # long extends (> SHORT_EXTEND_LEN new tokens) form groups of their own
     "extends_shared": ([], [(64, 40), (80, 37), (70, 33)], [64] * 3, (None, 64)),
     # the second extend writes positions 40..79 into slots the others read as cached prefix this step
-    "extend_new_tokens_inside_shared": ([90, 72], [(70, 35), (40, 40), (75, 33)], [70] * 5, (70, 40)),
-    "mixed_both_shared": ([50, 61, 45], [(48, 39), (45, 33), (100, 40)], [45, 45, 45, 48, 45, 48], (45, 45)),
-    "fresh_prompt_beside_shared": ([64, 64], [(0, 30), (60, 4), (60, 8)], [60, 60, 0, 60, 60], (60, None)),
+    "extend_new_tokens_inside_shared": (
+        [90, 72],
+        [(70, 35), (40, 40), (75, 33)],
+        [70] * 5,
+        (70, 40),
+    ),
+    "mixed_both_shared": (
+        [50, 61, 45],
+        [(48, 39), (45, 33), (100, 40)],
+        [45, 45, 45, 48, 45, 48],
+        (45, 45),
+    ),
+    "fresh_prompt_beside_shared": (
+        [64, 64],
+        [(0, 30), (60, 4), (60, 8)],
+        [60, 60, 0, 60, 60],
+        (60, None),
+    ),
     "single_request_groups": ([200], [(150, 40)], [150, 150], (None, None)),
     # short extends after a cached prefix (drafts to verify, prompt tails) join the decodes' group
     "drafts_join_decodes": ([100, 130, 97], [(98, 5), (120, 3), (96, 17)], [96] * 6, (96, None)),
@@ -180,8 +231,10 @@ SHARED_SCENARIOS = {
 def cascade_lens(fb) -> tuple[int | None, int | None]:
     meta = fb.attn_meta
     assert len(meta.extends) <= 1  # these scenarios keep all their extends in one run
-    return tuple(g.shared.kv_len if g is not None and g.shared is not None else None
-                 for g in (meta.decode, meta.extends[0] if meta.extends else None))
+    return tuple(
+        g.shared.kv_len if g is not None and g.shared is not None else None
+        for g in (meta.decode, meta.extends[0] if meta.extends else None)
+    )
 
 
 @pytest.mark.parametrize("consecutive", [False, True])
@@ -191,9 +244,17 @@ def cascade_lens(fb) -> tuple[int | None, int | None]:
 def test_shared_prefix_matches_reference(scenario, group, page_size, consecutive):
     decode_lens, extends, shared_lens, expected_lens = SHARED_SCENARIOS[scenario]
     rng = random.Random(zlib.crc32(f"shared/{scenario}/{group}/{page_size}/{consecutive}".encode()))
-    fb, num_slots = make_batch(rng, decode_lens, extends, page_size, shared_lens=shared_lens,
-                               consecutive_shared=consecutive)
-    out, out2, expected = run_both(fb, num_slots, group * NUM_KV_HEADS, seed=rng.randrange(1000), min_saved_kv=0)
+    fb, num_slots = make_batch(
+        rng,
+        decode_lens,
+        extends,
+        page_size,
+        shared_lens=shared_lens,
+        consecutive_shared=consecutive,
+    )
+    out, out2, expected = run_both(
+        fb, num_slots, group * NUM_KV_HEADS, seed=rng.randrange(1000), min_saved_kv=0
+    )
     assert cascade_lens(fb) == expected_lens
     meta = fb.attn_meta
     for g in (meta.decode, *meta.extends):  # read in place exactly when the run is consecutive
@@ -203,7 +264,9 @@ def test_shared_prefix_matches_reference(scenario, group, page_size, consecutive
     torch.testing.assert_close(out2, expected, atol=2e-5, rtol=1e-5)
 
 
-SHARED_SEED_BASE = 5000  # seeds whose batches take the cascade in both groups, in one, and in neither
+SHARED_SEED_BASE = (
+    5000  # seeds whose batches take the cascade in both groups, in one, and in neither
+)
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -211,8 +274,13 @@ def test_random_shared_batches(seed):
     rng = random.Random(SHARED_SEED_BASE + seed)
     common_len = rng.choice([0, rng.randint(1, 40), rng.randint(30, 150), rng.randint(30, 150)])
     decode_lens = [rng.randint(common_len + 1, common_len + 40) for _ in range(rng.randint(0, 5))]
-    extends = [(rng.choice([rng.randint(0, common_len + 20), common_len + rng.randint(0, 20)]), rng.randint(2, 30))
-               for _ in range(rng.randint(0, 4))]
+    extends = [
+        (
+            rng.choice([rng.randint(0, common_len + 20), common_len + rng.randint(0, 20)]),
+            rng.randint(2, 30),
+        )
+        for _ in range(rng.randint(0, 4))
+    ]
     if not decode_lens and not extends:
         extends = [(common_len + 3, 2)]
     # decodes share all of the common run; an extend takes part of it, its new tokens at most once inside
@@ -224,8 +292,12 @@ def test_random_shared_batches(seed):
             shared = prefix_len if writer_used else shared
             writer_used = True
         shared_lens.append(rng.choice([shared, shared, rng.randint(0, shared)]))
-    fb, num_slots = make_batch(rng, decode_lens, extends, rng.choice([1, 2, 16]), shared_lens=shared_lens)
-    out, _, expected = run_both(fb, num_slots, rng.choice([1, 3, 4]) * NUM_KV_HEADS, seed=seed, min_saved_kv=0)
+    fb, num_slots = make_batch(
+        rng, decode_lens, extends, rng.choice([1, 2, 16]), shared_lens=shared_lens
+    )
+    out, _, expected = run_both(
+        fb, num_slots, rng.choice([1, 3, 4]) * NUM_KV_HEADS, seed=seed, min_saved_kv=0
+    )
     torch.testing.assert_close(out, expected, atol=2e-5, rtol=1e-5)
 
 
@@ -255,9 +327,21 @@ def test_default_thresholds_take_cascade_where_it_pays():
     """Defaults on the SmolLM2 attention shape: the few-shot decode batch (16 x 600 shared) takes the
     cascade; two requests sharing 64 positions or 16 sharing 32 do not (they measured slower)."""
     backend = TorchAttentionBackend(9, 3, 64)
-    for num_reqs, shared_len, expected in ((16, 600, 600), (2, 64, None), (16, 32, None), (2, 600, 600)):
-        fb, _ = make_batch(random.Random(num_reqs), [shared_len + 40] * num_reqs, [], 16,
-                           max_rows=num_reqs, max_context=shared_len + 41, shared_lens=[shared_len] * num_reqs)
+    for num_reqs, shared_len, expected in (
+        (16, 600, 600),
+        (2, 64, None),
+        (16, 32, None),
+        (2, 600, 600),
+    ):
+        fb, _ = make_batch(
+            random.Random(num_reqs),
+            [shared_len + 40] * num_reqs,
+            [],
+            16,
+            max_rows=num_reqs,
+            max_context=shared_len + 41,
+            shared_lens=[shared_len] * num_reqs,
+        )
         backend.init_forward_metadata(fb)
         assert cascade_lens(fb) == (expected, None), (num_reqs, shared_len)
 
@@ -291,7 +375,9 @@ def test_cascade_with_matmul_fallback(monkeypatch):
 def test_bfloat16_cascade_close_to_reference():
     rng = random.Random(8)
     fb, num_slots = make_batch(rng, [80, 95, 70], [(72, 39), (66, 34)], 16, shared_lens=[64] * 5)
-    out, _, expected = run_both(fb, num_slots, 3 * NUM_KV_HEADS, dtype=torch.bfloat16, min_saved_kv=0)
+    out, _, expected = run_both(
+        fb, num_slots, 3 * NUM_KV_HEADS, dtype=torch.bfloat16, min_saved_kv=0
+    )
     assert cascade_lens(fb) == (64, 64) and out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), expected.float(), atol=2e-2, rtol=2e-2)
 
@@ -307,8 +393,9 @@ def test_bfloat16_close_to_reference():
 def test_reference_is_causal_softmax():
     """The reference itself against a hand computation: one request, one head, 2 cached + 2 new tokens."""
     table = torch.zeros((1, 8), dtype=torch.int64)
-    fb = build_forward_batch([BatchItem(row=0, new_ids=[1, 2], prefix_len=2, slots=[3, 1, 0, 2], write_start=0)],
-                             table)
+    fb = build_forward_batch(
+        [BatchItem(row=0, new_ids=[1, 2], prefix_len=2, slots=[3, 1, 0, 2], write_start=0)], table
+    )
     k_cache = torch.randn(4, 1, 2)
     v_cache = torch.randn(4, 1, 2)
     q = torch.randn(2, 1, 2)

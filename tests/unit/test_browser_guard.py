@@ -1,11 +1,20 @@
 """BrowserGuard: the rules that keep a web page from driving the server through a browser."""
+
 import pytest
 
 from radixrt.runtime.serving.browser_guard import BrowserGuard, host_name
 
 
-@pytest.mark.parametrize("header,name", [("example.com:30000", "example.com"), ("LOCALHOST", "localhost"),
-                                         ("[::1]:30000", "[::1]"), ("127.0.0.1", "127.0.0.1"), ("::1", "::1")])
+@pytest.mark.parametrize(
+    "header,name",
+    [
+        ("example.com:30000", "example.com"),
+        ("LOCALHOST", "localhost"),
+        ("[::1]:30000", "[::1]"),
+        ("127.0.0.1", "127.0.0.1"),
+        ("::1", "::1"),
+    ],
+)
 def test_host_name(header, name):
     assert host_name(header) == name
 
@@ -21,7 +30,9 @@ def test_loopback_bind_accepts_loopback_names_only():
 def test_explicit_hosts_and_wildcards():
     assert BrowserGuard("0.0.0.0", 1, None, None).host_ok("anything.example")
     g = BrowserGuard("127.0.0.1", 1, "api.internal, other.internal", None)
-    assert g.host_ok("api.internal:1") and g.host_ok("OTHER.internal") and not g.host_ok("localhost")
+    assert (
+        g.host_ok("api.internal:1") and g.host_ok("OTHER.internal") and not g.host_ok("localhost")
+    )
     assert BrowserGuard("127.0.0.1", 1, "*", None).host_ok("x.example")
     assert BrowserGuard("10.1.2.3", 1, None, None).host_ok("10.1.2.3:1")
     assert not BrowserGuard("10.1.2.3", 1, None, None).host_ok("localhost:1")
@@ -32,23 +43,44 @@ def test_origins():
     assert g.origin_ok(None)  # not a browser, or a same-origin GET
     assert g.origin_ok("http://127.0.0.1:30000", "127.0.0.1:30000")  # its own pages
     assert g.origin_ok("http://localhost:30000", "localhost:30000")
-    for bad in ("https://evil.example", "http://localhost:8080", "null", "http://evil.example:30000", "file://"):
+    for bad in (
+        "https://evil.example",
+        "http://localhost:8080",
+        "null",
+        "http://evil.example:30000",
+        "file://",
+    ):
         assert not g.origin_ok(bad, "127.0.0.1:30000"), bad
-    assert not g.origin_ok("http://127.0.0.1:30000", "localhost:30000")  # same-origin means the same host:port
+    assert not g.origin_ok(
+        "http://127.0.0.1:30000", "localhost:30000"
+    )  # same-origin means the same host:port
     # a wildcard Host rule (0.0.0.0) must not let a foreign Origin on the right port through
     anywhere = BrowserGuard("0.0.0.0", 30000, None, None)
     assert not anywhere.origin_ok("http://evil.example:30000", "10.0.0.5:30000")
     assert anywhere.origin_ok("http://10.0.0.5:30000", "10.0.0.5:30000")
     allowed = BrowserGuard("127.0.0.1", 30000, None, "https://app.example")
-    assert allowed.origin_ok("https://app.example") and not allowed.origin_ok("https://other.example")
+    assert allowed.origin_ok("https://app.example") and not allowed.origin_ok(
+        "https://other.example"
+    )
     assert BrowserGuard("127.0.0.1", 30000, None, "*").origin_ok("https://any.example")
 
 
-@pytest.mark.parametrize("ctype,ok", [("application/json", True), ("application/json; charset=utf-8", True),
-                                      ("Application/JSON", True), ("text/plain", False), (None, False),
-                                      ("application/x-www-form-urlencoded", False), ("multipart/form-data", False),
-                                      ("application/jsonp", False)])
+@pytest.mark.parametrize(
+    "ctype,ok",
+    [
+        ("application/json", True),
+        ("application/json; charset=utf-8", True),
+        ("Application/JSON", True),
+        ("text/plain", False),
+        (None, False),
+        ("application/x-www-form-urlencoded", False),
+        ("multipart/form-data", False),
+        ("application/jsonp", False),
+    ],
+)
 def test_post_bodies_must_be_json(ctype, ok):
     assert BrowserGuard.content_type_ok("POST", ctype) is ok
     assert BrowserGuard.content_type_ok("GET", ctype)  # GETs carry no body
-    assert BrowserGuard.content_type_ok("POST", ctype, has_body=False)  # nor does a bare POST /flush_cache
+    assert BrowserGuard.content_type_ok(
+        "POST", ctype, has_body=False
+    )  # nor does a bare POST /flush_cache

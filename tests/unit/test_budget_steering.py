@@ -7,6 +7,7 @@ steered decoding loop is the scheduler's rule (a pick with b tokens left masks w
 deterministic fake model: with b at least the shortest completion the output is complete and valid; with
 less it is unchanged and incomplete; where unsteered decoding finished inside b the output is identical.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -24,7 +25,14 @@ from radixrt.runtime.constrained.budget import UNREACHABLE, completion_distances
 
 TINY = ["a", "b", "ab", "ba", "1", "12", "{", "}", '"', '"}', ","]
 TINY_EOS = len(TINY)
-TINY_REGEXES = ["a+b", "(ab|ba)*c?a", r'\{("a"|"b1*")(,"a")*\}', "[ab]{3,5}", r"1(2|a)*b\}?", "(a|b)*1{4}"]
+TINY_REGEXES = [
+    "a+b",
+    "(ab|ba)*c?a",
+    r'\{("a"|"b1*")(,"a")*\}',
+    "[ab]{3,5}",
+    r"1(2|a)*b\}?",
+    "(a|b)*1{4}",
+]
 
 
 def brute_force_distance(regex: str, text: str, limit: int = 4) -> int:
@@ -55,23 +63,48 @@ def test_distances_equal_brute_force_on_a_tiny_vocabulary(regex):
         if want <= 4:  # deeper answers are past the brute force's reach
             assert dist[state] == want, (regex, text)
             seen += 1
-        succ = [index.get_next_state(state, t) for t in index.get_allowed_tokens(state) if t != TINY_EOS]
+        succ = [
+            index.get_next_state(state, t) for t in index.get_allowed_tokens(state) if t != TINY_EOS
+        ]
         assert max_next[state] == max((dist.get(s, UNREACHABLE) for s in succ), default=0)
     assert seen >= 20
 
 
 UNBOUNDED = {
-    "id_int_or_short_string": {"type": "object", "properties": {"id": {"anyOf": [
-        {"type": "integer"}, {"type": "string", "maxLength": 8}]}}, "required": ["id"]},
-    "free_string": {"type": "object", "properties": {"note": {"type": "string"}, "n": {"type": "integer"}},
-                    "required": ["note", "n"]},
-    "int_array": {"type": "object", "properties": {"xs": {"type": "array", "items": {"type": "integer"}}},
-                  "required": ["xs"]},
-    "recursive_tree": {"$defs": {"node": {"type": "object", "properties": {
-        "v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 2}},
-        "required": ["v"]}}, "$ref": "#/$defs/node"},
-    "open_object": {"type": "object", "properties": {"k": {"type": "number"}}, "required": ["k"],
-                    "additionalProperties": {"type": "string"}},
+    "id_int_or_short_string": {
+        "type": "object",
+        "properties": {"id": {"anyOf": [{"type": "integer"}, {"type": "string", "maxLength": 8}]}},
+        "required": ["id"],
+    },
+    "free_string": {
+        "type": "object",
+        "properties": {"note": {"type": "string"}, "n": {"type": "integer"}},
+        "required": ["note", "n"],
+    },
+    "int_array": {
+        "type": "object",
+        "properties": {"xs": {"type": "array", "items": {"type": "integer"}}},
+        "required": ["xs"],
+    },
+    "recursive_tree": {
+        "$defs": {
+            "node": {
+                "type": "object",
+                "properties": {
+                    "v": {"type": "integer"},
+                    "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 2},
+                },
+                "required": ["v"],
+            }
+        },
+        "$ref": "#/$defs/node",
+    },
+    "open_object": {
+        "type": "object",
+        "properties": {"k": {"type": "number"}},
+        "required": ["k"],
+        "additionalProperties": {"type": "string"},
+    },
 }
 
 
@@ -110,13 +143,17 @@ def test_steered_output_is_valid_whenever_a_completion_fits(backend, tokenizer, 
     shortest = first.compiled.steering.dist[first.guide.get_state()]
     prefix = tokenizer.encode(f"{name}:")
     free = decode(compiled(backend, "json_schema", spec), prefix, vocab_size, eos, 400, steer=False)
-    for budget in sorted({0, 1, shortest - 1, shortest, shortest + 1, shortest + 3, shortest + 8, 25, 60, 400}):
+    for budget in sorted(
+        {0, 1, shortest - 1, shortest, shortest + 1, shortest + 3, shortest + 8, 25, 60, 400}
+    ):
         if budget < 0:
             continue
         state = compiled(backend, "json_schema", spec)
         out = decode(state, prefix, vocab_size, eos, budget)
         if budget >= shortest:
-            assert state.is_final(), f"{name}: budget {budget} >= shortest {shortest} but output incomplete"
+            assert state.is_final(), (
+                f"{name}: budget {budget} >= shortest {shortest} but output incomplete"
+            )
             text = tokenizer.decode([t for t in out if t != eos])
             errors = [e.message for e in validator(UNBOUNDED[name]).iter_errors(json.loads(text))]
             assert not errors, (name, budget, text, errors)
@@ -124,7 +161,9 @@ def test_steered_output_is_valid_whenever_a_completion_fits(backend, tokenizer, 
             assert not state.is_final()
             assert out == free[:budget], "nothing fits: steering must leave the output alone"
         if len(free) <= budget and free[-1:] == [eos]:
-            assert out == free, f"{name}: unsteered decoding finished inside {budget} tokens; steering changed it"
+            assert out == free, (
+                f"{name}: unsteered decoding finished inside {budget} tokens; steering changed it"
+            )
 
 
 def test_steering_engages_only_near_the_end(backend, tokenizer):
@@ -142,6 +181,7 @@ def auto(tokenizer, backend):
     pytest.importorskip("llguidance")
     from radixrt.runtime.constrained.fallback import FallbackBackend
     from radixrt.runtime.constrained.llg_backend import LLGuidanceBackend
+
     llg = LLGuidanceBackend(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
     yield FallbackBackend(llg, backend, shadow=True)
     llg.shutdown()
@@ -173,10 +213,14 @@ def test_llguidance_requests_are_steered_by_their_outlines_shadow(auto, backend,
         if state.shadow.current() is None:
             continue  # the fake model left outlines' stricter language before steering engaged
         survived += 1
-        assert state.is_final(), f"{name}: budget {budget} >= shortest {shortest} but output incomplete"
+        assert state.is_final(), (
+            f"{name}: budget {budget} >= shortest {shortest} but output incomplete"
+        )
         text = tokenizer.decode([t for t in out if t != eos])
         errors = [e.message for e in validator(UNBOUNDED[name]).iter_errors(json.loads(text))]
         assert not errors, (name, budget, text, errors)
         if len(free) <= budget and free[-1:] == [eos]:
-            assert out == free, f"{name}: unsteered decoding finished inside {budget} tokens; steering changed it"
+            assert out == free, (
+                f"{name}: unsteered decoding finished inside {budget} tokens; steering changed it"
+            )
     assert survived >= 1, f"{name}: the shadow was lost in every run"

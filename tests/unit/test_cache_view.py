@@ -1,5 +1,6 @@
 """The cache view (core/cache_view.py) against an independent model of the tree (tests/naive_cache_tree.py),
 and its summary of a big tree: limits respected, nothing lost from the totals, largest subtrees kept."""
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -16,10 +17,10 @@ def request(alloc, tree, query, cached_after):
     """What admission and finishing do to the tree: match, count the hit, insert the whole pages."""
     _, node = tree.match_prefix(query)
     tree.record_hit(node)
-    aligned = cached_after[:len(cached_after) - len(cached_after) % tree.page_size]
+    aligned = cached_after[: len(cached_after) - len(cached_after) % tree.page_size]
     pages = alloc.alloc(len(aligned) // tree.page_size)
     present = tree.insert(aligned, pages)
-    alloc.free(pages[:present // tree.page_size])
+    alloc.free(pages[: present // tree.page_size])
 
 
 seqs = st.lists(st.integers(0, 3), min_size=1, max_size=24)
@@ -67,8 +68,13 @@ def test_big_tree_is_summarised_without_losing_totals(max_depth, max_nodes):
         kids = sum(c["subtree_tokens"] for c in node["children"])
         assert kids + omitted["tokens"] == node["subtree_tokens"] - node["num_tokens"]
         if node["omitted"] and node["children"]:  # the largest subtrees are the ones kept
-            sizes = sorted((c["subtree_tokens"] for c in full_by_id[node["id"]]["children"]), reverse=True)
-            assert sorted((c["subtree_tokens"] for c in node["children"]), reverse=True) == sizes[:len(node["children"])]
+            sizes = sorted(
+                (c["subtree_tokens"] for c in full_by_id[node["id"]]["children"]), reverse=True
+            )
+            assert (
+                sorted((c["subtree_tokens"] for c in node["children"]), reverse=True)
+                == sizes[: len(node["children"])]
+            )
     assert view["root"]["subtree_tokens"] == full["num_tokens"]
 
 
@@ -79,7 +85,7 @@ def test_pins_locks_and_previews():
     request(alloc, tree, [1, 2, 5], [1, 2, 5, 6])
     pins = PinTable(tree, 256)
     handle = pins.pin([1, 2, 3, 4], ttl_s=60)
-    (pinned_node, _), = pins.pinned_nodes()
+    ((pinned_node, _),) = pins.pinned_nodes()
     view = cache_tree_view(tree, [(pinned_node, "chat-7")])
     (shared,) = view["root"]["children"]
     assert shared["sessions"] == ["chat-7"]
@@ -91,6 +97,7 @@ def test_pins_locks_and_previews():
     class Tok:
         def decode(self, ids, skip_special_tokens):
             return "".join(chr(ord("a") + i) for i in ids)
+
     add_previews(view, Tok())
     assert shared["text"] == "bc" and "preview_ids" not in shared
     assert "pinned×1" in render_text(view)
@@ -98,8 +105,16 @@ def test_pins_locks_and_previews():
     assert cache_tree_view(tree, [])["root"]["children"][0]["pins"] == 0
 
 
-@pytest.mark.parametrize("depth,nodes,field", [(0, 5, "max_depth"), (5, 0, "max_nodes"), ("3", 5, "max_depth"),
-                                               (True, 5, "max_depth"), (5, 10**6, "max_nodes")])
+@pytest.mark.parametrize(
+    "depth,nodes,field",
+    [
+        (0, 5, "max_depth"),
+        (5, 0, "max_nodes"),
+        ("3", 5, "max_depth"),
+        (True, 5, "max_depth"),
+        (5, 10**6, "max_nodes"),
+    ],
+)
 def test_limits_are_checked_by_name(depth, nodes, field):
     with pytest.raises(ValueError, match=field):
         check_view_limits(depth, nodes)

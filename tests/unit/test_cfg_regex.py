@@ -5,6 +5,7 @@ alphabet up to a length: whatever the regex matches, the grammar accepts (a subs
 leaves the grammar); whatever the grammar accepts with nesting within the bound, the regex matches (the
 subset is not needlessly small); repetition is not bounded (long lists match).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -17,10 +18,14 @@ from radixrt.runtime.constrained.regex_builder import GrammarError
 
 lark = pytest.importorskip("lark")
 
-NESTED = ('root ::= list\nlist ::= "[" (item ("," item)*)? "]"\nitem ::= list | [a-z]',
-          'start: list\nlist: "[" (item ("," item)*)? "]"\nitem: list | /[a-z]/')
-ARITH = ('root ::= expr\nexpr ::= term (op term)*\nop ::= "+" | "*"\nterm ::= [0-9] | "(" expr ")"',
-         'start: expr\nexpr: term (op term)*\nop: "+" | "*"\nterm: /[0-9]/ | "(" expr ")"')
+NESTED = (
+    'root ::= list\nlist ::= "[" (item ("," item)*)? "]"\nitem ::= list | [a-z]',
+    'start: list\nlist: "[" (item ("," item)*)? "]"\nitem: list | /[a-z]/',
+)
+ARITH = (
+    'root ::= expr\nexpr ::= term (op term)*\nop ::= "+" | "*"\nterm ::= [0-9] | "(" expr ")"',
+    'start: expr\nexpr: term (op term)*\nop: "+" | "*"\nterm: /[0-9]/ | "(" expr ")"',
+)
 LARK_WITH_IGNORE = 'start: "a" ("," "a")*\n%import common.WS\n%ignore WS'
 
 
@@ -41,9 +46,12 @@ def depth(text: str, open_: str) -> int:
     return best
 
 
-@pytest.mark.parametrize("gbnf,lark_text,alphabet,open_,length", [
-    (*NESTED, "[],a", "[", 8), (*ARITH, "1+*()", "(", 7)])
-def test_the_regex_is_the_grammar_within_the_nesting_bound(gbnf, lark_text, alphabet, open_, length):
+@pytest.mark.parametrize(
+    "gbnf,lark_text,alphabet,open_,length", [(*NESTED, "[],a", "[", 8), (*ARITH, "1+*()", "(", 7)]
+)
+def test_the_regex_is_the_grammar_within_the_nesting_bound(
+    gbnf, lark_text, alphabet, open_, length
+):
     rx = re.compile(cfg_regex(gbnf))
     parser = lark.Lark(lark_text, parser="earley")
     # the top rule counts once: list in list in list is nesting 3 for the lists, one less for the parens

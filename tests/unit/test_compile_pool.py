@@ -1,5 +1,6 @@
 """Grammar compiles in worker processes: a compile past its deadline is killed (its CPU stops at once),
 one past its memory limit dies alone, a full queue refuses, and the pool keeps working after each."""
+
 import time
 
 import psutil
@@ -27,9 +28,12 @@ def worker_pids(p: CompilePool) -> list[int]:
 
 def test_a_good_grammar_compiles_to_a_working_index(pool):
     import pickle
+
     rx, blob, (dist, max_next) = pool.submit("index", grammar_key("regex", "(a|b)+"), 30).result()
     index = pickle.loads(blob)
-    assert dist[index.get_initial_state()] == 1  # one token ends the match; steering's table came along
+    assert (
+        dist[index.get_initial_state()] == 1
+    )  # one token ends the match; steering's table came along
     state = index.get_next_state(index.get_initial_state(), 1)
     assert rx == "(a|b)+" and index.is_final_state(state)
     assert index.get_next_state(index.get_initial_state(), 4) is None  # "{" is not allowed
@@ -44,8 +48,12 @@ def test_a_compile_past_its_deadline_is_killed_and_the_pool_recovers(pool):
         pool.submit("index", grammar_key("regex", EXPLOSIVE), 2).result()
     assert time.monotonic() - started < 6
     assert pool.num_killed == 1
-    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, "still burning CPU"
-    assert pool.submit("index", grammar_key("regex", "ab"), 30).result()[0] == "ab"  # a fresh worker
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, (
+        "still burning CPU"
+    )
+    assert (
+        pool.submit("index", grammar_key("regex", "ab"), 30).result()[0] == "ab"
+    )  # a fresh worker
 
 
 def test_a_worker_that_died_while_idle_is_replaced(pool):
@@ -69,7 +77,9 @@ def test_a_full_queue_refuses_at_once(pool):
     deadline = time.monotonic() + 5
     while pool._pending and time.monotonic() < deadline:  # noqa: SLF001 (wait until the worker took it)
         time.sleep(0.01)
-    futures += [pool.submit("index", grammar_key("regex", f"{EXPLOSIVE}{'b' * i}"), 3) for i in range(1, 4)]
+    futures += [
+        pool.submit("index", grammar_key("regex", f"{EXPLOSIVE}{'b' * i}"), 3) for i in range(1, 4)
+    ]
     with pytest.raises(GrammarError, match="too many grammars"):
         pool.submit("index", grammar_key("regex", "a"), 30).result(timeout=1)
     for f in futures:

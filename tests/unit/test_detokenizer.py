@@ -1,5 +1,6 @@
 """IncrementalDetokenizer: streamed deltas concatenate to the full decode, never show a broken
 character, never split a stop string, and trim at the first stop string (OpenAI semantics)."""
+
 from __future__ import annotations
 
 import random
@@ -9,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixrt.runtime.incremental_detokenizer import IncrementalDetokenizer
-from radixrt.runtime.serving.detokenizer import DetokenizerManager
 from radixrt.runtime.messages import BatchTokenOut, DetokenizeReq
+from radixrt.runtime.serving.detokenizer import DetokenizerManager
 
 EOS = 1000
 
@@ -36,20 +37,28 @@ class ByteTokenizer:
         return ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        parts = [b"<eos>" if t == EOS else self.pieces[t] for t in ids if not (t == EOS and skip_special_tokens)]
+        parts = [
+            b"<eos>" if t == EOS else self.pieces[t]
+            for t in ids
+            if not (t == EOS and skip_special_tokens)
+        ]
         return b"".join(parts).decode("utf-8", errors="replace")
 
 
-BYTE_TOK = ByteTokenizer([b"hello", b" world", "é".encode(), "你好".encode(), "🎉".encode()[:2], b"STOP", b"\n\n"])
+BYTE_TOK = ByteTokenizer(
+    [b"hello", b" world", "é".encode(), "你好".encode(), "🎉".encode()[:2], b"STOP", b"\n\n"]
+)
 
 
-def run_stream(tok, ids: list[int], stop=(), chunks=None, rng=None, skip=True) -> tuple[list[str], IncrementalDetokenizer]:
+def run_stream(
+    tok, ids: list[int], stop=(), chunks=None, rng=None, skip=True
+) -> tuple[list[str], IncrementalDetokenizer]:
     rng = rng or random.Random(0)
     detok = IncrementalDetokenizer(tok, list(stop), skip_special_tokens=skip)
     out, i = [], 0
     while i < len(ids):
         k = chunks.pop(0) if chunks else rng.randint(1, 3)
-        step = ids[i:i + k]
+        step = ids[i : i + k]
         i += k
         out.append(detok.feed(step, finished=i >= len(ids)))
     if not ids:
@@ -71,14 +80,17 @@ def test_deltas_concatenate_to_full_decode_without_broken_chars(text, seed):
 
 
 @settings(max_examples=300, deadline=None)
-@given(text=text_st, stops=st.lists(st.sampled_from(["STOP", "lo", "\n\n", "好🎉", "ab a", "x"]), max_size=3),
-       seed=st.integers(0, 2**16))
+@given(
+    text=text_st,
+    stops=st.lists(st.sampled_from(["STOP", "lo", "\n\n", "好🎉", "ab a", "x"]), max_size=3),
+    seed=st.integers(0, 2**16),
+)
 def test_stop_strings_trimmed_at_first_occurrence_and_never_leaked(text, stops, seed):
     rng = random.Random(seed)
     ids = BYTE_TOK.encode(text, rng)
     deltas, detok = run_stream(BYTE_TOK, ids, stop=stops, rng=rng)
     positions = [(text.find(s), s) for s in stops if s in text]
-    expected = text[:min(positions)[0]] if positions else text
+    expected = text[: min(positions)[0]] if positions else text
     assert "".join(deltas) == expected
     # Nothing sent was ever taken back, so no chunk may carry the start of the stop string either.
     sent = ""
@@ -131,12 +143,22 @@ def test_manager_registers_trims_and_drops_after_early_stop():
     def out(rid, ids, reason=None):
         return {"rid": rid, "new_ids": ids, "finished_reason": reason}
 
-    r = mgr.handle(BatchTokenOut(outputs=[out("a", list(b"xyST")), out("b", list(b"hello"))])).outputs
-    assert [(o["rid"], o["text"], o["finished_reason"]) for o in r] == [("a", "xy", None), ("b", "hello", None)]
+    r = mgr.handle(
+        BatchTokenOut(outputs=[out("a", list(b"xyST")), out("b", list(b"hello"))])
+    ).outputs
+    assert [(o["rid"], o["text"], o["finished_reason"]) for o in r] == [
+        ("a", "xy", None),
+        ("b", "hello", None),
+    ]
     # the stop string completes here, before the scheduler notices: reported once, later deltas dropped
     r = mgr.handle(BatchTokenOut(outputs=[out("a", list(b"OPz"))])).outputs
     assert r[0]["text"] == "" and r[0]["finished_reason"] == {"type": "stop", "matched": "STOP"}
-    assert mgr.handle(BatchTokenOut(outputs=[out("a", [EOS], {"type": "stop", "matched": EOS})])).outputs == []
+    assert (
+        mgr.handle(
+            BatchTokenOut(outputs=[out("a", [EOS], {"type": "stop", "matched": EOS})])
+        ).outputs
+        == []
+    )
     assert "a" not in mgr.states and "a" not in mgr.done_early
     r = mgr.handle(BatchTokenOut(outputs=[out("b", [], {"type": "abort", "message": "x"})])).outputs
     assert r[0]["finished_reason"]["type"] == "abort" and "b" not in mgr.states
@@ -151,13 +173,25 @@ def bpe_tokenizer():
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    corpus = ["héllo wörld 你好世界 🎉🎉 naïve café", "the quick brown fox 日本語 ✓✓", "STOP here\n\nnext"] * 20
-    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=["<eos>"],
-                                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    corpus = [
+        "héllo wörld 你好世界 🎉🎉 naïve café",
+        "the quick brown fox 日本語 ✓✓",
+        "STOP here\n\nnext",
+    ] * 20
+    tok.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(
+            vocab_size=400,
+            special_tokens=["<eos>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
 
 
-@pytest.mark.parametrize("text", ["héllo wörld 你好世界 🎉🎉", "naïve café ✓ 日本語 STOP here\n\nnext", "🎉x🎉 y"])
+@pytest.mark.parametrize(
+    "text", ["héllo wörld 你好世界 🎉🎉", "naïve café ✓ 日本語 STOP here\n\nnext", "🎉x🎉 y"]
+)
 def test_real_bpe_tokenizer_stream_matches_decode(bpe_tokenizer, text):
     ids = bpe_tokenizer.encode(text)
     assert bpe_tokenizer.decode(ids) == text
@@ -179,12 +213,24 @@ def test_manager_fails_one_request_whose_text_breaks_and_serves_the_rest():
     mgr = DetokenizerManager(Exploding([]))
     mgr.register(DetokenizeReq(rid="a"))
     mgr.register(DetokenizeReq(rid="b"))
-    out = mgr.handle(BatchTokenOut(outputs=[{"rid": "a", "new_ids": list(b"ok"), "finished_reason": None},
-                                            {"rid": "b", "new_ids": [104, 666], "finished_reason": None}])).outputs
+    out = mgr.handle(
+        BatchTokenOut(
+            outputs=[
+                {"rid": "a", "new_ids": list(b"ok"), "finished_reason": None},
+                {"rid": "b", "new_ids": [104, 666], "finished_reason": None},
+            ]
+        )
+    ).outputs
     assert out[0]["text"] == "ok" and out[0]["finished_reason"] is None
     assert out[1]["finished_reason"]["type"] == "abort" and out[1]["error_status"] == 500
     assert out[1]["abort_scheduler"] and "detokenizing failed" in out[1]["error"]
     # later deltas of the failed one are dropped; the other goes on
-    out = mgr.handle(BatchTokenOut(outputs=[{"rid": "b", "new_ids": [105], "finished_reason": None},
-                                            {"rid": "a", "new_ids": list(b"!"), "finished_reason": {"type": "length"}}]))
+    out = mgr.handle(
+        BatchTokenOut(
+            outputs=[
+                {"rid": "b", "new_ids": [105], "finished_reason": None},
+                {"rid": "a", "new_ids": list(b"!"), "finished_reason": {"type": "length"}},
+            ]
+        )
+    )
     assert [(o["rid"], o["text"]) for o in out.outputs] == [("a", "!")]

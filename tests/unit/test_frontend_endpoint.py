@@ -1,5 +1,6 @@
 """RuntimeEndpoint over real HTTP against a stdlib server that fronts the fake runtime
 with SGLang's /generate wire format (cumulative SSE text, error bodies, 404s)."""
+
 from __future__ import annotations
 
 import json
@@ -14,7 +15,9 @@ import radixrt as sgl
 from radixrt.frontend.launcher import free_port, server_command
 
 
-def _serve(fake: FakeBackend, *, pin: bool = True, tokenize: bool = True, api_key: str | None = None):
+def _serve(
+    fake: FakeBackend, *, pin: bool = True, tokenize: bool = True, api_key: str | None = None
+):
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args):
             pass
@@ -100,8 +103,9 @@ def program(s, topic):
 
 
 def _fake() -> FakeBackend:
-    return FakeBackend(respond=lambda p, sp: " about " + str(len(p)) + " chars",
-                       logprobs={"yes": -0.5, "no": -2.0})
+    return FakeBackend(
+        respond=lambda p, sp: " about " + str(len(p)) + " chars", logprobs={"yes": -0.5, "no": -2.0}
+    )
 
 
 @pytest.mark.parametrize("pin", [True, False])
@@ -125,6 +129,7 @@ def test_select_over_http_without_a_tokenizer_still_scores_after_the_prefix():
     served = FakeBackend(logprobs={"yes": -0.5, "no": -2.0})
     server, url = _serve(served, tokenize=False)
     try:
+
         @sgl.function
         def prog(s):
             s += "Q?\n" + sgl.select("a", choices=["no", "yes"])
@@ -138,6 +143,7 @@ def test_select_over_http_without_a_tokenizer_still_scores_after_the_prefix():
 def test_server_errors_name_the_url_and_the_users_line():
     server, url = _serve(_fake())
     try:
+
         @sgl.function
         def prog(s):
             s += "x" + sgl.gen("y", temperature=-1.0)  # THE_LINE
@@ -172,7 +178,9 @@ def test_api_key_is_sent_and_a_wrong_one_is_a_clear_error():
 
 
 def test_runtime_command_line_is_built_from_server_config_fields():
-    cmd = server_command(free_port(), None, {"page_size": 16, "disable_radix_cache": True, "log_level": "error"})
+    cmd = server_command(
+        free_port(), None, {"page_size": 16, "disable_radix_cache": True, "log_level": "error"}
+    )
     assert cmd[1:4] == ["-m", "radixrt.cli", "serve"]
     assert "--page-size" in cmd and cmd[cmd.index("--page-size") + 1] == "16"
     assert "--disable-radix-cache" in cmd and "--enable-jump-forward" not in cmd
@@ -197,8 +205,10 @@ def test_the_dsl_does_not_import_torch():
     import subprocess
     import sys
 
-    code = ("import sys, radixrt as sgl\n"
-            "from radixrt.frontend import api, backends, endpoint, interpreter, launcher, state, tracer\n"
-            "bad = [m for m in ('torch', 'transformers') if m in sys.modules]\n"
-            "assert not bad, bad\n")
+    code = (
+        "import sys, radixrt as sgl\n"
+        "from radixrt.frontend import api, backends, endpoint, interpreter, launcher, state, tracer\n"
+        "bad = [m for m in ('torch', 'transformers') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

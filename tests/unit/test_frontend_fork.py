@@ -1,5 +1,6 @@
 """fork/join (parallel branches, pinned shared prefix), streaming and run_batch on the
 scripted fake runtime."""
+
 from __future__ import annotations
 
 import asyncio

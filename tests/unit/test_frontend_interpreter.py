@@ -1,5 +1,6 @@
 """The interpreter against a scripted fake runtime: order, variables, roles, fork/join,
 pins, errors pointing at the user's line, streaming, run_batch."""
+
 from __future__ import annotations
 
 import json
@@ -31,7 +32,9 @@ def test_text_and_gen_in_order_and_prompts_carry_the_whole_text():
     assert first["max_new_tokens"] == 5 and first["stop"][0] == "\n" and first["temperature"] == 0
     assert be.log[1]["sampling"]["max_new_tokens"] == 5
     # every request of a run carries the same program id
-    assert len({r["program_id"] for r in be.log}) == 1 and be.log[0]["program_id"] == state.program_id
+    assert (
+        len({r["program_id"] for r in be.log}) == 1 and be.log[0]["program_id"] == state.program_id
+    )
 
 
 def test_run_defaults_and_gen_overrides_merge():
@@ -44,7 +47,9 @@ def test_run_defaults_and_gen_overrides_merge():
 
     prog.run(backend=be, max_new_tokens=7, temperature=0.1, top_p=0.9, stop=["END"])
     x, y = be.log[0]["sampling"], be.log[1]["sampling"]
-    assert (x["max_new_tokens"], x["temperature"], x["top_p"]) == (7, 0.1, 0.9) and "END" in x["stop"]
+    assert (x["max_new_tokens"], x["temperature"], x["top_p"]) == (7, 0.1, 0.9) and "END" in x[
+        "stop"
+    ]
     assert (y["max_new_tokens"], y["temperature"], y["top_k"], y["regex"]) == (3, 0.5, 4, "[ab]+")
 
 
@@ -60,7 +65,10 @@ def test_dtype_json_schema_and_typed_gens_compile_to_constraints():
 
     state = prog.run(backend=be)
     assert state["n"] == "42"  # trimmed at the "\n" stop
-    assert be.log[0]["sampling"]["regex"].startswith("[-+]?[0-9]+") and "\n" in be.log[0]["sampling"]["stop"]
+    assert (
+        be.log[0]["sampling"]["regex"].startswith("[-+]?[0-9]+")
+        and "\n" in be.log[0]["sampling"]["stop"]
+    )
     assert json.loads(be.log[1]["sampling"]["json_schema"]) == schema
     assert be.log[2]["sampling"]["regex"].startswith('\\"')
     with pytest.raises(ValueError, match="dtype"):
@@ -83,12 +91,20 @@ def test_roles_render_like_the_chat_template():
         s += sgl.assistant_begin() + "Sure" + sgl.assistant_end()
 
     state = chat.run(backend=be)
-    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
-                {"role": "user", "content": "More"}, {"role": "assistant", "content": "Sure"}]
+    messages = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "More"},
+        {"role": "assistant", "content": "Sure"},
+    ]
     # the truth: the Jinja template itself rendered on the whole conversation
     import jinja2
 
-    truth = jinja2.Environment().from_string(SMOLLM_TEMPLATE).render(messages=messages, add_generation_prompt=False)
+    truth = (
+        jinja2.Environment()
+        .from_string(SMOLLM_TEMPLATE)
+        .render(messages=messages, add_generation_prompt=False)
+    )
     assert state.text() == truth
     assert state.messages()[0]["role"] == "system" and state.messages()[1:] == messages
     assert be.log[0]["prompt"] == SYS + "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
@@ -103,7 +119,10 @@ def test_explicit_system_replaces_the_default_one():
         s += sgl.system("Be brief.")
         s += sgl.user("Hi")
 
-    assert chat.run(backend=be).text() == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+    assert (
+        chat.run(backend=be).text()
+        == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+    )
 
 
 def test_var_scope_and_state_access():
@@ -157,7 +176,11 @@ def test_error_in_user_code_shows_the_user_frame():
     frames = traceback.extract_tb(info.value.__traceback__)
     assert frames[-1].name == "prog" and "USER_BUG" in frames[-1].line
     # between the caller's line and the program's line: only the one frame of run()
-    assert [f.name for f in frames] == ["test_error_in_user_code_shows_the_user_frame", "run", "prog"]
+    assert [f.name for f in frames] == [
+        "test_error_in_user_code_shows_the_user_frame",
+        "run",
+        "prog",
+    ]
 
 
 def test_reading_after_a_failed_gen_raises_and_later_appends_stop_the_program():
@@ -188,7 +211,9 @@ def test_trace_stops_at_the_first_dynamic_step():
 
     result = prog.trace(backend=be)
     assert result.prefix == "<|im_start|>system\nBe nice.<|im_end|>\n<|im_start|>user\nQ: "
-    assert prog.trace(backend=be, question="hi").prefix.endswith("Q: hi<|im_end|>\n<|im_start|>assistant\n")
+    assert prog.trace(backend=be, question="hi").prefix.endswith(
+        "Q: hi<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_bad_programs_and_arguments():

@@ -1,5 +1,6 @@
 """select: the request pattern (cache the prefix, then ONE batched logprob request),
 the token boundary, and each choices method against a hand computation."""
+
 from __future__ import annotations
 
 import math
@@ -8,8 +9,11 @@ import pytest
 from frontend_fake_backend import FakeBackend
 
 import radixrt as sgl
-from radixrt.frontend.choices import (greedy_token_selection, token_length_normalized,
-                                      unconditional_likelihood_normalized)
+from radixrt.frontend.choices import (
+    greedy_token_selection,
+    token_length_normalized,
+    unconditional_likelihood_normalized,
+)
 
 
 def _run_select(be, method=token_length_normalized, prefix="Answer: ", choices=("yes", "no way")):
@@ -29,14 +33,21 @@ def test_select_caches_the_prefix_then_scores_all_choices_in_one_request():
     cache_req, *score_reqs = be.log
     # "Answer: " + "yes" tokenizes as "Answer", ":", " yes": the prefix's trailing " " merges
     # into the choice, so the shared, cached part is "Answer:" (2 tokens).
-    assert cache_req["input_ids"] == be.tokenize("Answer:") and cache_req["sampling"]["max_new_tokens"] == 0
-    assert len(score_reqs) == 2 and all(r["logprob_start_len"] == 2 and r["return_logprob"] for r in score_reqs)
+    assert (
+        cache_req["input_ids"] == be.tokenize("Answer:")
+        and cache_req["sampling"]["max_new_tokens"] == 0
+    )
+    assert len(score_reqs) == 2 and all(
+        r["logprob_start_len"] == 2 and r["return_logprob"] for r in score_reqs
+    )
     assert all(r["sampling"]["max_new_tokens"] == 0 for r in score_reqs)
     assert all(r["cached_tokens"] == 2 for r in score_reqs)
     meta = state.get_meta_info("pick")
     assert meta["normalized_prompt_logprobs"] == [-1.0, -1.75]
     assert [[e[1] for e in entries] for entries in meta["input_token_logprobs"]] == [
-        be.tokenize(" yes"), be.tokenize(" no way")]
+        be.tokenize(" yes"),
+        be.tokenize(" no way"),
+    ]
 
 
 def test_select_without_boundary_merge_scores_exactly_the_choice_tokens():
@@ -56,10 +67,14 @@ def test_greedy_token_selection_walks_positions_and_pads_short_choices_with_thei
     assert matrix[0] == [-0.2, -0.2, -0.2] and matrix[1] == [-0.2, -4.0, -0.1]
     # token_length_normalized prefers "Paris" as well; make the long one win on mean instead
     be2 = FakeBackend(logprobs={" Paris": -0.2, ",": -0.1, " France": -0.1, " Lyon": -3.0})
-    assert _run_select(be2, token_length_normalized, "City: ", ["Paris", "Paris, France"])["pick"] == \
-        "Paris, France"
-    assert _run_select(be2, greedy_token_selection, "City: ", ["Paris", "Paris, France"])["pick"] == \
-        "Paris, France"
+    assert (
+        _run_select(be2, token_length_normalized, "City: ", ["Paris", "Paris, France"])["pick"]
+        == "Paris, France"
+    )
+    assert (
+        _run_select(be2, greedy_token_selection, "City: ", ["Paris", "Paris, France"])["pick"]
+        == "Paris, France"
+    )
 
 
 def test_unconditional_likelihood_normalized_sends_a_second_batched_request():
@@ -107,8 +122,13 @@ def test_gen_with_choices_is_select_and_custom_methods_get_sglang_arguments():
 
     state = prog.run(backend=be)
     assert state["g"] == "y" and state.get_meta_info("g") == {"custom": True}
-    assert set(seen) == {"choices", "normalized_prompt_logprobs", "input_token_logprobs",
-                         "output_token_logprobs", "unconditional_token_logprobs"}
+    assert set(seen) == {
+        "choices",
+        "normalized_prompt_logprobs",
+        "input_token_logprobs",
+        "output_token_logprobs",
+        "unconditional_token_logprobs",
+    }
 
 
 def test_select_on_an_empty_prefix_and_bad_choices():

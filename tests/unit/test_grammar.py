@@ -3,6 +3,7 @@ logits, EOS exactly at accepting states, random token walks judged by `re` / `js
 the tokenizer's own decode, the compile timeout, the cache, and jump-forward drafts: the forced text, their
 masks, and greedy decoding with draft verification == plain greedy.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,13 +14,13 @@ import time
 import pytest
 import torch
 from outlines_core import Guide
+from test_json_schema_regex import SUITE, ByteFSM, validator
 
 from radixrt.runtime.constrained.backend import GrammarBackend, GrammarError, fill_masks
 from radixrt.runtime.constrained.draft import MAX_DRAFT_BYTES
+from radixrt.runtime.constrained.json_schema.to_regex import schema_to_regex
 from radixrt.runtime.constrained.state import HEAVY_STATE_TOKENS
 from radixrt.runtime.constrained.vocab import special_token_ids, token_bytes_map
-from radixrt.runtime.constrained.json_schema.to_regex import schema_to_regex
-from test_json_schema_regex import SUITE, ByteFSM, validator
 
 EXTRA_IDS = 64  # logits wider than the tokenizer, as when the embedding is padded
 
@@ -98,13 +99,15 @@ def walk(state, rng, vocab_size, eos_ids, max_tokens=40):
 
 
 def test_vocabulary_bytes_are_exact(tokenizer, id_bytes, vocab_size):
-    text = "Hello, world! café naïve 日本語テキスト 😀🎉 tabs\tand\nnewlines {\"k\": [1, 2.5e-3]}"
+    text = 'Hello, world! café naïve 日本語テキスト 😀🎉 tabs\tand\nnewlines {"k": [1, 2.5e-3]}'
     ids = tokenizer.encode(text, add_special_tokens=False)
     assert b"".join(id_bytes[i] for i in ids) == text.encode()
     specials = special_token_ids(tokenizer)
     assert tokenizer.eos_token_id in specials and not specials & set(id_bytes)
     assert len(id_bytes) == len(tokenizer) - len(specials)
-    for i in random.Random(0).sample(sorted(id_bytes), 2000):  # single tokens that decode to whole chars
+    for i in random.Random(0).sample(
+        sorted(id_bytes), 2000
+    ):  # single tokens that decode to whole chars
         s = tokenizer.decode([i])
         if "\ufffd" not in s:
             assert id_bytes[i] == s.encode(), i
@@ -116,11 +119,18 @@ def test_masks_width_eos_and_unconstrained_rows(backend, tokenizer, vocab_size):
     assert fill_masks([None, None], vocab_size, "cpu") is None
     masks = fill_masks([a, None, b], vocab_size, "cpu")
     assert masks.shape == (3, vocab_size) and masks.dtype == torch.bool
-    assert masks[1].all() and not masks[0, len(tokenizer):].any() and not masks[0, eos] and not masks[2, eos]
+    assert (
+        masks[1].all()
+        and not masks[0, len(tokenizer) :].any()
+        and not masks[0, eos]
+        and not masks[2, eos]
+    )
     row = torch.zeros(vocab_size, dtype=torch.bool)
     a.fill_mask(row)
     assert torch.equal(row, masks[0])
-    assert set(row.nonzero().flatten().tolist()) == set(a.compiled.index.get_allowed_tokens(a.guide.get_state()))
+    assert set(row.nonzero().flatten().tolist()) == set(
+        a.compiled.index.get_allowed_tokens(a.guide.get_state())
+    )
     a.accept(tokenizer.convert_tokens_to_ids("a"))
     a.fill_mask(row)
     assert row[eos] and a.is_final() and not a.is_terminated()  # "a" matches, "ab" may follow
@@ -134,8 +144,15 @@ def test_masks_width_eos_and_unconstrained_rows(backend, tokenizer, vocab_size):
         a.accept(tokenizer.convert_tokens_to_ids("b"))
 
 
-REGEXES = [r"[0-9]{3}-[0-9]{4}", r"(yes|no|maybe)", r"[a-z]+@[a-z]+\.(com|org)", r"-?[0-9]{1,4}(\.[0-9]{1,2})?",
-           r"(café|日本語|😀)+!?", r"\{\"n\": [0-9]\}", r"[A-Z][a-z ]{0,12}\."]
+REGEXES = [
+    r"[0-9]{3}-[0-9]{4}",
+    r"(yes|no|maybe)",
+    r"[a-z]+@[a-z]+\.(com|org)",
+    r"-?[0-9]{1,4}(\.[0-9]{1,2})?",
+    r"(café|日本語|😀)+!?",
+    r"\{\"n\": [0-9]\}",
+    r"[A-Z][a-z ]{0,12}\.",
+]
 
 
 @pytest.mark.parametrize("regex", REGEXES)
@@ -149,13 +166,20 @@ def test_regex_walks_fullmatch(backend, tokenizer, vocab_size, id_bytes, regex):
         assert tokenizer.decode(ids) == text
 
 
-@pytest.mark.parametrize("name", ["nested", "formats", "unicode_keys", "oneof_discriminated", "number_bounds"])
+@pytest.mark.parametrize(
+    "name", ["nested", "formats", "unicode_keys", "oneof_discriminated", "number_bounds"]
+)
 def test_schema_walks_token_level(backend, tokenizer, vocab_size, name):
     schema = SUITE[name][0]
     check = validator(schema)
     rng = random.Random(name)
     for _ in range(4):
-        ids = walk(compiled(backend, "json_schema", json.dumps(schema)), rng, vocab_size, {tokenizer.eos_token_id})
+        ids = walk(
+            compiled(backend, "json_schema", json.dumps(schema)),
+            rng,
+            vocab_size,
+            {tokenizer.eos_token_id},
+        )
         value = json.loads(tokenizer.decode(ids))
         assert check.is_valid(value), (name, tokenizer.decode(ids))
 
@@ -171,9 +195,13 @@ def test_choices_multibyte(backend, tokenizer, vocab_size):
 
 
 def test_bad_specs_fail_fast(backend):
-    for kind, spec, word in [("regex", "(?=a)b", "lookahead"), ("json_schema", "{not json", "not valid JSON"),
-                             ("json_schema", {"type": "array", "uniqueItems": True}, "uniqueItems"),
-                             ("choices", [], "choices"), ("grammar", "x", "kind")]:
+    for kind, spec, word in [
+        ("regex", "(?=a)b", "lookahead"),
+        ("json_schema", "{not json", "not valid JSON"),
+        ("json_schema", {"type": "array", "uniqueItems": True}, "uniqueItems"),
+        ("choices", [], "choices"),
+        ("grammar", "x", "kind"),
+    ]:
         with pytest.raises(GrammarError, match=word):
             backend.validate(kind, spec)
         fut = backend.request(kind, spec)  # request never raises: the future carries the error
@@ -183,13 +211,16 @@ def test_bad_specs_fail_fast(backend):
             time.sleep(0.005)
         with pytest.raises(GrammarError):
             fut.result()
-    assert backend.pool.num_killed == 0, "a bad constraint ran into the compile timeout instead of being refused"
+    assert backend.pool.num_killed == 0, (
+        "a bad constraint ran into the compile timeout instead of being refused"
+    )
     with pytest.raises(GrammarError, match="regex"):  # Rust syntax error, found by the compiler
         compiled(backend, "regex", "a{")
 
 
 class TinyTokenizer:
     """Four letters and a special token: enough to compile an exponential DFA slowly."""
+
     all_special_ids = [0]
     added_tokens_decoder: dict = {}
 
@@ -218,7 +249,11 @@ def test_compile_timeout_fails_request_without_hanging():
 
 
 def test_cache_shares_compiled_grammars(backend):
-    spec = {"type": "object", "properties": {"cache_probe": {"type": "boolean"}}, "required": ["cache_probe"]}
+    spec = {
+        "type": "object",
+        "properties": {"cache_probe": {"type": "boolean"}},
+        "required": ["cache_probe"],
+    }
     f1, f2 = backend.request("json_schema", spec), backend.request("json_schema", json.dumps(spec))
     s1 = compiled(backend, "json_schema", spec)
     assert f1._future is f2._future  # one compilation for both
@@ -235,7 +270,9 @@ def fake_logits(history: list[int], vocab_size: int) -> torch.Tensor:
 
 def masked_argmax(history, source, vocab_size) -> int:
     logits = fake_logits(history, vocab_size)
-    return int(logits.masked_fill(~fill_masks([source], vocab_size, "cpu")[0], float("-inf")).argmax())
+    return int(
+        logits.masked_fill(~fill_masks([source], vocab_size, "cpu")[0], float("-inf")).argmax()
+    )
 
 
 def greedy(backend, spec, vocab_size, eos, jump: bool, prefix: list[int], max_new_tokens=60):
@@ -247,8 +284,14 @@ def greedy(backend, spec, vocab_size, eos, jump: bool, prefix: list[int], max_ne
     while len(out) < max_new_tokens and not state.is_terminated():
         draft, states = state.draft(max_new_tokens - len(out) - 1) if jump else ([], [])
         num_forwards += 1
-        picks = [masked_argmax(prefix + out + draft[:j], state if j == 0 else state.at(states[j - 1], 1 << 20), vocab_size)
-                 for j in range(len(draft) + 1)]
+        picks = [
+            masked_argmax(
+                prefix + out + draft[:j],
+                state if j == 0 else state.at(states[j - 1], 1 << 20),
+                vocab_size,
+            )
+            for j in range(len(draft) + 1)
+        ]
         for j, tok in enumerate(picks):
             state.accept(tok)
             out.append(tok)
@@ -258,9 +301,16 @@ def greedy(backend, spec, vocab_size, eos, jump: bool, prefix: list[int], max_ne
 
 
 def test_jump_forward_equals_plain_greedy(backend, tokenizer, vocab_size):
-    spec = {"type": "object", "properties": {
-        "classification_label_explanation": {"enum": ["positive_sentiment_detected", "negative_sentiment_detected"]},
-        "confidence": {"type": "integer", "minimum": 0, "maximum": 100}}, "required": ["classification_label_explanation", "confidence"]}
+    spec = {
+        "type": "object",
+        "properties": {
+            "classification_label_explanation": {
+                "enum": ["positive_sentiment_detected", "negative_sentiment_detected"]
+            },
+            "confidence": {"type": "integer", "minimum": 0, "maximum": 100},
+        },
+        "required": ["classification_label_explanation", "confidence"],
+    }
     eos = tokenizer.eos_token_id
     saved = 0
     for prefix in ([], [5], [7, 9], [11]):  # different "prompts"
@@ -284,13 +334,24 @@ def byte_forced(fsm, text: bytes) -> bytes:
         ways = trans.get(state, {})
         if len(ways) != 1 or 1 in ways:
             break
-        (b, state), = ways.items()
+        ((b, state),) = ways.items()
         out.append(b)
     return bytes(out)
 
 
-@pytest.mark.parametrize("name", ["closed_object", "defs_ref", "enum_mixed", "const", "unicode_keys",
-                                  "oneof_discriminated", "formats", "escaped_key"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "closed_object",
+        "defs_ref",
+        "enum_mixed",
+        "const",
+        "unicode_keys",
+        "oneof_discriminated",
+        "formats",
+        "escaped_key",
+    ],
+)
 def test_drafts_spell_the_forced_text(backend, tokenizer, vocab_size, id_bytes, name):
     """Along random walks: every draft spells a prefix of the forced text found by a single-byte
     automaton of the same regex, each draft token is allowed where it stands, the states it reports
@@ -311,11 +372,15 @@ def test_drafts_spell_the_forced_text(backend, tokenizer, vocab_size, id_bytes, 
             for t in history:
                 shadow.accept(t)
             for t, st in zip(draft, states):
-                assert fill_masks([shadow], vocab_size, "cpu")[0][t], "a draft token is not allowed where it stands"
+                assert fill_masks([shadow], vocab_size, "cpu")[0][t], (
+                    "a draft token is not allowed where it stands"
+                )
                 shadow.accept(t)
                 assert shadow.guide.get_state() == st
-                assert torch.equal(fill_masks([shadow], vocab_size, "cpu")[0],
-                                   fill_masks([state.at(st, 1 << 20)], vocab_size, "cpu")[0])
+                assert torch.equal(
+                    fill_masks([shadow], vocab_size, "cpu")[0],
+                    fill_masks([state.at(st, 1 << 20)], vocab_size, "cpu")[0],
+                )
             num_drafted += len(draft)
             allowed = fill_masks([state], vocab_size, "cpu")[0].nonzero().flatten().tolist()
             if eos in allowed and rng.random() < 0.3:
@@ -341,7 +406,9 @@ def test_draft_respects_max_tokens_and_off_switch(tokenizer, vocab_size):
     assert b.draft(100) == ([], [])
 
 
-@pytest.mark.parametrize("kind,spec", [("json_schema", SUITE["flat_required"][0]), ("regex", r"(ab|cd)[a-z ]{0,8}\.")])
+@pytest.mark.parametrize(
+    "kind,spec", [("json_schema", SUITE["flat_required"][0]), ("regex", r"(ab|cd)[a-z ]{0,8}\.")]
+)
 def test_index_built_masks_equal_guide_masks_at_every_state(backend, tokenizer, kind, spec):
     """StateMask (draft positions) builds masks from the index alone, for light states from their ids
     and for heavy ones (inside strings) as cached rows: bit for bit what a Guide standing there writes."""

@@ -2,6 +2,7 @@
 refuses or fails to compile, the choice remembered per grammar (the shadow that steers llguidance's requests:
 tests/unit/test_budget_steering.py). Fake backends record every call, so
 the test sees which backend served what and that nothing asks llguidance twice for a grammar it refused."""
+
 from __future__ import annotations
 
 import pytest
@@ -40,7 +41,12 @@ class Pending:
 
 class FakeBackend:
     def __init__(self, name, refuses=(), fails_compile=(), pending=False):
-        self.name, self.refuses, self.fails_compile, self.pending = name, set(refuses), set(fails_compile), pending
+        self.name, self.refuses, self.fails_compile, self.pending = (
+            name,
+            set(refuses),
+            set(fails_compile),
+            pending,
+        )
         self.calls: list[tuple[str, str]] = []
         self.cached_bytes = 0
         self.futures = []
@@ -100,15 +106,21 @@ def test_a_failed_compile_falls_back_only_once_it_has_failed():
 
 
 def test_both_refusing_names_both_reasons():
-    auto = FallbackBackend(FakeBackend("llguidance", refuses={"x"}), FakeBackend("outlines", refuses={"x"}))
+    auto = FallbackBackend(
+        FakeBackend("llguidance", refuses={"x"}), FakeBackend("outlines", refuses={"x"})
+    )
     with pytest.raises(GrammarError, match="llguidance refuses x.*outlines: outlines refuses x"):
         auto.validate("regex", "x")
-    with pytest.raises(GrammarError, match="llguidance cannot compile x.*outlines: outlines cannot compile x"):
+    with pytest.raises(
+        GrammarError, match="llguidance cannot compile x.*outlines: outlines cannot compile x"
+    ):
         wait(auto.request("regex", "x"))
 
 
 def test_a_grammar_llguidance_refuses_is_refused_not_sent_to_outlines():
-    fb = FallbackBackend(FakeBackend("llguidance", refuses=("root ::= x",)), FakeBackend("outlines"), shadow=True)
+    fb = FallbackBackend(
+        FakeBackend("llguidance", refuses=("root ::= x",)), FakeBackend("outlines"), shadow=True
+    )
     with pytest.raises(GrammarError, match="llguidance") as err:
         wait(fb.request("ebnf", "root ::= x"))
     assert "outlines" not in str(err.value) and fb.secondary.calls == []
@@ -126,16 +138,28 @@ def test_chooser_auto_and_explicit_backends():
 
     auto = BackendChooser("auto", make)
     assert isinstance(auto.for_kind("json_schema"), FallbackBackend)
-    assert auto.for_kind("json_schema").primary is made["llguidance"], "auto: schemas go to llguidance first"
+    assert auto.for_kind("json_schema").primary is made["llguidance"], (
+        "auto: schemas go to llguidance first"
+    )
     assert auto.for_kind("json_schema").shadow, "and outlines' DFA steers them"
-    assert auto.for_kind("tool_call_grammar").primary is made["outlines"], "our own regexes: outlines first"
+    assert auto.for_kind("tool_call_grammar").primary is made["outlines"], (
+        "our own regexes: outlines first"
+    )
     cfg = auto.for_kind("ebnf")
-    assert cfg.primary is made["llguidance"] and cfg.shadow, "a grammar: llguidance, steered by a regular subset"
+    assert cfg.primary is made["llguidance"] and cfg.shadow, (
+        "a grammar: llguidance, steered by a regular subset"
+    )
     ebnf = BackendChooser("outlines", make).for_kind("ebnf")
-    assert ebnf.primary is made["llguidance"] and ebnf.shadow and not ebnf.fallback, "outlines cannot enforce it"
+    assert ebnf.primary is made["llguidance"] and ebnf.shadow and not ebnf.fallback, (
+        "outlines cannot enforce it"
+    )
     steered = BackendChooser("llguidance", make).for_kind("json_schema")
-    assert steered.primary.name == "llguidance" and steered.shadow and not steered.fallback and \
-        steered.name == "llguidance", "llguidance alone serves, an outlines shadow steers"
+    assert (
+        steered.primary.name == "llguidance"
+        and steered.shadow
+        and not steered.fallback
+        and steered.name == "llguidance"
+    ), "llguidance alone serves, an outlines shadow steers"
     assert sorted(b.name for b in auto.built()) == ["llguidance", "outlines"]
     made.clear()
     only = BackendChooser("outlines", make)

@@ -1,6 +1,7 @@
 """4-bit copies of exactly-4-bit weights (model/int4_weight.py) against an independent truth: the codes
 are rebuilt into the float32 weight, the kernel's product is compared with x @ W^T in float32, and
 Linear picks the copy only for steps of a few rows."""
+
 import pytest
 import torch
 
@@ -8,7 +9,9 @@ from radixrt.runtime.model import int4_weight
 from radixrt.runtime.model.int4_weight import GROUP, Int4Weight
 from radixrt.runtime.model.linear import Linear
 
-pytestmark = pytest.mark.skipif(not int4_weight.available(), reason="this torch has no CPU int4 kernel")
+pytestmark = pytest.mark.skipif(
+    not int4_weight.available(), reason="this torch has no CPU int4 kernel"
+)
 
 
 def q4_weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
@@ -39,20 +42,31 @@ def test_weights_that_are_not_four_bit_groups_get_none():
     w[5, 7] += 1e-3  # one value off the grid of its group
     assert Int4Weight.from_exact(w) is None
     assert Int4Weight.from_exact(torch.randn(16, 64)) is None  # a trained float weight
-    assert Int4Weight.from_exact(torch.randn(16, GROUP + 1)) is None  # K not a multiple of the group
+    assert (
+        Int4Weight.from_exact(torch.randn(16, GROUP + 1)) is None
+    )  # K not a multiple of the group
 
 
 def test_linear_uses_the_copy_only_for_a_few_rows(monkeypatch):
     w = q4_weight(64, 2 * GROUP, seed=1)
     lin = Linear(w.bfloat16(), int4=Int4Weight.from_exact(w))
     calls = []
-    real = torch._weight_int4pack_mm_for_cpu  # the 4-bit kernel, as Linear (and the compiled graphs' op) call it
-    monkeypatch.setattr(torch, "_weight_int4pack_mm_for_cpu", lambda x, *a: calls.append(x.shape[0]) or real(x, *a))
+    real = (
+        torch._weight_int4pack_mm_for_cpu
+    )  # the 4-bit kernel, as Linear (and the compiled graphs' op) call it
+    monkeypatch.setattr(
+        torch, "_weight_int4pack_mm_for_cpu", lambda x, *a: calls.append(x.shape[0]) or real(x, *a)
+    )
     for rows in (1, int4_weight.MAX_ROWS, int4_weight.MAX_ROWS + 1, 64):
         x = torch.randn(rows, w.shape[1]).bfloat16()
         out = lin(x).float()
-        torch.testing.assert_close(out, x.float() @ w.t(), atol=0.02 * float(out.abs().max()), rtol=0.02)
+        torch.testing.assert_close(
+            out, x.float() @ w.t(), atol=0.02 * float(out.abs().max()), rtol=0.02
+        )
     assert calls == [1, int4_weight.MAX_ROWS]
     # a float32 model (the token-exact parity path) or a biased linear never takes it
     assert Linear(w, int4=Int4Weight.from_exact(w)).int4 is None
-    assert Linear(w.bfloat16(), bias=torch.zeros(64).bfloat16(), int4=Int4Weight.from_exact(w)).int4 is None
+    assert (
+        Linear(w.bfloat16(), bias=torch.zeros(64).bfloat16(), int4=Int4Weight.from_exact(w)).int4
+        is None
+    )

@@ -3,11 +3,12 @@ request (core/faults.py) on the fake runner. The culprit ends with an error; eve
 still equals the pure-function reference; no page, row or lock leaks; the scheduler keeps serving.
 A failure that cannot be pinned on one request (the forward) fails that step's requests and the loop
 goes on."""
+
 import random
 
 import pytest
-
 from fake_runner import FakeRunner, reference_output
+
 from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.core.faults import FaultInjector
 from radixrt.runtime.core.plan import PlanItemError
@@ -20,8 +21,16 @@ MARK = 49  # the token that marks the culprit's prompt; innocent prompts never c
 
 def make(faults: str, page_size: int = 1, num_tokens: int = 600) -> Scheduler:
     cfg = ServerConfig(page_size=page_size, chunked_prefill_size=32, max_running_requests=8)
-    s = Scheduler(cfg, FakeRunner(num_pages=num_tokens // page_size, page_size=page_size, vocab_size=VOCAB,
-                                  eos=0, max_rows=9))
+    s = Scheduler(
+        cfg,
+        FakeRunner(
+            num_pages=num_tokens // page_size,
+            page_size=page_size,
+            vocab_size=VOCAB,
+            eos=0,
+            max_rows=9,
+        ),
+    )
     s.faults = FaultInjector(faults)
     return s
 
@@ -29,7 +38,9 @@ def make(faults: str, page_size: int = 1, num_tokens: int = 600) -> Scheduler:
 def run(s: Scheduler, prompts: dict[str, list[int]], max_new: int = 12) -> dict[str, list]:
     outs: dict[str, list] = {}
     for rid, p in prompts.items():
-        for o in s.add_request(TokenizedGenerateReq(rid=rid, input_ids=p, sampling_params={"max_new_tokens": max_new})):
+        for o in s.add_request(
+            TokenizedGenerateReq(rid=rid, input_ids=p, sampling_params={"max_new_tokens": max_new})
+        ):
             outs.setdefault(o.rid, []).append(o)
     for _ in range(2000):
         if not s.has_work():
@@ -43,7 +54,10 @@ def run(s: Scheduler, prompts: dict[str, list[int]], max_new: int = 12) -> dict[
 
 def prompts_with_culprit(rng: random.Random, culprit: bool = True) -> dict[str, list[int]]:
     shared = [rng.randrange(1, MARK) for _ in range(40)]
-    out = {f"ok{i}": shared + [rng.randrange(1, MARK) for _ in range(rng.randrange(1, 30))] for i in range(5)}
+    out = {
+        f"ok{i}": shared + [rng.randrange(1, MARK) for _ in range(rng.randrange(1, 30))]
+        for i in range(5)
+    }
     if culprit:
         out["bad"] = shared + [rng.randrange(1, MARK) for _ in range(7)] + [MARK] + [3, 4]
     return out
@@ -54,7 +68,10 @@ def check(s: Scheduler, outs: dict, prompts: dict, failed: set[str], max_new: in
         last = outs[rid][-1]
         assert last.finished_reason is not None, rid
         if rid in failed:
-            assert last.finished_reason["type"] == "abort" and "injected fault" in last.error, (rid, last)
+            assert last.finished_reason["type"] == "abort" and "injected fault" in last.error, (
+                rid,
+                last,
+            )
         else:
             assert last.error is None, (rid, last.error)
             got = [t for o in outs[rid] for t in o.new_ids]
@@ -90,7 +107,11 @@ def test_a_forward_fault_fails_its_step_and_the_loop_recovers():
 
 
 def test_an_injected_fault_in_every_stage_at_once_never_stops_the_scheduler():
-    s = make(",".join(f"{st}:{MARK}" for st in ("intake", "grammar", "plan", "forward", "sample", "apply")))
+    s = make(
+        ",".join(
+            f"{st}:{MARK}" for st in ("intake", "grammar", "plan", "forward", "sample", "apply")
+        )
+    )
     prompts = prompts_with_culprit(random.Random(11))
     outs = run(s, prompts)
     assert outs["bad"][-1].finished_reason["type"] == "abort"
@@ -116,10 +137,15 @@ def test_runner_plan_item_error_fails_only_those_items():
     s.runner.run = flaky
     prompts = prompts_with_culprit(random.Random(5))
     outs = run(s, prompts)
-    assert outs["bad"][-1].finished_reason["type"] == "abort" and "no token is allowed" in outs["bad"][-1].error
+    assert (
+        outs["bad"][-1].finished_reason["type"] == "abort"
+        and "no token is allowed" in outs["bad"][-1].error
+    )
     for rid, p in prompts.items():
         if rid != "bad":
-            assert [t for o in outs[rid] for t in o.new_ids] == reference_output(p, 12, VOCAB, 0), rid
+            assert [t for o in outs[rid] for t in o.new_ids] == reference_output(p, 12, VOCAB, 0), (
+                rid
+            )
     s.check_integrity()
 
 

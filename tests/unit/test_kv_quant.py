@@ -5,6 +5,7 @@ fp8 e4m3: 3 mantissa bits, so 1/16 of the value, or the format's smallest step n
 over a quantised pool equals reference_attention (attention_reference.py, no paging tricks) over the
 dequantised pool to float rounding, and stays near attention over the unquantised values.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -30,12 +31,14 @@ def test_round_trip_within_the_format_bound(dtype):
     if dtype == torch.int8:
         bound = scale[..., None] / 2 + 1e-6 * x.abs()
     else:
-        bound = x.abs() / 16 + scale[..., None] * 2.0 ** -9
+        bound = x.abs() / 16 + scale[..., None] * 2.0**-9
     assert (err <= bound).all(), (err - bound).max()
     assert torch.equal(back[5], torch.zeros_like(back[5]))
     # every row uses its range: its largest element maps to the format's largest value
-    assert torch.allclose(q.float().abs().amax(-1)[x.abs().amax(-1) > 0], torch.tensor(
-        127.0 if dtype == torch.int8 else 448.0))
+    assert torch.allclose(
+        q.float().abs().amax(-1)[x.abs().amax(-1) > 0],
+        torch.tensor(127.0 if dtype == torch.int8 else 448.0),
+    )
 
 
 def quantized_case(dtype, compute, seed, **kw):
@@ -51,13 +54,24 @@ def test_torch_backend_reads_a_quantized_pool(dtype, lens):
     prefix_lens, extend_lens = lens
     decode_first = sorted(zip(prefix_lens, extend_lens), key=lambda pe: pe[1] != 1)
     prefix_lens, extend_lens = [p for p, _ in decode_first], [e for _, e in decode_first]
-    fb, q, k, v, (kq, ks), (vq, vs) = quantized_case(dtype, torch.float32, 3, prefix_lens=prefix_lens,
-                                                     extend_lens=extend_lens, num_q_heads=4, num_kv_heads=2,
-                                                     head_dim=32, page_size=2)
-    unquantized_k, unquantized_v = dequantize(kq, ks, torch.float32), dequantize(vq, vs, torch.float32)
+    fb, q, k, v, (kq, ks), (vq, vs) = quantized_case(
+        dtype,
+        torch.float32,
+        3,
+        prefix_lens=prefix_lens,
+        extend_lens=extend_lens,
+        num_q_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        page_size=2,
+    )
+    unquantized_k, unquantized_v = (
+        dequantize(kq, ks, torch.float32),
+        dequantize(vq, vs, torch.float32),
+    )
     backend = TorchAttentionBackend(4, 2, 32)
     backend.init_forward_metadata(fb)
-    scale = 32 ** -0.5
+    scale = 32**-0.5
     out = backend.forward(q, k, v, kq, vq, fb, scale, ks, vs)
     # what the pool holds now, dequantised: the reference attends over exactly these values
     pool_k = LayerKV(kq, ks).rows(0, kq.shape[0], torch.float32)

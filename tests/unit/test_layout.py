@@ -1,5 +1,6 @@
 """The package layout's rules, checked from the source: core/ imports without torch, kernels/ does
 not import the runtime, no two files import each other (directly or around a loop), files stay small."""
+
 from __future__ import annotations
 
 import ast
@@ -10,7 +11,9 @@ import sys
 import radixrt
 
 PACKAGE_DIR = pathlib.Path(radixrt.__file__).parent
-MAX_LINES = 320  # "about 300": a file past this is two concepts, unless it says why in a LONG_FILE note
+MAX_LINES = (
+    320  # "about 300": a file past this is two concepts, unless it says why in a LONG_FILE note
+)
 
 
 def module_name(path: pathlib.Path) -> str:
@@ -34,7 +37,10 @@ def imported_modules(path: pathlib.Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(pkg.split(".")[:len(pkg.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(
+                    pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                    + ([base] if base else [])
+                )
             names = [f"{base}.{a.name}" for a in node.names] + [base]
         else:
             continue
@@ -67,8 +73,11 @@ def test_core_imports_without_torch():
         f"for m in {core!r}:\n"
         "    __import__(m)\n"
         "assert not any(k == 'torch' or k.startswith('torch.') for k in sys.modules), 'torch got imported'\n"
-        "print('ok', len(sys.modules))\n")
-    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+        "print('ok', len(sys.modules))\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
     assert res.returncode == 0 and res.stdout.startswith("ok"), res.stderr[-2000:]
     assert len(core) >= 10
 
@@ -108,7 +117,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
             if n.startswith(d + "."):  # a module importing its package's __init__: not a file cycle
                 continue
             if state.get(d) == 1:
-                return stack[stack.index(d):] + [d]
+                return stack[stack.index(d) :] + [d]
             if d not in state:
                 found = visit(d)
                 if found:

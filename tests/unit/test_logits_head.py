@@ -1,6 +1,7 @@
 """The lm_head's near-max refinement against a float32 GEMM of the same bf16 inputs (the truth): every row's
 argmax equals float32's, the recomputed logits equal float32's values, and the block screen finds exactly
 the logits a plain comparison finds."""
+
 from __future__ import annotations
 
 import pytest
@@ -25,12 +26,14 @@ def test_refined_logits_decide_like_a_float32_gemm(rows, vocab):
     head = LogitsHead(weight)
     logits = head(x)
     rounded = (x @ weight.t()).float()
-    assert (rounded.argmax(-1) != truth.argmax(-1)).any() or rows == 1  # the case rounding gets wrong
+    assert (
+        rounded.argmax(-1) != truth.argmax(-1)
+    ).any() or rows == 1  # the case rounding gets wrong
     assert torch.equal(logits.argmax(-1), truth.argmax(-1))
     changed = logits != rounded
     torch.testing.assert_close(logits[changed], truth[changed], rtol=1e-6, atol=1e-5)
     # untouched logits are the bf16 ones: within half a bf16 step of the truth
-    assert (logits - truth).abs().max() <= truth.abs().max() * 2 ** -8
+    assert (logits - truth).abs().max() <= truth.abs().max() * 2**-8
 
 
 def test_block_screen_finds_what_a_plain_comparison_finds():
@@ -41,7 +44,9 @@ def test_block_screen_finds_what_a_plain_comparison_finds():
     threshold = row_max - near_max_margin(row_max)
     rows, cols = near_max(logits, threshold)
     want = torch.nonzero(logits >= threshold[:, None], as_tuple=True)
-    assert sorted(zip(rows.tolist(), cols.tolist())) == sorted(zip(want[0].tolist(), want[1].tolist()))
+    assert sorted(zip(rows.tolist(), cols.tolist())) == sorted(
+        zip(want[0].tolist(), want[1].tolist())
+    )
 
 
 def test_float32_heads_are_left_alone():

@@ -1,4 +1,5 @@
 """Page allocator, slot arithmetic, req->slot table rows, KV tensor shapes."""
+
 import pytest
 import torch
 
@@ -63,7 +64,11 @@ def test_slots_of_page_size_1():
 def test_slots_of_page_size_16():
     page_ids = [5, 2, 9]
     slots = slots_of(page_ids, 0, 40, 16)
-    expected = [5 * 16 + i for i in range(16)] + [2 * 16 + i for i in range(16)] + [9 * 16 + i for i in range(8)]
+    expected = (
+        [5 * 16 + i for i in range(16)]
+        + [2 * 16 + i for i in range(16)]
+        + [9 * 16 + i for i in range(8)]
+    )
     assert slots == expected
     assert slots_of(page_ids, 14, 18, 16) == [5 * 16 + 14, 5 * 16 + 15, 2 * 16 + 0, 2 * 16 + 1]
     assert len(set(slots)) == len(slots)
@@ -89,7 +94,9 @@ def test_kv_cache_shapes_and_bytes():
     assert len(kv.k) == len(kv.v) == 3
     for t in kv.k + kv.v:
         assert t.shape == (32, 2, 8) and t.dtype == torch.float16
-    assert len({t.data_ptr() for t in kv.k + kv.v}) == 6, "each layer's K and V are separate tensors"
+    assert len({t.data_ptr() for t in kv.k + kv.v}) == 6, (
+        "each layer's K and V are separate tensors"
+    )
     # K and V, per layer, per head, per dim, 2 bytes each
     assert KVCache.bytes_per_token(3, 2, 8, torch.float16) == 2 * 3 * 2 * 8 * 2
     # the default model in fp32: 30 layers, 3 kv heads, head_dim 64

@@ -1,5 +1,6 @@
 """PromptLookup against a naive search: the draft follows the latest earlier occurrence of the last
 3 tokens, else of the last 2; misses back off."""
+
 import random
 
 import pytest
@@ -12,10 +13,12 @@ def naive_draft(tokens: list[int], k: int) -> list[int]:
     for n in (3, 2):
         if n_tok <= n:
             continue
-        tail = tokens[n_tok - n:]
-        for i in range(n_tok - n - 1, -1, -1):  # latest occurrence that ends before the tail's last token
-            if tokens[i:i + n] == tail:
-                return tokens[i + n:i + n + k]
+        tail = tokens[n_tok - n :]
+        for i in range(
+            n_tok - n - 1, -1, -1
+        ):  # latest occurrence that ends before the tail's last token
+            if tokens[i : i + n] == tail:
+                return tokens[i + n : i + n + k]
     return []
 
 

@@ -5,6 +5,7 @@ a radix tree with page size P holds exactly a prefix-closed set of such prefixes
 Every page carries a fake "content": the token prefix whose KV a real forward would have
 written there, so a match that returns the wrong page is caught.
 """
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -25,7 +26,7 @@ def put(alloc, cache, ids):
     """Insert ids (whole pages) with fresh pages, freeing duplicates as a caller must."""
     pages = alloc.alloc(len(ids) // cache.page_size)
     present = cache.insert(ids, pages)
-    alloc.free(pages[:present // cache.page_size])
+    alloc.free(pages[: present // cache.page_size])
     return pages, present
 
 
@@ -62,15 +63,15 @@ def test_page_aligned_matching(page_size):
     pages, _ = put(alloc, cache, ids)
     assert cache.match_prefix(ids)[0] == pages
     assert cache.match_prefix(ids + [7])[0] == pages
-    assert cache.match_prefix(ids[:2 * P + P - 1])[0] == pages[:2], "a partial page never matches"
-    diverge = ids[:P + 2] + [0] * (2 * P)  # differs inside the second page
+    assert cache.match_prefix(ids[: 2 * P + P - 1])[0] == pages[:2], "a partial page never matches"
+    diverge = ids[: P + 2] + [0] * (2 * P)  # differs inside the second page
     got, node = cache.match_prefix(diverge)
     assert got == pages[:1] and depth(node) == P
     assert cache.match_prefix([0] + ids[1:])[0] == []
-    assert cache.match_prefix(ids[:P - 1])[0] == []
+    assert cache.match_prefix(ids[: P - 1])[0] == []
     cache.check_integrity()
     # inserting the diverging sequence shares exactly one page
-    _, present = put(alloc, cache, diverge[:3 * P])
+    _, present = put(alloc, cache, diverge[: 3 * P])
     assert present == P and cache.total_pages() == 5
     cache.check_integrity()
 
@@ -143,7 +144,9 @@ def test_duplicate_insert_count():
     first, present = put(alloc, cache, [1, 2, 3, 4, 5, 6])
     assert present == 0
     _, present = put(alloc, cache, [1, 2, 3, 4, 5, 6])
-    assert present == 6 and cache.match_prefix([1, 2, 3, 4, 5, 6])[0] == first, "tree keeps its own pages"
+    assert present == 6 and cache.match_prefix([1, 2, 3, 4, 5, 6])[0] == first, (
+        "tree keeps its own pages"
+    )
     _, present = put(alloc, cache, [1, 2, 3, 4])
     assert present == 4
     more, present = put(alloc, cache, [1, 2, 3, 4, 5, 6, 7, 8])
@@ -169,7 +172,12 @@ def test_disable_mode():
 
 def new_req(ids, page_ids, kv_len, cached_len=0, last_node=None):
     req = Req("r", ids, SamplingParams())
-    req.page_ids, req.kv_len, req.cached_len, req.last_node = list(page_ids), kv_len, cached_len, last_node
+    req.page_ids, req.kv_len, req.cached_len, req.last_node = (
+        list(page_ids),
+        kv_len,
+        cached_len,
+        last_node,
+    )
     return req
 
 
@@ -192,7 +200,13 @@ def test_cache_finished_req_accounting():
     # a req that borrowed the prefix: borrowed pages stay in the tree, its lock is released
     pages, node = cache.match_prefix(ids[:8] + [60, 61, 62, 63, 64])
     cache.inc_lock_ref(node)
-    r3 = new_req(ids[:8] + [60, 61, 62, 63, 64], pages + alloc.alloc(2), kv_len=13, cached_len=8, last_node=node)
+    r3 = new_req(
+        ids[:8] + [60, 61, 62, 63, 64],
+        pages + alloc.alloc(2),
+        kv_len=13,
+        cached_len=8,
+        last_node=node,
+    )
     own = r3.page_ids[2:]
     assert cache.protected_pages == 2
     with pytest.raises(ValueError):
@@ -216,7 +230,9 @@ def test_cache_unfinished_req():
     assert r1.cached_len == 4 and r1.page_ids == r1_pages and depth(r1.last_node) == 4
     assert cache.protected_pages == 2 and cache.evictable_pages == 0
     cache.cache_unfinished_req(r2, r2.fill_ids)
-    assert r2.cached_len == 4 and r2.page_ids == r1_pages[:2] + r2_pages[2:], "now borrows the tree's pages"
+    assert r2.cached_len == 4 and r2.page_ids == r1_pages[:2] + r2_pages[2:], (
+        "now borrows the tree's pages"
+    )
     assert set(r2_pages[:2]) <= alloc.free_page_set()
     assert r1.last_node.lock_ref == 2
     assert_partition(alloc, cache, r1.page_ids[2:] + r2.page_ids[2:])
@@ -227,7 +243,9 @@ def test_cache_unfinished_req():
     old_last = r1.last_node
     cache.cache_unfinished_req(r1, r1.fill_ids)
     assert r1.cached_len == 8 and depth(r1.last_node) == 8
-    assert old_last.lock_ref == 2 and r1.last_node.lock_ref == 1, "lock moved down, r2 keeps its own"
+    assert old_last.lock_ref == 2 and r1.last_node.lock_ref == 1, (
+        "lock moved down, r2 keeps its own"
+    )
     assert cache.protected_pages == 4
     assert_partition(alloc, cache, r1.page_ids[4:] + r2.page_ids[2:])
     cache.check_integrity()
@@ -249,18 +267,20 @@ def test_reset_keeps_root_and_pretty_print():
 
 
 @settings(max_examples=150, deadline=None, derandomize=True, database=None)
-@given(page_size=st.sampled_from([1, 2, 4]),
-       seqs=st.lists(st.lists(st.integers(0, 2), max_size=12), max_size=8),
-       queries=st.lists(st.lists(st.integers(0, 2), max_size=12), max_size=8))
+@given(
+    page_size=st.sampled_from([1, 2, 4]),
+    seqs=st.lists(st.lists(st.integers(0, 2), max_size=12), max_size=8),
+    queries=st.lists(st.lists(st.integers(0, 2), max_size=12), max_size=8),
+)
 def test_match_equals_longest_common_prefix_of_inserted(page_size, seqs, queries):
     """Without eviction, a match is the longest whole-page common prefix with any inserted sequence."""
     alloc, cache = make(num_pages=128, page_size=page_size)
     for s in seqs:
-        put(alloc, cache, s[:len(s) // page_size * page_size])
+        put(alloc, cache, s[: len(s) // page_size * page_size])
     for q in queries:
         best = 0
         for s in seqs:
-            s = s[:len(s) // page_size * page_size]
+            s = s[: len(s) // page_size * page_size]
             n = 0
             while n < min(len(s), len(q)) and s[n] == q[n]:
                 n += 1
@@ -272,6 +292,7 @@ def test_match_equals_longest_common_prefix_of_inserted(page_size, seqs, queries
 
 
 # ---- state machine against a naive model -------------------------------------------
+
 
 def chunk(kind, P):
     """Page-sized token runs that collide often: three differ only in their last token."""
@@ -295,14 +316,14 @@ class RadixMachine(RuleBasedStateMachine):
     # -- helpers
     def tokens(self, seq):
         ids = [t for kind in seq[0] for t in chunk(kind, self.P)]
-        return ids + seq[1][:self.P - 1]
+        return ids + seq[1][: self.P - 1]
 
     def aligned(self, ids):
-        return ids[:len(ids) - len(ids) % self.P]
+        return ids[: len(ids) - len(ids) % self.P]
 
     def model_match(self, ids):
         n = 0
-        while n + self.P <= len(ids) and tuple(ids[:n + self.P]) in self.model:
+        while n + self.P <= len(ids) and tuple(ids[: n + self.P]) in self.model:
             n += self.P
         return n
 
@@ -313,15 +334,15 @@ class RadixMachine(RuleBasedStateMachine):
 
     def write(self, page_ids, ids, first_page):
         for i, p in enumerate(page_ids, start=first_page):
-            self.content[p] = tuple(ids[:min((i + 1) * self.P, len(ids))])
+            self.content[p] = tuple(ids[: min((i + 1) * self.P, len(ids))])
 
     def check_pages(self, page_ids, ids):
         for i, p in enumerate(page_ids):
-            assert self.content[p] == tuple(ids[:(i + 1) * self.P]), "page holds other tokens' KV"
+            assert self.content[p] == tuple(ids[: (i + 1) * self.P]), "page holds other tokens' KV"
 
     def locked(self):
         held = [prefix for _, prefix in self.locks]
-        held += [tuple(r.fill_ids[:r.cached_len]) for r in self.reqs]
+        held += [tuple(r.fill_ids[: r.cached_len]) for r in self.reqs]
         return {h[:end] for h in held for end in range(self.P, len(h) + 1, self.P)}
 
     def tree(self):
@@ -330,7 +351,7 @@ class RadixMachine(RuleBasedStateMachine):
         while stack:
             node, above = stack.pop()
             for j, p in enumerate(node.value):
-                out[above + tuple(node.key[:(j + 1) * self.P])] = p
+                out[above + tuple(node.key[: (j + 1) * self.P])] = p
             stack += [(c, above + tuple(node.key)) for c in node.children.values()]
         return out
 
@@ -353,7 +374,7 @@ class RadixMachine(RuleBasedStateMachine):
         locked = self.locked()
         assert not removed & locked, "evicted a locked page"
         if removed:  # LRU: nothing evicted is newer than a surviving unlocked leaf
-            parents = {p[:-self.P] for p in after}
+            parents = {p[: -self.P] for p in after}
             leaves = [p for p in after if p not in parents and p not in locked]
             assert all(before[p] >= max(before[r] for r in removed) for p in leaves)
         self.model = {p: before[p] for p in after}
@@ -368,7 +389,7 @@ class RadixMachine(RuleBasedStateMachine):
         expected = self.model_match(ids)
         present = self.cache.insert(ids, pages)
         assert present == expected
-        self.alloc.free(pages[:present // self.P])
+        self.alloc.free(pages[: present // self.P])
         self.touch(ids, len(ids))
 
     def match(self, ids):
@@ -389,7 +410,7 @@ class RadixMachine(RuleBasedStateMachine):
         ids = self.tokens(seq)
         pages, node = self.match(ids)
         self.cache.inc_lock_ref(node)
-        self.locks.append((node, tuple(ids[:len(pages) * self.P])))
+        self.locks.append((node, tuple(ids[: len(pages) * self.P])))
 
     @precondition(lambda self: self.locks)
     @rule(data=st.data())
@@ -415,9 +436,14 @@ class RadixMachine(RuleBasedStateMachine):
         if own is None:
             self.cache.dec_lock_ref(node)
             return
-        self.write(own[:len(own) - num_extra], ids, len(pages))
+        self.write(own[: len(own) - num_extra], ids, len(pages))
         req = Req(f"r{self.clock}", ids, SamplingParams())
-        req.page_ids, req.kv_len, req.cached_len, req.last_node = pages + own, len(ids), len(pages) * self.P, node
+        req.page_ids, req.kv_len, req.cached_len, req.last_node = (
+            pages + own,
+            len(ids),
+            len(pages) * self.P,
+            node,
+        )
         self.reqs.append(req)
 
     @precondition(lambda self: self.reqs)
@@ -433,18 +459,18 @@ class RadixMachine(RuleBasedStateMachine):
             req.page_ids += own
         req.output_ids += more
         first_own = req.cached_len // self.P
-        self.write(req.page_ids[first_own:-(-len(ids) // self.P)], ids, first_own)
+        self.write(req.page_ids[first_own : -(-len(ids) // self.P)], ids, first_own)
         req.kv_len = len(ids)
 
     @precondition(lambda self: self.reqs)
     @rule(data=st.data())
     def cache_unfinished(self, data):
         req = self.reqs[data.draw(st.integers(0, len(self.reqs) - 1))]
-        ids = req.fill_ids[:req.kv_len]
+        ids = req.fill_ids[: req.kv_len]
         aligned = self.aligned(ids)
         self.cache.cache_unfinished_req(req, ids)
         assert req.cached_len == len(aligned) == depth(req.last_node)
-        self.check_pages(req.page_ids[:len(aligned) // self.P], ids)
+        self.check_pages(req.page_ids[: len(aligned) // self.P], ids)
         self.touch(ids, len(aligned))  # the insert
         self.touch(ids, len(aligned))  # the match that finds the tree's pages
 
@@ -452,7 +478,7 @@ class RadixMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def finish_req(self, data):
         req = self.reqs.pop(data.draw(st.integers(0, len(self.reqs) - 1)))
-        ids = req.fill_ids[:req.kv_len]
+        ids = req.fill_ids[: req.kv_len]
         self.cache.cache_finished_req(req, ids)
         assert (req.page_ids, req.kv_len, req.cached_len, req.last_node) == ([], 0, 0, None)
         self.touch(ids, len(self.aligned(ids)))
@@ -465,14 +491,17 @@ class RadixMachine(RuleBasedStateMachine):
         assert set(tree) == set(self.model)
         for prefix, page in tree.items():
             assert self.content[page] == prefix
-        own = [p for r in self.reqs for p in r.page_ids[r.cached_len // self.P:]]
+        own = [p for r in self.reqs for p in r.page_ids[r.cached_len // self.P :]]
         free = self.alloc.free_page_set()
-        assert len(free) + len(tree) + len(own) == self.alloc.num_pages, "a page leaked or is held twice"
+        assert len(free) + len(tree) + len(own) == self.alloc.num_pages, (
+            "a page leaked or is held twice"
+        )
         assert free | set(tree.values()) | set(own) == set(range(self.alloc.num_pages))
         for r in self.reqs:
             fill = r.fill_ids
-            assert r.page_ids[:r.cached_len // self.P] == [
-                tree[tuple(fill[:end])] for end in range(self.P, r.cached_len + 1, self.P)]
+            assert r.page_ids[: r.cached_len // self.P] == [
+                tree[tuple(fill[:end])] for end in range(self.P, r.cached_len + 1, self.P)
+            ]
             assert len(r.page_ids) >= -(-r.kv_len // self.P)
         locked = self.locked()
         assert self.cache.protected_pages == len(locked)
@@ -484,7 +513,7 @@ class RadixMachine(RuleBasedStateMachine):
         for node, _ in self.locks:
             self.cache.dec_lock_ref(node)
         for r in self.reqs:
-            self.cache.cache_finished_req(r, r.fill_ids[:r.kv_len])
+            self.cache.cache_finished_req(r, r.fill_ids[: r.kv_len])
         self.cache.check_integrity()
         assert self.cache.protected_pages == 0
         assert all(n.lock_ref == 0 for n in self.cache._nodes()), "locks return to zero"
@@ -492,6 +521,11 @@ class RadixMachine(RuleBasedStateMachine):
 
 
 TestRadixMachine = RadixMachine.TestCase
-TestRadixMachine.settings = settings(max_examples=120, stateful_step_count=40, deadline=None,
-                                     derandomize=True, database=None,
-                                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+TestRadixMachine.settings = settings(
+    max_examples=120,
+    stateful_step_count=40,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)

@@ -3,25 +3,38 @@
 Truth: `reference_output` computed from token ids alone; the fake runner also asserts that
 every prefix slot it reads holds that request's own token (see tests/fake_runner.py).
 """
+
 import random
 
 import pytest
+from fake_runner import FakeDraftGrammar, FakeRunner, reference_output
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fake_runner import FakeDraftGrammar, FakeRunner, reference_output
 from radixrt.runtime.config import ServerConfig
-from radixrt.runtime.messages import TokenizedGenerateReq
 from radixrt.runtime.core.scheduler import Scheduler
+from radixrt.runtime.messages import TokenizedGenerateReq
 
 VOCAB = 50
 
 
 def make(page_size=1, num_tokens=400, chunk=32, disable=False, max_running=16, eos=0):
-    cfg = ServerConfig(page_size=page_size, chunked_prefill_size=chunk, disable_radix_cache=disable,
-                       max_running_requests=max_running)
-    return Scheduler(cfg, FakeRunner(num_pages=num_tokens // page_size, page_size=page_size, vocab_size=VOCAB,
-                                     eos=eos, max_rows=max_running + 1))
+    cfg = ServerConfig(
+        page_size=page_size,
+        chunked_prefill_size=chunk,
+        disable_radix_cache=disable,
+        max_running_requests=max_running,
+    )
+    return Scheduler(
+        cfg,
+        FakeRunner(
+            num_pages=num_tokens // page_size,
+            page_size=page_size,
+            vocab_size=VOCAB,
+            eos=eos,
+            max_rows=max_running + 1,
+        ),
+    )
 
 
 def submit(s, rid, prompt, **params):
@@ -53,13 +66,17 @@ def assert_all_pages_back(s):
 @pytest.mark.parametrize("page_size", [1, 4, 16])
 @pytest.mark.parametrize("num_tokens", [2000, 256])
 @pytest.mark.parametrize("disable", [False, True])
-def test_outputs_match_reference_under_sharing_chunking_and_preemption(page_size, num_tokens, disable):
+def test_outputs_match_reference_under_sharing_chunking_and_preemption(
+    page_size, num_tokens, disable
+):
     rng = random.Random(page_size * 7 + num_tokens)
     s = make(page_size, num_tokens, chunk=48, disable=disable)
     shared = [rng.randrange(1, VOCAB) for _ in range(60)]
     prompts = {}
     for i in range(14):
-        p = (shared if i % 3 else []) + [rng.randrange(1, VOCAB) for _ in range(rng.randrange(1, 40))]
+        p = (shared if i % 3 else []) + [
+            rng.randrange(1, VOCAB) for _ in range(rng.randrange(1, 40))
+        ]
         prompts[str(i)] = p
         submit(s, str(i), p, max_new_tokens=24)
     outs = drain(s)
@@ -77,7 +94,9 @@ def run_preempting_batch(s, rng, prompt_len: int, new_tokens: int) -> None:
     outs = drain(s)
     assert s.stats.num_preemptions > 0, "the small pool should have forced preemption"
     for rid, p in prompts.items():
-        assert ids(outs, rid) == reference_output(p, new_tokens, VOCAB, None), rid  # ignore_eos: no stop at 0
+        assert ids(outs, rid) == reference_output(p, new_tokens, VOCAB, None), (
+            rid
+        )  # ignore_eos: no stop at 0
 
 
 @pytest.mark.parametrize("page_size", [1, 4])
@@ -133,7 +152,7 @@ def test_finish_reasons_stop_ids_length_and_ignore_eos():
     submit(s, "stopid", p, max_new_tokens=30, stop_token_ids=[ref[3]])
     outs = drain(s)
     assert outs["len"][-1].finished_reason == {"type": "length", "length": 5}
-    assert ids(outs, "stopid") == ref[:ref.index(ref[3]) + 1]
+    assert ids(outs, "stopid") == ref[: ref.index(ref[3]) + 1]
     assert outs["stopid"][-1].finished_reason == {"type": "stop", "matched": ref[3]}
 
 
@@ -150,13 +169,16 @@ def test_stop_string_finishes_request():
     assert got.find(stop) == len(got) - len(stop) == text.find(stop)
 
 
-@pytest.mark.parametrize("prompt,params,needle", [
-    ([], {}, "empty"),
-    ([1, 2, VOCAB + 5], {}, "input_ids"),
-    (list(range(1, 40)) * 3, {"max_new_tokens": 400}, "can never run"),
-    ([1, 2], {"temperature": -1}, "temperature"),
-    ([1, 2], {"bogus": 1}, "bogus"),
-])
+@pytest.mark.parametrize(
+    "prompt,params,needle",
+    [
+        ([], {}, "empty"),
+        ([1, 2, VOCAB + 5], {}, "input_ids"),
+        (list(range(1, 40)) * 3, {"max_new_tokens": 400}, "can never run"),
+        ([1, 2], {"temperature": -1}, "temperature"),
+        ([1, 2], {"bogus": 1}, "bogus"),
+    ],
+)
 def test_bad_requests_are_answered_not_raised(prompt, params, needle):
     s = make(num_tokens=200)
     outs = submit(s, "bad", prompt, **params)
@@ -166,9 +188,18 @@ def test_bad_requests_are_answered_not_raised(prompt, params, needle):
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
-@given(page_size=st.sampled_from([1, 2, 4, 16]), pool_pages=st.integers(8, 80), chunk_pages=st.integers(1, 6),
-       seed=st.integers(0, 10_000), num_reqs=st.integers(1, 24), disable=st.booleans(), drafts=st.booleans())
-def test_fuzz_random_arrivals_aborts_and_sizes(page_size, pool_pages, chunk_pages, seed, num_reqs, disable, drafts):
+@given(
+    page_size=st.sampled_from([1, 2, 4, 16]),
+    pool_pages=st.integers(8, 80),
+    chunk_pages=st.integers(1, 6),
+    seed=st.integers(0, 10_000),
+    num_reqs=st.integers(1, 24),
+    disable=st.booleans(),
+    drafts=st.booleans(),
+)
+def test_fuzz_random_arrivals_aborts_and_sizes(
+    page_size, pool_pages, chunk_pages, seed, num_reqs, disable, drafts
+):
     """drafts: jump-forward drafts, partly wrong, on every request (their KV past the kept part is garbage
     the fake runner would catch if it were ever read as a request's own)."""
     rng = random.Random(seed)
@@ -177,7 +208,9 @@ def test_fuzz_random_arrivals_aborts_and_sizes(page_size, pool_pages, chunk_page
     bases = [[rng.randrange(1, VOCAB) for _ in range(rng.randrange(1, 40))] for _ in range(3)]
     pending, prompts, aborted, outs = [], {}, set(), {}
     for i in range(num_reqs):
-        p = rng.choice(bases)[: rng.randrange(1, 40)] + [rng.randrange(1, VOCAB) for _ in range(rng.randrange(0, 12))]
+        p = rng.choice(bases)[: rng.randrange(1, 40)] + [
+            rng.randrange(1, VOCAB) for _ in range(rng.randrange(0, 12))
+        ]
         max_new = rng.randrange(1, 20)
         pending.append((rng.randrange(0, 30), str(i), p, max_new))
     step = 0
@@ -219,7 +252,9 @@ def attach_drafts(s, rid, rng, wrong=0.3):
 def test_drafts_keep_outputs_and_save_forwards(page_size):
     """Right drafts save forwards; wrong ones cost none of the output; pages all come back."""
     rng = random.Random(page_size)
-    prompts = {str(i): [rng.randrange(1, VOCAB) for _ in range(rng.randrange(3, 30))] for i in range(6)}
+    prompts = {
+        str(i): [rng.randrange(1, VOCAB) for _ in range(rng.randrange(3, 30))] for i in range(6)
+    }
     forwards = {}
     for wrong in (None, 0.0, 0.5):
         s = make(page_size, 2000, eos=None)
@@ -251,7 +286,9 @@ def test_rejected_drafts_give_their_pages_back_and_never_preempt():
                 if wrong is not None:
                     for req in s.waiting:
                         if req.rid == rid:
-                            req.grammar = FakeDraftGrammar(req, VOCAB, random.Random(pool), wrong, max_len=10)
+                            req.grammar = FakeDraftGrammar(
+                                req, VOCAB, random.Random(pool), wrong, max_len=10
+                            )
             outs = {}
             while s.has_work():
                 for o in s.step():
@@ -268,6 +305,7 @@ def test_rejected_drafts_give_their_pages_back_and_never_preempt():
 
 def test_draft_tokens_per_step_are_budgeted(monkeypatch):
     from radixrt.runtime.core import schedule_policy
+
     monkeypatch.setattr(schedule_policy, "MAX_DRAFT_TOKENS_PER_STEP", 7)
     rng = random.Random(3)
     s = make(1, 4000, eos=None, max_running=16)
@@ -279,7 +317,9 @@ def test_draft_tokens_per_step_are_budgeted(monkeypatch):
     per_step = []
     s.runner.run = lambda plan: (per_step.append(sum(it.num_draft for it in plan)), run(plan))[1]
     outs = drain(s)
-    assert max(per_step) == 7 and all(ids(outs, rid) == reference_output(p, 20, VOCAB, None) for rid, p in prompts.items())
+    assert max(per_step) == 7 and all(
+        ids(outs, rid) == reference_output(p, 20, VOCAB, None) for rid, p in prompts.items()
+    )
 
 
 def test_max_new_tokens_zero_prefills_only_and_caches_the_prompt():
@@ -287,7 +327,10 @@ def test_max_new_tokens_zero_prefills_only_and_caches_the_prompt():
     p = list(range(1, 30))
     submit(s, "warm", p, max_new_tokens=0)
     outs = drain(s)
-    assert ids(outs, "warm") == [] and outs["warm"][-1].finished_reason == {"type": "length", "length": 0}
+    assert ids(outs, "warm") == [] and outs["warm"][-1].finished_reason == {
+        "type": "length",
+        "length": 0,
+    }
     submit(s, "use", p + [5], max_new_tokens=3)
     outs = drain(s)
     assert outs["use"][-1].cached_tokens == len(p)
@@ -295,17 +338,31 @@ def test_max_new_tokens_zero_prefills_only_and_caches_the_prompt():
 
 
 def test_pins_hold_a_prefix_against_eviction_until_unpinned_or_expired():
-    s = make(page_size=1, num_tokens=200)  # one pin may hold a quarter of the pool: 50 >= the 43-token prefix
+    s = make(
+        page_size=1, num_tokens=200
+    )  # one pin may hold a quarter of the pool: 50 >= the 43-token prefix
     p = [7] * 5 + list(range(1, 40))
-    s.add_request(TokenizedGenerateReq(rid="pin", input_ids=p, sampling_params={"max_new_tokens": 0}, pin_ttl_s=60))
+    s.add_request(
+        TokenizedGenerateReq(
+            rid="pin", input_ids=p, sampling_params={"max_new_tokens": 0}, pin_ttl_s=60
+        )
+    )
     outs = drain(s)
     reason = outs["pin"][-1].finished_reason
-    assert reason["pinned"] is True and len(reason["pin_handle"]) >= 20, reason  # unguessable, not the rid
+    assert reason["pinned"] is True and len(reason["pin_handle"]) >= 20, (
+        reason
+    )  # unguessable, not the rid
     handle = reason["pin_handle"]
     assert s.server_info()["num_pinned_tokens"] >= len(p) - 1
     # fill the pool with unrelated work: the pinned prefix must survive
     for i in range(6):
-        submit(s, f"x{i}", [(i * 7 + k) % 40 + 10 for k in range(30)], max_new_tokens=20, ignore_eos=True)
+        submit(
+            s,
+            f"x{i}",
+            [(i * 7 + k) % 40 + 10 for k in range(30)],
+            max_new_tokens=20,
+            ignore_eos=True,
+        )
     drain(s)
     submit(s, "use", p + [3], max_new_tokens=2)
     outs = drain(s)
@@ -315,7 +372,11 @@ def test_pins_hold_a_prefix_against_eviction_until_unpinned_or_expired():
     assert s.unpin(handle) and not s.unpin(handle)
     assert_all_pages_back(s)
     # expiry: a pin whose ttl passed is released on the next step
-    s.add_request(TokenizedGenerateReq(rid="short", input_ids=p, sampling_params={"max_new_tokens": 0}, pin_ttl_s=1e-6))
+    s.add_request(
+        TokenizedGenerateReq(
+            rid="short", input_ids=p, sampling_params={"max_new_tokens": 0}, pin_ttl_s=1e-6
+        )
+    )
     drain(s)
     s.step()
     assert s.server_info()["num_pins"] == 0
@@ -324,17 +385,26 @@ def test_pins_hold_a_prefix_against_eviction_until_unpinned_or_expired():
 
 def test_one_pin_is_capped_at_a_quarter_of_the_pool_and_its_ttl_is_capped():
     from radixrt.runtime.core.pins import MAX_PIN_TTL_S
+
     s = make(page_size=1, num_tokens=200)
     big = [(k * 3) % 40 + 5 for k in range(60)]  # 59 cached tokens > 50
-    s.add_request(TokenizedGenerateReq(rid="big", input_ids=big, sampling_params={"max_new_tokens": 0}, pin_ttl_s=60))
+    s.add_request(
+        TokenizedGenerateReq(
+            rid="big", input_ids=big, sampling_params={"max_new_tokens": 0}, pin_ttl_s=60
+        )
+    )
     outs = drain(s)
     assert outs["big"][-1].finished_reason["pinned"] is False and s.server_info()["num_pins"] == 0
     small = big[:40]
-    s.add_request(TokenizedGenerateReq(rid="small", input_ids=small, sampling_params={"max_new_tokens": 0},
-                                       pin_ttl_s=1e9))
+    s.add_request(
+        TokenizedGenerateReq(
+            rid="small", input_ids=small, sampling_params={"max_new_tokens": 0}, pin_ttl_s=1e9
+        )
+    )
     outs = drain(s)
     handle = outs["small"][-1].finished_reason["pin_handle"]
     import time
+
     assert s.pins.expiry(handle) <= time.monotonic() + MAX_PIN_TTL_S + 1
     assert s.unpin(handle)
     assert_all_pages_back(s)
@@ -360,7 +430,9 @@ def test_abort_in_the_middle_of_a_chunked_prefill(page_size):
     submit(s, "again", p, max_new_tokens=6)
     outs = drain(s)
     assert ids(outs, "again") == reference_output(p, 6, VOCAB, 0)
-    assert outs["again"][-1].cached_tokens == (32 // page_size) * page_size  # the aborted chunks were kept
+    assert (
+        outs["again"][-1].cached_tokens == (32 // page_size) * page_size
+    )  # the aborted chunks were kept
     assert_all_pages_back(s)
 
 
@@ -371,8 +443,14 @@ def test_pins_and_sessions_yield_to_a_request_that_cannot_otherwise_run(chunk):
     s = make(page_size=1, num_tokens=200, chunk=chunk)
     for i, sid in enumerate(["a", "b"]):  # two sessions, each pinning ~45 tokens of the 200
         prompt = [11 + i] * 5 + list(range(1, 40))
-        s.add_request(TokenizedGenerateReq(rid=f"turn-{sid}", input_ids=prompt, session_id=sid,
-                                           sampling_params={"max_new_tokens": 2}))
+        s.add_request(
+            TokenizedGenerateReq(
+                rid=f"turn-{sid}",
+                input_ids=prompt,
+                session_id=sid,
+                sampling_params={"max_new_tokens": 2},
+            )
+        )
         drain(s)
     assert s.server_info()["num_pins"] == 2 and s.server_info()["num_sessions"] == 2
     big = [(k * 3) % 40 + 10 for k in range(150)]  # 150 + 20 > 200 - 90 pinned
@@ -388,15 +466,28 @@ def test_pins_and_sessions_yield_to_a_request_that_cannot_otherwise_run(chunk):
 def test_session_keeps_its_last_turn_and_counts_hits():
     s = make(page_size=4, num_tokens=400)
     prompt = [9] * 10 + list(range(1, 30))
+    kept = 0
     for turn in range(3):
-        s.add_request(TokenizedGenerateReq(rid=f"t{turn}", input_ids=prompt, session_id="chat",
-                                           sampling_params={"max_new_tokens": 5, "ignore_eos": True}))
+        s.add_request(
+            TokenizedGenerateReq(
+                rid=f"t{turn}",
+                input_ids=prompt,
+                session_id="chat",
+                sampling_params={"max_new_tokens": 5, "ignore_eos": True},
+            )
+        )
         outs = drain(s)
         out = ids(outs, f"t{turn}")
         if turn:  # everything the last turn left pinned, in whole pages (the last sampled token has no KV)
             assert outs[f"t{turn}"][-1].cached_tokens == kept // 4 * 4
         for i in range(8):  # unrelated traffic fills the pool
-            submit(s, f"x{turn}-{i}", [(i * 5 + k) % 40 + 10 for k in range(40)], max_new_tokens=8, ignore_eos=True)
+            submit(
+                s,
+                f"x{turn}-{i}",
+                [(i * 5 + k) % 40 + 10 for k in range(40)],
+                max_new_tokens=8,
+                ignore_eos=True,
+            )
         drain(s)
         kept = len(prompt) + len(out) - 1
         prompt = prompt + out + [3, 4]

@@ -3,6 +3,7 @@ requests applying transformers' rule, key j visible to query i when i - window <
 (some longer than the window, some shorter), drafts, fresh prompts, chunks after a cached prefix and requests
 sharing a prefix (which the full-attention plan would run as a cascade); model-level agreement with
 transformers is in test_llama_tiny.py (Mistral and Qwen2's hybrid layers)."""
+
 from __future__ import annotations
 
 import pytest
@@ -24,7 +25,17 @@ CASES = {
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_window_matches_reference(name, window, dtype):
     prefix_lens, extend_lens = CASES[name]
-    case = make_case(prefix_lens, extend_lens, 6, 2, 32, 4, dtype, seed=window, share_prefix=name == "shared_prefix")
+    case = make_case(
+        prefix_lens,
+        extend_lens,
+        6,
+        2,
+        32,
+        4,
+        dtype,
+        seed=window,
+        share_prefix=name == "shared_prefix",
+    )
     backend = TorchAttentionBackend(6, 2, 32, min_shared_len=8, min_saved_kv=0)
     tol = (1e-5, 1e-5) if dtype == torch.float32 else (2e-2, 2e-2)
     check_against_reference(backend, case, *tol, window=window)
@@ -38,6 +49,8 @@ def test_full_and_window_layers_share_one_forward():
     full = backend.forward(q, k, v, k_cache, v_cache, fb, 0.2)
     windowed = backend.forward(q, k, v, k_cache, v_cache, fb, 0.2, window=5)
     assert fb.window_meta is not None and fb.window_meta is not fb.attn_meta
-    assert not torch.allclose(full, windowed), "a window shorter than the context must change the output"
+    assert not torch.allclose(full, windowed), (
+        "a window shorter than the context must change the output"
+    )
     again = backend.forward(q, k, v, k_cache, v_cache, fb, 0.2)
     torch.testing.assert_close(again, full)

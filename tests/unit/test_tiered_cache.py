@@ -8,23 +8,30 @@ small tier it is at most that. Every step: check_integrity (every node's KV in t
 pool residency prefix-closed; tier pages held once; locked nodes in the pool), locked paths never leave the
 pool, and loaded pages hold the query's own tokens.
 """
+
 from __future__ import annotations
 
 import os
 
 import pytest
+from fake_runner import FakeTierStore
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from fake_runner import FakeTierStore
 from radixrt.runtime.core.page_allocator import PageAllocator
 from radixrt.runtime.core.tiered_cache import TieredRadixCache
 
 
 class Harness:
-    def __init__(self, pool_pages: int, tier_pages: int, page_size: int, policy: str = "write_back",
-                 min_tokens: int = 1):
+    def __init__(
+        self,
+        pool_pages: int,
+        tier_pages: int,
+        page_size: int,
+        policy: str = "write_back",
+        min_tokens: int = 1,
+    ):
         self.ps = page_size
         self.kv: dict[int, tuple[int, int]] = {}
         self.store = FakeTierStore(self.kv, page_size, tier_pages)
@@ -39,10 +46,10 @@ class Harness:
         pages = self.alloc.alloc(n)
         if pages is None:
             return False
-        for i, tok in enumerate(tokens[:n * self.ps]):
+        for i, tok in enumerate(tokens[: n * self.ps]):
             self.kv[pages[i // self.ps] * self.ps + i % self.ps] = (i, tok)
-        present = self.tree.insert(tokens[:n * self.ps], pages)
-        self.alloc.free(pages[:present // self.ps])
+        present = self.tree.insert(tokens[: n * self.ps], pages)
+        self.alloc.free(pages[: present // self.ps])
         return True
 
     def match(self, query: list[int], load: bool = True) -> int:
@@ -111,7 +118,9 @@ def test_a_corrupt_tier_page_is_dropped_and_recomputed_never_used():
     h.store.corrupt.add(in_tier[0].host_value[1])  # the second page of the run
     assert h.match(seq) == 6  # the match saw 6 tokens, but only the page before the bad one loads
     assert h.tree.tier_stats.checksum_failures == 1
-    assert h.match(seq, load=False) == 0, "the corrupt run is gone from the tree (its first page was in it)"
+    assert h.match(seq, load=False) == 0, (
+        "the corrupt run is gone from the tree (its first page was in it)"
+    )
     h.tree.check_integrity()
 
 
@@ -125,8 +134,10 @@ def test_a_run_shorter_than_min_tokens_is_recomputed_not_swapped():
     assert h.store.writes == 1 and h.match([5, 6, 7], load=False) == 3
 
 
-@pytest.mark.parametrize("policy,writes_at_insert,writes_at_hit", [
-    ("write_back", 0, 0), ("write_through", 1, 0), ("write_through_selective", 0, 1)])
+@pytest.mark.parametrize(
+    "policy,writes_at_insert,writes_at_hit",
+    [("write_back", 0, 0), ("write_through", 1, 0), ("write_through_selective", 0, 1)],
+)
 def test_write_policies(policy, writes_at_insert, writes_at_hit):
     h = Harness(pool_pages=8, tier_pages=16, page_size=1, policy=policy)
     h.insert([1, 2, 3, 4])
@@ -192,9 +203,13 @@ def test_a_node_dropped_with_its_write_pending_is_not_written():
     h = Harness(pool_pages=16, tier_pages=10, page_size=2)
     h.insert([1] * 14)
     h.insert([1] * 6 + [2] * 8)  # [1]*6 -> [1]*8 | [2]*8: 11 pages, the tier holds 10
-    h.tree.evict(16)  # both children demoted (8 tier pages, writes pending), then no room for the parent
+    h.tree.evict(
+        16
+    )  # both children demoted (8 tier pages, writes pending), then no room for the parent
     h.tree.check_integrity()
-    assert h.match([1] * 14, load=False) == 0 and h.tree.host.num_free == 10, "the whole subtree went"
+    assert h.match([1] * 14, load=False) == 0 and h.tree.host.num_free == 10, (
+        "the whole subtree went"
+    )
     assert h.store.writes == 0, "nothing was left to write"
 
 
@@ -206,15 +221,23 @@ def test_the_tier_lru_frees_each_node_once():
     h.insert([1, 1, 2, 2])
     h.insert([1, 1, 3, 3])
     h.tree.evict(12)  # the tier: [9,9], [1,1] -> [2,2] | [3,3]
-    assert h.match([1, 1, 0]) == 2  # [1,1] back in the pool too (both tiers), its children only in the tier
+    assert (
+        h.match([1, 1, 0]) == 2
+    )  # [1,1] back in the pool too (both tiers), its children only in the tier
     _, node = h.tree.match_prefix([1, 1])
     h.tree.inc_lock_ref(node)
     h.insert([5, 5])
     h.tree.evict(12)  # the tier is full
     h.insert([7] * 10)
-    h.tree.evict(12)  # writing [7]*10 needs the whole tier: [9,9], [2,2], [3,3], [1,1]'s copy, [5,5], each once
+    h.tree.evict(
+        12
+    )  # writing [7]*10 needs the whole tier: [9,9], [2,2], [3,3], [1,1]'s copy, [5,5], each once
     h.tree.check_integrity()
-    assert h.match([7] * 10 + [0], load=False) == 10 and node.host_value is None and node.value is not None
+    assert (
+        h.match([7] * 10 + [0], load=False) == 10
+        and node.host_value is None
+        and node.value is not None
+    )
     h.tree.dec_lock_ref(node)
 
 
@@ -234,7 +257,7 @@ class TwoTierMachine(RuleBasedStateMachine):
     @rule(seq=tokens)
     def insert(self, seq):
         if self.h.insert(seq):
-            self.inserted.append(seq[:len(seq) - len(seq) % self.ps])
+            self.inserted.append(seq[: len(seq) - len(seq) % self.ps])
 
     @rule(query=tokens)
     def match(self, query):
@@ -276,6 +299,10 @@ class TwoTierMachine(RuleBasedStateMachine):
 @pytest.mark.parametrize("size", ["big", "small", "smaller_than_pool"])
 def test_two_tiers_against_a_naive_model(size, monkeypatch):
     monkeypatch.setenv("_TIER_SIZE", size)
-    TwoTierMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None,
-                                                suppress_health_check=[HealthCheck.too_slow])
+    TwoTierMachine.TestCase.settings = settings(
+        max_examples=60,
+        stateful_step_count=40,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
     TwoTierMachine.TestCase().runTest()

@@ -6,21 +6,36 @@ must equal the reference with the tier on, under eviction, preemption, aborts an
 tier must actually serve (tokens loaded, fewer tokens computed than with it off); check_integrity after
 every step, and a flush returns every page of both tiers.
 """
+
 import random
 
 import pytest
-
 from fake_runner import FakeRunner, reference_output
+from test_scheduler import VOCAB, drain, ids, run_preempting_batch, submit
+
 from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.core.scheduler import Scheduler
-from test_scheduler import VOCAB, drain, ids, run_preempting_batch, submit
 
 
 def make(tier: bool, page_size=1, num_tokens=240, policy="write_back", ratio=8.0):
-    cfg = ServerConfig(page_size=page_size, chunked_prefill_size=64, max_running_requests=8,
-                       enable_hierarchical_cache=tier, hicache_ratio=ratio, hicache_write_policy=policy)
-    return Scheduler(cfg, FakeRunner(num_pages=num_tokens // page_size, page_size=page_size, vocab_size=VOCAB,
-                                     eos=None, max_rows=9))
+    cfg = ServerConfig(
+        page_size=page_size,
+        chunked_prefill_size=64,
+        max_running_requests=8,
+        enable_hierarchical_cache=tier,
+        hicache_ratio=ratio,
+        hicache_write_policy=policy,
+    )
+    return Scheduler(
+        cfg,
+        FakeRunner(
+            num_pages=num_tokens // page_size,
+            page_size=page_size,
+            vocab_size=VOCAB,
+            eos=None,
+            max_rows=9,
+        ),
+    )
 
 
 def conversations(s, rng, num_conv=6, turns=4, user_tokens=30, out_tokens=12, history=None):
@@ -56,7 +71,11 @@ def test_multi_turn_history_comes_back_from_the_tier(page_size, policy):
         computed[tier] = s.stats.prompt_tokens - s.stats.cached_tokens
         if tier:
             info = s.server_info()
-            assert info["hicache_enabled"] and info["hicache_tokens_loaded"] > 0 and info["hicache_hits"] > 0
+            assert (
+                info["hicache_enabled"]
+                and info["hicache_tokens_loaded"] > 0
+                and info["hicache_hits"] > 0
+            )
             assert_both_tiers_empty_after_flush(s)
     assert computed[True] < computed[False] * 0.6, computed
 
@@ -75,7 +94,9 @@ def test_aborts_and_corrupt_pages_never_change_outputs():
     for node in s.tree._nodes():  # every page in the tier now "fails its checksum"
         if node.host_value is not None:
             s.runner.kv_tier.corrupt.update(node.host_value)
-    conversations(s, rng, turns=2, history=history)  # the same chats go on: recomputed where the tier was corrupt
+    conversations(
+        s, rng, turns=2, history=history
+    )  # the same chats go on: recomputed where the tier was corrupt
     assert s.tree.tier_stats.checksum_failures > 0
     prompts = {str(i): [rng.randrange(1, VOCAB) for _ in range(40)] for i in range(6)}
     for rid, p in prompts.items():
@@ -96,11 +117,13 @@ def test_corrupt_tier_in_a_conversation_is_recomputed():
     history = [rng.randrange(1, VOCAB) for _ in range(200)]
     submit(s, "a", history, max_new_tokens=4)
     history += ids(drain(s), "a")
-    submit(s, "b", [rng.randrange(1, VOCAB) for _ in range(200)], max_new_tokens=4)  # pushes "a" to the tier
+    submit(
+        s, "b", [rng.randrange(1, VOCAB) for _ in range(200)], max_new_tokens=4
+    )  # pushes "a" to the tier
     drain(s)
     for node in s.tree._nodes():
         if node.host_value is not None:
-            s.runner.kv_tier.corrupt.update(node.host_value[len(node.host_value) // 2:])
+            s.runner.kv_tier.corrupt.update(node.host_value[len(node.host_value) // 2 :])
     history += [7, 8, 9]
     submit(s, "c", history, max_new_tokens=8)
     assert ids(drain(s), "c") == reference_output(history, 8, VOCAB, None)
@@ -109,12 +132,18 @@ def test_corrupt_tier_in_a_conversation_is_recomputed():
 
 def test_tier_figures_reach_server_info_and_metrics():
     from radixrt.runtime.serving.metrics import HICACHE_GAUGES, ServerMetrics
+
     s = make(True, page_size=1)
     conversations(s, random.Random(2), turns=2)
     info = s.server_info()
-    assert info["hicache_tokens_loaded"] == s.runner.kv_tier.pages_read * s.page_size > 0  # what the tier copied
+    assert (
+        info["hicache_tokens_loaded"] == s.runner.kv_tier.pages_read * s.page_size > 0
+    )  # what the tier copied
     assert info["hicache_pages_used"] == len(s.tree.host_page_ids()) > 0
-    assert info["hicache_load_latency_p50_s"] is not None and info["hicache_write_policy"] == "write_back"
+    assert (
+        info["hicache_load_latency_p50_s"] is not None
+        and info["hicache_write_policy"] == "write_back"
+    )
     metrics = ServerMetrics()
     metrics.update_from_server_info(info)
     text = metrics.render().decode()

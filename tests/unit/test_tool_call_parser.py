@@ -1,20 +1,32 @@
 """The tool-call parser: any split of an output into deltas gives the same content and calls as the whole
 text, and those are exactly what the output was built from (an independent builder, json.loads)."""
+
 import json
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixrt.runtime.serving.tool_call_parser import (
-    ArgsDelta, CallEnd, CallStart, Content, ToolCallParser, parse_all)
+    ArgsDelta,
+    CallEnd,
+    CallStart,
+    Content,
+    ToolCallParser,
+    parse_all,
+)
 
-json_values = st.recursive(st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.text(max_size=8),
-                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner,
-                                                                                        max_size=3), max_leaves=8)
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(10**6), 10**6) | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
 args_objects = st.dictionaries(st.text(max_size=6), json_values, max_size=4)
 names = st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_-]{0,12}", fullmatch=True)
-content = st.text(alphabet=st.sampled_from(list("ab <>/}{\n\"tool_call")), max_size=20).filter(
-    lambda t: "<tool_call>" not in t)
+content = st.text(alphabet=st.sampled_from(list('ab <>/}{\n"tool_call')), max_size=20).filter(
+    lambda t: "<tool_call>" not in t
+)
 
 
 @st.composite
@@ -23,11 +35,16 @@ def outputs(draw):
     text = expected_content = draw(content)
     calls = []
     for _ in range(draw(st.integers(0, 3))):
-        name, args = draw(names), json.dumps(draw(args_objects), indent=draw(st.sampled_from([None, 1])))
+        name, args = (
+            draw(names),
+            json.dumps(draw(args_objects), indent=draw(st.sampled_from([None, 1]))),
+        )
         sep = draw(st.sampled_from(["", "\n", " "]))
         if not calls:  # whitespace between two calls only separates them: it is not content
             expected_content += sep
-        text += f'{sep}<tool_call>\n{{"name": {json.dumps(name)}, "arguments": {args}}}\n</tool_call>'
+        text += (
+            f'{sep}<tool_call>\n{{"name": {json.dumps(name)}, "arguments": {args}}}\n</tool_call>'
+        )
         calls.append((name, args))
     return text, expected_content, calls
 
@@ -47,7 +64,12 @@ def merged(events: list) -> list:
     for e in events:
         if out and type(e) is type(out[-1]) and isinstance(e, Content):
             out[-1] = Content(out[-1].text + e.text)
-        elif out and isinstance(e, ArgsDelta) and isinstance(out[-1], ArgsDelta) and e.index == out[-1].index:
+        elif (
+            out
+            and isinstance(e, ArgsDelta)
+            and isinstance(out[-1], ArgsDelta)
+            and e.index == out[-1].index
+        ):
             out[-1] = ArgsDelta(e.index, out[-1].text + e.text)
         else:
             out.append(e)
@@ -93,8 +115,10 @@ def test_cut_call_keeps_what_was_sent():
 
 
 def test_close_tag_inside_a_string_argument_does_not_end_the_call():
-    text = ('<tool_call>\n{"name": "f", "arguments": {"s": "x</tool_call>y"}}\n</tool_call>\n'
-            '<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call>\n')
+    text = (
+        '<tool_call>\n{"name": "f", "arguments": {"s": "x</tool_call>y"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call>\n'
+    )
     content, calls = parse_all(text)
     assert calls == [("f", '{"s": "x</tool_call>y"}'), ("g", "{}")] and content == ""
     for cut in range(len(text)):

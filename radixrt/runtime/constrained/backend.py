@@ -17,6 +17,7 @@ match while the token itself does not (regex-automata reports matches one byte l
 the whole regex are affected (never inside a JSON object, whose one accepting position is the
 closing brace); the language stays sound, a few tokenizations of it are not offered.
 """
+
 from __future__ import annotations
 
 import collections
@@ -53,20 +54,36 @@ class GrammarFuture:
     def result(self) -> GrammarState:
         assert self.done(), "GrammarFuture.result() called before done()"
         if not self._future.done():
-            raise GrammarError(f"compiling the {self._kind} grammar took longer than "
-                               f"{self._backend.compile_timeout:g} s (grammar_compile_timeout)")
+            raise GrammarError(
+                f"compiling the {self._kind} grammar took longer than "
+                f"{self._backend.compile_timeout:g} s (grammar_compile_timeout)"
+            )
         exc = self._future.exception()
         if exc is not None:
-            raise exc if isinstance(exc, GrammarError) else GrammarError(f"{self._kind} grammar: {exc}")
+            raise (
+                exc
+                if isinstance(exc, GrammarError)
+                else GrammarError(f"{self._kind} grammar: {exc}")
+            )
         return self._backend.new_state(self._future.result())
 
 
 class GrammarBackend:
     name = "outlines"
 
-    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: list[int], cache_size: int = 256,
-                 compile_timeout: float = 10.0, enable_jump_forward: bool = True, compile_workers: int = 1,
-                 compile_memory_mb: int = 2048, cache_bytes: int = 512 << 20, index: bool = True):
+    def __init__(
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        eos_token_ids: list[int],
+        cache_size: int = 256,
+        compile_timeout: float = 10.0,
+        enable_jump_forward: bool = True,
+        compile_workers: int = 1,
+        compile_memory_mb: int = 2048,
+        cache_bytes: int = 512 << 20,
+        index: bool = True,
+    ):
         """index False: only validate (the edge needs no vocabulary in its workers)."""
         if cache_size < 1 or compile_timeout <= 0:
             raise ValueError("cache_size must be >= 1 and compile_timeout > 0")
@@ -83,18 +100,26 @@ class GrammarBackend:
         token_map = {b: ids for b, ids in token_map.items() if ids}
         # outlines wants one EOS id outside the map; with none given use an id past the logits
         self._fsm_eos = self.eos_token_ids[0] if self.eos_token_ids else vocab_size
-        self._vocab = Vocabulary(self._fsm_eos, token_map) if index else None  # validation needs none
+        self._vocab = (
+            Vocabulary(self._fsm_eos, token_map) if index else None
+        )  # validation needs none
         max_id = max([self._fsm_eos, vocab_size - 1] + [max(ids) for ids in token_map.values()])
         self.num_words = (max_id + 1 + 31) // 32
-        self.drafter = Drafter(tokenizer, VocabBytes(token_map, max_id + 1)) if enable_jump_forward else None
-        self.pool = CompilePool(compile_workers, token_map if index else None, self._fsm_eos,
-                                compile_memory_mb << 20)
+        self.drafter = (
+            Drafter(tokenizer, VocabBytes(token_map, max_id + 1)) if enable_jump_forward else None
+        )
+        self.pool = CompilePool(
+            compile_workers, token_map if index else None, self._fsm_eos, compile_memory_mb << 20
+        )
         self._lock = threading.Lock()
-        self._cache: collections.OrderedDict[tuple, tuple[CompiledGrammar | GrammarError, int]] = \
+        self._cache: collections.OrderedDict[tuple, tuple[CompiledGrammar | GrammarError, int]] = (
             collections.OrderedDict()
+        )
         self._cached_bytes = 0
         self._pending: dict[tuple, Future] = {}
-        self._valid: collections.OrderedDict[tuple, None] = collections.OrderedDict()  # keys validate() passed
+        self._valid: collections.OrderedDict[tuple, None] = (
+            collections.OrderedDict()
+        )  # keys validate() passed
 
     # -- validation (the edge) ------------------------------------------------------------------
     def validate(self, kind: str, spec: Any) -> None:
@@ -105,9 +130,13 @@ class GrammarBackend:
                 return
         try:
             # bounded wait: the pool settles every job by its deadline; the margin covers a worker's start
-            self.pool.submit("regex", key, self.compile_timeout).result(timeout=self.compile_timeout + 30)
+            self.pool.submit("regex", key, self.compile_timeout).result(
+                timeout=self.compile_timeout + 30
+            )
         except FutureTimeout:
-            raise TransientGrammarError(f"validating the {kind} grammar did not finish in time") from None
+            raise TransientGrammarError(
+                f"validating the {kind} grammar did not finish in time"
+            ) from None
         with self._lock:
             self._valid[key] = None
             while len(self._valid) > self.cache_size:
@@ -119,7 +148,8 @@ class GrammarBackend:
         try:
             _, blob, distances = job.result()
             result: CompiledGrammar | GrammarError = CompiledGrammar(
-                pickle.loads(blob), self._fsm_eos, f"{key[0]} grammar", self.num_words, distances)
+                pickle.loads(blob), self._fsm_eos, f"{key[0]} grammar", self.num_words, distances
+            )
             size = len(blob)
         except GrammarError as e:
             result, size = e, 0
@@ -132,7 +162,9 @@ class GrammarBackend:
             if size <= self.cache_bytes and not isinstance(result, TransientGrammarError):
                 self._cache[key] = (result, size)
                 self._cached_bytes += size
-            while self._cache and (len(self._cache) > self.cache_size or self._cached_bytes > self.cache_bytes):
+            while self._cache and (
+                len(self._cache) > self.cache_size or self._cached_bytes > self.cache_bytes
+            ):
                 self._cached_bytes -= self._cache.popitem(last=False)[1][1]
         if isinstance(result, GrammarError):
             future.set_exception(result)
@@ -170,7 +202,9 @@ class GrammarBackend:
             index = Index(spec_regex(key), self._vocab)
         except (ValueError, RuntimeError, OverflowError) as e:
             raise GrammarError(f"cannot compile the {key[0]} grammar: {str(e)[:300]}") from None
-        return CompiledGrammar(index, self._fsm_eos, f"{key[0]} grammar", self.num_words, completion_distances(index))
+        return CompiledGrammar(
+            index, self._fsm_eos, f"{key[0]} grammar", self.num_words, completion_distances(index)
+        )
 
     @property
     def cached_bytes(self) -> int:
@@ -185,4 +219,6 @@ class GrammarBackend:
         self.pool.shutdown()
 
     def new_state(self, compiled: CompiledGrammar) -> GrammarState:
-        return GrammarState(compiled, self.eos_token_ids, self.vocab_size, self.num_words, self.drafter)
+        return GrammarState(
+            compiled, self.eos_token_ids, self.vocab_size, self.num_words, self.drafter
+        )

@@ -16,6 +16,7 @@ incomplete.
 Per state, the tokens and the distance after each are read from the index when steering first
 needs that state (~4 ms for a state allowing 49k tokens) and kept in a small LRU per grammar.
 """
+
 from __future__ import annotations
 
 import collections
@@ -53,7 +54,9 @@ def completion_distances(index: Any) -> tuple[dict[int, int], dict[int, int]]:
             if p not in dist:
                 dist[p] = dist[s] + 1
                 frontier.append(p)
-    max_next = {s: max((dist.get(n, UNREACHABLE) for n in nxt), default=0) for s, nxt in successors.items()}
+    max_next = {
+        s: max((dist.get(n, UNREACHABLE) for n in nxt), default=0) for s, nxt in successors.items()
+    }
     return dist, max_next
 
 
@@ -72,7 +75,9 @@ class Steering:
         self.dist = dist
         self.max_next = max_next
         self.eos_id = eos_id
-        self._tables: collections.OrderedDict[int, tuple[np.ndarray, np.ndarray]] = collections.OrderedDict()
+        self._tables: collections.OrderedDict[int, tuple[np.ndarray, np.ndarray]] = (
+            collections.OrderedDict()
+        )
 
     def engages(self, state: int, budget: int) -> bool:
         """At `state` with `budget` picks left (this one included), steering removes some token."""
@@ -91,7 +96,10 @@ class Steering:
             return table
         ids = [t for t in self.index.get_allowed_tokens(state) or () if t != self.eos_id]
         after = [self.dist.get(self.index.get_next_state(state, t), UNREACHABLE) for t in ids]
-        table = self._tables[state] = (np.asarray(ids, dtype=np.int32), np.asarray(after, dtype=np.int64))
+        table = self._tables[state] = (
+            np.asarray(ids, dtype=np.int32),
+            np.asarray(after, dtype=np.int64),
+        )
         while len(self._tables) > MAX_CACHED_STATES:
             self._tables.popitem(last=False)
         return table
@@ -103,8 +111,15 @@ class SteeredMask:
 
     ended = False
 
-    def __init__(self, steering: Steering, state: int, budget: int, accepting: bool, eos_token_ids: list[int],
-                 num_words: int):
+    def __init__(
+        self,
+        steering: Steering,
+        state: int,
+        budget: int,
+        accepting: bool,
+        eos_token_ids: list[int],
+        num_words: int,
+    ):
         self.steering, self.state, self.budget = steering, state, budget
         self.accepting = accepting
         self.eos_token_ids = eos_token_ids

@@ -15,6 +15,7 @@ before, between and after any terminals, as in llguidance. A grammar lark cannot
 extensions), a terminal outlines cannot compile, or a regex past MAX_REGEX_CHARS (or MAX_EXPANSIONS) at every
 nesting bound leaves the request unsteered (GrammarError here).
 """
+
 from __future__ import annotations
 
 import functools
@@ -22,9 +23,13 @@ from typing import Any
 
 from radixrt.runtime.constrained.regex_builder import GrammarError
 
-MAX_NESTING = 6            # times a rule may appear inside itself (the deepest that fits the limits below is used)
-MAX_REGEX_CHARS = 60_000   # past this the DFA costs more to compile than steering is worth
-MAX_EXPANSIONS = 20_000    # rule expansions tried per nesting bound (branches that come to nothing included)
+MAX_NESTING = (
+    6  # times a rule may appear inside itself (the deepest that fits the limits below is used)
+)
+MAX_REGEX_CHARS = 60_000  # past this the DFA costs more to compile than steering is worth
+MAX_EXPANSIONS = (
+    20_000  # rule expansions tried per nesting bound (branches that come to nothing included)
+)
 
 
 def cfg_regex(spec: str) -> str:
@@ -49,7 +54,9 @@ def _cached(spec: str) -> str | GrammarError:
             if regex is None:
                 return GrammarError("the grammar has no derivation within the nesting bound")
             return f"{builder.sep}{regex}{builder.sep}"
-        return GrammarError(f"the grammar's regular subset is longer than {MAX_REGEX_CHARS} characters")
+        return GrammarError(
+            f"the grammar's regular subset is longer than {MAX_REGEX_CHARS} characters"
+        )
     except GrammarError as e:
         return e
     except Exception as e:  # noqa: BLE001 - lark's and llguidance's many error types, a %declare'd terminal...
@@ -60,11 +67,17 @@ def _read(spec: str) -> tuple[dict[str, list[list[Any]]], dict[str, str], list[s
     try:
         import lark
         from llguidance.gbnf_to_lark import any_to_lark
-        text = "\n".join(line for line in any_to_lark(spec).splitlines()
-                         if not line.lstrip().startswith("%llguidance"))
+
+        text = "\n".join(
+            line
+            for line in any_to_lark(spec).splitlines()
+            if not line.lstrip().startswith("%llguidance")
+        )
         parser = lark.Lark(text, start="start", keep_all_tokens=True)
     except Exception as e:  # noqa: BLE001 - lark's and llguidance's many error types: no steering, nothing else
-        raise GrammarError(f"no regular subset for steering: {type(e).__name__}: {str(e)[:200]}") from None
+        raise GrammarError(
+            f"no regular subset for steering: {type(e).__name__}: {str(e)[:200]}"
+        ) from None
     rules: dict[str, list[list[Any]]] = {}
     for rule in parser.rules:
         rules.setdefault(rule.origin.name, []).append(list(rule.expansion))
@@ -122,7 +135,9 @@ class _Builder:
 def _repeated(name: str, alternatives: list[list[Any]]) -> list[list[Any]] | None:
     """The items of a left-recursive repetition rule `name: A | B | name A | name B` (lark's form of (A|B)+ and
     of the non-empty part of (A|B)*), or None for any other rule."""
-    recursive = [alt[1:] for alt in alternatives if alt and not alt[0].is_term and alt[0].name == name]
+    recursive = [
+        alt[1:] for alt in alternatives if alt and not alt[0].is_term and alt[0].name == name
+    ]
     base = [alt for alt in alternatives if not (alt and not alt[0].is_term and alt[0].name == name)]
     if not recursive or sorted(map(repr, recursive)) != sorted(map(repr, base)):
         return None

@@ -6,6 +6,7 @@ behind it for what llguidance refuses, and outlines steering llguidance's reques
 regular subset (cfg_regex.py); for regexes, choices and tool-call envelopes it is outlines first with llguidance
 behind it; without llguidance installed, outlines. `llguidance` serves every constraint with llguidance alone,
 steered by the same outlines shadow (so a budget that admits a valid ending gives one under every backend)."""
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -18,13 +19,21 @@ from radixrt.runtime.constrained.spec import CFG_KINDS
 REGEX_FIRST_KINDS = ("regex", "choices", "tool_call_grammar")
 
 
-def make_backend(name: str, tokenizer: Any, vocab_size: int, eos_token_ids: list[int], json_schema_strict: bool = True,
-                 **options: Any) -> Any:
+def make_backend(
+    name: str,
+    tokenizer: Any,
+    vocab_size: int,
+    eos_token_ids: list[int],
+    json_schema_strict: bool = True,
+    **options: Any,
+) -> Any:
     """json_schema_strict: llguidance's objects take only declared keys (outlines' always do)."""
     if name == "llguidance":
-        return llg_backend.LLGuidanceBackend(tokenizer, vocab_size, eos_token_ids, strict=json_schema_strict,
-                                             **options)
+        return llg_backend.LLGuidanceBackend(
+            tokenizer, vocab_size, eos_token_ids, strict=json_schema_strict, **options
+        )
     from radixrt.runtime.constrained.backend import GrammarBackend
+
     return GrammarBackend(tokenizer, vocab_size, eos_token_ids, **options)
 
 
@@ -32,9 +41,13 @@ class BackendChooser:
     def __init__(self, configured: str, make: Callable[[str], Any]):
         """make(name) builds the backend of that name ("outlines" or "llguidance"), called once each."""
         if configured not in ("auto", "outlines", "llguidance"):
-            raise ValueError(f"unknown grammar backend {configured!r}: auto, outlines or llguidance")
+            raise ValueError(
+                f"unknown grammar backend {configured!r}: auto, outlines or llguidance"
+            )
         if configured == "llguidance" and not llg_backend.available():
-            raise ValueError("--grammar-backend llguidance needs the llguidance package: pip install llguidance")
+            raise ValueError(
+                "--grammar-backend llguidance needs the llguidance package: pip install llguidance"
+            )
         self.configured = configured
         self._make = make
         self._built: dict[str, Any] = {}
@@ -45,7 +58,9 @@ class BackendChooser:
         if name == "auto":
             if not llg_backend.available():
                 if kind in CFG_KINDS:
-                    raise GrammarError(f"{kind} needs the llguidance grammar backend: pip install llguidance")
+                    raise GrammarError(
+                        f"{kind} needs the llguidance grammar backend: pip install llguidance"
+                    )
                 return self._get("outlines")
             # regexes, choices and tool-call envelopes are our own regexes: outlines first (its DFA is the
             # language, steered directly); schemas and context-free grammars: llguidance first, with an outlines
@@ -53,17 +68,21 @@ class BackendChooser:
             first = "outlines" if kind in REGEX_FIRST_KINDS else "llguidance"
             if first not in self._fallbacks:
                 second = "llguidance" if first == "outlines" else "outlines"
-                self._fallbacks[first] = FallbackBackend(self._get(first), self._get(second),
-                                                         shadow=first == "llguidance")
+                self._fallbacks[first] = FallbackBackend(
+                    self._get(first), self._get(second), shadow=first == "llguidance"
+                )
             return self._fallbacks[first]
         if name == "llguidance" and not llg_backend.available():
-            raise GrammarError(f"{kind} needs the llguidance grammar backend: pip install llguidance")
+            raise GrammarError(
+                f"{kind} needs the llguidance grammar backend: pip install llguidance"
+            )
         if name == "llguidance":
             # llguidance serves alone, but its parser gives no shortest completion: an outlines DFA of the same
             # constraint (of a grammar's regular subset) steers it near the end of the budget, as under auto
             if "steered" not in self._fallbacks:
-                self._fallbacks["steered"] = FallbackBackend(self._get("llguidance"), self._get("outlines"),
-                                                             shadow=True, fallback=False)
+                self._fallbacks["steered"] = FallbackBackend(
+                    self._get("llguidance"), self._get("outlines"), shadow=True, fallback=False
+                )
             return self._fallbacks["steered"]
         return self._get(name)
 

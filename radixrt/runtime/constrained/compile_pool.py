@@ -9,6 +9,7 @@ new work when too much is pending. Jobs:
   ("regex", key)  -> the regex (validation at the edge)
   ("index", key)  -> (regex, pickled outlines-core Index) for the scheduler's grammar
 """
+
 from __future__ import annotations
 
 import collections
@@ -29,8 +30,12 @@ POLL_S = 0.05
 class _Worker:
     def __init__(self, args: tuple):
         # stderr inherited: a worker's crash report reaches the server log
-        self.proc = subprocess.Popen([sys.executable, "-m", "radixrt.runtime.constrained.compile_worker"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=False)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "radixrt.runtime.constrained.compile_worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            start_new_session=False,
+        )
         write_frame(self.proc.stdin, args)
         self.job: tuple[Future, float, tuple] | None = None  # (future, deadline, key)
 
@@ -67,8 +72,14 @@ def _settle(future: Future, exc: Exception | None = None, result: Any = None) ->
 
 
 class CompilePool:
-    def __init__(self, num_workers: int = 1, token_map: dict | None = None, fsm_eos: int | None = None,
-                 memory_bytes: int = 2 << 30, max_pending: int = 64):
+    def __init__(
+        self,
+        num_workers: int = 1,
+        token_map: dict | None = None,
+        fsm_eos: int | None = None,
+        memory_bytes: int = 2 << 30,
+        max_pending: int = 64,
+    ):
         self._args = (token_map, fsm_eos, memory_bytes)
         self.num_workers = max(1, num_workers)
         self.max_pending = max_pending
@@ -88,8 +99,11 @@ class CompilePool:
                 future.set_exception(TransientGrammarError("the grammar compiler is shut down"))
                 return future
             if len(self._pending) >= self.max_pending:
-                future.set_exception(TransientGrammarError(
-                    f"too many grammars are compiling ({self.max_pending} waiting); try again later"))
+                future.set_exception(
+                    TransientGrammarError(
+                        f"too many grammars are compiling ({self.max_pending} waiting); try again later"
+                    )
+                )
                 return future
             self._pending.append((future, time.monotonic() + timeout, job, key))
             if self._thread is None or not self._thread.is_alive():
@@ -107,7 +121,9 @@ class CompilePool:
                     return
                 for w in list(self._workers):
                     if w.job is not None:
-                        _settle(w.job[0], TransientGrammarError(f"the grammar compiler failed: {e}"))
+                        _settle(
+                            w.job[0], TransientGrammarError(f"the grammar compiler failed: {e}")
+                        )
                     w.kill()
                 self._workers = []
                 time.sleep(POLL_S)
@@ -123,8 +139,11 @@ class CompilePool:
         now = time.monotonic()
         for w in busy:
             if w.job is not None and now >= w.job[1]:
-                self._fail(w, f"compiling the {w.job[2][0]} grammar took longer than its time limit "
-                              f"(grammar_compile_timeout); the compile was stopped")
+                self._fail(
+                    w,
+                    f"compiling the {w.job[2][0]} grammar took longer than its time limit "
+                    f"(grammar_compile_timeout); the compile was stopped",
+                )
 
     def _next_job(self) -> tuple[Future, float, str, tuple] | None:
         with self._lock:
@@ -132,7 +151,10 @@ class CompilePool:
                 item = self._pending.popleft()
                 if time.monotonic() < item[1]:
                     return item
-                _settle(item[0], TransientGrammarError(f"the {item[3][0]} grammar waited past its time limit"))
+                _settle(
+                    item[0],
+                    TransientGrammarError(f"the {item[3][0]} grammar waited past its time limit"),
+                )
         return None
 
     def _dispatch(self) -> None:
@@ -159,7 +181,9 @@ class CompilePool:
         try:
             status, value = worker.recv()
         except (EOFError, OSError, ValueError):
-            self._fail(worker, f"compiling the {key[0]} grammar crashed its worker (out of memory?)")
+            self._fail(
+                worker, f"compiling the {key[0]} grammar crashed its worker (out of memory?)"
+            )
             return
         worker.job = None
         if status == "ok":

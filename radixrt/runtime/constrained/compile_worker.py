@@ -6,6 +6,7 @@ A plain subprocess, not multiprocessing: spawning through multiprocessing re-imp
 module, which an Engine() script without an `if __name__ == "__main__"` guard cannot survive. Imports
 only the torch-free spec modules, budget.py and outlines-core.
 """
+
 from __future__ import annotations
 
 import os
@@ -40,6 +41,7 @@ def _die_with_parent() -> None:
     try:
         import ctypes
         import signal
+
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
         pass  # elsewhere: the parent's death closes stdin, which ends the worker between jobs
@@ -49,6 +51,7 @@ def _distances(index: Any) -> Any:
     """Budget steering's table (budget.py), or None when it does not fit in memory: the grammar is then
     enforced unsteered rather than refused."""
     from radixrt.runtime.constrained.budget import completion_distances
+
     try:
         return completion_distances(index)
     except MemoryError:
@@ -64,7 +67,10 @@ def serve(inp: BinaryIO, out: BinaryIO) -> None:
     token_map, fsm_eos, memory_bytes = read_frame(inp)
     _die_with_parent()
     import signal
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group; the server stops us
+
+    signal.signal(
+        signal.SIGINT, signal.SIG_IGN
+    )  # Ctrl-C reaches the process group; the server stops us
     try:
         os.nice(WORKER_NICENESS)  # decoding comes first
     except OSError:
@@ -88,7 +94,13 @@ def serve(inp: BinaryIO, out: BinaryIO) -> None:
         except GrammarError as e:
             write_frame(out, ("err", str(e)))
         except MemoryError:
-            write_frame(out, ("err", f"the {key[0]} grammar needs more than {memory_bytes >> 20} MiB to compile"))
+            write_frame(
+                out,
+                (
+                    "err",
+                    f"the {key[0]} grammar needs more than {memory_bytes >> 20} MiB to compile",
+                ),
+            )
         except (ValueError, RuntimeError, OverflowError, RecursionError) as e:
             msg = str(e)
             if len(msg) > 300:

@@ -17,6 +17,7 @@ residual of speculative sampling). A draft the model disagrees with costs comput
 "Exactly" is as exact as the arithmetic: a draft position's logits come from the extend path, not
 the decode path, so in bf16 on a GPU a near-tie can fall the other way (as with the cache on vs off).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -32,14 +33,20 @@ class VocabBytes:
 
     def __init__(self, token_map: dict[bytes, list[int]], num_ids: int):
         self.token_bytes: dict[int, bytes] = {i: b for b, ids in token_map.items() for i in ids}
-        self.first_byte = np.full(num_ids + 1, -1, dtype=np.int16)  # one spare: an EOS id past the vocabulary
+        self.first_byte = np.full(
+            num_ids + 1, -1, dtype=np.int16
+        )  # one spare: an EOS id past the vocabulary
         for i, b in self.token_bytes.items():
             self.first_byte[i] = b[0]
         spelled = self.first_byte[self.first_byte >= 0]
         # a state allowing more tokens than share any one first byte cannot force a byte
-        self.max_same_first_byte = int(np.bincount(spelled, minlength=256).max()) if len(spelled) else 0
+        self.max_same_first_byte = (
+            int(np.bincount(spelled, minlength=256).max()) if len(spelled) else 0
+        )
         # the one-byte token of each byte (byte-level BPE has all 256); -1 where none exists
-        self.byte_token = [min(token_map[bytes([b])]) if bytes([b]) in token_map else -1 for b in range(256)]
+        self.byte_token = [
+            min(token_map[bytes([b])]) if bytes([b]) in token_map else -1 for b in range(256)
+        ]
 
 
 class Drafter:
@@ -72,10 +79,18 @@ class Drafter:
         b = compiled.forced_byte.get(state)
         if b is None:
             b = -1
-            if not compiled.index.is_final_state(state) and compiled.facts(state)[1] <= self.vocab.max_same_first_byte:
+            if (
+                not compiled.index.is_final_state(state)
+                and compiled.facts(state)[1] <= self.vocab.max_same_first_byte
+            ):
                 allowed = np.asarray(compiled.index.get_allowed_tokens(state) or [], dtype=np.int64)
                 firsts = self.vocab.first_byte[allowed[allowed < len(self.vocab.first_byte)]]
-                if len(firsts) == len(allowed) and len(firsts) and firsts[0] >= 0 and (firsts == firsts[0]).all():
+                if (
+                    len(firsts) == len(allowed)
+                    and len(firsts)
+                    and firsts[0] >= 0
+                    and (firsts == firsts[0]).all()
+                ):
                     b = int(firsts[0])
             compiled.forced_byte[state] = b
         return b
@@ -89,7 +104,7 @@ class Drafter:
         for tok in self.tokenizer.encode(text, add_special_tokens=False)[:MAX_DRAFT_TOKENS]:
             spelled = self.vocab.token_bytes.get(tok)
             pos = starts[-1]
-            if spelled is None or forced[pos:pos + len(spelled)] != spelled:
+            if spelled is None or forced[pos : pos + len(spelled)] != spelled:
                 break  # a tokenizer that normalises or prefixes text: keep what matched
             nxt = compiled.index.get_next_state(states[-1], tok)
             if nxt is None:
@@ -97,7 +112,11 @@ class Drafter:
             ids.append(tok)
             states.append(nxt)
             starts.append(pos + len(spelled))
-        if ids and starts[-1] == len(forced) and self._crosses_end(compiled, states[-2], forced[starts[-2]:]):
+        if (
+            ids
+            and starts[-1] == len(forced)
+            and self._crosses_end(compiled, states[-2], forced[starts[-2] :])
+        ):
             # the forced text ends where the output branches, and a longer token may span that end
             # (`"` then `":`): the model will mostly pick that one, so do not draft the last token
             ids.pop()

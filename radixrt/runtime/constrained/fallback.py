@@ -15,6 +15,7 @@ The choice of backend is remembered per grammar, so a later request does not ask
 A context-free grammar (ebnf) is llguidance's alone (no fallback); its shadow is the DFA of the grammar's
 nesting-bounded regular subset (cfg_regex.py).
 """
+
 from __future__ import annotations
 
 import collections
@@ -39,10 +40,17 @@ class FallbackBackend:
     def __init__(self, primary: Any, secondary: Any, shadow: bool = False, fallback: bool = True):
         """shadow: the secondary (outlines) also steers what the primary (llguidance) serves. fallback=False (the
         configured --grammar-backend llguidance): the secondary only steers; the primary's refusal stands."""
-        self.primary, self.secondary, self.shadow, self.fallback = primary, secondary, shadow, fallback
+        self.primary, self.secondary, self.shadow, self.fallback = (
+            primary,
+            secondary,
+            shadow,
+            fallback,
+        )
         if not fallback:
             self.name = primary.name
-        self._subset_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="radixrt-cfg-subset")
+        self._subset_pool = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="radixrt-cfg-subset"
+        )
         self._lock = threading.Lock()
         self._second: collections.OrderedDict[tuple, None] = collections.OrderedDict()
 
@@ -70,7 +78,9 @@ class FallbackBackend:
                 self._second.popitem(last=False)
 
     def validate(self, kind: str, spec: Any) -> None:
-        if kind in CFG_KINDS or not self.fallback:  # only llguidance enforces a context-free grammar
+        if (
+            kind in CFG_KINDS or not self.fallback
+        ):  # only llguidance enforces a context-free grammar
             return self.primary.validate(kind, spec)
         if self._known_second(kind, spec):
             return self.secondary.validate(kind, spec)
@@ -128,10 +138,16 @@ class FallbackFuture:
             try:
                 self._state = self._first.result()
             except Exception as e:  # noqa: BLE001 - whatever the first backend raised, the second may serve it
-                self._first_error = e if isinstance(e, GrammarError) else GrammarError(f"{type(e).__name__}: {e}")
-                if self._kind in CFG_KINDS or not self._backend.fallback:  # the primary's verdict stands
+                self._first_error = (
+                    e if isinstance(e, GrammarError) else GrammarError(f"{type(e).__name__}: {e}")
+                )
+                if (
+                    self._kind in CFG_KINDS or not self._backend.fallback
+                ):  # the primary's verdict stands
                     return True
-                if not isinstance(e, TransientGrammarError):  # a verdict on the grammar, not a bad moment
+                if not isinstance(
+                    e, TransientGrammarError
+                ):  # a verdict on the grammar, not a bad moment
                     self._backend.remember_second(self._kind, self._spec)
                 self._second = self._backend.secondary.request(self._kind, self._spec)
                 return self._second.done()
@@ -154,7 +170,9 @@ class FallbackFuture:
         except GrammarError as e:
             if self._first_error is None:
                 raise
-            raise GrammarError(f"{self._first_error} (and {self._backend.secondary.name}: {e})") from None
+            raise GrammarError(
+                f"{self._first_error} (and {self._backend.secondary.name}: {e})"
+            ) from None
 
 
 class SubsetShadowFuture:
@@ -194,7 +212,9 @@ class Shadow:
         elif self.state is not None:
             try:
                 self.state.accept(token_id)
-            except GrammarError:  # the model left the stricter DFA language: no steering from here on
+            except (
+                GrammarError
+            ):  # the model left the stricter DFA language: no steering from here on
                 self.state = None
 
     def current(self) -> Any:
@@ -224,7 +244,7 @@ class IntersectMask:
         self.served.write_bits(words)
         steer = torch.zeros(max(self.steered.num_words, words.numel()), dtype=torch.int32)
         self.steered.write_bits(steer)
-        steer_np = steer.numpy()[:words.numel()]
+        steer_np = steer.numpy()[: words.numel()]
         both = words.numpy() & steer_np
         # steered to EOS alone (accepting, no token fits): then EOS is the only pick, not llguidance's mask
         only_eos = not steer_np.any() and self.steered.eos_open() and self.served.eos_open()

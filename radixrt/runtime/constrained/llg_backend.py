@@ -15,6 +15,7 @@ with bounded whitespace (the OpenAI routes send their own depth-bounded Lark gra
 ebnf (GBNF, SGLang's parameter) and lark -> its Lark grammar; tool_call_grammar -> the regex of
 tool_call_regex.py.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,7 +36,10 @@ from radixrt.runtime.constrained.state import EosGate
 
 JSON_SCHEMA_OPTIONS = {"whitespace_flexible": False, "whitespace_pattern": "[ ]?"}
 JSON_OBJECT_MAX_WS = 40
-JSON_OBJECT_OPTIONS = {"whitespace_flexible": False, "whitespace_pattern": "[ \\t\\n\\r]{0,%d}" % JSON_OBJECT_MAX_WS}
+JSON_OBJECT_OPTIONS = {
+    "whitespace_flexible": False,
+    "whitespace_pattern": "[ \\t\\n\\r]{0,%d}" % JSON_OBJECT_MAX_WS,
+}
 MAX_DRAFT_TOKENS = 16
 
 
@@ -57,10 +61,13 @@ def grammar_for(key: tuple, strict: bool = True) -> str:
     try:
         if kind == "json_schema":
             schema = without_nonstandard_formats(json.loads(spec))
-            return LLMatcher.grammar_from_json_schema(declared_keys_only(schema) if strict else schema,
-                                                      defaults=JSON_SCHEMA_OPTIONS)
+            return LLMatcher.grammar_from_json_schema(
+                declared_keys_only(schema) if strict else schema, defaults=JSON_SCHEMA_OPTIONS
+            )
         if kind == "json_object":
-            return LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OBJECT_OPTIONS)
+            return LLMatcher.grammar_from_json_schema(
+                {"type": "object"}, defaults=JSON_OBJECT_OPTIONS
+            )
         if kind in ("ebnf", "lark"):
             return LLMatcher.grammar_from_lark(any_to_lark(spec))
         return LLMatcher.grammar_from_regex(spec_regex(key))  # regex, choices, tool_call_grammar
@@ -78,16 +85,28 @@ class LLGFuture:
         return self._future.done() or time.monotonic() >= self._deadline
 
     def result(self) -> "LLGState":
-        if not self._future.done():  # the builder was busy or slow: no verdict on the grammar itself
-            raise TransientGrammarError(f"building the {self._kind} grammar took longer than {self._timeout:g} s")
+        if (
+            not self._future.done()
+        ):  # the builder was busy or slow: no verdict on the grammar itself
+            raise TransientGrammarError(
+                f"building the {self._kind} grammar took longer than {self._timeout:g} s"
+            )
         return self._future.result()
 
 
 class LLGuidanceBackend:
     name = "llguidance"
 
-    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: list[int], compile_timeout: float = 10.0,
-                 enable_jump_forward: bool = True, strict: bool = True, **_: Any):
+    def __init__(
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        eos_token_ids: list[int],
+        compile_timeout: float = 10.0,
+        enable_jump_forward: bool = True,
+        strict: bool = True,
+        **_: Any,
+    ):
         import llguidance.hf
 
         self.vocab_size = vocab_size
@@ -114,11 +133,17 @@ class LLGuidanceBackend:
         matcher = LLMatcher(self.tokenizer, grammar_for(grammar_key(kind, spec), self.strict))
         if matcher.is_error():
             raise GrammarError(f"invalid {kind}: {matcher.get_error()[:300]}")
-        return LLGState(matcher, f"{kind} grammar", self.eos_token_ids, self.num_words, self.jump_forward)
+        return LLGState(
+            matcher, f"{kind} grammar", self.eos_token_ids, self.num_words, self.jump_forward
+        )
 
     def request(self, kind: str, spec: Any) -> LLGFuture:
-        return LLGFuture(kind, self._pool.submit(self._build, kind, spec), time.monotonic() + self.compile_timeout,
-                         self.compile_timeout)
+        return LLGFuture(
+            kind,
+            self._pool.submit(self._build, kind, spec),
+            time.monotonic() + self.compile_timeout,
+            self.compile_timeout,
+        )
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -129,15 +154,21 @@ class _Position:
 
     ended = False
 
-    def __init__(self, words: np.ndarray, accepting: bool, stopped: bool, eos_token_ids: list[int],
-                 shadow_state: int | None = None):
+    def __init__(
+        self,
+        words: np.ndarray,
+        accepting: bool,
+        stopped: bool,
+        eos_token_ids: list[int],
+        shadow_state: int | None = None,
+    ):
         self.words, self.accepting, self.stopped = words, accepting, stopped
         self.shadow_state = shadow_state  # the outlines shadow's DFA state here (auto), else None
         self.eos_token_ids = eos_token_ids
         self.num_words = words.size
 
     def write_bits(self, words: torch.Tensor) -> None:
-        words.copy_(torch.from_numpy(self.words[:words.numel()]))
+        words.copy_(torch.from_numpy(self.words[: words.numel()]))
 
     def eos_open(self) -> bool:
         return self.accepting
@@ -146,14 +177,25 @@ class _Position:
 class LLGState(EosGate):
     """Per-request llguidance matcher. Used only by the scheduler thread."""
 
-    def __init__(self, matcher: Any, description: str, eos_token_ids: list[int], num_words: int, jump_forward: bool):
+    def __init__(
+        self,
+        matcher: Any,
+        description: str,
+        eos_token_ids: list[int],
+        num_words: int,
+        jump_forward: bool,
+    ):
         self.matcher = matcher
         self.description = description
         self.eos_token_ids = eos_token_ids
         self.num_words = num_words
         self.jump_forward = jump_forward
-        self.shadow: Shadow | None = None  # outlines' DFA of the same grammar, for budget steering (auto)
-        self.confine = False  # every pick inside the shadow's language (a grammar's nesting-bounded subset)
+        self.shadow: Shadow | None = (
+            None  # outlines' DFA of the same grammar, for budget steering (auto)
+        )
+        self.confine = (
+            False  # every pick inside the shadow's language (a grammar's nesting-bounded subset)
+        )
 
     def is_final(self) -> bool:
         return self.matcher.is_accepting()
@@ -185,6 +227,7 @@ class LLGState(EosGate):
         steered = shadow.steered_at(position.shadow_state, budget)
         if steered is None and self.confine:
             from radixrt.runtime.constrained.state import StateMask
+
             steered = StateMask(shadow.compiled, position.shadow_state, shadow.eos_token_ids)
         return position if steered is None else IntersectMask(position, steered)
 
@@ -192,7 +235,9 @@ class LLGState(EosGate):
         """llguidance's Earley parser gives no shortest completion to steer by; under --grammar-backend auto
         an outlines shadow of the same grammar steers (fallback.py), else an unfinished request ends
         marked incomplete."""
-        shadow = self.shadow.current() if self.shadow is not None and not self._eos_accepted else None
+        shadow = (
+            self.shadow.current() if self.shadow is not None and not self._eos_accepted else None
+        )
         if shadow is None:
             return self
         steered = shadow.for_budget(budget)
@@ -207,9 +252,14 @@ class LLGState(EosGate):
 
     def draft(self, max_tokens: int) -> tuple[list[int], list[_Position]]:
         """The tokens the grammar forces from here (llguidance's fast-forward), and the mask after each."""
-        if not self.jump_forward or self._eos_accepted or max_tokens <= 0 or self.matcher.is_stopped():
+        if (
+            not self.jump_forward
+            or self._eos_accepted
+            or max_tokens <= 0
+            or self.matcher.is_stopped()
+        ):
             return [], []
-        ids = list(self.matcher.compute_ff_tokens())[:min(max_tokens, MAX_DRAFT_TOKENS)]
+        ids = list(self.matcher.compute_ff_tokens())[: min(max_tokens, MAX_DRAFT_TOKENS)]
         if not ids:
             return [], []
         copy = self.matcher.deep_copy()
@@ -225,6 +275,13 @@ class LLGState(EosGate):
                 self._fill(copy, words)
             if shadow_state is not None:  # None once the forced text leaves the shadow's language
                 shadow_state = shadow.compiled.index.get_next_state(shadow_state, t)
-            positions.append(_Position(words.numpy(), copy.is_accepting(), copy.is_stopped(), self.eos_token_ids,
-                                       shadow_state))
+            positions.append(
+                _Position(
+                    words.numpy(),
+                    copy.is_accepting(),
+                    copy.is_stopped(),
+                    self.eos_token_ids,
+                    shadow_state,
+                )
+            )
         return ids, positions

@@ -9,23 +9,43 @@ and classes are intersected with printable chars (a subset, so the output stays 
 Lookaround, backreferences, possessive/atomic groups and word boundaries cannot be expressed
 in a DFA: GrammarError names them.
 """
+
 from __future__ import annotations
 
 import re
-import warnings
 import re._constants as C
 import re._parser as sre_parse
+import warnings
 
-from radixrt.runtime.constrained.regex_builder import PLAIN_CHAR_CLASS, STRING_CHAR, GrammarError, alt, escape
+from radixrt.runtime.constrained.regex_builder import (
+    PLAIN_CHAR_CLASS,
+    STRING_CHAR,
+    GrammarError,
+    alt,
+    escape,
+)
 
-_SHORT_ESCAPES = {'"': '\\\\"', "\\": "\\\\\\\\", "\b": "\\\\b", "\f": "\\\\f", "\n": "\\\\n",
-                  "\r": "\\\\r", "\t": "\\\\t"}
+_SHORT_ESCAPES = {
+    '"': '\\\\"',
+    "\\": "\\\\\\\\",
+    "\b": "\\\\b",
+    "\f": "\\\\f",
+    "\n": "\\\\n",
+    "\r": "\\\\r",
+    "\t": "\\\\t",
+}
 _NOT_PLAIN = '"\\\\\\x00-\\x1F\\x7F-\\x9F'  # body of the class of chars that are never emitted raw
 _ECMA_SPACE = " \t\n\r\x0b\x0c\u00a0\u1680\u2028\u2029\u202f\u205f\u3000\ufeff" + "".join(
-    chr(c) for c in range(0x2000, 0x200B))
-_UNSUPPORTED = {C.ASSERT: "lookahead/lookbehind", C.ASSERT_NOT: "negative lookaround",
-                C.GROUPREF: "backreference", C.GROUPREF_EXISTS: "conditional group",
-                C.ATOMIC_GROUP: "atomic group", C.POSSESSIVE_REPEAT: "possessive quantifier"}
+    chr(c) for c in range(0x2000, 0x200B)
+)
+_UNSUPPORTED = {
+    C.ASSERT: "lookahead/lookbehind",
+    C.ASSERT_NOT: "negative lookaround",
+    C.GROUPREF: "backreference",
+    C.GROUPREF_EXISTS: "conditional group",
+    C.ATOMIC_GROUP: "atomic group",
+    C.POSSESSIVE_REPEAT: "possessive quantifier",
+}
 
 
 def _parse(pattern: str, what: str) -> sre_parse.SubPattern:
@@ -50,9 +70,19 @@ def _class_item_has(op, av, ch: str) -> bool:
     if op is C.RANGE:
         return av[0] <= o <= av[1]
     if op is C.CATEGORY:
-        digit, word, space = ch.isascii() and ch.isdigit(), ch.isascii() and (ch.isalnum() or ch == "_"), ch in _ECMA_SPACE
-        return {C.CATEGORY_DIGIT: digit, C.CATEGORY_NOT_DIGIT: not digit, C.CATEGORY_WORD: word,
-                C.CATEGORY_NOT_WORD: not word, C.CATEGORY_SPACE: space, C.CATEGORY_NOT_SPACE: not space}[av]
+        digit, word, space = (
+            ch.isascii() and ch.isdigit(),
+            ch.isascii() and (ch.isalnum() or ch == "_"),
+            ch in _ECMA_SPACE,
+        )
+        return {
+            C.CATEGORY_DIGIT: digit,
+            C.CATEGORY_NOT_DIGIT: not digit,
+            C.CATEGORY_WORD: word,
+            C.CATEGORY_NOT_WORD: not word,
+            C.CATEGORY_SPACE: space,
+            C.CATEGORY_NOT_SPACE: not space,
+        }[av]
     raise GrammarError(f"unsupported character class item {op}")
 
 
@@ -68,9 +98,16 @@ def _class_body(items: list, negated: bool) -> str:
         elif op is C.CATEGORY:
             space = "\\s\\x{FEFF}" if negated else " "
             not_space = "[^ ]" if negated else "[^\\s\\x{FEFF}]"
-            out.append({C.CATEGORY_DIGIT: "0-9", C.CATEGORY_NOT_DIGIT: "[^0-9]", C.CATEGORY_WORD: "A-Za-z0-9_",
-                        C.CATEGORY_NOT_WORD: "[^A-Za-z0-9_]", C.CATEGORY_SPACE: space,
-                        C.CATEGORY_NOT_SPACE: not_space}[av])
+            out.append(
+                {
+                    C.CATEGORY_DIGIT: "0-9",
+                    C.CATEGORY_NOT_DIGIT: "[^0-9]",
+                    C.CATEGORY_WORD: "A-Za-z0-9_",
+                    C.CATEGORY_NOT_WORD: "[^A-Za-z0-9_]",
+                    C.CATEGORY_SPACE: space,
+                    C.CATEGORY_NOT_SPACE: not_space,
+                }[av]
+            )
         else:
             raise GrammarError(f"unsupported character class item {op}")
     return "".join(out)
@@ -82,8 +119,11 @@ def _char_set(items: list, negated: bool) -> str | None:
     raw = f"[[^{body}]&&[^{_NOT_PLAIN}]]" if negated else f"[[{body}]&&[^{_NOT_PLAIN}]]"
     if not body:
         raw = PLAIN_CHAR_CLASS if negated else ""
-    specials = [esc for ch, esc in _SHORT_ESCAPES.items()
-                if any(_class_item_has(op, av, ch) for op, av in items) != negated]
+    specials = [
+        esc
+        for ch, esc in _SHORT_ESCAPES.items()
+        if any(_class_item_has(op, av, ch) for op, av in items) != negated
+    ]
     return alt(([raw] if raw else []) + specials)
 
 
@@ -100,7 +140,9 @@ class _Emitter:
         self.pattern = pattern
 
     def fail(self, what: str) -> GrammarError:
-        return GrammarError(f"pattern {self.pattern!r} uses {what}, which a regex-based grammar cannot enforce")
+        return GrammarError(
+            f"pattern {self.pattern!r} uses {what}, which a regex-based grammar cannot enforce"
+        )
 
     def seq(self, items: list, start: bool, end: bool) -> str:
         """Items of one sequence; `start`/`end`: nothing was consumed before / comes after it, so
@@ -108,7 +150,11 @@ class _Emitter:
         items = list(items)
         head = tail = ""
         if start:
-            if items and items[0][0] is C.AT and items[0][1] in (C.AT_BEGINNING, C.AT_BEGINNING_STRING):
+            if (
+                items
+                and items[0][0] is C.AT
+                and items[0][1] in (C.AT_BEGINNING, C.AT_BEGINNING_STRING)
+            ):
                 items, start = items[1:], False  # anchored: nothing may precede
             elif not (items and items[0][0] in (C.BRANCH, C.SUBPATTERN)):
                 head, start = STRING_CHAR + "*", False
@@ -119,7 +165,10 @@ class _Emitter:
                 tail, end = STRING_CHAR + "*", False
         if not items:
             return STRING_CHAR + "*" if head or tail else ""
-        body = [self.item(item, start and i == 0, end and i == len(items) - 1) for i, item in enumerate(items)]
+        body = [
+            self.item(item, start and i == 0, end and i == len(items) - 1)
+            for i, item in enumerate(items)
+        ]
         return head + "".join(body) + tail
 
     def item(self, item, start: bool, end: bool) -> str:
@@ -183,13 +232,19 @@ def check_user_regex(regex: str) -> None:
     def walk(items) -> None:
         for op, av in items:
             if op in _UNSUPPORTED:
-                raise GrammarError(f"regex {regex!r} uses a {_UNSUPPORTED[op]}, which a DFA cannot run")
+                raise GrammarError(
+                    f"regex {regex!r} uses a {_UNSUPPORTED[op]}, which a DFA cannot run"
+                )
             if op is C.AT and av in (C.AT_BOUNDARY, C.AT_NON_BOUNDARY):
                 raise GrammarError(f"regex {regex!r} uses a word boundary, which a DFA cannot run")
-            for sub in (av if isinstance(av, (list, tuple)) else ()):
+            for sub in av if isinstance(av, (list, tuple)) else ():
                 if isinstance(sub, sre_parse.SubPattern):
                     walk(sub.data)
-                elif isinstance(sub, list) and sub and all(isinstance(s, sre_parse.SubPattern) for s in sub):
+                elif (
+                    isinstance(sub, list)
+                    and sub
+                    and all(isinstance(s, sre_parse.SubPattern) for s in sub)
+                ):
                     for s in sub:
                         walk(s.data)
 

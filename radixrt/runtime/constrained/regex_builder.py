@@ -5,6 +5,7 @@ allows: a generated value may be narrower than the schema (no `\\u` escapes, no 
 bounded numbers, a 4-digit year in dates) but is never outside it. Digits are spelled
 `[0-9]` because Rust's `\\d` is Unicode-aware.
 """
+
 from __future__ import annotations
 
 import math
@@ -46,6 +47,7 @@ def alt(parts: list[str]) -> str | None:
 
 # ---- integers ---------------------------------------------------------------------------
 
+
 def _digits_fixed(lo: str, hi: str) -> str:
     """Regex for the same-length digit strings between lo and hi inclusive (lo <= hi)."""
     assert len(lo) == len(hi) and lo <= hi
@@ -79,7 +81,7 @@ def _nonneg_range(lo: int, hi: int | None) -> str | None:
     last = len(str(hi)) if hi is not None else num_digits
     for n in range(num_digits, last + 1):
         a = max(lo, 10 ** (n - 1) if n > 1 else 0)
-        b = 10 ** n - 1 if hi is None else min(hi, 10 ** n - 1)
+        b = 10**n - 1 if hi is None else min(hi, 10**n - 1)
         if a <= b:
             parts.append(_digits_fixed(str(a), str(b)))
     if hi is None:
@@ -105,6 +107,7 @@ def integer_range_regex(lo: int | None, hi: int | None) -> str | None:
 # A digit-string set is (empty_ok, regex of its non-empty members or None); a fraction F
 # stands for the value 0.F, the empty string for "no fraction part" (value 0). Bounds are
 # inclusive and already rounded inward to at most `budget` digits (see _float_bound).
+
 
 def _cat(prefix: str, tail: tuple[bool, str | None]) -> str | None:
     empty_ok, rx = tail
@@ -173,8 +176,16 @@ def _magnitude_range(lo: Decimal, hi: Decimal | None, k: int) -> str | None:
     lo_int, lo_frac = _split(lo)
     any_frac = (True, f"[0-9]{{1,{k}}}")
     if hi is None:
-        return alt([p for p in (_with_fraction(str(lo_int), _frac_ge(lo_frac, k)),
-                                _with_fraction(_nonneg_range(lo_int + 1, None), any_frac)) if p])
+        return alt(
+            [
+                p
+                for p in (
+                    _with_fraction(str(lo_int), _frac_ge(lo_frac, k)),
+                    _with_fraction(_nonneg_range(lo_int + 1, None), any_frac),
+                )
+                if p
+            ]
+        )
     if hi < lo:
         return None
     hi_int, hi_frac = _split(hi)
@@ -201,8 +212,9 @@ def _float_bound(value: float, exclusive: bool, lower: bool, k: int) -> Decimal:
     return Decimal(repr(float(value))).quantize(q, rounding=ROUND_CEILING if lower else ROUND_FLOOR)
 
 
-def number_range_regex(lo: float | None, lo_excl: bool, hi: float | None, hi_excl: bool,
-                       k: int = MAX_FRACTION_DIGITS) -> str | None:
+def number_range_regex(
+    lo: float | None, lo_excl: bool, hi: float | None, hi_excl: bool, k: int = MAX_FRACTION_DIGITS
+) -> str | None:
     """JSON numbers in the given bounds, without exponent and with at most k fraction digits."""
     for v in (lo, hi):
         if v is not None and not math.isfinite(v):
@@ -213,7 +225,9 @@ def number_range_regex(lo: float | None, lo_excl: bool, hi: float | None, hi_exc
         return None
     parts = []
     if dhi is None or dhi >= 0:  # non-negative values
-        parts.append(_magnitude_range(max(dlo, Decimal(0)) if dlo is not None else Decimal(0), dhi, k))
+        parts.append(
+            _magnitude_range(max(dlo, Decimal(0)) if dlo is not None else Decimal(0), dhi, k)
+        )
     if dlo is None or dlo < 0:  # negative values: magnitudes in [max(-hi, smallest), -lo], never -0
         smallest = Decimal(1).scaleb(-k)
         mag_lo = max(-dhi, smallest) if dhi is not None else smallest
@@ -226,8 +240,10 @@ def number_range_regex(lo: float | None, lo_excl: bool, hi: float | None, hi_exc
 # ---- string formats (regexes over the decoded text; none contains a char needing escape) ----
 
 _YEAR = "[1-9][0-9]{3}"
-_MONTH_DAY = ("(?:(?:0[1-9]|1[0-2])-(?:0[1-9]|1[0-9]|2[0-8])|(?:0[13-9]|1[0-2])-(?:29|30)"
-              "|(?:0[13578]|1[02])-31)")
+_MONTH_DAY = (
+    "(?:(?:0[1-9]|1[0-2])-(?:0[1-9]|1[0-9]|2[0-8])|(?:0[13-9]|1[0-2])-(?:29|30)"
+    "|(?:0[13578]|1[02])-31)"
+)
 _LEAP_DAY = "(?:[1-9][0-9](?:0[48]|[2468][048]|[13579][26])|(?:[2468][048]|[13579][26])00)-02-29"
 _DATE = f"(?:{_YEAR}-{_MONTH_DAY}|{_LEAP_DAY})"
 _TIME = "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]{1,6})?(?:Z|[+\\-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
@@ -256,4 +272,10 @@ FORMATS = {
 }
 # Formats of the JSON-schema vocabulary that are validated but that we cannot generate: rejected.
 # Any other (non-standard) format name is an annotation that validators ignore, and so do we.
-UNSUPPORTED_FORMATS = {"idn-email", "idn-hostname", "uri-template", "relative-json-pointer", "regex"}
+UNSUPPORTED_FORMATS = {
+    "idn-email",
+    "idn-hostname",
+    "uri-template",
+    "relative-json-pointer",
+    "regex",
+}

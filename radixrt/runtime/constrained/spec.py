@@ -4,18 +4,25 @@ The key is canonical (a JSON schema re-serialised), so equal specs share one com
 A schema is bounded before any normalisation runs: nesting depth and node count (a schema that
 passes is still compiled under a time and memory limit, compile_pool.py).
 """
+
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from radixrt.runtime.constrained.json_schema.to_regex import choices_regex, json_object_regex, schema_to_regex
+from radixrt.runtime.constrained.json_schema.to_regex import (
+    choices_regex,
+    json_object_regex,
+    schema_to_regex,
+)
 from radixrt.runtime.constrained.pattern import check_user_regex
 from radixrt.runtime.constrained.regex_builder import GrammarError
 from radixrt.runtime.constrained.tool_call_regex import tool_call_regex
 
 KINDS = ("regex", "json_schema", "choices", "json_object", "tool_call_grammar", "ebnf")
-CFG_KINDS = ("ebnf",)  # context-free: only a backend with CFG support (llguidance) can enforce these
+CFG_KINDS = (
+    "ebnf",
+)  # context-free: only a backend with CFG support (llguidance) can enforce these
 JSON_OBJECT_DEPTH = 2  # nesting levels of a response_format json_object (outer object included)
 MAX_SCHEMA_DEPTH = 32
 MAX_SCHEMA_NODES = 10_000
@@ -32,7 +39,9 @@ def check_schema_size(schema: Any) -> None:
             if depth > MAX_SCHEMA_DEPTH:
                 raise GrammarError(f"json_schema nests deeper than {MAX_SCHEMA_DEPTH} levels")
             if nodes > MAX_SCHEMA_NODES:
-                raise GrammarError(f"json_schema has more than {MAX_SCHEMA_NODES} objects and arrays")
+                raise GrammarError(
+                    f"json_schema has more than {MAX_SCHEMA_NODES} objects and arrays"
+                )
             children = node.values() if isinstance(node, dict) else node
             stack.extend((c, depth + 1) for c in children)
 
@@ -52,7 +61,11 @@ def grammar_key(kind: str, spec: Any) -> tuple:
         except (TypeError, ValueError) as e:
             raise GrammarError(f"json_schema is not JSON-serialisable: {e}") from None
     if kind == "choices":
-        if not isinstance(spec, (list, tuple)) or not spec or not all(isinstance(c, str) for c in spec):
+        if (
+            not isinstance(spec, (list, tuple))
+            or not spec
+            or not all(isinstance(c, str) for c in spec)
+        ):
             raise GrammarError("choices must be a non-empty list of strings")
         return kind, tuple(spec)
     if kind == "regex":
@@ -86,5 +99,7 @@ def spec_regex(key: tuple) -> str:
     if kind == "tool_call_grammar":
         return tool_call_regex(json.loads(spec))
     if kind in CFG_KINDS:
-        raise GrammarError(f"{kind} is a context-free grammar: it needs the llguidance backend (pip install llguidance)")
+        raise GrammarError(
+            f"{kind} is a context-free grammar: it needs the llguidance backend (pip install llguidance)"
+        )
     return json_object_regex(JSON_OBJECT_DEPTH)

@@ -9,6 +9,7 @@ Jump-forward: `draft()` gives the tokens the grammar forces from here (grammar_d
 the scheduler feeds them for the model to verify, and `StateMask` writes the mask of each
 state along the draft so that every verified position is masked as one-by-one decoding is.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -27,8 +28,14 @@ HEAVY_STATE_TOKENS = 2048  # states allowing more tokens than this keep their ma
 class CompiledGrammar:
     """One Index shared by every request with the same (kind, spec), plus per-state facts."""
 
-    def __init__(self, index: Index, eos_id: int, description: str, num_words: int,
-                 distances: tuple[dict[int, int], dict[int, int]] | None = None):
+    def __init__(
+        self,
+        index: Index,
+        eos_id: int,
+        description: str,
+        num_words: int,
+        distances: tuple[dict[int, int], dict[int, int]] | None = None,
+    ):
         self.index = index
         # budget steering (budget.py); None when the compile worker could not afford the table
         self.steering = Steering(index, *distances, eos_id) if distances is not None else None
@@ -58,12 +65,16 @@ class CompiledGrammar:
             if row is None:
                 bits = np.zeros(self.num_words * 32, dtype=np.bool_)
                 bits[np.asarray(self.index.get_allowed_tokens(state), dtype=np.int64)] = True
-                row = self._rows[state] = torch.from_numpy(np.packbits(bits, bitorder="little").view(np.int32))
-            words.copy_(row[:words.numel()])
+                row = self._rows[state] = torch.from_numpy(
+                    np.packbits(bits, bitorder="little").view(np.int32)
+                )
+            words.copy_(row[: words.numel()])
             return
         ids = self._ids.get(state)
         if ids is None:
-            ids = self._ids[state] = np.asarray(self.index.get_allowed_tokens(state) or [], dtype=np.int32)
+            ids = self._ids[state] = np.asarray(
+                self.index.get_allowed_tokens(state) or [], dtype=np.int32
+            )
         write_id_bits(words, ids)
 
     def write_bits(self, state: int, guide: Guide, words: torch.Tensor) -> None:
@@ -85,6 +96,7 @@ class EosGate:
     """What a per-request grammar state of any backend shares: the EOS ids are allowed exactly where the
     grammar accepts, EOS is taken at most once, and after it nothing is allowed. A backend subclass gives
     is_final, _write_allowed (its mask row) and _advance (one non-EOS token)."""
+
     description: str
     eos_token_ids: list[int]
     num_words: int
@@ -110,7 +122,9 @@ class EosGate:
 
     def write_bits(self, words: torch.Tensor) -> None:
         """Write this state's allowed ids into one contiguous CPU int32 row of num_words words."""
-        assert words.dtype == torch.int32 and words.is_contiguous() and words.numel() >= self.num_words
+        assert (
+            words.dtype == torch.int32 and words.is_contiguous() and words.numel() >= self.num_words
+        )
         if self._eos_accepted:
             words.zero_()
             return
@@ -121,7 +135,9 @@ class EosGate:
             raise GrammarError(f"token {token_id} after the grammar already ended")
         if token_id in self.eos_token_ids:
             if not self.is_final():
-                raise GrammarError(f"EOS token {token_id} before the {self.description} is complete")
+                raise GrammarError(
+                    f"EOS token {token_id} before the {self.description} is complete"
+                )
             self._eos_accepted = True
             return
         self._advance(token_id)
@@ -130,8 +146,14 @@ class EosGate:
 class GrammarState(EosGate):
     """Per-request FSM position (outlines-core). Used only by the scheduler thread."""
 
-    def __init__(self, compiled: CompiledGrammar, eos_token_ids: list[int], vocab_size: int, num_words: int,
-                 drafter: Drafter | None):
+    def __init__(
+        self,
+        compiled: CompiledGrammar,
+        eos_token_ids: list[int],
+        vocab_size: int,
+        num_words: int,
+        drafter: Drafter | None,
+    ):
         self.compiled = compiled
         self.description = compiled.description
         self.guide = Guide(compiled.index, max_rollback=0)
@@ -158,7 +180,9 @@ class GrammarState(EosGate):
         try:
             self.guide.advance(token_id, return_tokens=False)
         except ValueError:
-            raise GrammarError(f"token {token_id} is not allowed by the {self.compiled.description} here") from None
+            raise GrammarError(
+                f"token {token_id} is not allowed by the {self.compiled.description} here"
+            ) from None
 
     def is_terminated(self) -> bool:
         if self._eos_accepted:
@@ -180,7 +204,9 @@ class GrammarState(EosGate):
         """The mask source of another state of this grammar (a position along a draft), `budget` picks
         left there."""
         steered = self.steered_at(state, budget)
-        return steered if steered is not None else StateMask(self.compiled, state, self.eos_token_ids)
+        return (
+            steered if steered is not None else StateMask(self.compiled, state, self.eos_token_ids)
+        )
 
     def for_budget(self, budget: int) -> "GrammarState | SteeredMask":
         """The mask source of this request's next pick with `budget` picks left (this one included):
@@ -195,8 +221,14 @@ class GrammarState(EosGate):
         steering = self.compiled.steering
         if steering is None or not steering.engages(state, budget):
             return None
-        return SteeredMask(steering, state, budget, self.compiled.index.is_final_state(state),
-                           self.eos_token_ids, self.num_words)
+        return SteeredMask(
+            steering,
+            state,
+            budget,
+            self.compiled.index.is_final_state(state),
+            self.eos_token_ids,
+            self.num_words,
+        )
 
 
 class StateMask:
@@ -217,7 +249,9 @@ class StateMask:
         return self.compiled.index.is_final_state(self.state)
 
 
-def fill_masks(states: list[GrammarState | StateMask | SteeredMask | None], vocab_size: int, device: Any) -> torch.Tensor | None:
+def fill_masks(
+    states: list[GrammarState | StateMask | SteeredMask | None], vocab_size: int, device: Any
+) -> torch.Tensor | None:
     """[B, vocab_size] bool: True where allowed; rows of None (unconstrained) are all True.
     On the CPU the result is a view into the unpacked bits (row stride a multiple of 32)."""
     live = [s for s in states if s is not None]
@@ -241,7 +275,9 @@ def fill_masks(states: list[GrammarState | StateMask | SteeredMask | None], voca
         if s.eos_open() or not words_np[i].any():
             extra_eos += [(i, e) for e in s.eos_token_ids if e < vocab_size]
     if device.type == "cpu":  # numpy: no intra-op thread pool spun up for a few KB of work
-        bits = np.unpackbits(words_np.view(np.uint8), axis=1, bitorder="little").view(np.bool_)[:, :vocab_size]
+        bits = np.unpackbits(words_np.view(np.uint8), axis=1, bitorder="little").view(np.bool_)[
+            :, :vocab_size
+        ]
         for row, col in extra_eos:
             bits[row, col] = True
         return torch.from_numpy(bits)

@@ -7,6 +7,7 @@ end; then free text again. That is llguidance's StructTag (lazy lexemes): the sp
 llguidance serves as an `ebnf` constraint. xgrammar's newer `{"type": "structural_tag", "format": ...}` form is
 refused by name.
 """
+
 from __future__ import annotations
 
 import functools
@@ -14,9 +15,12 @@ import json
 from typing import Any
 
 
-@functools.lru_cache(maxsize=256)  # a request's spec is read at the edge, again by the scheduler, then served
+@functools.lru_cache(
+    maxsize=256
+)  # a request's spec is read at the edge, again by the scheduler, then served
 def structural_tag_grammar(spec: str) -> str:
     """The Lark grammar (llguidance's dialect) of a structural_tag spec; ValueError naming what is wrong."""
+
     def bad(what: str) -> ValueError:
         return ValueError(f"sampling parameter structural_tag {what}")
 
@@ -27,10 +31,17 @@ def structural_tag_grammar(spec: str) -> str:
     if not isinstance(tag, dict):
         raise bad("must be a JSON object")
     if "format" in tag:
-        raise bad("in the {\"format\": ...} form is not supported; give {\"structures\": [...], \"triggers\": [...]}")
+        raise bad(
+            'in the {"format": ...} form is not supported; give {"structures": [...], "triggers": [...]}'
+        )
     structures, triggers = tag.get("structures"), tag.get("triggers")
-    if not (isinstance(structures, list) and structures and isinstance(triggers, list) and triggers
-            and all(isinstance(t, str) and t for t in triggers)):
+    if not (
+        isinstance(structures, list)
+        and structures
+        and isinstance(triggers, list)
+        and triggers
+        and all(isinstance(t, str) and t for t in triggers)
+    ):
         raise bad("needs a non-empty list of structures and a non-empty list of trigger strings")
     try:
         from llguidance import StructTag
@@ -39,8 +50,12 @@ def structural_tag_grammar(spec: str) -> str:
 
     tags = []
     for i, s in enumerate(structures):
-        if not (isinstance(s, dict) and isinstance(s.get("begin"), str) and isinstance(s.get("end"), str)
-                and isinstance(s.get("schema"), (dict, bool))):
+        if not (
+            isinstance(s, dict)
+            and isinstance(s.get("begin"), str)
+            and isinstance(s.get("end"), str)
+            and isinstance(s.get("schema"), (dict, bool))
+        ):
             raise bad(f"structures[{i}] needs string begin and end and a JSON schema")
         trigger = next((t for t in triggers if s["begin"].startswith(t)), None)
         if trigger is None:

@@ -7,6 +7,7 @@ parallel calls follow each other separated by a newline. `opened`: the text star
 this grammar). serving/tool_calls.py renders the same format into prompts; serving/tool_call_parser.py
 reads it back. The spec is plain JSON so it keys the grammar cache and crosses into compile workers.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,16 @@ CLOSE = "</tool_call>"
 
 def tool_call_spec(tools: list[tuple[str, dict]], parallel: bool, opened: bool) -> str:
     """The canonical spec string of a tool_call_grammar constraint."""
-    return json.dumps({"tools": [{"name": n, "parameters": p} for n, p in tools], "parallel": parallel,
-                       "opened": opened}, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+    return json.dumps(
+        {
+            "tools": [{"name": n, "parameters": p} for n, p in tools],
+            "parallel": parallel,
+            "opened": opened,
+        },
+        ensure_ascii=False,
+        separators=(",", ":"),
+        sort_keys=True,
+    )
 
 
 def tool_call_regex(spec: Any) -> str:
@@ -33,9 +42,15 @@ def tool_call_regex(spec: Any) -> str:
     for tool in spec["tools"]:
         if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
             raise GrammarError("every tool of tool_call_grammar needs a name")
-        call = {"type": "object", "properties": {"name": {"const": tool["name"]},
-                                                 "arguments": tool.get("parameters") or {"type": "object"}},
-                "required": ["name", "arguments"], "additionalProperties": False}
+        call = {
+            "type": "object",
+            "properties": {
+                "name": {"const": tool["name"]},
+                "arguments": tool.get("parameters") or {"type": "object"},
+            },
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
         bodies.append(schema_to_regex(call))
     body = bodies[0] if len(bodies) == 1 else "(?:" + "|".join(bodies) + ")"
     rest = rf"\n{body}\n{CLOSE}"

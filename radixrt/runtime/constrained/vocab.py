@@ -6,6 +6,7 @@ tokens turn `▁` into a space and `<0xAB>` byte-fallback pieces into that byte.
 (BOS, EOS, chat markers, any added token flagged special) never appear inside constrained
 text: they are left out, and EOS is handled by the grammar state (allowed when the FSM accepts).
 """
+
 from __future__ import annotations
 
 import functools
@@ -18,8 +19,11 @@ _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 @functools.cache
 def unicode_to_byte() -> dict[str, int]:
     """Inverse of GPT-2's bytes_to_unicode: printable bytes map to themselves, the rest to U+0100+."""
-    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-                 + list(range(ord("®"), ord("ÿ") + 1)))
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     table, n = {}, 0
     for b in range(256):
         if b in printable:
@@ -51,7 +55,10 @@ def token_bytes_map(tokenizer: Any, vocab_size: int) -> dict[bytes, list[int]]:
     byte_level = _is_byte_level(tokenizer)
     u2b = unicode_to_byte()
     skip = special_token_ids(tokenizer)
-    added = {int(i): t.content for i, t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items()}
+    added = {
+        int(i): t.content
+        for i, t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items()
+    }
     out: dict[bytes, list[int]] = {}
     for text, idx in tokenizer.get_vocab().items():
         if idx in skip or idx >= vocab_size:

@@ -4,6 +4,7 @@ A request is admitted when its uncached pages plus the decode room every running
 promised fit in free + evictable memory; nobody overtakes a request that does not fit (arrival
 fairness). Admission borrows the longest cached prefix from the radix tree.
 """
+
 from __future__ import annotations
 
 import logging
@@ -17,7 +18,6 @@ from radixrt.runtime.core.req import Req
 from radixrt.runtime.core.req_memory import ReqMemory
 from radixrt.runtime.core.scheduler_stats import SchedulerStats
 from radixrt.runtime.core.sessions import SessionTable
-
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +36,23 @@ def fork_donor(req: Req, running: list[Req], cached: int, page_size: int) -> Req
     by two requests and pages need no reference count."""
     prompt = req.origin_input_ids
     last = len(prompt) - 1
-    if not FORK_SAMPLES or page_size == 1 or last % page_size == 0 or req.output_ids or req.admitted \
-            or wants_prompt_logprobs(req) or cached != last - last % page_size:
+    if (
+        not FORK_SAMPLES
+        or page_size == 1
+        or last % page_size == 0
+        or req.output_ids
+        or req.admitted
+        or wants_prompt_logprobs(req)
+        or cached != last - last % page_size
+    ):
         return None
     for d in running:
-        if d.kv_len >= last and len(d.origin_input_ids) == len(prompt) and d.origin_input_ids == prompt \
-                and len(d.page_ids) > last // page_size:
+        if (
+            d.kv_len >= last
+            and len(d.origin_input_ids) == len(prompt)
+            and d.origin_input_ids == prompt
+            and len(d.page_ids) > last // page_size
+        ):
             return d
     return None
 
@@ -61,21 +72,33 @@ def match_ids(req: Req) -> list[int]:
     prompt positions whose logprobs were asked for (their logits must be computed)."""
     ids = req.fill_ids[:-1]
     if wants_prompt_logprobs(req):
-        ids = ids[:max(req.logprob_start_len - 1, 0)]
+        ids = ids[: max(req.logprob_start_len - 1, 0)]
     return ids
 
 
 class Admission:
-    def __init__(self, config: ServerConfig, tree: RadixCache, memory: ReqMemory, stats: SchedulerStats,
-                 sessions: SessionTable):
+    def __init__(
+        self,
+        config: ServerConfig,
+        tree: RadixCache,
+        memory: ReqMemory,
+        stats: SchedulerStats,
+        sessions: SessionTable,
+    ):
         self.config = config
         self.tree = tree
         self.memory = memory
         self.stats = stats
         self.sessions = sessions
 
-    def admit(self, waiting: list[Req], running: list[Req], budget: int, inflight: list[list[int]],
-              extend_item) -> list[tuple[Req, PlanItem]]:
+    def admit(
+        self,
+        waiting: list[Req],
+        running: list[Req],
+        budget: int,
+        inflight: list[list[int]],
+        extend_item,
+    ) -> list[tuple[Req, PlanItem]]:
         """Move the requests that fit from waiting to running; their first extend items.
         extend_item(req, target, write_start) builds an item; inflight holds the token lists
         prefilling this step (a request sharing an uncached prefix with one of them waits for it)."""
@@ -91,17 +114,27 @@ class Admission:
         reserve = policy.decode_reserve_tokens(running)
         items: list[tuple[Req, PlanItem]] = []
         for req in policy.order_waiting(ready, match_len, self.config.schedule_policy):
-            if budget <= 0 or not self.memory.rows.num_free or len(running) >= self.config.max_running_requests:
+            if (
+                budget <= 0
+                or not self.memory.rows.num_free
+                or len(running) >= self.config.max_running_requests
+            ):
                 break
             ids = req.fill_ids
             pages, node = self.tree.match_prefix(match_ids(req))
-            in_tier = self.tree.match_tier(match_ids(req), node, len(pages) * page_size)  # second tier, if any
+            in_tier = self.tree.match_tier(
+                match_ids(req), node, len(pages) * page_size
+            )  # second tier, if any
             cached = (len(pages) + sum(len(n.host_value) for n in in_tier)) * page_size
-            if policy.shares_inflight_prefix(ids, cached, inflight) or waits_to_fork(req, inflight, page_size):
+            if policy.shares_inflight_prefix(ids, cached, inflight) or waits_to_fork(
+                req, inflight, page_size
+            ):
                 continue  # wait for it: then match its pages, or fork from it
             target = min(len(ids), cached + budget)
             self.tree.inc_lock_ref(node)
-            need = allocator.pages_for(target) - len(pages)  # the pages loaded back from the tier included
+            need = allocator.pages_for(target) - len(
+                pages
+            )  # the pages loaded back from the tier included
             if need + allocator.pages_for(reserve) > allocator.num_free + self.tree.evictable_pages:
                 self.tree.dec_lock_ref(node)
                 break  # keep arrival fairness: nobody overtakes the request that does not fit
@@ -112,14 +145,18 @@ class Admission:
             donor = fork_donor(req, running, cached, page_size)
             self.memory.take(req, pages, node)
             if wants_prompt_logprobs(req):
-                req.input_logprobs = req.input_top_logprobs = None  # a resumed prefill scores them anew
+                req.input_logprobs = req.input_top_logprobs = (
+                    None  # a resumed prefill scores them anew
+                )
             if not self.memory.grow(req, target):  # cannot fail: counted above
                 raise AssertionError("admission accounting is wrong")
             copies = []
             if donor is not None:
                 page = (len(ids) - 1) // page_size
                 copies = [(donor.page_ids[page], req.page_ids[page])]
-                req.kv_len = cached = len(ids) - 1  # the copied positions count as cached: never computed here
+                req.kv_len = cached = (
+                    len(ids) - 1
+                )  # the copied positions count as cached: never computed here
                 target = len(ids)
             if not req.admitted:
                 req.admitted = True
@@ -133,13 +170,17 @@ class Admission:
             item = extend_item(req, target, 0)
             item.page_copies = copies
             items.append((req, item))
-            if donor is None:  # a fork computes one token: its siblings need not wait for it, they fork too
+            if (
+                donor is None
+            ):  # a fork computes one token: its siblings need not wait for it, they fork too
                 inflight.append(ids)
             budget -= target - cached
             reserve += int(req.sampling.max_new_tokens * policy.NEW_TOKEN_RESERVE_RATIO)
         return items
 
-    def _load_back(self, in_tier: list, pages: list[int], node, budget: int) -> tuple[list[int], object, int]:
+    def _load_back(
+        self, in_tier: list, pages: list[int], node, budget: int
+    ) -> tuple[list[int], object, int]:
         """Copy a match's tier-only nodes back into the pool (one batched copy); the lock moves to the last
         node loaded. The copy counts in the step's budget at policy.TIER_LOAD_TOKENS_PER_BUDGET_TOKEN."""
         loaded, last = self.tree.load_back(in_tier)

@@ -7,6 +7,7 @@ match_prefix splits it there), its age, lock references, pins and the sessions t
 children are visited largest subtree first, and past `max_depth` levels or `max_nodes` nodes the rest
 of a node's children are folded into its `omitted` figures. Building the view walks the tree once.
 """
+
 from __future__ import annotations
 
 import time
@@ -16,10 +17,10 @@ from radixrt.runtime.core.radix_cache import RadixCache, TreeNode
 
 DEFAULT_MAX_DEPTH = 16
 DEFAULT_MAX_NODES = 500
-MAX_NODES_LIMIT = 10_000   # what a caller may ask for at most (a view is JSON sent over HTTP)
+MAX_NODES_LIMIT = 10_000  # what a caller may ask for at most (a view is JSON sent over HTTP)
 MAX_DEPTH_LIMIT = 256
-PREVIEW_TOKENS = 24        # token ids of an edge sent for its text preview
-MAX_SESSIONS_LISTED = 8    # session ids named per node (its pins count them all)
+PREVIEW_TOKENS = 24  # token ids of an edge sent for its text preview
+MAX_SESSIONS_LISTED = 8  # session ids named per node (its pins count them all)
 
 
 def _subtree_totals(root: TreeNode) -> dict[int, tuple[int, int, int]]:
@@ -40,8 +41,13 @@ def _subtree_totals(root: TreeNode) -> dict[int, tuple[int, int, int]]:
     return totals
 
 
-def cache_tree_view(tree: RadixCache, pinned: list[tuple[TreeNode, str | None]], max_depth: int = DEFAULT_MAX_DEPTH,
-                    max_nodes: int = DEFAULT_MAX_NODES, preview_tokens: int = PREVIEW_TOKENS) -> dict[str, Any]:
+def cache_tree_view(
+    tree: RadixCache,
+    pinned: list[tuple[TreeNode, str | None]],
+    max_depth: int = DEFAULT_MAX_DEPTH,
+    max_nodes: int = DEFAULT_MAX_NODES,
+    preview_tokens: int = PREVIEW_TOKENS,
+) -> dict[str, Any]:
     """{"root": node, "num_nodes", "num_tokens", "num_nodes_shown", "page_size", "disabled"}; each node:
     {"id", "num_tokens", "preview_ids", "hits", "tokens_served", "prefix_len", "last_access_age_s",
     "lock_ref", "residency", "pins", "sessions", "subtree_tokens", "children", "omitted": None or {"nodes", "tokens", "hits"}}.
@@ -54,7 +60,10 @@ def cache_tree_view(tree: RadixCache, pinned: list[tuple[TreeNode, str | None]],
     for node, session in pinned:  # a pin locks its whole path
         while node is not None and node is not tree.root:
             pins[node.node_id] = pins.get(node.node_id, 0) + 1
-            if session is not None and len(sessions.setdefault(node.node_id, [])) < MAX_SESSIONS_LISTED:
+            if (
+                session is not None
+                and len(sessions.setdefault(node.node_id, [])) < MAX_SESSIONS_LISTED
+            ):
                 sessions[node.node_id].append(session)
             node = node.parent
     totals = _subtree_totals(tree.root)
@@ -69,10 +78,14 @@ def cache_tree_view(tree: RadixCache, pinned: list[tuple[TreeNode, str | None]],
             "hits": node.hits,
             "tokens_served": node.hits * n,
             "prefix_len": prefix_len + n,
-            "last_access_age_s": round(now - node.last_access_time, 3) if node.last_access_time else None,
+            "last_access_age_s": round(now - node.last_access_time, 3)
+            if node.last_access_time
+            else None,
             "lock_ref": node.lock_ref,
             # where its KV is: the pool, the second tier (--enable-hierarchical-cache), or both
-            "residency": ("both" if node.host_value is not None else "pool") if node.value is not None else "tier",
+            "residency": ("both" if node.host_value is not None else "pool")
+            if node.value is not None
+            else "tier",
             "pins": pins.get(node.node_id, 0),
             "sessions": sorted(sessions.get(node.node_id, [])),
             "subtree_tokens": totals[node.node_id][1],
@@ -86,12 +99,17 @@ def cache_tree_view(tree: RadixCache, pinned: list[tuple[TreeNode, str | None]],
     while frontier:
         nxt = []
         for node, out, depth in frontier:
-            children = sorted(node.children.values(), key=lambda c: (-totals[c.node_id][1], c.node_id))
+            children = sorted(
+                node.children.values(), key=lambda c: (-totals[c.node_id][1], c.node_id)
+            )
             for i, child in enumerate(children):
                 if depth >= max_depth or shown >= max_nodes:
                     rest = [totals[c.node_id] for c in children[i:]]
-                    out["omitted"] = {"nodes": sum(r[0] for r in rest), "tokens": sum(r[1] for r in rest),
-                                      "hits": sum(r[2] for r in rest)}
+                    out["omitted"] = {
+                        "nodes": sum(r[0] for r in rest),
+                        "tokens": sum(r[1] for r in rest),
+                        "hits": sum(r[2] for r in rest),
+                    }
                     break
                 view = describe(child, out["prefix_len"])
                 out["children"].append(view)
@@ -99,5 +117,11 @@ def cache_tree_view(tree: RadixCache, pinned: list[tuple[TreeNode, str | None]],
                 nxt.append((child, view, depth + 1))
         frontier = nxt
     nodes, tokens, _ = totals[tree.root.node_id]
-    return {"root": root, "num_nodes": nodes - 1, "num_tokens": tokens, "num_nodes_shown": shown,
-            "page_size": tree.page_size, "disabled": tree.disable}
+    return {
+        "root": root,
+        "num_nodes": nodes - 1,
+        "num_tokens": tokens,
+        "num_nodes_shown": shown,
+        "page_size": tree.page_size,
+        "disabled": tree.disable,
+    }

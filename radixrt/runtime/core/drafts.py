@@ -5,6 +5,7 @@ A draft is text the grammar forces, tokenized (constrained/draft.py). It is fed 
 request's last token; the draft is kept up to the first position where the model's pick differs,
 plus that pick, so output is exactly token-by-token decoding's.
 """
+
 from __future__ import annotations
 
 from radixrt.runtime.config import ServerConfig
@@ -45,11 +46,17 @@ def fit_draft(req: Req, memory: ReqMemory, budget: int) -> int:
     return len(req.draft_ids)
 
 
-def take_draft(req: Req, item: PlanItem, res: ItemResult, eos_ids: set[int], memory: ReqMemory,
-               stats: SchedulerStats) -> dict | None:
+def take_draft(
+    req: Req,
+    item: PlanItem,
+    res: ItemResult,
+    eos_ids: set[int],
+    memory: ReqMemory,
+    stats: SchedulerStats,
+) -> dict | None:
     """Apply the picks of a draft item: the draft up to the first pick that differs, and that pick.
     Returns the finish reason, if one of the applied tokens finished the request."""
-    draft = item.new_ids[len(item.new_ids) - item.num_draft:]
+    draft = item.new_ids[len(item.new_ids) - item.num_draft :]
     picks = [res] + (res.draft_results or [])
     # one pick per position, but none after a draft that ends the grammar
     assert len(draft) <= len(picks) <= len(draft) + 1, (len(picks), len(draft))
@@ -66,7 +73,9 @@ def take_draft(req: Req, item: PlanItem, res: ItemResult, eos_ids: set[int], mem
     stats.num_draft_accepted += accepted
     if req.lookup is not None and req.grammar is None:
         req.lookup.record(len(draft), accepted)
-    assert reason is not None or not agrees or len(picks) == len(draft) + 1, "a draft ended the grammar, not the request"
+    assert reason is not None or not agrees or len(picks) == len(draft) + 1, (
+        "a draft ended the grammar, not the request"
+    )
     if reason is None:
         memory.trim(req)
     return reason

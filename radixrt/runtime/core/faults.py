@@ -11,6 +11,7 @@ A request whose prompt contains token_id raises InjectedFault in that stage. Sta
   apply    while its sampled token is applied (stop strings, grammar, finish rules)
 Requests cannot switch it on: only whoever starts the process can.
 """
+
 from __future__ import annotations
 
 import os
@@ -32,7 +33,9 @@ class FaultInjector:
         for part in filter(None, (p.strip() for p in spec.split(","))):
             stage, _, token = part.partition(":")
             if stage not in STAGES or not token.isdigit():
-                raise ValueError(f"{ENV_VAR}: {part!r} is not stage:token_id with a stage in {STAGES}")
+                raise ValueError(
+                    f"{ENV_VAR}: {part!r} is not stage:token_id with a stage in {STAGES}"
+                )
             self.markers.setdefault(stage, set()).add(int(token))
 
     def _hits(self, stage: str, prompt_ids: list[int]) -> bool:

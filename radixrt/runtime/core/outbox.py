@@ -1,4 +1,5 @@
 """What the scheduler sends back: each request's new tokens (and logprobs) since its last delta."""
+
 from __future__ import annotations
 
 from radixrt.runtime.core.req import Req
@@ -11,17 +12,27 @@ class Outbox:
 
     def emit(self, req: Req) -> None:
         """Queue req's delta: the output ids not yet sent, its finish reason and error if it ended."""
-        new_ids = req.output_ids[req.num_sent:]
+        new_ids = req.output_ids[req.num_sent :]
         first = req.num_sent
         req.num_sent = len(req.output_ids)
-        out = TokenOut(rid=req.rid, new_ids=new_ids, finished_reason=req.finished_reason,
-                       prompt_tokens=len(req.origin_input_ids), completion_tokens=len(req.output_ids),
-                       cached_tokens=req.prefix_hit_len, error=req.error, error_status=req.error_status)
+        out = TokenOut(
+            rid=req.rid,
+            new_ids=new_ids,
+            finished_reason=req.finished_reason,
+            prompt_tokens=len(req.origin_input_ids),
+            completion_tokens=len(req.output_ids),
+            cached_tokens=req.prefix_hit_len,
+            error=req.error,
+            error_status=req.error_status,
+        )
         if req.return_logprob:
             out.output_logprobs = req.output_logprobs[first:]
             out.output_top_logprobs = req.output_top_logprobs[first:]
             if not req.input_logprobs_sent and req.input_logprobs is not None:
-                out.input_logprobs, out.input_top_logprobs = req.input_logprobs, req.input_top_logprobs
+                out.input_logprobs, out.input_top_logprobs = (
+                    req.input_logprobs,
+                    req.input_top_logprobs,
+                )
                 req.input_logprobs_sent = True
         self._outs.append(out)
 

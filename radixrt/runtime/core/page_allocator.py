@@ -3,6 +3,7 @@
 Slot of token i in a page list: `page_ids[i // P] * P + i % P`. The tensors these ids index
 (the KV pool and the slot table) live in model/kv_cache.py.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -13,7 +14,9 @@ class PageAllocator:
 
     def __init__(self, num_pages: int, page_size: int):
         if num_pages < 1 or page_size < 1:
-            raise ValueError(f"need num_pages >= 1 and page_size >= 1, got {num_pages}, {page_size}")
+            raise ValueError(
+                f"need num_pages >= 1 and page_size >= 1, got {num_pages}, {page_size}"
+            )
         self.num_pages = num_pages
         self.page_size = page_size
         # a min-heap: the lowest free ids go first, in ascending order, so a request's pages tend to be
@@ -74,7 +77,9 @@ class TableRows:
         return self._free.pop()
 
     def free(self, row: int) -> None:
-        assert 0 <= row < self.num_rows and row not in self._free, f"row {row} freed twice or out of range"
+        assert 0 <= row < self.num_rows and row not in self._free, (
+            f"row {row} freed twice or out of range"
+        )
         self._free.append(row)
 
     def free_set(self) -> set[int]:

@@ -5,6 +5,7 @@ after its ttl so a client that dies cannot hold memory forever, the table refuse
 past a share of the pool, and when a request cannot run for want of memory the scheduler
 lets pins go, oldest first (drop_oldest): a pin is a cache hint, never a reason to wait.
 """
+
 from __future__ import annotations
 
 import secrets
@@ -12,9 +13,9 @@ import time
 
 from radixrt.runtime.core.radix_cache import RadixCache
 
-MAX_PINNED_FRACTION = 0.5   # of the pool, all pins together
-MAX_PIN_FRACTION = 0.25     # of the pool, one pin: one client cannot take the whole pinned share
-MAX_PIN_TTL_S = 3600.0      # a pin outlives its client by at most this long
+MAX_PINNED_FRACTION = 0.5  # of the pool, all pins together
+MAX_PIN_FRACTION = 0.25  # of the pool, one pin: one client cannot take the whole pinned share
+MAX_PIN_TTL_S = 3600.0  # a pin outlives its client by at most this long
 
 
 class PinTable:
@@ -23,7 +24,9 @@ class PinTable:
         self.max_pinned_tokens = int(pool_tokens * MAX_PINNED_FRACTION)
         self.max_pin_tokens = int(pool_tokens * MAX_PIN_FRACTION)
         self._pins: dict[str, tuple[object, float, int]] = {}  # handle -> (node, expiry, tokens)
-        self._soonest = float("inf")  # no pin lapses before this (time.monotonic()); may be stale-early
+        self._soonest = float(
+            "inf"
+        )  # no pin lapses before this (time.monotonic()); may be stale-early
 
     @property
     def num_pinned_tokens(self) -> int:
@@ -39,7 +42,10 @@ class PinTable:
             return None
         pages, node = self.tree.match_prefix(token_ids)
         num_tokens = len(pages) * self.tree.page_size
-        if not 0 < num_tokens <= self.max_pin_tokens or self.num_pinned_tokens + num_tokens > self.max_pinned_tokens:
+        if (
+            not 0 < num_tokens <= self.max_pin_tokens
+            or self.num_pinned_tokens + num_tokens > self.max_pinned_tokens
+        ):
             return None
         self.tree.inc_lock_ref(node)
         handle = secrets.token_urlsafe(16)

@@ -11,6 +11,7 @@ On a CPU a decode step reads every weight once whatever its row count (bandwidth
 ~64 rows), so a verified draft token is almost free; a rejected one costs attention and sampling.
 A request whose drafts keep missing waits longer and longer before it drafts again.
 """
+
 from __future__ import annotations
 
 NGRAM_SIZES = (3, 2)  # longest first: a longer match predicts better
@@ -24,7 +25,9 @@ class PromptLookup:
 
     def __init__(self, num_draft: int):
         self.num_draft = num_draft
-        self._next: dict[tuple[int, ...], int] = {}  # n-gram -> position just after its latest occurrence
+        self._next: dict[
+            tuple[int, ...], int
+        ] = {}  # n-gram -> position just after its latest occurrence
         self._indexed = 0  # n-grams ending before this position are in _next
         self._wait = 0  # steps to skip before drafting again
         self._backoff = 1
@@ -32,7 +35,9 @@ class PromptLookup:
     def propose(self, tokens: list[int], limit: int) -> list[int]:
         """Up to min(num_draft, limit) tokens to try after `tokens` (the request's prompt + output)."""
         n_tok = len(tokens)
-        self._index(tokens, n_tok - 1)  # every n-gram but the tail's own: its continuation is unknown
+        self._index(
+            tokens, n_tok - 1
+        )  # every n-gram but the tail's own: its continuation is unknown
         if self._wait > 0:
             self._wait -= 1
             return []
@@ -42,9 +47,9 @@ class PromptLookup:
         for n in NGRAM_SIZES:
             if n_tok <= n:
                 continue
-            start = self._next.get(tuple(tokens[n_tok - n:]))
+            start = self._next.get(tuple(tokens[n_tok - n :]))
             if start is not None:
-                return tokens[start:start + limit]
+                return tokens[start : start + limit]
         return []
 
     def record(self, num_drafted: int, num_accepted: int) -> None:
@@ -61,5 +66,5 @@ class PromptLookup:
         for e in range(first, end):
             for n in NGRAM_SIZES:
                 if e + 1 >= n:
-                    self._next[tuple(tokens[e + 1 - n:e + 1])] = e + 1
+                    self._next[tuple(tokens[e + 1 - n : e + 1])] = e + 1
         self._indexed = max(self._indexed, end)

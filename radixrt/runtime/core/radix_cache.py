@@ -8,6 +8,7 @@ first. No tensors here: ints and lists only, so this is tested without a model. 
 (tiered_cache.py, a subclass) a node may hold its KV only there (`value` None): match_prefix stops before
 such a node, insert gives it the caller's pages, eviction calls the _evict_node / _evicted hooks.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -35,7 +36,7 @@ class RadixCache:
     def _child_key(self, token_ids: list[int], start: int = 0) -> Any:
         if self.page_size == 1:
             return token_ids[start]
-        return tuple(token_ids[start:start + self.page_size])
+        return tuple(token_ids[start : start + self.page_size])
 
     def _match_len(self, key: list[int], token_ids: list[int], start: int) -> int:
         """Tokens of key equal to token_ids[start:], rounded down to whole pages."""
@@ -49,8 +50,11 @@ class RadixCache:
         """Cut child's edge after split_len tokens; return the new upper node."""
         assert 0 < split_len < len(child.key) and split_len % self.page_size == 0
         num_pages = split_len // self.page_size
-        upper = TreeNode(child.key[:split_len], None if child.value is None else child.value[:num_pages],
-                         child.parent)
+        upper = TreeNode(
+            child.key[:split_len],
+            None if child.value is None else child.value[:num_pages],
+            child.parent,
+        )
         if child.host_value is not None:
             upper.host_value = child.host_value[:num_pages]
             child.host_value = child.host_value[num_pages:]
@@ -82,7 +86,9 @@ class RadixCache:
         aligned_len = len(token_ids) - len(token_ids) % self.page_size
         while pos < aligned_len:
             child = node.children.get(self._child_key(token_ids, pos))
-            if child is None or child.value is None:  # a node only in the second tier: tiered_cache.match_tier
+            if (
+                child is None or child.value is None
+            ):  # a node only in the second tier: tiered_cache.match_tier
                 break
             match_len = self._match_len(child.key, token_ids, pos)
             assert match_len > 0, "child keyed by its first page must match that page"
@@ -103,8 +109,10 @@ class RadixCache:
 
     def _insert(self, token_ids: list[int], page_ids: list[int]) -> tuple[int, TreeNode]:
         if len(token_ids) != len(page_ids) * self.page_size:
-            raise ValueError(f"insert needs len(token_ids) == len(page_ids) * page_size, got "
-                             f"{len(token_ids)} tokens, {len(page_ids)} pages, page_size {self.page_size}")
+            raise ValueError(
+                f"insert needs len(token_ids) == len(page_ids) * page_size, got "
+                f"{len(token_ids)} tokens, {len(page_ids)} pages, page_size {self.page_size}"
+            )
         self._clock += 1
         now = time.time()
         node, pos = self.root, 0
@@ -112,7 +120,7 @@ class RadixCache:
         while pos < len(token_ids):
             child = node.children.get(self._child_key(token_ids, pos))
             if child is None:
-                new = TreeNode(list(token_ids[pos:]), list(page_ids[pos // self.page_size:]), node)
+                new = TreeNode(list(token_ids[pos:]), list(page_ids[pos // self.page_size :]), node)
                 new.last_access, new.last_access_time = self._clock, now
                 node.children[self._child_key(new.key)] = new
                 self.evictable_pages += len(new.value)
@@ -124,7 +132,9 @@ class RadixCache:
                 # KV only in the second tier, and the caller has it in the pool: the node takes the caller's
                 # pages. Pool residency is prefix-closed, so every node after this one on the path is only in
                 # the tier too, and the tree adopts page_ids from here on, as for a new node.
-                child.value = list(page_ids[pos // self.page_size:(pos + match_len) // self.page_size])
+                child.value = list(
+                    page_ids[pos // self.page_size : (pos + match_len) // self.page_size]
+                )
                 self.evictable_pages += len(child.value)
                 adopted_from = pos if adopted_from is None else adopted_from
             child.last_access, child.last_access_time = self._clock, now
@@ -192,8 +202,11 @@ class RadixCache:
     @staticmethod
     def _pool_leaf(node: TreeNode) -> bool:
         """Unlocked, in the pool, and no child in the pool: its pages may leave the pool."""
-        return node.lock_ref == 0 and node.value is not None and not any(
-            c.value is not None for c in node.children.values())
+        return (
+            node.lock_ref == 0
+            and node.value is not None
+            and not any(c.value is not None for c in node.children.values())
+        )
 
     def _evict_node(self, node: TreeNode) -> None:
         """Without a second tier an evicted node is dropped (tiered_cache.py demotes it instead)."""
@@ -208,7 +221,9 @@ class RadixCache:
     def _cache_req_prefix(self, req: Any, token_ids: list[int]) -> int:
         """Insert the req's whole pages; free its pages duplicating ones already cached."""
         if len(token_ids) != req.kv_len:
-            raise ValueError(f"token_ids has {len(token_ids)} tokens, req {req.rid} holds KV of {req.kv_len}")
+            raise ValueError(
+                f"token_ids has {len(token_ids)} tokens, req {req.rid} holds KV of {req.kv_len}"
+            )
         assert req.cached_len % self.page_size == 0, "borrowed prefix must be whole pages"
         aligned_len = req.kv_len - req.kv_len % self.page_size
         num_aligned_pages = aligned_len // self.page_size
@@ -216,7 +231,9 @@ class RadixCache:
         prefix_len = self.insert(token_ids[:aligned_len], req.page_ids[:num_aligned_pages])
         # the borrowed prefix is still locked, so it is found again
         assert prefix_len >= req.cached_len
-        self.allocator.free(req.page_ids[req.cached_len // self.page_size:prefix_len // self.page_size])
+        self.allocator.free(
+            req.page_ids[req.cached_len // self.page_size : prefix_len // self.page_size]
+        )
         return aligned_len
 
     def cache_finished_req(self, req: Any, token_ids: list[int]) -> None:
@@ -226,7 +243,7 @@ class RadixCache:
             self.allocator.free(req.page_ids)
         else:
             aligned_len = self._cache_req_prefix(req, token_ids)
-            self.allocator.free(req.page_ids[aligned_len // self.page_size:])  # partial and unused
+            self.allocator.free(req.page_ids[aligned_len // self.page_size :])  # partial and unused
             self.dec_lock_ref(req.last_node)
         req.page_ids, req.kv_len, req.cached_len, req.last_node = [], 0, 0, None
 
@@ -273,9 +290,13 @@ class RadixCache:
         return [p for node in self._nodes() if node.value is not None for p in node.value]
 
     def pretty_print(self) -> str:
-        lines = [f"{'  ' * (depth - 1)}{n.key} pages={n.value} host={n.host_value} lock={n.lock_ref} t={n.last_access}"
-                 for n, depth in self._walk_sorted(self.root, 0)]
-        return "\n".join(lines + [f"evictable={self.evictable_pages} protected={self.protected_pages}"])
+        lines = [
+            f"{'  ' * (depth - 1)}{n.key} pages={n.value} host={n.host_value} lock={n.lock_ref} t={n.last_access}"
+            for n, depth in self._walk_sorted(self.root, 0)
+        ]
+        return "\n".join(
+            lines + [f"evictable={self.evictable_pages} protected={self.protected_pages}"]
+        )
 
     def _walk_sorted(self, node: TreeNode, depth: int):
         if node is not self.root:
@@ -289,16 +310,23 @@ class RadixCache:
         seen: set[int] = set()
         for node in self._nodes():
             assert node.key and len(node.key) % self.page_size == 0, f"bad key length in {node}"
-            assert node.parent.children.get(self._child_key(node.key)) is node, f"child key of {node}"
+            assert node.parent.children.get(self._child_key(node.key)) is node, (
+                f"child key of {node}"
+            )
             assert node.lock_ref >= 0, f"negative lock in {node}"
-            assert node.parent is self.root or node.parent.lock_ref >= node.lock_ref, \
+            assert node.parent is self.root or node.parent.lock_ref >= node.lock_ref, (
                 f"{node} locked more than its parent"
+            )
             assert not node.loading, f"{node} still marked as loading"
             if node.value is None:  # only in the second tier: never borrowed, and it holds the KV
-                assert node.host_value is not None and not node.lock_ref, f"{node}: no KV anywhere, or locked"
+                assert node.host_value is not None and not node.lock_ref, (
+                    f"{node}: no KV anywhere, or locked"
+                )
                 continue
             assert len(node.value) == len(node.key) // self.page_size, f"pages != tokens in {node}"
-            assert node.parent is self.root or node.parent.value is not None, f"{node} in the pool, its parent not"
+            assert node.parent is self.root or node.parent.value is not None, (
+                f"{node} in the pool, its parent not"
+            )
             for p in node.value:
                 assert p not in seen, f"page {p} twice in the tree"
                 seen.add(p)

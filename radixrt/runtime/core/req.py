@@ -6,6 +6,7 @@ of them have KV stored in the pages `page_ids` (token i lives in slot
 are borrowed, read-only, from the radix tree and locked through `last_node`; the rest
 the request wrote itself.
 """
+
 from __future__ import annotations
 
 import time
@@ -15,9 +16,19 @@ from radixrt.runtime.sampling_params import SamplingParams
 
 
 class Req:
-    def __init__(self, rid: str, input_ids: list[int], sampling: SamplingParams, *,
-                 return_logprob: bool = False, logprob_start_len: int = -1, top_logprobs_num: int = 0,
-                 stream: bool = False, program_id: str | None = None, arrival_time: float | None = None):
+    def __init__(
+        self,
+        rid: str,
+        input_ids: list[int],
+        sampling: SamplingParams,
+        *,
+        return_logprob: bool = False,
+        logprob_start_len: int = -1,
+        top_logprobs_num: int = 0,
+        stream: bool = False,
+        program_id: str | None = None,
+        arrival_time: float | None = None,
+    ):
         self.rid = rid
         self.origin_input_ids = list(input_ids)
         self.output_ids: list[int] = []
@@ -28,7 +39,7 @@ class Req:
         self.stream = stream
         self.program_id = program_id
         self.pin_ttl_s: float | None = None  # pin the prompt in the tree when finished
-        self.session_id: str | None = None   # a session's turn: pinned when finished (sessions.py)
+        self.session_id: str | None = None  # a session's turn: pinned when finished (sessions.py)
         self.arrival_time = time.time() if arrival_time is None else arrival_time
 
         # memory
@@ -37,7 +48,9 @@ class Req:
         self.cached_len = 0
         self.last_node: Any = None  # radix node locked on our behalf
         self.table_row: int | None = None  # row of the req->slot table while running
-        self.table_stale = False  # page_ids changed under the row (shared with the tree): rewrite it
+        self.table_stale = (
+            False  # page_ids changed under the row (shared with the tree): rewrite it
+        )
 
         # progress and results
         self.prefix_hit_len = 0  # cached tokens on first admission (reported as cached_tokens)
@@ -46,12 +59,18 @@ class Req:
         self.finished_reason: dict[str, Any] | None = None
         self.num_sent = 0  # output ids already sent out as deltas
         self.grammar: Any = None  # GrammarState while constrained
-        self.grammar_future: Any = None  # the compile in flight (a Future); the request waits until it is done
-        self.stop_matcher: Any = None  # IncrementalDetokenizer over output_ids when the request has stop strings
+        self.grammar_future: Any = (
+            None  # the compile in flight (a Future); the request waits until it is done
+        )
+        self.stop_matcher: Any = (
+            None  # IncrementalDetokenizer over output_ids when the request has stop strings
+        )
         # jump-forward: tokens the grammar forces after output_ids, fed for verification next decode
         self.draft_ids: list[int] = []
         self.draft_states: list[int] = []  # the grammar state after each draft token
-        self.lookup: Any = None  # PromptLookup (n-gram drafts) once the request decodes unconstrained
+        self.lookup: Any = (
+            None  # PromptLookup (n-gram drafts) once the request decodes unconstrained
+        )
         self.error: str | None = None  # why it failed, for the client
         self.error_status = 400  # 400: refused as given; 500: failed inside the server
         self.output_logprobs: list[list[Any]] = []
@@ -78,5 +97,7 @@ class Req:
         return self.kv_len == self.seq_len - 1 and bool(self.output_ids)
 
     def __repr__(self) -> str:
-        return (f"Req({self.rid!r}, in={len(self.origin_input_ids)}, out={len(self.output_ids)}, "
-                f"kv={self.kv_len}, cached={self.cached_len})")
+        return (
+            f"Req({self.rid!r}, in={len(self.origin_input_ids)}, out={len(self.output_ids)}, "
+            f"kv={self.kv_len}, cached={self.cached_len})"
+        )

@@ -3,6 +3,7 @@
 Finish reasons are plain dicts (they cross processes): {"type": "stop", "matched": id or str},
 {"type": "length", "length": n}, {"type": "abort", "message": str}.
 """
+
 from __future__ import annotations
 
 from radixrt.runtime.core.plan import ItemResult, SampleRow
@@ -51,27 +52,46 @@ def apply_sampled_token(req: Req, res: ItemResult, eos_ids: set[int]) -> dict | 
     if len(req.output_ids) >= sp.max_new_tokens:
         reason = {"type": "length", "length": len(req.output_ids)}
         if req.grammar is not None and not req.grammar.is_final():
-            reason["incomplete"] = True  # no complete match fitted the budget (or the backend cannot steer)
+            reason["incomplete"] = (
+                True  # no complete match fitted the budget (or the backend cannot steer)
+            )
         return reason
     return None
 
 
-def sample_rows(req: Req, draft_ids: list[int], draft_states: list[int], eos_ids: list[int]) -> list[SampleRow]:
+def sample_rows(
+    req: Req, draft_ids: list[int], draft_states: list[int], eos_ids: list[int]
+) -> list[SampleRow]:
     """The picks of one step: after the request's last token, and after each draft token but one
     that ends the grammar (the request finishes there; such a row could have nothing allowed, e.g.
     EOS blocked by min_new_tokens). Pick j sees draft tokens 0..j-1 as output (penalties, seeds)."""
     num_picks = 1
     if draft_ids:
-        num_picks = len(draft_ids) + (req.grammar is None or not req.grammar.ends_at(draft_states[-1]))
+        num_picks = len(draft_ids) + (
+            req.grammar is None or not req.grammar.ends_at(draft_states[-1])
+        )
     rows = []
     for j in range(num_picks):
         output_ids = req.output_ids + draft_ids[:j] if j else req.output_ids
         source = None
         if req.grammar is not None:
             budget = req.sampling.max_new_tokens - len(output_ids)  # picks left, this one included
-            source = req.grammar.for_budget(budget) if j == 0 else req.grammar.at(draft_states[j - 1], budget)
-        rows.append(SampleRow(req.sampling, output_ids, req.origin_input_ids, req.return_logprob,
-                              req.top_logprobs_num, blocked_ids(req, len(output_ids), eos_ids), source))
+            source = (
+                req.grammar.for_budget(budget)
+                if j == 0
+                else req.grammar.at(draft_states[j - 1], budget)
+            )
+        rows.append(
+            SampleRow(
+                req.sampling,
+                output_ids,
+                req.origin_input_ids,
+                req.return_logprob,
+                req.top_logprobs_num,
+                blocked_ids(req, len(output_ids), eos_ids),
+                source,
+            )
+        )
     return rows
 
 

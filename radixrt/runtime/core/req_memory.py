@@ -4,6 +4,7 @@ A running request's first `cached_len` tokens are pages of the tree (locked thro
 the pages after them it owns. Everything that moves pages between the allocator, the tree and a
 request goes through here, so the accounting `check_integrity()` verifies has one author.
 """
+
 from __future__ import annotations
 
 from radixrt.runtime.core.page_allocator import PageAllocator, TableRows
@@ -47,13 +48,13 @@ class ReqMemory:
     def share(self, req: Req) -> None:
         """Put req's computed whole pages into the tree so waiting requests can match them."""
         before = req.page_ids[:]
-        self.tree.cache_unfinished_req(req, req.fill_ids[:req.kv_len])
+        self.tree.cache_unfinished_req(req, req.fill_ids[: req.kv_len])
         if req.page_ids != before:  # our duplicates were swapped for the tree's pages
             req.table_stale = True
 
     def release(self, req: Req) -> None:
         """req stops running (finished or preempted): its KV goes into the tree, its row back."""
-        self.tree.cache_finished_req(req, req.fill_ids[:req.kv_len])
+        self.tree.cache_finished_req(req, req.fill_ids[: req.kv_len])
         self.rows.free(req.table_row)
         req.table_row = None
 

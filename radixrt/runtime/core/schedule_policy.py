@@ -2,6 +2,7 @@
 
 Plain data only (ints and lists): tested on the CPU without a model.
 """
+
 from __future__ import annotations
 
 from radixrt.runtime.core.req import Req
@@ -28,7 +29,9 @@ def order_waiting(waiting: list[Req], match_len: dict[int, int], policy: str) ->
     """Longest cached prefix first ('lpm'), else arrival order. match_len: id(req) -> cached tokens."""
     if policy == "lpm" and len(waiting) <= LPM_MAX_QUEUE:
         # stable sort: ties keep arrival order, and a program's requests stay adjacent by program_id
-        return sorted(waiting, key=lambda r: (-match_len.get(id(r), 0), r.program_id or "", r.arrival_time))
+        return sorted(
+            waiting, key=lambda r: (-match_len.get(id(r), 0), r.program_id or "", r.arrival_time)
+        )
     return list(waiting)
 
 

@@ -6,6 +6,7 @@ the plan (plain data, core/plan.py) to the model runner and applies the sampled 
 come back as TokenOut messages. Admission, drafts, memory moves, finish rules and the admin calls
 (scheduler_admin.py) live in their own modules beside this one.
 """
+
 from __future__ import annotations
 
 import logging
@@ -18,14 +19,19 @@ from radixrt.runtime.core.faults import FaultInjector
 from radixrt.runtime.core.outbox import Outbox
 from radixrt.runtime.core.page_allocator import PageAllocator, TableRows, slots_of
 from radixrt.runtime.core.pins import PinTable
-from radixrt.runtime.core.sessions import SessionTable
-from radixrt.runtime.core.tiered_cache import make_tree
 from radixrt.runtime.core.plan import ItemResult, PlanItem, PlanItemError
 from radixrt.runtime.core.req import Req
-from radixrt.runtime.core.req_finish import abort_reason, apply_prompt_logprobs, apply_sampled_token, sample_rows
+from radixrt.runtime.core.req_finish import (
+    abort_reason,
+    apply_prompt_logprobs,
+    apply_sampled_token,
+    sample_rows,
+)
 from radixrt.runtime.core.req_memory import ReqMemory
 from radixrt.runtime.core.scheduler_admin import SchedulerAdmin
 from radixrt.runtime.core.scheduler_stats import SchedulerStats
+from radixrt.runtime.core.sessions import SessionTable
+from radixrt.runtime.core.tiered_cache import make_tree
 from radixrt.runtime.incremental_detokenizer import IncrementalDetokenizer
 from radixrt.runtime.messages import TokenizedGenerateReq, TokenOut
 from radixrt.runtime.request_edge import EdgeLimits, check_prompt, constraint_of
@@ -42,7 +48,9 @@ class Scheduler(SchedulerAdmin):
         self.tokenizer = runner.tokenizer
         self.page_size = config.page_size
         self.allocator = PageAllocator(runner.num_pages, self.page_size)
-        self.tree = make_tree(config, self.allocator, runner)  # a TieredRadixCache with a second tier
+        self.tree = make_tree(
+            config, self.allocator, runner
+        )  # a TieredRadixCache with a second tier
         self.memory = ReqMemory(self.allocator, self.tree, TableRows(runner.max_rows))
         self.context_len = runner.context_length
         self.pool_tokens = runner.num_pages * self.page_size
@@ -56,12 +64,17 @@ class Scheduler(SchedulerAdmin):
         self.sessions = SessionTable(self.pins, config.session_ttl)
         self.stats = SchedulerStats()
         self.admission = Admission(config, self.tree, self.memory, self.stats, self.sessions)
-        self.grammar_backends = None  # constrained/choose.py's BackendChooser, built on the first constraint
+        self.grammar_backends = (
+            None  # constrained/choose.py's BackendChooser, built on the first constraint
+        )
         self.faults = FaultInjector()
         self.model_info = {
-            "model_path": runner.model_path, "context_length": self.context_len,
-            "vocab_size": runner.vocab_size, "eos_token_ids": self._eos_list,
-            "is_generation": True, "dtype": runner.dtype_name,
+            "model_path": runner.model_path,
+            "context_length": self.context_len,
+            "vocab_size": runner.vocab_size,
+            "eos_token_ids": self._eos_list,
+            "is_generation": True,
+            "dtype": runner.dtype_name,
         }
 
     # ---------------------------------------------------------------- intake
@@ -69,26 +82,51 @@ class Scheduler(SchedulerAdmin):
         """Queue a request; anything wrong with it (or any failure taking it in) ends it alone."""
         try:
             return self._add_request(msg)
-        except Exception as e:  # ValueError: refused; anything else: our bug, still only this request's
+        except (
+            Exception
+        ) as e:  # ValueError: refused; anything else: our bug, still only this request's
             if not isinstance(e, (ValueError, TypeError)):
                 log.exception("intake of %s failed", msg.rid)
             self.waiting = [r for r in self.waiting if r.rid != msg.rid]
             refused = isinstance(e, (ValueError, TypeError))
             message = str(e) if refused else f"internal error: {type(e).__name__}: {e}"
-            return [TokenOut(rid=msg.rid, new_ids=[], finished_reason=abort_reason(message), error=message,
-                             error_status=400 if refused else 500,
-                             prompt_tokens=len(msg.input_ids) if isinstance(msg.input_ids, list) else 0)]
+            return [
+                TokenOut(
+                    rid=msg.rid,
+                    new_ids=[],
+                    finished_reason=abort_reason(message),
+                    error=message,
+                    error_status=400 if refused else 500,
+                    prompt_tokens=len(msg.input_ids) if isinstance(msg.input_ids, list) else 0,
+                )
+            ]
 
     def _add_request(self, msg: TokenizedGenerateReq) -> list[TokenOut]:
         sampling = SamplingParams.from_dict(msg.sampling_params)
-        start = check_prompt(msg.input_ids, sampling, self.limits, return_logprob=msg.return_logprob,
-                             logprob_start_len=msg.logprob_start_len, top_logprobs_num=msg.top_logprobs_num)
+        start = check_prompt(
+            msg.input_ids,
+            sampling,
+            self.limits,
+            return_logprob=msg.return_logprob,
+            logprob_start_len=msg.logprob_start_len,
+            top_logprobs_num=msg.top_logprobs_num,
+        )
         self.faults.check("intake", msg.input_ids)
         # the output may not run past the context
-        sampling.max_new_tokens = min(sampling.max_new_tokens, self.context_len - len(msg.input_ids))
-        req = Req(msg.rid, msg.input_ids, sampling, return_logprob=msg.return_logprob, logprob_start_len=start,
-                  top_logprobs_num=msg.top_logprobs_num, stream=msg.stream, program_id=msg.program_id,
-                  arrival_time=msg.arrival_time or None)
+        sampling.max_new_tokens = min(
+            sampling.max_new_tokens, self.context_len - len(msg.input_ids)
+        )
+        req = Req(
+            msg.rid,
+            msg.input_ids,
+            sampling,
+            return_logprob=msg.return_logprob,
+            logprob_start_len=start,
+            top_logprobs_num=msg.top_logprobs_num,
+            stream=msg.stream,
+            program_id=msg.program_id,
+            arrival_time=msg.arrival_time or None,
+        )
         req.pin_ttl_s = msg.pin_ttl_s
         req.session_id = msg.session_id
         if sampling.stop or sampling.stop_regex:
@@ -103,12 +141,23 @@ class Scheduler(SchedulerAdmin):
         """The grammar backend that serves constraints of `kind` (--grammar-backend; ebnf: llguidance)."""
         if self.grammar_backends is None:
             from radixrt.runtime.constrained.choose import BackendChooser, make_backend
+
             cfg = self.config
-            self.grammar_backends = BackendChooser(cfg.grammar_backend, lambda name: make_backend(
-                name, self.tokenizer, self.runner.vocab_size, self._eos_list, cache_size=cfg.grammar_cache_size,
-                compile_timeout=cfg.grammar_compile_timeout, enable_jump_forward=cfg.enable_jump_forward,
-                compile_workers=cfg.grammar_compile_workers, compile_memory_mb=cfg.grammar_compile_memory_mb,
-                json_schema_strict=cfg.json_schema_strict))
+            self.grammar_backends = BackendChooser(
+                cfg.grammar_backend,
+                lambda name: make_backend(
+                    name,
+                    self.tokenizer,
+                    self.runner.vocab_size,
+                    self._eos_list,
+                    cache_size=cfg.grammar_cache_size,
+                    compile_timeout=cfg.grammar_compile_timeout,
+                    enable_jump_forward=cfg.enable_jump_forward,
+                    compile_workers=cfg.grammar_compile_workers,
+                    compile_memory_mb=cfg.grammar_compile_memory_mb,
+                    json_schema_strict=cfg.json_schema_strict,
+                ),
+            )
         return self.grammar_backends.for_kind(kind)
 
     def abort(self, rid: str) -> list[TokenOut]:
@@ -126,7 +175,9 @@ class Scheduler(SchedulerAdmin):
         return bool(self.waiting or self.running)
 
     def step(self) -> list[TokenOut]:
-        if self.pins.expire():  # sessions whose pin lapsed end with it; nothing to look at otherwise
+        if (
+            self.pins.expire()
+        ):  # sessions whose pin lapsed end with it; nothing to look at otherwise
             self.sessions.expire()
         self.admission.collect_grammars(self.waiting, self.faults.check, self._fail)
         plan = self._plan()
@@ -149,8 +200,14 @@ class Scheduler(SchedulerAdmin):
         culprits = set(error.indices) if isinstance(error, PlanItemError) else set(range(len(plan)))
         status = error.status if isinstance(error, PlanItemError) else 500
         if status >= 500:
-            log.error("step failed (%s: %s); failing %d of its %d requests", type(error).__name__, error,
-                      len(culprits), len(plan), exc_info=not isinstance(error, PlanItemError))
+            log.error(
+                "step failed (%s: %s); failing %d of its %d requests",
+                type(error).__name__,
+                error,
+                len(culprits),
+                len(plan),
+                exc_info=not isinstance(error, PlanItemError),
+            )
             self.stats.num_step_failures += 1
         else:
             log.warning("%d request(s) cannot go on: %s", len(culprits), error)
@@ -158,8 +215,13 @@ class Scheduler(SchedulerAdmin):
             req.table_stale = True
             req.draft_ids, req.draft_states = [], []
             if i in culprits and not req.finished:
-                self._fail(req, str(error) if status < 500 else f"internal error: {type(error).__name__}: {error}",
-                           status)
+                self._fail(
+                    req,
+                    str(error)
+                    if status < 500
+                    else f"internal error: {type(error).__name__}: {error}",
+                    status,
+                )
             elif req.table_row is not None:
                 self.memory.trim(req)  # pages grown for a draft that will not run
         self.check_integrity()
@@ -216,10 +278,17 @@ class Scheduler(SchedulerAdmin):
         pos = req.kv_len
         start = self.memory.write_start(req)
         item = PlanItem(
-            req.table_row, [req.output_ids[-1]] + req.draft_ids, pos,
-            slots_of(req.page_ids, start, pos + 1 + num_draft, self.page_size), start, None,
-            sample_rows(req, req.draft_ids, req.draft_states, self._eos_list), num_draft,
-            req.origin_input_ids, req.output_ids)
+            req.table_row,
+            [req.output_ids[-1]] + req.draft_ids,
+            pos,
+            slots_of(req.page_ids, start, pos + 1 + num_draft, self.page_size),
+            start,
+            None,
+            sample_rows(req, req.draft_ids, req.draft_states, self._eos_list),
+            num_draft,
+            req.origin_input_ids,
+            req.output_ids,
+        )
         return item, num_draft
 
     def _plan_extends(self) -> list[tuple[Req, PlanItem]]:
@@ -235,7 +304,9 @@ class Scheduler(SchedulerAdmin):
                 budget -= target - req.kv_len
                 inflight.append(req.fill_ids)
         if budget > 0 and self.waiting:
-            items += self.admission.admit(self.waiting, self.running, budget, inflight, self._extend_item)
+            items += self.admission.admit(
+                self.waiting, self.running, budget, inflight, self._extend_item
+            )
         return items
 
     def _extend_item(self, req: Req, target: int, write_start: int) -> PlanItem:
@@ -244,9 +315,18 @@ class Scheduler(SchedulerAdmin):
             logits_start = max(req.logprob_start_len - 1, 0)
         picks = sample_rows(req, [], [], self._eos_list) if target == req.seq_len else []
         return PlanItem(
-            req.table_row, req.fill_ids[req.kv_len:target], req.kv_len,
-            slots_of(req.page_ids, write_start, target, self.page_size), write_start, logits_start, picks, 0,
-            req.origin_input_ids, req.output_ids, req.top_logprobs_num)
+            req.table_row,
+            req.fill_ids[req.kv_len : target],
+            req.kv_len,
+            slots_of(req.page_ids, write_start, target, self.page_size),
+            write_start,
+            logits_start,
+            picks,
+            0,
+            req.origin_input_ids,
+            req.output_ids,
+            req.top_logprobs_num,
+        )
 
     # ---------------------------------------------------------------- results
     def _apply(self, plan: list[tuple[Req, PlanItem]], results: list[ItemResult]) -> None:
@@ -254,14 +334,18 @@ class Scheduler(SchedulerAdmin):
             try:
                 self.faults.check("apply", req.origin_input_ids)
                 self._apply_item(req, item, res)
-            except Exception as e:  # stop matching, grammar, finish rules: this request's failure alone
+            except (
+                Exception
+            ) as e:  # stop matching, grammar, finish rules: this request's failure alone
                 log.exception("applying the step to %s failed", req.rid)
                 if not req.finished:
                     self._fail(req, f"internal error: {type(e).__name__}: {e}", 500)
 
     def _apply_item(self, req: Req, item: PlanItem, res: ItemResult) -> None:
         if item.num_draft:
-            self._after_tokens(req, take_draft(req, item, res, self.eos_ids, self.memory, self.stats))
+            self._after_tokens(
+                req, take_draft(req, item, res, self.eos_ids, self.memory, self.stats)
+            )
             return
         req.kv_len = item.prefix_len + len(item.new_ids)
         if item.logits_start is not None:
@@ -285,8 +369,10 @@ class Scheduler(SchedulerAdmin):
 
     def _finish(self, req: Req, reason: dict) -> None:
         req.draft_ids, req.draft_states = [], []
-        keep = (req.pin_ttl_s is not None or req.session_id is not None) and req.table_row is not None
-        pin_ids = req.fill_ids[:req.kv_len] if keep else None
+        keep = (
+            req.pin_ttl_s is not None or req.session_id is not None
+        ) and req.table_row is not None
+        pin_ids = req.fill_ids[: req.kv_len] if keep else None
         if req.table_row is not None:
             self._release(req)
         if pin_ids is not None and reason["type"] != "abort":

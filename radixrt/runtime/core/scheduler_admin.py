@@ -1,5 +1,6 @@
 """The Scheduler's admin calls (pins, sessions, flush, the cache view, live figures, integrity): they
 read or release state between steps and never plan a forward."""
+
 from __future__ import annotations
 
 from radixrt.runtime.core import cache_view
@@ -22,8 +23,11 @@ class SchedulerAdmin:
         self.sessions.clear()
         return self.tree.reset()
 
-    def cache_tree(self, max_depth: int = cache_view.DEFAULT_MAX_DEPTH,
-                   max_nodes: int = cache_view.DEFAULT_MAX_NODES) -> dict:
+    def cache_tree(
+        self,
+        max_depth: int = cache_view.DEFAULT_MAX_DEPTH,
+        max_nodes: int = cache_view.DEFAULT_MAX_NODES,
+    ) -> dict:
         """What the radix tree holds (core/cache_view.py), token ids only."""
         owners = self.sessions.owners()
         pinned = [(node, owners.get(handle)) for node, handle in self.pins.pinned_nodes()]

@@ -1,6 +1,7 @@
 """Counters the scheduler keeps, the live figures it reports, and its integrity check.
 
 The functions take the Scheduler as `s` and read only its public state (no import of it: no cycle)."""
+
 from __future__ import annotations
 
 import time
@@ -20,11 +21,13 @@ class SchedulerStats:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     generated_tokens: int = 0
-    num_draft_tokens: int = 0     # jump-forward draft tokens fed for verification
-    num_draft_accepted: int = 0   # of those, the ones the model's pick agreed with
-    num_step_failures: int = 0    # forwards that raised (their culprit requests failed, the rest went on)
+    num_draft_tokens: int = 0  # jump-forward draft tokens fed for verification
+    num_draft_accepted: int = 0  # of those, the ones the model's pick agreed with
+    num_step_failures: int = (
+        0  # forwards that raised (their culprit requests failed, the rest went on)
+    )
     integrity_error: str | None = None  # the last integrity walk's finding (None: it held)
-    integrity_checked_at: float = 0.0   # time.time() of that walk (0: never)
+    integrity_checked_at: float = 0.0  # time.time() of that walk (0: never)
 
     def on_admit(self, prompt_len: int, cached_len: int) -> None:
         self.num_admitted += 1
@@ -36,7 +39,6 @@ class SchedulerStats:
         self.generated_tokens += len(req.output_ids)
         if req.finished_reason and req.finished_reason.get("type") == "abort":
             self.num_aborted += 1
-
 
 
 def server_info(s: Any, walk: bool = True) -> dict:
@@ -97,7 +99,9 @@ def check_integrity(s: Any) -> None:
         assert r.table_row is not None, f"{r} runs without a table row"
         assert r.cached_len <= r.kv_len <= r.seq_len, f"{r}: lengths out of order"
         assert len(r.page_ids) * s.page_size >= r.kv_len, f"{r}: pages do not cover its KV"
-        assert set(r.page_ids[:num_borrowed]) <= set(tree_pages), f"{r}: borrowed pages not in the tree"
+        assert set(r.page_ids[:num_borrowed]) <= set(tree_pages), (
+            f"{r}: borrowed pages not in the tree"
+        )
         owned.extend(r.page_ids[num_borrowed:])
     for r in s.waiting:
         assert not r.page_ids and r.table_row is None, f"waiting {r} holds memory"
@@ -105,7 +109,8 @@ def check_integrity(s: Any) -> None:
     all_pages = free | set(tree_pages) | set(owned)
     assert len(free) + len(tree_pages) + len(owned) == s.allocator.num_pages == len(all_pages), (
         f"pages leaked or shared: free {len(free)} + tree {len(tree_pages)} + owned {len(owned)} "
-        f"!= {s.allocator.num_pages} (distinct {len(all_pages)})")
+        f"!= {s.allocator.num_pages} (distinct {len(all_pages)})"
+    )
     if not s.running and not len(s.pins):
         assert s.tree.protected_pages == 0, "locks remain with nothing running or pinned"
     rows = [r.table_row for r in s.running]

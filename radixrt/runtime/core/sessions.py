@@ -7,6 +7,7 @@ cache hit for all of it even when other traffic has filled the pool. A session e
 when its pin's ttl passes without a new turn, or when MAX_SESSIONS newer sessions push it out. Per
 session the table counts turns and prompt / cached tokens (its hit rate) for /get_server_info.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -21,7 +22,9 @@ MAX_SESSION_ID_CHARS = 128
 
 @dataclass
 class Session:
-    handle: str | None = None   # the pin holding the last turn (None: not pinned, e.g. refused by the caps)
+    handle: str | None = (
+        None  # the pin holding the last turn (None: not pinned, e.g. refused by the caps)
+    )
     turns: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
@@ -64,8 +67,11 @@ class SessionTable:
     def expire(self) -> None:
         """Forget sessions whose pin is gone (lapsed, or let go for memory); the scheduler calls this only
         when pins went away, so it is not per-step work."""
-        for sid in [sid for sid, s in self._sessions.items() if s.handle is not None
-                    and self.pins.expiry(s.handle) is None]:
+        for sid in [
+            sid
+            for sid, s in self._sessions.items()
+            if s.handle is not None and self.pins.expiry(s.handle) is None
+        ]:
             del self._sessions[sid]
 
     def owners(self) -> dict[str, str]:
@@ -78,11 +84,19 @@ class SessionTable:
 
     def info(self) -> dict:
         recent = list(self._sessions.items())[-MAX_REPORTED:][::-1]
-        return {"num_sessions": len(self._sessions),
-                "sessions": {sid: {"turns": s.turns, "prompt_tokens": s.prompt_tokens,
-                                   "cached_tokens": s.cached_tokens, "pinned_tokens": s.pinned_tokens,
-                                   "hit_rate": s.cached_tokens / s.prompt_tokens if s.prompt_tokens else 0.0}
-                             for sid, s in recent}}
+        return {
+            "num_sessions": len(self._sessions),
+            "sessions": {
+                sid: {
+                    "turns": s.turns,
+                    "prompt_tokens": s.prompt_tokens,
+                    "cached_tokens": s.cached_tokens,
+                    "pinned_tokens": s.pinned_tokens,
+                    "hit_rate": s.cached_tokens / s.prompt_tokens if s.prompt_tokens else 0.0,
+                }
+                for sid, s in recent
+            },
+        }
 
     def _touch(self, session_id: str) -> Session:
         s = self._sessions.pop(session_id, None) or Session()

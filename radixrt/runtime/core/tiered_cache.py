@@ -24,6 +24,7 @@ on are not copied, and their nodes are dropped: corrupt KV is recomputed, never 
 synchronous and the writes an eviction demotes go out in one batch before the evicted pool pages can be
 reused, so no tier page is read while a write to it is in flight.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -52,28 +53,40 @@ class TierStore(Protocol):
 
 @dataclass
 class TierStats:
-    hits: int = 0              # matches that loaded KV back from the tier
+    hits: int = 0  # matches that loaded KV back from the tier
     tokens_loaded: int = 0
     tokens_written: int = 0
     load_seconds: float = 0.0
     write_seconds: float = 0.0
     checksum_failures: int = 0  # loads that found a corrupt page (its nodes dropped, recomputed)
-    nodes_dropped: int = 0      # nodes the tier gave up for room (or too short to keep)
-    load_latencies: deque = field(default_factory=lambda: deque(maxlen=4096))  # seconds per load_back
+    nodes_dropped: int = 0  # nodes the tier gave up for room (or too short to keep)
+    load_latencies: deque = field(
+        default_factory=lambda: deque(maxlen=4096)
+    )  # seconds per load_back
 
 
 class TieredRadixCache(RadixCache):
-    def __init__(self, allocator: PageAllocator, page_size: int, store: TierStore, write_policy: str = "write_back",
-                 min_tokens: int = 1):
+    def __init__(
+        self,
+        allocator: PageAllocator,
+        page_size: int,
+        store: TierStore,
+        write_policy: str = "write_back",
+        min_tokens: int = 1,
+    ):
         super().__init__(allocator, page_size)
         if write_policy not in WRITE_POLICIES:
-            raise ValueError(f"hicache_write_policy must be one of {WRITE_POLICIES}, got {write_policy!r}")
+            raise ValueError(
+                f"hicache_write_policy must be one of {WRITE_POLICIES}, got {write_policy!r}"
+            )
         self.store = store
         self.host = PageAllocator(store.num_pages, page_size)
         self.write_policy = write_policy
         self.min_tokens = min_tokens
         self.tier_stats = TierStats()
-        self._pending: list[tuple[TreeNode, list[int]]] = []  # (node, its pool pages) to write in one batch
+        self._pending: list[
+            tuple[TreeNode, list[int]]
+        ] = []  # (node, its pool pages) to write in one batch
 
     # ---- matching into the tier and loading back ---------------------------------------------------
 
@@ -125,7 +138,7 @@ class TieredRadixCache(RadixCache):
         for n in nodes:
             if taken + len(n.host_value) > good:
                 break
-            n.value = pool[taken:taken + len(n.host_value)]
+            n.value = pool[taken : taken + len(n.host_value)]
             taken += len(n.value)
             self.evictable_pages += len(n.value)
             loaded.append(n)
@@ -195,7 +208,9 @@ class TieredRadixCache(RadixCache):
     def _make_room(self, num_pages: int) -> None:
         """Free tier pages, least recently used first: tier copies of pool nodes, then whole tier-only leaves."""
         pending = {id(n) for n, _ in self._pending}
-        heap = [(n.last_access, n.node_id, n) for n in self._nodes() if self._tier_droppable(n, pending)]
+        heap = [
+            (n.last_access, n.node_id, n) for n in self._nodes() if self._tier_droppable(n, pending)
+        ]
         heapq.heapify(heap)
         freed = 0
         while heap and freed < num_pages:
@@ -210,13 +225,21 @@ class TieredRadixCache(RadixCache):
             parent = node.parent
             self._drop_subtree(node)
             # a parent only in the tier is a leaf now; one also in the pool was in the heap from the start
-            if parent is not self.root and parent.value is None and self._tier_droppable(parent, pending):
+            if (
+                parent is not self.root
+                and parent.value is None
+                and self._tier_droppable(parent, pending)
+            ):
                 heapq.heappush(heap, (parent.last_access, parent.node_id, parent))
 
     @staticmethod
     def _tier_droppable(node: TreeNode, pending: set[int]) -> bool:
-        return (node.host_value is not None and not node.loading and id(node) not in pending
-                and (node.value is not None or not node.children))
+        return (
+            node.host_value is not None
+            and not node.loading
+            and id(node) not in pending
+            and (node.value is not None or not node.children)
+        )
 
     def _drop_subtree(self, node: TreeNode) -> None:
         """Remove a node whose pool pages are already gone, and everything below it (only in the tier)."""
@@ -230,7 +253,9 @@ class TieredRadixCache(RadixCache):
                 n.host_value = None
             self.tier_stats.nodes_dropped += 1
             stack.extend(n.children.values())
-        if self._pending:  # a demoted node whose write was still pending went with it: nothing to write
+        if (
+            self._pending
+        ):  # a demoted node whose write was still pending went with it: nothing to write
             self._pending = [(n, pages) for n, pages in self._pending if n.host_value is not None]
 
     # ---- whole-tree operations ---------------------------------------------------------------------
@@ -258,21 +283,31 @@ class TieredRadixCache(RadixCache):
         assert len(held) + len(free) == self.host.num_pages, "tier pages leaked"
         for n in self._nodes():
             if n.host_value is not None:
-                assert len(n.host_value) == len(n.key) // self.page_size, f"tier pages != tokens in {n}"
+                assert len(n.host_value) == len(n.key) // self.page_size, (
+                    f"tier pages != tokens in {n}"
+                )
 
     def tier_info(self) -> dict[str, Any]:
         st = self.tier_stats
         lat = sorted(st.load_latencies)
         return {
-            "hicache_enabled": True, "hicache_pages_total": self.host.num_pages, "hicache_pages_used": self.host.num_pages - self.host.num_free,
-            "hicache_write_policy": self.write_policy, "hicache_hits": st.hits,
-            "hicache_tokens_loaded": st.tokens_loaded, "hicache_tokens_written": st.tokens_written,
+            "hicache_enabled": True,
+            "hicache_pages_total": self.host.num_pages,
+            "hicache_pages_used": self.host.num_pages - self.host.num_free,
+            "hicache_write_policy": self.write_policy,
+            "hicache_hits": st.hits,
+            "hicache_tokens_loaded": st.tokens_loaded,
+            "hicache_tokens_written": st.tokens_written,
             "hicache_bytes_loaded": st.tokens_loaded // self.page_size * self.store.page_bytes,
             "hicache_bytes_written": st.tokens_written // self.page_size * self.store.page_bytes,
-            "hicache_load_seconds": st.load_seconds, "hicache_write_seconds": st.write_seconds,
+            "hicache_load_seconds": st.load_seconds,
+            "hicache_write_seconds": st.write_seconds,
             "hicache_load_latency_p50_s": lat[len(lat) // 2] if lat else None,
-            "hicache_load_latency_p99_s": lat[min(len(lat) - 1, int(len(lat) * .99))] if lat else None,
-            "hicache_checksum_failures": st.checksum_failures, "hicache_nodes_dropped": st.nodes_dropped,
+            "hicache_load_latency_p99_s": lat[min(len(lat) - 1, int(len(lat) * 0.99))]
+            if lat
+            else None,
+            "hicache_checksum_failures": st.checksum_failures,
+            "hicache_nodes_dropped": st.nodes_dropped,
         }
 
 
@@ -285,5 +320,10 @@ def make_tree(config: Any, allocator: PageAllocator, runner: Any) -> RadixCache:
     """The scheduler's radix tree: with --enable-hierarchical-cache, over the runner's second tier."""
     if not config.enable_hierarchical_cache:
         return RadixCache(allocator, config.page_size, disable=config.disable_radix_cache)
-    return TieredRadixCache(allocator, config.page_size, runner.make_kv_tier(config), config.hicache_write_policy,
-                            MIN_SWAP_TOKENS)
+    return TieredRadixCache(
+        allocator,
+        config.page_size,
+        runner.make_kv_tier(config),
+        config.hicache_write_policy,
+        MIN_SWAP_TOKENS,
+    )

@@ -1,4 +1,5 @@
 """A node of the radix tree (radix_cache.py): the edge's token ids, where their KV lives, locks and LRU age."""
+
 from __future__ import annotations
 
 import itertools
@@ -10,18 +11,28 @@ class TreeNode:
 
     def __init__(self, key: list[int], value: list[int], parent: TreeNode | None):
         self.key = key  # token ids of the edge into this node
-        self.value: list[int] | None = value  # pool page ids of those tokens (len(key) // page_size of them);
+        self.value: list[int] | None = (
+            value  # pool page ids of those tokens (len(key) // page_size of them);
+        )
         # None when the KV is only in the second tier (tiered_cache.py)
-        self.host_value: list[int] | None = None  # the second tier's page ids of the same tokens, if written there
-        self.loading = False  # being loaded back from the second tier: the tier may not drop it meanwhile
+        self.host_value: list[int] | None = (
+            None  # the second tier's page ids of the same tokens, if written there
+        )
+        self.loading = (
+            False  # being loaded back from the second tier: the tier may not drop it meanwhile
+        )
         self.parent = parent
         self.children: dict[Any, TreeNode] = {}
         self.lock_ref = 0
         self.last_access = 0
-        self.last_access_time = 0.0  # time.time() of the last match or insert through it (for the cache view)
+        self.last_access_time = (
+            0.0  # time.time() of the last match or insert through it (for the cache view)
+        )
         self.hits = 0  # requests admitted with a cached prefix that ran through this whole edge
         self.node_id = next(TreeNode._ids)  # ties in the LRU heap break deterministically
 
     def __repr__(self) -> str:
-        return (f"TreeNode(#{self.node_id}, tokens={len(self.key)}, pages={self.value}, host={self.host_value}, "
-                f"lock={self.lock_ref})")
+        return (
+            f"TreeNode(#{self.node_id}, tokens={len(self.key)}, pages={self.value}, host={self.host_value}, "
+            f"lock={self.lock_ref})"
+        )

@@ -19,6 +19,7 @@ The compiled graphs are saved under $RADIXRT_CACHE_DIR/compiled (keyed by torch'
 the shapes) and Inductor's own caches under $RADIXRT_CACHE_DIR/inductor, so a later start loads them. Without a
 C++ compiler (Inductor's CPU code generation needs one) the engine runs eager and says so once.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -55,8 +56,11 @@ class Bucket:
 
 
 def buckets(max_bs: int) -> list[Bucket]:
-    return [Bucket("one token", 1, 1), Bucket("small batches", 2, max_bs),
-            Bucket("large steps", max_bs + 1, MAX_TOKENS)]
+    return [
+        Bucket("one token", 1, 1),
+        Bucket("small batches", 2, max_bs),
+        Bucket("large steps", max_bs + 1, MAX_TOKENS),
+    ]
 
 
 def compiler_missing(device: torch.device) -> str | None:
@@ -122,7 +126,11 @@ def flatten(args: tuple) -> tuple[list[torch.Tensor], Callable[[list[torch.Tenso
     return tensors, rebuild
 
 
-T_ARGS = {"attention_inputs": (0, -2, -1), "seam": (0, 1, -2, -1), "final": (0, 1)}  # args whose dim 0 is T
+T_ARGS = {
+    "attention_inputs": (0, -2, -1),
+    "seam": (0, 1, -2, -1),
+    "final": (0, 1),
+}  # args whose dim 0 is T
 
 
 def activations(name: str, args: tuple) -> set[int]:
@@ -130,7 +138,9 @@ def activations(name: str, args: tuple) -> set[int]:
     return {id(args[i]) for i in T_ARGS[name]}
 
 
-def trace(fn: Callable, flat: list[torch.Tensor], t_ids: set[int], static: bool) -> torch.fx.GraphModule:
+def trace(
+    fn: Callable, flat: list[torch.Tensor], t_ids: set[int], static: bool
+) -> torch.fx.GraphModule:
     """fn's FX graph over fake copies of flat: only dim 0 of the activations symbolic (or nothing, static).
     make_fx's own symbolic mode would make every dim symbolic and unify equal sizes: a T of 2 traced that way
     becomes the same symbol as the 2 of a weight's shape."""
@@ -141,8 +151,10 @@ def trace(fn: Callable, flat: list[torch.Tensor], t_ids: set[int], static: bool)
     mode = FakeTensorMode(shape_env=ShapeEnv())
 
     def fake(t: torch.Tensor) -> torch.Tensor:
-        dims = [DimDynamic.DYNAMIC if j == 0 and id(t) in t_ids and not static else DimDynamic.STATIC
-                for j in range(t.dim())]
+        dims = [
+            DimDynamic.DYNAMIC if j == 0 and id(t) in t_ids and not static else DimDynamic.STATIC
+            for j in range(t.dim())
+        ]
         return mode.from_tensor(t, symbolic_context=StatelessSymbolicContext(dynamic_sizes=dims))
 
     fakes = [fake(t) for t in flat]
@@ -155,8 +167,12 @@ def example_inputs(flat: list[torch.Tensor], t_ids: set[int], bucket: Bucket) ->
     dimension (2), or of 9 to the 9 heads of o, would size every later call by that dimension."""
     taken = {n for t in flat for j, n in enumerate(t.shape) if j or id(t) not in t_ids}
     num_tokens = next(n for n in range(bucket.min_tokens, bucket.max_tokens + 1) if n not in taken)
-    return [torch.zeros((num_tokens, *t.shape[1:]), dtype=t.dtype, device=t.device) if id(t) in t_ids else t
-            for t in flat]
+    return [
+        torch.zeros((num_tokens, *t.shape[1:]), dtype=t.dtype, device=t.device)
+        if id(t) in t_ids
+        else t
+        for t in flat
+    ]
 
 
 class CompiledLayers:
@@ -166,7 +182,9 @@ class CompiledLayers:
         self.buckets = buckets(max_bs)
         self.dims = LayerDims(**{**dims.__dict__, "compiled": True})
         self.cache_dir = cache_dir
-        self._graphs: dict[tuple[str, str], Callable] = {}  # (function name, bucket name) -> compiled
+        self._graphs: dict[
+            tuple[str, str], Callable
+        ] = {}  # (function name, bucket name) -> compiled
         self.num_compiles = 0  # graphs compiled (not loaded) in this process
         self.compile_seconds: dict[str, float] = {}
 
@@ -181,7 +199,9 @@ class CompiledLayers:
 
     def final(self, *args):
         out = self._call("final", args)
-        return out[0] if isinstance(out, (list, tuple)) else out  # a loaded graph returns its outputs as a list
+        return (
+            out[0] if isinstance(out, (list, tuple)) else out
+        )  # a loaded graph returns its outputs as a list
 
     def _call(self, name: str, args: tuple):
         flat = tensors_of(args)  # one level of nesting: the Linear.op_args tuples
@@ -199,12 +219,19 @@ class CompiledLayers:
             try:
                 return torch._inductor.CompiledArtifact.load(path=str(path), format="unpacked")
             except Exception as e:  # a stale or partial entry: compile it again
-                log.warning("torch.compile: could not load %s (%s: %s); compiling", path, type(e).__name__, e)
+                log.warning(
+                    "torch.compile: could not load %s (%s: %s); compiling",
+                    path,
+                    type(e).__name__,
+                    e,
+                )
         t_ids = activations(name, args)
         gm = trace(lambda *t: fn(*rebuild(list(t))), flat, t_ids, bucket.static)
         artifact = torch._inductor.standalone_compile(
-            gm, flat if bucket.static else example_inputs(flat, t_ids, bucket),
-            dynamic_shapes="from_example_inputs" if bucket.static else "from_graph")
+            gm,
+            flat if bucket.static else example_inputs(flat, t_ids, bucket),
+            dynamic_shapes="from_example_inputs" if bucket.static else "from_graph",
+        )
         self.num_compiles += 1
         tmp = path.with_name(path.name + f".tmp{os.getpid()}")
         try:
@@ -220,9 +247,17 @@ class CompiledLayers:
         (the token dim as the bucket), the constants (absent biases, out_features)."""
         code = inspect.getsource(llama_layer) + inspect.getsource(linear)
         num_tokens = flat[0].shape[0]
-        shapes = [(str(t.dtype), t.is_mkldnn, tuple(-1 if j == 0 and n == num_tokens else n
-                                                     for j, n in enumerate(t.shape))) for t in flat]
-        text = repr((torch.__version__, code, self.dims, bucket, shapes, rebuild(list(range(len(flat))))))
+        shapes = [
+            (
+                str(t.dtype),
+                t.is_mkldnn,
+                tuple(-1 if j == 0 and n == num_tokens else n for j, n in enumerate(t.shape)),
+            )
+            for t in flat
+        ]
+        text = repr(
+            (torch.__version__, code, self.dims, bucket, shapes, rebuild(list(range(len(flat)))))
+        )
         return f"{name}-{bucket.min_tokens}-{hashlib.sha256(text.encode()).hexdigest()[:20]}"
 
     def warm_up(self, run_tokens: Callable[[int], None]) -> None:
@@ -232,11 +267,19 @@ class CompiledLayers:
             t0 = time.perf_counter()
             run_tokens(bucket.min_tokens)
             self.compile_seconds[bucket.name] = time.perf_counter() - t0
-        log.info("torch.compile: layer graphs for %s: %d compiled, %d loaded from %s in %.1f s (%s)",
-                 ", ".join(f"{b.name} ({b.min_tokens}..{b.max_tokens if b.max_tokens < MAX_TOKENS else 'any'} "
-                           "tokens)" for b in self.buckets), self.num_compiles,
-                 len(self._graphs) - self.num_compiles, self.cache_dir, sum(self.compile_seconds.values()),
-                 ", ".join(f"{k} {v:.1f} s" for k, v in self.compile_seconds.items()))
+        log.info(
+            "torch.compile: layer graphs for %s: %d compiled, %d loaded from %s in %.1f s (%s)",
+            ", ".join(
+                f"{b.name} ({b.min_tokens}..{b.max_tokens if b.max_tokens < MAX_TOKENS else 'any'} "
+                "tokens)"
+                for b in self.buckets
+            ),
+            self.num_compiles,
+            len(self._graphs) - self.num_compiles,
+            self.cache_dir,
+            sum(self.compile_seconds.values()),
+            ", ".join(f"{k} {v:.1f} s" for k, v in self.compile_seconds.items()),
+        )
 
 
 def use_inductor_cache(cache_dir: str) -> None:

@@ -4,6 +4,7 @@ bfloat16 where the hardware multiplies it natively: CUDA, and CPUs with avx512_b
 (oneDNN then runs bf16 GEMMs at ~2x float32's rate, and weights/KV take half the memory).
 float32 elsewhere: without native bf16 the CPU converts every operand and bf16 is slower.
 """
+
 from __future__ import annotations
 
 import pathlib
@@ -25,7 +26,9 @@ def cpu_flags() -> set[str]:
     return set()
 
 
-def pick_dtype(requested: str, device: torch.device, flags: set[str] | None = None) -> tuple[torch.dtype, str]:
+def pick_dtype(
+    requested: str, device: torch.device, flags: set[str] | None = None
+) -> tuple[torch.dtype, str]:
     """(dtype, the reason in words)."""
     if requested != "auto":
         return DTYPES[requested], f"dtype {requested} requested"
@@ -34,6 +37,11 @@ def pick_dtype(requested: str, device: torch.device, flags: set[str] | None = No
     flags = cpu_flags() if flags is None else flags
     native = [f for f in NATIVE_BF16_CPU_FLAGS if f in flags]
     if native:
-        return torch.bfloat16, f"dtype auto: bfloat16, the CPU multiplies it natively ({', '.join(native)})"
-    return torch.float32, ("dtype auto: float32, the CPU has no native bfloat16 "
-                           f"(none of {', '.join(NATIVE_BF16_CPU_FLAGS)})")
+        return (
+            torch.bfloat16,
+            f"dtype auto: bfloat16, the CPU multiplies it natively ({', '.join(native)})",
+        )
+    return torch.float32, (
+        "dtype auto: float32, the CPU has no native bfloat16 "
+        f"(none of {', '.join(NATIVE_BF16_CPU_FLAGS)})"
+    )

@@ -11,17 +11,20 @@ more than the bytes it saves, so Linear uses this copy only up to MAX_ROWS rows.
 
 A weight that is not exactly 4-bit groups (another checkpoint, a trained fp32 model) gets no copy.
 """
+
 from __future__ import annotations
 
 import torch
 
 GROUP = 32
 MAX_ROWS = 4  # int4 beats the bf16 GEMM up to here (one step's matmuls: 4.0 / 5.1 / 7.2 ms at 1 / 2 / 4 rows
-              # vs ~13 ms bf16; 4x slower than bf16 at 16 rows in cache)
+# vs ~13 ms bf16; 4x slower than bf16 at 16 rows in cache)
 
 
 def available() -> bool:
-    return hasattr(torch, "_weight_int4pack_mm_for_cpu") and hasattr(torch, "_convert_weight_to_int4pack_for_cpu")
+    return hasattr(torch, "_weight_int4pack_mm_for_cpu") and hasattr(
+        torch, "_convert_weight_to_int4pack_for_cpu"
+    )
 
 
 class Int4Weight:
@@ -33,7 +36,12 @@ class Int4Weight:
     def from_exact(cls, weight: torch.Tensor) -> Int4Weight | None:
         """weight [N, K] float32 (before any rounding) -> its 4-bit form, or None when some group of
         GROUP values along K is not {q * d + m : q in 0..15} (checked by rebuilding every value)."""
-        if not available() or weight.dim() != 2 or weight.device.type != "cpu" or weight.shape[1] % GROUP:
+        if (
+            not available()
+            or weight.dim() != 2
+            or weight.device.type != "cpu"
+            or weight.shape[1] % GROUP
+        ):
             return None
         n, k = weight.shape
         groups = weight.float().reshape(n, k // GROUP, GROUP)
@@ -42,7 +50,9 @@ class Int4Weight:
         safe = torch.where(step > 0, step, torch.ones_like(step))
         codes = torch.round((groups - low) / safe).clamp_(0, 15)
         rebuilt = codes * step + low
-        if not torch.allclose(rebuilt, groups, rtol=0, atol=1e-6 * float(groups.abs().max().clamp_min(1e-30))):
+        if not torch.allclose(
+            rebuilt, groups, rtol=0, atol=1e-6 * float(groups.abs().max().clamp_min(1e-30))
+        ):
             return None
         packed = torch._convert_weight_to_int4pack_for_cpu(codes.reshape(n, k).to(torch.int32), 1)
         # the kernel takes bf16 scales: round the scale, then fit the zero to the rounded scale (the
@@ -50,7 +60,9 @@ class Int4Weight:
         scale = step.to(torch.bfloat16).float()
         zero = (groups - (codes - 8) * scale).mean(-1, keepdim=True)
         scale, zero = scale[..., 0], zero[..., 0]  # [N, K / GROUP]
-        scales_and_zeros = torch.stack((scale.t(), zero.t()), dim=-1).to(torch.bfloat16).contiguous()
+        scales_and_zeros = (
+            torch.stack((scale.t(), zero.t()), dim=-1).to(torch.bfloat16).contiguous()
+        )
         return cls(packed, scales_and_zeros)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

@@ -2,6 +2,7 @@
 
 Which rows and pages are in use is decided in core/ (page_allocator.py); here they are only indexed.
 """
+
 from __future__ import annotations
 
 import torch
@@ -25,21 +26,34 @@ class KVCache:
     """K and V per layer: [num_slots, num_kv_heads, head_dim] each; with an int8 / fp8 dtype also a float32
     scale per token per KV head, [num_slots, num_kv_heads] (kernels/kv_quant.py)."""
 
-    def __init__(self, num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device | str = "cpu"):
+    def __init__(
+        self,
+        num_layers: int,
+        num_slots: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ):
         shape = (num_slots, num_kv_heads, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.k_scale = self.v_scale = None
         if is_quantized(dtype):
-            self.k_scale = [torch.ones(shape[:2], dtype=torch.float32, device=device) for _ in range(num_layers)]
-            self.v_scale = [torch.ones(shape[:2], dtype=torch.float32, device=device) for _ in range(num_layers)]
+            self.k_scale = [
+                torch.ones(shape[:2], dtype=torch.float32, device=device) for _ in range(num_layers)
+            ]
+            self.v_scale = [
+                torch.ones(shape[:2], dtype=torch.float32, device=device) for _ in range(num_layers)
+            ]
         self.num_slots = num_slots
         self.dtype = dtype
 
     def tensors(self) -> list[torch.Tensor]:
         """Every per-slot tensor of the pool: each layer's K, then V, then (quantised) their scales."""
-        return [t for group in (self.k, self.v, self.k_scale or [], self.v_scale or []) for t in group]
+        return [
+            t for group in (self.k, self.v, self.k_scale or [], self.v_scale or []) for t in group
+        ]
 
     def page_bytes(self, page_size: int) -> int:
         """Bytes one page holds over all of tensors() (what a copy of the page moves)."""
@@ -61,6 +75,10 @@ class KVCache:
         return self.k_scale[layer], self.v_scale[layer]
 
     @staticmethod
-    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-        per_head = head_dim * torch.empty((), dtype=dtype).element_size() + (4 if is_quantized(dtype) else 0)
+    def bytes_per_token(
+        num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> int:
+        per_head = head_dim * torch.empty((), dtype=dtype).element_size() + (
+            4 if is_quantized(dtype) else 0
+        )
         return 2 * num_layers * num_kv_heads * per_head

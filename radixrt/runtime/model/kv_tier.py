@@ -11,6 +11,7 @@ own file (its pid and a random suffix in the name; the disk space reserved at st
 that indexes it lives in the process; so KV written by another model or dtype can never be served. A page
 whose checksum fails on a load is reported to the tree, which drops it and recomputes.
 """
+
 from __future__ import annotations
 
 import errno
@@ -37,8 +38,14 @@ FILE_PREFIX = "radixrt-kv-tier-"
 
 
 class KVTierStore:
-    def __init__(self, kv: KVCache, page_size: int, num_pages: int, fingerprint: dict[str, Any],
-                 directory: str | None = None):
+    def __init__(
+        self,
+        kv: KVCache,
+        page_size: int,
+        num_pages: int,
+        fingerprint: dict[str, Any],
+        directory: str | None = None,
+    ):
         if num_pages < 1:
             raise ValueError(f"the second cache tier needs at least one page, got {num_pages}")
         self.parts = kv.tensors()
@@ -51,13 +58,21 @@ class KVTierStore:
         self.path: str | None = None
         self.checksums: np.ndarray | None = None
         if directory is None:
-            self.data = torch.empty((num_pages, self.page_bytes), dtype=torch.uint8,
-                                    pin_memory=self.device.type == "cuda")
+            self.data = torch.empty(
+                (num_pages, self.page_bytes),
+                dtype=torch.uint8,
+                pin_memory=self.device.type == "cuda",
+            )
         else:
             self.data = self._open_file(directory)
 
     def _header(self, fingerprint: dict[str, Any]) -> bytes:
-        meta = dict(fingerprint, format_version=FORMAT_VERSION, page_bytes=self.page_bytes, num_pages=self.num_pages)
+        meta = dict(
+            fingerprint,
+            format_version=FORMAT_VERSION,
+            page_bytes=self.page_bytes,
+            num_pages=self.num_pages,
+        )
         head = MAGIC + json.dumps(meta, sort_keys=True).encode()
         if len(head) > HEADER_BYTES:
             raise ValueError("the tier file's header does not fit")
@@ -67,16 +82,22 @@ class KVTierStore:
         try:
             os.makedirs(directory, exist_ok=True)
         except OSError as e:
-            raise ValueError(f"--hicache-storage-dir {directory!r} cannot be created: {e}") from None
+            raise ValueError(
+                f"--hicache-storage-dir {directory!r} cannot be created: {e}"
+            ) from None
         sums_bytes = -(-self.num_pages * 4 // HEADER_BYTES) * HEADER_BYTES
         total = HEADER_BYTES + sums_bytes + self.num_pages * self.page_bytes
         free = shutil.disk_usage(directory).free
         if total > free:
-            raise ValueError(f"the file tier needs {total / 2**30:.2f} GiB but {directory!r} has "
-                             f"{free / 2**30:.2f} GiB free (lower --hicache-size or --hicache-ratio)")
+            raise ValueError(
+                f"the file tier needs {total / 2**30:.2f} GiB but {directory!r} has "
+                f"{free / 2**30:.2f} GiB free (lower --hicache-size or --hicache-ratio)"
+            )
         _remove_stale_files(directory)
         # pid plus random: two processes sharing the directory (other PID namespaces too) never share a file
-        self.path = os.path.join(directory, f"{FILE_PREFIX}{os.getpid()}-{secrets.token_hex(4)}.bin")
+        self.path = os.path.join(
+            directory, f"{FILE_PREFIX}{os.getpid()}-{secrets.token_hex(4)}.bin"
+        )
         try:
             _reserve(self.path, total)
             self._mm = np.memmap(self.path, dtype=np.uint8, mode="r+", shape=(total,))
@@ -85,12 +106,14 @@ class KVTierStore:
                 os.unlink(self.path)
             except OSError:
                 pass
-            raise ValueError(f"cannot create the tier file {self.path!r} ({total / 2**30:.2f} GiB): {e}") from None
+            raise ValueError(
+                f"cannot create the tier file {self.path!r} ({total / 2**30:.2f} GiB): {e}"
+            ) from None
         self._mm[:HEADER_BYTES] = np.frombuffer(self.header, dtype=np.uint8)
         self._mm.flush()
         self.check_header()
-        self.checksums = self._mm[HEADER_BYTES:HEADER_BYTES + self.num_pages * 4].view(np.uint32)
-        records = self._mm[HEADER_BYTES + sums_bytes:].reshape(self.num_pages, self.page_bytes)
+        self.checksums = self._mm[HEADER_BYTES : HEADER_BYTES + self.num_pages * 4].view(np.uint32)
+        records = self._mm[HEADER_BYTES + sums_bytes :].reshape(self.num_pages, self.page_bytes)
         return torch.from_numpy(records)
 
     def check_header(self) -> None:
@@ -105,7 +128,9 @@ class KVTierStore:
         if not head.startswith(MAGIC):
             raise ValueError(f"{self.path} is not a radixrt KV tier file (bad magic)")
         if head != self.header:
-            raise ValueError(f"{self.path} was written for another model, dtype or layout (header mismatch)")
+            raise ValueError(
+                f"{self.path} was written for another model, dtype or layout (header mismatch)"
+            )
 
     def _pool_views(self) -> list[torch.Tensor]:
         return [t.view(torch.uint8).view(self.pool_pages, -1) for t in self.parts]
@@ -116,7 +141,7 @@ class KVTierStore:
         dst = torch.tensor(tier_pages, dtype=torch.long)
         off = 0
         for view, nbytes in zip(self._pool_views(), self.part_bytes):
-            self.data[:, off:off + nbytes].index_copy_(0, dst, view.index_select(0, src).cpu())
+            self.data[:, off : off + nbytes].index_copy_(0, dst, view.index_select(0, src).cpu())
             off += nbytes
         if self.checksums is not None:
             records = self.data.numpy()
@@ -145,7 +170,9 @@ class KVTierStore:
             dst = torch.tensor(pool_pages[:n], dtype=torch.long, device=self.device)
             off = 0
             for view, nbytes in zip(self._pool_views(), self.part_bytes):
-                view.index_copy_(0, dst, self.data[:, off:off + nbytes].index_select(0, src).to(self.device))
+                view.index_copy_(
+                    0, dst, self.data[:, off : off + nbytes].index_select(0, src).to(self.device)
+                )
                 off += nbytes
         return bad
 
@@ -167,7 +194,10 @@ def _reserve(path: str, size: int) -> None:
         try:
             os.posix_fallocate(fd, 0, size)
         except OSError as e:
-            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # a file system without it: a plain size
+            if e.errno not in (
+                errno.EOPNOTSUPP,
+                errno.EINVAL,
+            ):  # a file system without it: a plain size
                 raise
             os.ftruncate(fd, size)
     finally:
@@ -186,21 +216,39 @@ def _remove_stale_files(directory: str) -> None:
                 pass
 
 
-def open_kv_tier(config: Any, kv: KVCache, page_size: int, pool_pages: int, fingerprint: dict[str, Any],
-                 available_bytes: int) -> KVTierStore:
+def open_kv_tier(
+    config: Any,
+    kv: KVCache,
+    page_size: int,
+    pool_pages: int,
+    fingerprint: dict[str, Any],
+    available_bytes: int,
+) -> KVTierStore:
     """The tier --hicache-size (GB) or --hicache-ratio (x the pool) asks for, in RAM or a file."""
     page_bytes = kv.page_bytes(page_size)
-    num_pages = int(config.hicache_size * 1e9) // page_bytes if config.hicache_size else int(
-        pool_pages * config.hicache_ratio)
+    num_pages = (
+        int(config.hicache_size * 1e9) // page_bytes
+        if config.hicache_size
+        else int(pool_pages * config.hicache_ratio)
+    )
     directory = None
     if config.hicache_storage_backend == "file":
-        directory = config.hicache_storage_dir or os.path.join(tempfile.gettempdir(), "radixrt-hicache")
+        directory = config.hicache_storage_dir or os.path.join(
+            tempfile.gettempdir(), "radixrt-hicache"
+        )
     elif num_pages * page_bytes > available_bytes:
-        raise ValueError(f"the second cache tier wants {num_pages * page_bytes / 2**30:.2f} GiB of host memory, "
-                         f"{available_bytes / 2**30:.2f} GiB is available (lower --hicache-size or "
-                         f"--hicache-ratio, or use --hicache-storage-backend file)")
+        raise ValueError(
+            f"the second cache tier wants {num_pages * page_bytes / 2**30:.2f} GiB of host memory, "
+            f"{available_bytes / 2**30:.2f} GiB is available (lower --hicache-size or "
+            f"--hicache-ratio, or use --hicache-storage-backend file)"
+        )
     store = KVTierStore(kv, page_size, num_pages, fingerprint, directory)
-    log.info("second cache tier: %d pages (%d tokens, %.1f MiB) in %s, write policy %s", num_pages,
-             num_pages * page_size, num_pages * page_bytes / 2**20, store.path or "host memory",
-             config.hicache_write_policy)
+    log.info(
+        "second cache tier: %d pages (%d tokens, %.1f MiB) in %s, write policy %s",
+        num_pages,
+        num_pages * page_size,
+        num_pages * page_bytes / 2**20,
+        store.path or "host memory",
+        config.hicache_write_policy,
+    )
     return store

@@ -7,6 +7,7 @@ chunks reach ~420 GFLOP/s instead of ~380 (benchmarks/bench_vs_vllm.py measures 
 packed weight serves any number of rows and gives the same values as F.linear. Elsewhere (float32,
 CUDA, a torch without the op) the weight stays a plain tensor and F.linear runs.
 """
+
 from __future__ import annotations
 
 import torch
@@ -21,8 +22,10 @@ from radixrt.runtime.model.int4_weight import Int4Weight
 # every layer; the kernel it runs is the eager path's own (Linear.__call__). A torch.library operator costs
 # ~5 us a call; torch.library.custom_op's wrapper ~40 us, which is why it is not one.
 _LIB = torch.library.Library("radixrt", "DEF")
-_LIB.define("linear(Tensor x, Tensor w, Tensor? bias, Tensor? int4_packed, Tensor? int4_scales, int out_features)"
-            " -> Tensor")
+_LIB.define(
+    "linear(Tensor x, Tensor w, Tensor? bias, Tensor? int4_packed, Tensor? int4_scales, int out_features)"
+    " -> Tensor"
+)
 
 
 def linear_kernel(x, w, bias, int4_packed, int4_scales, out_features):
@@ -48,16 +51,26 @@ PACK_BATCH_HINT = 16
 def can_prepack(weight: torch.Tensor) -> bool:
     """oneDNN's bf16 path, where this CPU and torch build have it (an explicit --dtype bfloat16 on a CPU
     without avx512 bf16 support runs plain F.linear)."""
-    if not (weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+    if not (
+        weight.device.type == "cpu"
+        and weight.dtype == torch.bfloat16
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    ):
         return False
     supported = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
     return bool(supported()) if supported is not None else True
 
 
 class Linear:
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, prepack: bool = True,
-                 int4: Int4Weight | None = None):
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        prepack: bool = True,
+        int4: Int4Weight | None = None,
+    ):
         """int4: the same weight as 4-bit groups (int4_weight.py), used for steps of at most
         int4_weight.MAX_ROWS rows of a bf16 model; its bias-free matmul is the only difference."""
         self.out_features, self.in_features = weight.shape
@@ -68,7 +81,9 @@ class Linear:
         self.weight = weight
         if self.packed:
             try:
-                self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACK_BATCH_HINT)
+                self.weight = torch.ops.mkldnn._reorder_linear_weight(
+                    weight.contiguous(), PACK_BATCH_HINT
+                )
             except RuntimeError:  # the op exists but refuses this CPU: the plain path it is
                 self.packed = False
 
@@ -80,8 +95,13 @@ class Linear:
         """What torch.ops.radixrt.linear takes after x: plain tensors, so a compiled graph can take them as
         inputs (the same graph for every layer)."""
         int4 = self.int4
-        return (self.weight, self.bias, int4.packed if int4 else None, int4.scales_and_zeros if int4 else None,
-                self.out_features)
+        return (
+            self.weight,
+            self.bias,
+            int4.packed if int4 else None,
+            int4.scales_and_zeros if int4 else None,
+            self.out_features,
+        )
 
     def numel(self) -> int:
         return self.out_features * self.in_features

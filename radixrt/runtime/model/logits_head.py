@@ -11,6 +11,7 @@ recomputed in float32 from the same bf16 inputs, and the rest keep their rounded
 the top tokens' logprobs are then those of a float32-output GEMM; the far tail (which only moves a softmax
 sum by rounding noise) is unchanged.
 """
+
 from __future__ import annotations
 
 import torch
@@ -39,7 +40,7 @@ class LogitsHead:
 def near_max_margin(row_max: torch.Tensor) -> torch.Tensor:
     """Two bf16 steps at |row_max|'s binade, rounded up to the next binade's step (a token just below a negative
     maximum has a larger magnitude)."""
-    exponent = torch.floor(torch.log2(row_max.abs().clamp_min(2.0 ** -100))) + 1
+    exponent = torch.floor(torch.log2(row_max.abs().clamp_min(2.0**-100))) + 1
     return torch.exp2(exponent - BF16_MANTISSA_BITS + 1)
 
 
@@ -52,7 +53,9 @@ def near_max(logits: torch.Tensor, threshold: torch.Tensor) -> tuple[torch.Tenso
         return torch.nonzero(logits >= threshold[:, None], as_tuple=True)
     blocks = logits.view(num_rows, vocab // BLOCK, BLOCK)
     block_rows, block_ids = torch.nonzero(blocks.amax(-1) >= threshold[:, None], as_tuple=True)
-    hit, offset = torch.nonzero(blocks[block_rows, block_ids] >= threshold[block_rows, None], as_tuple=True)
+    hit, offset = torch.nonzero(
+        blocks[block_rows, block_ids] >= threshold[block_rows, None], as_tuple=True
+    )
     return block_rows[hit], block_ids[hit] * BLOCK + offset
 
 

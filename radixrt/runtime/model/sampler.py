@@ -19,6 +19,7 @@ Logprobs are log_softmax of the RAW logits (before mask, penalties, temperature)
 them by default. Everything stays on the logits' device; the only host sync is one `.tolist()` of
 the chosen ids (plus the logprob tensors when a row asked for them).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,12 +31,13 @@ from radixrt.runtime.model.sampler_draw import draw_inverse_cdf, draw_race, use_
 from radixrt.runtime.sampling_params import SamplingParams
 
 
-
 class NoAllowedTokenError(AssertionError):
     """Rows whose grammar mask and blocked ids exclude every token: a bug upstream, but only theirs."""
 
     def __init__(self, rows: list[int]):
-        super().__init__(f"sampler: rows {rows} have no allowed token (grammar mask and blocked_ids exclude all)")
+        super().__init__(
+            f"sampler: rows {rows} have no allowed token (grammar mask and blocked_ids exclude all)"
+        )
         self.rows = rows
 
 
@@ -49,7 +51,9 @@ class SampleResult:
     top_logprobs: list[list[tuple[float, int]] | None] | None
 
 
-def sample(logits: torch.Tensor, rows: list[SampleRow], allowed_mask: torch.Tensor | None = None) -> SampleResult:
+def sample(
+    logits: torch.Tensor, rows: list[SampleRow], allowed_mask: torch.Tensor | None = None
+) -> SampleResult:
     """logits: [B, V] float32, never modified. allowed_mask: optional [B, V] bool, True = allowed."""
     assert logits.dim() == 2 and logits.shape[0] == len(rows), (tuple(logits.shape), len(rows))
     num_rows, vocab_size = logits.shape
@@ -63,7 +67,9 @@ def sample(logits: torch.Tensor, rows: list[SampleRow], allowed_mask: torch.Tens
     x = apply_penalties(x, rows, in_place=x is not raw)
 
     sampled_rows = [i for i, r in enumerate(rows) if not r.params.is_greedy]
-    if has_mask:  # max gives the greedy ids and, in the same pass, the rows left with no allowed token
+    if (
+        has_mask
+    ):  # max gives the greedy ids and, in the same pass, the rows left with no allowed token
         max_vals, next_ids = x.max(dim=-1)
     elif len(sampled_rows) < num_rows:
         # the common case, all greedy: this one kernel and the .tolist(); max(dim) gives argmax's first
@@ -73,7 +79,9 @@ def sample(logits: torch.Tensor, rows: list[SampleRow], allowed_mask: torch.Tens
         next_ids = _sample_rows(x, rows)
     elif sampled_rows:
         sel = _index_tensor(sampled_rows, x.device)
-        next_ids.index_copy_(0, sel, _sample_rows(x.index_select(0, sel), [rows[i] for i in sampled_rows]))
+        next_ids.index_copy_(
+            0, sel, _sample_rows(x.index_select(0, sel), [rows[i] for i in sampled_rows])
+        )
     if has_mask:  # flag fully masked rows as -1 so the check costs no extra sync
         next_ids = torch.where(max_vals > float("-inf"), next_ids, -1)
 
@@ -88,23 +96,33 @@ def sample(logits: torch.Tensor, rows: list[SampleRow], allowed_mask: torch.Tens
     return SampleResult(next_list, logprobs, top_logprobs)
 
 
-def apply_masks(logits: torch.Tensor, rows: list[SampleRow], allowed_mask: torch.Tensor | None) -> torch.Tensor:
+def apply_masks(
+    logits: torch.Tensor, rows: list[SampleRow], allowed_mask: torch.Tensor | None
+) -> torch.Tensor:
     """A new tensor with disallowed (mask False) and blocked ids set to -inf."""
     if allowed_mask is not None:
-        assert allowed_mask.shape == logits.shape and allowed_mask.dtype == torch.bool, \
-            (tuple(allowed_mask.shape), allowed_mask.dtype)
+        assert allowed_mask.shape == logits.shape and allowed_mask.dtype == torch.bool, (
+            tuple(allowed_mask.shape),
+            allowed_mask.dtype,
+        )
         out = torch.where(allowed_mask, logits, float("-inf"))
     else:
         out = logits.clone()
     vocab_size = logits.shape[1]
-    flat_idx = [i * vocab_size + t for i, r in enumerate(rows) if r.blocked_ids for t in r.blocked_ids]
+    flat_idx = [
+        i * vocab_size + t for i, r in enumerate(rows) if r.blocked_ids for t in r.blocked_ids
+    ]
     if flat_idx:
-        assert all(0 <= t < vocab_size for r in rows if r.blocked_ids for t in r.blocked_ids), "blocked id out of range"
+        assert all(0 <= t < vocab_size for r in rows if r.blocked_ids for t in r.blocked_ids), (
+            "blocked id out of range"
+        )
         out.view(-1).index_fill_(0, _index_tensor(flat_idx, logits.device), float("-inf"))
     return out
 
 
-def apply_penalties(logits: torch.Tensor, rows: list[SampleRow], in_place: bool = False) -> torch.Tensor:
+def apply_penalties(
+    logits: torch.Tensor, rows: list[SampleRow], in_place: bool = False
+) -> torch.Tensor:
     """repetition_penalty (HF: seen logit > 0 is divided, else multiplied) over prompt+output tokens,
     then logit -= frequency_penalty * count + presence_penalty * (count > 0) over output tokens (OpenAI),
     then logit += logit_bias[token] (OpenAI).
@@ -115,8 +133,11 @@ def apply_penalties(logits: torch.Tensor, rows: list[SampleRow], in_place: bool 
     Returns `logits` itself when nothing applies; otherwise a modified copy unless in_place.
     """
     rep_rows = [i for i, r in enumerate(rows) if r.params.repetition_penalty != 1.0]
-    out_rows = [i for i, r in enumerate(rows) if r.output_ids and
-                (r.params.frequency_penalty != 0.0 or r.params.presence_penalty != 0.0)]
+    out_rows = [
+        i
+        for i, r in enumerate(rows)
+        if r.output_ids and (r.params.frequency_penalty != 0.0 or r.params.presence_penalty != 0.0)
+    ]
     bias_rows = [i for i, r in enumerate(rows) if r.params.logit_bias]
     if not rep_rows and not out_rows and not bias_rows:
         return logits
@@ -124,32 +145,57 @@ def apply_penalties(logits: torch.Tensor, rows: list[SampleRow], in_place: bool 
     flat = out.view(-1)  # [B * V]; in_place callers pass a contiguous tensor
     vocab_size = logits.shape[1]
     if rep_rows:
-        idx, pen = _flat_indices(rep_rows, [rows[i].prompt_ids + rows[i].output_ids for i in rep_rows],
-                                 [[rows[i].params.repetition_penalty] for i in rep_rows], vocab_size, out.device)
+        idx, pen = _flat_indices(
+            rep_rows,
+            [rows[i].prompt_ids + rows[i].output_ids for i in rep_rows],
+            [[rows[i].params.repetition_penalty] for i in rep_rows],
+            vocab_size,
+            out.device,
+        )
         vals = flat[idx]
         flat[idx] = torch.where(vals > 0, vals / pen[0], vals * pen[0])
     if out_rows:
-        idx, pen = _flat_indices(out_rows, [rows[i].output_ids for i in out_rows],
-                                 [[rows[i].params.presence_penalty, rows[i].params.frequency_penalty]
-                                  for i in out_rows], vocab_size, out.device)
+        idx, pen = _flat_indices(
+            out_rows,
+            [rows[i].output_ids for i in out_rows],
+            [[rows[i].params.presence_penalty, rows[i].params.frequency_penalty] for i in out_rows],
+            vocab_size,
+            out.device,
+        )
         flat[idx] = flat[idx] - pen[0]
         flat.index_add_(0, idx, -pen[1])
-    if bias_rows:  # token ids are unique per row (canonical decimal keys) and checked < V at the request edge
-        pairs = [(i * vocab_size + t, b) for i in bias_rows for t, b in rows[i].params.logit_bias_pairs()]
-        flat.index_add_(0, _index_tensor([f for f, _ in pairs], out.device),
-                        torch.tensor([b for _, b in pairs], dtype=out.dtype).to(out.device))
+    if (
+        bias_rows
+    ):  # token ids are unique per row (canonical decimal keys) and checked < V at the request edge
+        pairs = [
+            (i * vocab_size + t, b) for i in bias_rows for t, b in rows[i].params.logit_bias_pairs()
+        ]
+        flat.index_add_(
+            0,
+            _index_tensor([f for f, _ in pairs], out.device),
+            torch.tensor([b for _, b in pairs], dtype=out.dtype).to(out.device),
+        )
     return out
 
 
-def _flat_indices(row_ids: list[int], token_lists: list[list[int]], row_values: list[list[float]],
-                  vocab_size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _flat_indices(
+    row_ids: list[int],
+    token_lists: list[list[int]],
+    row_values: list[list[float]],
+    vocab_size: int,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Flat indices row * V + token for every token of every row, and each row's values repeated per
     token ([num_values, N]). Built on the CPU, one copy each to the device."""
     lens = torch.tensor([len(t) for t in token_lists])
     tokens = torch.tensor([t for ts in token_lists for t in ts], dtype=torch.int64)
-    assert tokens.numel() == 0 or (int(tokens.min()) >= 0 and int(tokens.max()) < vocab_size), "token id out of range"
+    assert tokens.numel() == 0 or (int(tokens.min()) >= 0 and int(tokens.max()) < vocab_size), (
+        "token id out of range"
+    )
     flat = torch.tensor(row_ids, dtype=torch.int64).repeat_interleave(lens) * vocab_size + tokens
-    values = torch.tensor(row_values, dtype=torch.float32).repeat_interleave(lens, dim=0).T  # [num_values, N]
+    values = (
+        torch.tensor(row_values, dtype=torch.float32).repeat_interleave(lens, dim=0).T
+    )  # [num_values, N]
     return flat.to(device, non_blocking=True), values.contiguous().to(device, non_blocking=True)
 
 
@@ -161,10 +207,16 @@ def _sample_rows(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
     bad = ~(probs.sum(dim=-1) > 0)  # NaN compares False
     if bool(bad.any()):
         rows_bad = bad.nonzero().squeeze(1)
-        fallback = torch.nan_to_num(logits.index_select(0, rows_bad), nan=float("-inf")).argmax(dim=-1)
+        fallback = torch.nan_to_num(logits.index_select(0, rows_bad), nan=float("-inf")).argmax(
+            dim=-1
+        )
         probs[rows_bad] = 0.0
         probs[rows_bad, fallback] = 1.0
-    seeded = [(i, r.params.seed, len(r.output_ids)) for i, r in enumerate(rows) if r.params.seed is not None]
+    seeded = [
+        (i, r.params.seed, len(r.output_ids))
+        for i, r in enumerate(rows)
+        if r.params.seed is not None
+    ]
     if use_race(probs.device):
         return draw_race(probs, seeded)
     return draw_inverse_cdf(probs, seeded)
@@ -183,15 +235,22 @@ def truncated_probs(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor
     assert not any(p.is_greedy for p in params)
     top_ks = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
     has_k = [k < vocab_size for k in top_ks]
-    p_only = [p.top_p < 1.0 and not k for p, k in zip(params, has_k)]  # nucleus may span the vocabulary
+    p_only = [
+        p.top_p < 1.0 and not k for p, k in zip(params, has_k)
+    ]  # nucleus may span the vocabulary
     use_kp = any(has_k) or any(p.top_p < 1.0 for p in params)
     use_min_p = any(p.min_p > 0.0 for p in params)
     # one host->device copy for all per-row parameters: [5, S]
-    table = torch.tensor([[p.temperature for p in params], top_ks,
-                          [p.top_p if p.top_p < 1.0 else float("inf") for p in params],  # inf: no rounding cut
-                          [p.min_p for p in params],
-                          [float(k or p.top_p < 1.0) for p, k in zip(params, has_k)]],
-                         dtype=torch.float32).to(device, non_blocking=True)
+    table = torch.tensor(
+        [
+            [p.temperature for p in params],
+            top_ks,
+            [p.top_p if p.top_p < 1.0 else float("inf") for p in params],  # inf: no rounding cut
+            [p.min_p for p in params],
+            [float(k or p.top_p < 1.0) for p, k in zip(params, has_k)],
+        ],
+        dtype=torch.float32,
+    ).to(device, non_blocking=True)
     temperature, top_k, top_p, min_p, kp_row = table.unsqueeze(2)  # each [S, 1]
 
     if any(p.temperature != 1.0 for p in params):
@@ -199,7 +258,9 @@ def truncated_probs(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor
     probs = torch.softmax(logits, dim=-1)
     threshold = max_prob = None
     if use_kp:
-        vals = _sorted_prefix(probs, max((k for k, h in zip(top_ks, has_k) if h), default=0), p_only, params)
+        vals = _sorted_prefix(
+            probs, max((k for k, h in zip(top_ks, has_k) if h), default=0), p_only, params
+        )
         position = torch.arange(vals.shape[1], device=device, dtype=torch.float32)
         in_k = position < top_k
         vals_k = vals.masked_fill(~in_k, 0.0)
@@ -210,11 +271,15 @@ def truncated_probs(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor
         keep = in_k & (cum - vals_k <= top_p * mass)  # a prefix; the first token always stays
         num_keep = keep.sum(dim=-1, keepdim=True)
         # clamp: a NaN row keeps nothing (the draw falls back to its argmax, see _sample_rows)
-        threshold = vals.gather(1, (num_keep - 1).clamp_min_(0)) * kp_row  # rows with neither cut: threshold 0
+        threshold = (
+            vals.gather(1, (num_keep - 1).clamp_min_(0)) * kp_row
+        )  # rows with neither cut: threshold 0
         max_prob = vals[:, :1]
     if use_min_p:
         max_prob = probs.amax(dim=-1, keepdim=True) if max_prob is None else max_prob
-        threshold = max_prob * min_p if threshold is None else torch.maximum(threshold, max_prob * min_p)
+        threshold = (
+            max_prob * min_p if threshold is None else torch.maximum(threshold, max_prob * min_p)
+        )
     if threshold is not None:
         probs = probs.masked_fill(probs < threshold, 0.0)
     return probs
@@ -224,8 +289,9 @@ def truncated_probs(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor
 CPU_NUCLEUS_CANDIDATES = 1024
 
 
-def _sorted_prefix(probs: torch.Tensor, max_k: int, p_only: list[bool], params: list[SamplingParams]
-                   ) -> torch.Tensor:
+def _sorted_prefix(
+    probs: torch.Tensor, max_k: int, p_only: list[bool], params: list[SamplingParams]
+) -> torch.Tensor:
     """Descending probabilities [S, W], wide enough for every row's top-k and top-p cut.
 
     Only rows with top_p and no top_k may need the whole vocabulary: a GPU sorts it; a CPU first
@@ -247,14 +313,18 @@ def _index_tensor(values: list[int], device: torch.device) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.int64).to(device, non_blocking=True)
 
 
-def _logprobs(raw: torch.Tensor, rows: list[SampleRow], lp_rows: list[int], next_ids: torch.Tensor
-              ) -> tuple[list[float | None], list[list[tuple[float, int]] | None]]:
+def _logprobs(
+    raw: torch.Tensor, rows: list[SampleRow], lp_rows: list[int], next_ids: torch.Tensor
+) -> tuple[list[float | None], list[list[tuple[float, int]] | None]]:
     """log_softmax of the raw logits at the chosen ids, and the top-n (logprob, id) pairs."""
     if len(lp_rows) == len(rows):
         lp, chosen = torch.log_softmax(raw, dim=-1), next_ids
     else:
         sel = _index_tensor(lp_rows, raw.device)
-        lp, chosen = torch.log_softmax(raw.index_select(0, sel), dim=-1), next_ids.index_select(0, sel)
+        lp, chosen = (
+            torch.log_softmax(raw.index_select(0, sel), dim=-1),
+            next_ids.index_select(0, sel),
+        )
     chosen_lp = lp.gather(1, chosen.unsqueeze(1)).squeeze(1).tolist()
     num_top = max(rows[i].top_logprobs_num for i in lp_rows)
     top_vals: list[list[float]] = []

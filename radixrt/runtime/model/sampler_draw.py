@@ -4,6 +4,7 @@ The exponential race argmax(p / Exp(1)) on a GPU (one kernel per op) and a two-l
 CPU (a CPU makes exponential noise slowly); same distribution. A seeded row draws from a generator
 seeded by (seed, step), so its token depends neither on the batch nor on the global RNG.
 """
+
 from __future__ import annotations
 
 import torch
@@ -36,21 +37,31 @@ def draw_inverse_cdf(probs: torch.Tensor, seeded: list[tuple[int, int, int]]) ->
     num_rows, vocab_size = probs.shape
     device = probs.device
     pad = -vocab_size % _CDF_CHUNK
-    chunks = (torch.nn.functional.pad(probs, (0, pad)) if pad else probs).view(num_rows, -1, _CDF_CHUNK)
+    chunks = (torch.nn.functional.pad(probs, (0, pad)) if pad else probs).view(
+        num_rows, -1, _CDF_CHUNK
+    )
     chunk_cum = chunks.sum(dim=-1).double().cumsum(dim=-1)  # [S, C]
     u = torch.rand(num_rows, 1, dtype=torch.float64, device=device)
     for i, seed, step in seeded:
-        u[i] = torch.rand(1, dtype=torch.float64, device=device, generator=_generator(seed, step, device))
+        u[i] = torch.rand(
+            1, dtype=torch.float64, device=device, generator=_generator(seed, step, device)
+        )
     total = chunk_cum[:, -1:]
     target = u * total
     # first chunk whose cumsum passes target; it grew there, so it holds a token with p > 0
-    chunk_idx = torch.searchsorted(chunk_cum, target, right=True).clamp_max_(chunk_cum.shape[1] - 1)  # [S, 1]
+    chunk_idx = torch.searchsorted(chunk_cum, target, right=True).clamp_max_(
+        chunk_cum.shape[1] - 1
+    )  # [S, 1]
     before = chunk_cum.gather(1, (chunk_idx - 1).clamp_min(0)) * (chunk_idx > 0)
-    chunk = chunks.gather(1, chunk_idx.unsqueeze(2).expand(-1, 1, _CDF_CHUNK)).squeeze(1)  # [S, CHUNK]
+    chunk = chunks.gather(1, chunk_idx.unsqueeze(2).expand(-1, 1, _CDF_CHUNK)).squeeze(
+        1
+    )  # [S, CHUNK]
     inner = chunk.cumsum(dim=-1, dtype=torch.float64)
     inner_total = inner[:, -1:]
     # clamp into [0, inner_total): rounding between the two levels can never reach a p = 0 token
-    inner_target = torch.minimum((target - before).clamp_min_(0.0), torch.nextafter(inner_total, before * 0))
+    inner_target = torch.minimum(
+        (target - before).clamp_min_(0.0), torch.nextafter(inner_total, before * 0)
+    )
     token_idx = torch.searchsorted(inner, inner_target, right=True).clamp_max_(_CDF_CHUNK - 1)
     return (chunk_idx * _CDF_CHUNK + token_idx).squeeze(1).clamp_max_(vocab_size - 1)
 

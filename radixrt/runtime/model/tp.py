@@ -11,6 +11,7 @@ a request's error: `TPFailure` (a BaseException, so no per-request recovery catc
 and the server's watchdog fails the in-flight requests and exits non-zero. Rank 0 also watches its local
 workers, so a killed worker is noticed within a poll interval even while rank 0 waits in a collective.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -31,7 +32,9 @@ log = logging.getLogger(__name__)
 
 WATCH_INTERVAL_S = 0.25
 STOP = -1  # broadcast instead of a plan length: the workers leave their loop
-PLAN_WAIT = datetime.timedelta(days=3650)  # workers wait for the next plan for as long as the server idles
+PLAN_WAIT = datetime.timedelta(
+    days=3650
+)  # workers wait for the next plan for as long as the server idles
 
 
 class TPFailure(BaseException):
@@ -47,10 +50,17 @@ def free_init_method() -> str:
 
 
 class TPGroup:
-    def __init__(self, rank: int, size: int, init_method: str, device: torch.device, timeout_s: float):
+    def __init__(
+        self, rank: int, size: int, init_method: str, device: torch.device, timeout_s: float
+    ):
         backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size,
-                                timeout=datetime.timedelta(seconds=timeout_s))
+        dist.init_process_group(
+            backend,
+            init_method=init_method,
+            rank=rank,
+            world_size=size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
         # the plan broadcast waits as long as the server is idle: its own gloo group (host tensors) without a
         # practical deadline; the forward's collectives keep timeout_s
         self.plan_group = dist.new_group(backend="gloo", timeout=PLAN_WAIT)
@@ -90,7 +100,11 @@ class TPGroup:
         n = int(length.item())
         if n == STOP:
             return None
-        buf = torch.frombuffer(bytearray(data), dtype=torch.uint8) if self.rank == 0 else torch.empty(n, dtype=torch.uint8)
+        buf = (
+            torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            if self.rank == 0
+            else torch.empty(n, dtype=torch.uint8)
+        )
         self._call("broadcast", lambda: dist.broadcast(buf, src=0, group=self.plan_group))
         return obj if self.rank == 0 else orjson.loads(buf.numpy().tobytes())
 
@@ -120,13 +134,21 @@ def start_workers(config: Any, init_method: str) -> list[subprocess.Popen]:
 
     procs = []
     for rank in local_worker_ranks(config):
-        args = [sys.executable, "-m", "radixrt.runtime.model.tp_worker", str(rank), init_method,
-                json.dumps(dataclasses.asdict(config))]
+        args = [
+            sys.executable,
+            "-m",
+            "radixrt.runtime.model.tp_worker",
+            str(rank),
+            init_method,
+            json.dumps(dataclasses.asdict(config)),
+        ]
         procs.append(subprocess.Popen(args, stdin=subprocess.DEVNULL))
     return procs
 
 
-def watch_workers(procs: list[subprocess.Popen], on_death: Callable[[str], None]) -> Callable[[], None]:
+def watch_workers(
+    procs: list[subprocess.Popen], on_death: Callable[[str], None]
+) -> Callable[[], None]:
     """A thread that calls on_death(reason) when a worker exits; returns a function that stops watching."""
     stopped = threading.Event()
 
@@ -165,4 +187,3 @@ def run_headless_node(config: Any) -> int:
         for p in procs:
             if p.poll() is None:
                 p.kill()
-

@@ -10,6 +10,7 @@ model fuses q/k/v and gate/up (so each rank fuses its own slices).
 - embed_tokens and lm_head: vocab parallel (rows of this rank's vocabulary slice; the model masks the
   embedding lookup and gathers the logits). Qwen3's q/k norms are per head_dim and stay whole.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,33 +22,54 @@ import torch
 class Shard:
     rank: int
     size: int
-    num_q_heads: int   # this rank's
+    num_q_heads: int  # this rank's
     num_kv_heads: int  # this rank's (1 when replicated)
     kv_head_start: int
     intermediate_size: int
     vocab_start: int
-    vocab_size: int    # this rank's slice
+    vocab_size: int  # this rank's slice
 
 
 def plan_shard(hf_config, rank: int, size: int) -> Shard:
     hq = hf_config.num_attention_heads
     hkv = getattr(hf_config, "num_key_value_heads", None) or hq
     inter, vocab = hf_config.intermediate_size, hf_config.vocab_size
-    for name, n in (("num_attention_heads", hq), ("intermediate_size", inter), ("vocab_size", vocab)):
+    for name, n in (
+        ("num_attention_heads", hq),
+        ("intermediate_size", inter),
+        ("vocab_size", vocab),
+    ):
         if n % size:
             raise ValueError(f"tp_size {size} does not divide {name} {n}")
     if hkv % size == 0:
         local_kv, kv_start = hkv // size, rank * (hkv // size)
     elif size % hkv == 0:
-        local_kv, kv_start = 1, rank // (size // hkv)  # replicated: ranks that share a KV head hold a copy
+        local_kv, kv_start = (
+            1,
+            rank // (size // hkv),
+        )  # replicated: ranks that share a KV head hold a copy
     else:
         raise ValueError(f"tp_size {size} and num_key_value_heads {hkv}: neither divides the other")
-    return Shard(rank, size, hq // size, local_kv, kv_start, inter // size, rank * (vocab // size), vocab // size)
+    return Shard(
+        rank,
+        size,
+        hq // size,
+        local_kv,
+        kv_start,
+        inter // size,
+        rank * (vocab // size),
+        vocab // size,
+    )
 
 
-def shard_state_dict(sd: dict[str, torch.Tensor], hf_config, shard: Shard) -> dict[str, torch.Tensor]:
+def shard_state_dict(
+    sd: dict[str, torch.Tensor], hf_config, shard: Shard
+) -> dict[str, torch.Tensor]:
     """This rank's slices of an HF state dict (names kept; the model's shape checks use the local sizes)."""
-    d = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+    d = (
+        getattr(hf_config, "head_dim", None)
+        or hf_config.hidden_size // hf_config.num_attention_heads
+    )
     q0, q1 = shard.rank * shard.num_q_heads * d, (shard.rank + 1) * shard.num_q_heads * d
     k0, k1 = shard.kv_head_start * d, (shard.kv_head_start + shard.num_kv_heads) * d
     i0, i1 = shard.rank * shard.intermediate_size, (shard.rank + 1) * shard.intermediate_size

@@ -1,5 +1,6 @@
 """A tensor parallel worker rank (`python -m radixrt.runtime.model.tp_worker RANK INIT_METHOD CONFIG_JSON`,
 started by tp.start_workers): load this rank's shard, then run every forward rank 0 broadcasts, until STOP."""
+
 from __future__ import annotations
 
 import json
@@ -20,7 +21,9 @@ def run_worker(config_dict: dict, rank: int, init_method: str) -> None:
 
     set_parent_death_signal()
     config = ServerConfig(**config_dict)
-    logging.basicConfig(level=config.log_level.upper(), format=f"[tp{rank}] %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=config.log_level.upper(), format=f"[tp{rank}] %(levelname)s %(message)s"
+    )
     try:
         runner = ModelRunner(config, tp_rank=rank, init_method=init_method)
         runner.serve_worker()

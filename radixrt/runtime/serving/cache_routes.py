@@ -5,6 +5,7 @@ from the installed plotly package: no build step, and nothing is fetched from th
 itself carries no data, so it is served without the API key; the data routes it reads
 (/cache_tree, /get_server_info) need the key when one is set, and the page asks for it.
 """
+
 from __future__ import annotations
 
 import os
@@ -48,7 +49,9 @@ def add_cache_routes(app: FastAPI, tm: Any) -> None:
     async def cache_tree(request: Request) -> dict[str, Any]:
         for key in request.query_params:
             if key not in ("max_depth", "max_nodes"):
-                raise APIError(f"unknown query parameter {key!r} (expected max_depth, max_nodes)", param=key)
+                raise APIError(
+                    f"unknown query parameter {key!r} (expected max_depth, max_nodes)", param=key
+                )
         max_depth = _int_param(request, "max_depth", DEFAULT_MAX_DEPTH)
         max_nodes = _int_param(request, "max_nodes", DEFAULT_MAX_NODES)
         try:
@@ -64,12 +67,18 @@ def add_cache_routes(app: FastAPI, tm: Any) -> None:
 
     @app.get("/dashboard/dashboard.js")
     async def dashboard_js() -> FileResponse:
-        return FileResponse(os.path.join(DASHBOARD_DIR, "dashboard.js"), media_type="text/javascript")
+        return FileResponse(
+            os.path.join(DASHBOARD_DIR, "dashboard.js"), media_type="text/javascript"
+        )
 
     @app.get("/dashboard/plotly.min.js")
     async def plotly_js() -> FileResponse:
         path = plotly_js_path()
         if path is None:
-            raise APIError("the dashboard needs plotly's bundled JavaScript: pip install plotly", 501,
-                           "server_error", code="plotly_missing")
+            raise APIError(
+                "the dashboard needs plotly's bundled JavaScript: pip install plotly",
+                501,
+                "server_error",
+                code="plotly_missing",
+            )
         return FileResponse(path, media_type="text/javascript", headers=_ASSET_CACHE)

@@ -1,4 +1,5 @@
 """The detokenizer process: token id deltas in, text deltas out, one IncrementalDetokenizer per request."""
+
 from __future__ import annotations
 
 import logging
@@ -8,9 +9,16 @@ import zmq
 
 from radixrt.runtime import messages
 from radixrt.runtime.incremental_detokenizer import IncrementalDetokenizer
-from radixrt.runtime.messages import (BatchTextOut, BatchTokenOut, DetokenizeReq, ProcessFailed, ProcessReady)
+from radixrt.runtime.messages import (
+    BatchTextOut,
+    BatchTokenOut,
+    DetokenizeReq,
+    ProcessFailed,
+    ProcessReady,
+)
 
 logger = logging.getLogger(__name__)
+
 
 class DetokenizerManager:
     """Holds one IncrementalDetokenizer per live request and turns BatchTokenOut into BatchTextOut."""
@@ -18,26 +26,40 @@ class DetokenizerManager:
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
         self.states: dict[str, IncrementalDetokenizer] = {}
-        self.done_early: set[str] = set()  # stop string seen here before the scheduler finished the request
+        self.done_early: set[str] = (
+            set()
+        )  # stop string seen here before the scheduler finished the request
 
     def register(self, req: DetokenizeReq) -> None:
-        self.states[req.rid] = IncrementalDetokenizer.for_request(self.tokenizer, req.sampling_params)
+        self.states[req.rid] = IncrementalDetokenizer.for_request(
+            self.tokenizer, req.sampling_params
+        )
 
     def handle(self, batch: BatchTokenOut) -> BatchTextOut:
         outputs = []
         for out in batch.outputs:
             try:
                 self._handle_one(out, outputs)
-            except Exception as e:  # this request's text failed: it alone ends (and the scheduler stops it)
+            except (
+                Exception
+            ) as e:  # this request's text failed: it alone ends (and the scheduler stops it)
                 logger.exception("detokenizing %s failed", out.get("rid"))
                 rid = out["rid"]
                 self.states.pop(rid, None)
                 if out.get("finished_reason") is None:
                     self.done_early.add(rid)
                 message = f"internal error: detokenizing failed: {type(e).__name__}: {e}"
-                outputs.append({**out, "new_ids": [], "text": "", "error": message, "error_status": 500,
-                                "finished_reason": {"type": "abort", "message": message},
-                                "abort_scheduler": out.get("finished_reason") is None})
+                outputs.append(
+                    {
+                        **out,
+                        "new_ids": [],
+                        "text": "",
+                        "error": message,
+                        "error_status": 500,
+                        "finished_reason": {"type": "abort", "message": message},
+                        "abort_scheduler": out.get("finished_reason") is None,
+                    }
+                )
         return BatchTextOut(outputs=outputs)
 
     def _handle_one(self, out: dict, outputs: list[dict]) -> None:
@@ -48,7 +70,9 @@ class DetokenizerManager:
                 self.done_early.discard(rid)
             return
         state = self.states.get(rid)
-        if state is None:  # never registered: only an immediate rejection or a late message can get here
+        if (
+            state is None
+        ):  # never registered: only an immediate rejection or a late message can get here
             state = IncrementalDetokenizer(self.tokenizer)
         out = dict(out)
         out["text"] = state.feed(out["new_ids"], finished=finished)
@@ -63,7 +87,9 @@ class DetokenizerManager:
         outputs.append(out)
 
 
-def run_detokenizer_process(model_path: str, in_path: str, out_path: str, log_level: str = "info") -> None:
+def run_detokenizer_process(
+    model_path: str, in_path: str, out_path: str, log_level: str = "info"
+) -> None:
     """Entry point of the detokenizer process (spawned): PULL token deltas, PUSH text deltas."""
     from radixrt.runtime.serving.process_control import StopFlag, set_parent_death_signal
 
@@ -78,11 +104,14 @@ def run_detokenizer_process(model_path: str, in_path: str, out_path: str, log_le
     try:
         try:
             from radixrt.runtime.model.weights import load_tokenizer
+
             manager = DetokenizerManager(load_tokenizer(model_path))
         except Exception as e:  # report and exit: the parent turns it into a start-up error
             logger.exception("detokenizer failed to start")
-            push.send(messages.encode(ProcessFailed(name="detokenizer", error=f"{type(e).__name__}: {e}")))
-            raise SystemExit(1)
+            push.send(
+                messages.encode(ProcessFailed(name="detokenizer", error=f"{type(e).__name__}: {e}"))
+            )
+            raise SystemExit(1) from None
         push.send(messages.encode(ProcessReady(name="detokenizer")))
         flag.enter_loop()
         while not flag.should_stop():

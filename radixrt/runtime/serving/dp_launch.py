@@ -11,6 +11,7 @@ everything. Replicas on other machines: start `radixrt serve` there and run the 
 their URLs (`python -m sglang_router.launch_router --worker-urls http://a:30000 http://b:30000 --policy
 cache_aware`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -42,7 +43,11 @@ def replica_args(config: Any, port: int) -> list[str]:
     defaults = ServerConfig()
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
-        if f.name in ("dp_size", "host", "port", "router_policy") or value == getattr(defaults, f.name) or value is None:
+        if (
+            f.name in ("dp_size", "host", "port", "router_policy")
+            or value == getattr(defaults, f.name)
+            or value is None
+        ):
             continue
         flag = "--" + f.name.replace("_", "-")
         if isinstance(value, bool):
@@ -54,10 +59,15 @@ def replica_args(config: Any, port: int) -> list[str]:
 
 def launch_dp(config: Any, startup_timeout: float = 900.0) -> int:
     if not router_available():
-        raise SystemExit("--dp-size > 1 needs sglang-router in front of the replicas: pip install sglang-router "
-                         "(or pip install 'radixrt[router]')")
+        raise SystemExit(
+            "--dp-size > 1 needs sglang-router in front of the replicas: pip install sglang-router "
+            "(or pip install 'radixrt[router]')"
+        )
     n = config.dp_size
-    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // n))}  # replicas share the cores
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // n)),
+    }  # replicas share the cores
     replicas: list[tuple[str, subprocess.Popen]] = []
     router = None
     stopping = []
@@ -66,19 +76,42 @@ def launch_dp(config: Any, startup_timeout: float = 900.0) -> int:
     try:
         for _ in range(n):
             port = free_port()
-            replicas.append((f"http://127.0.0.1:{port}", subprocess.Popen(replica_args(config, port), env=env)))
+            replicas.append(
+                (f"http://127.0.0.1:{port}", subprocess.Popen(replica_args(config, port), env=env))
+            )
         for url, proc in replicas:
             wait_until_healthy(url, proc, startup_timeout)
-        router = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--host", config.host,
-                                   "--port", str(config.port), "--policy", config.router_policy,
-                                   "--prometheus-port", str(free_port()),  # its default port may be taken
-                                   "--worker-urls", *[u for u, _ in replicas], "--log-level", "warn"],
-                                  # its own session: Ctrl-C in the terminal would reach it with the rest of the
-                                  # group, and sglang-router's Python wrapper dies of it with a traceback; we stop
-                                  # it with SIGTERM, and it still dies with us (parent-death signal)
-                                  start_new_session=True, preexec_fn=set_parent_death_signal)
-        logger.info("data parallel: %d replicas behind sglang-router (%s) on %s:%d", n, config.router_policy,
-                    config.host, config.port)
+        router = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "sglang_router.launch_router",
+                "--host",
+                config.host,
+                "--port",
+                str(config.port),
+                "--policy",
+                config.router_policy,
+                "--prometheus-port",
+                str(free_port()),  # its default port may be taken
+                "--worker-urls",
+                *[u for u, _ in replicas],
+                "--log-level",
+                "warn",
+            ],
+            # its own session: Ctrl-C in the terminal would reach it with the rest of the
+            # group, and sglang-router's Python wrapper dies of it with a traceback; we stop
+            # it with SIGTERM, and it still dies with us (parent-death signal)
+            start_new_session=True,
+            preexec_fn=set_parent_death_signal,
+        )
+        logger.info(
+            "data parallel: %d replicas behind sglang-router (%s) on %s:%d",
+            n,
+            config.router_policy,
+            config.host,
+            config.port,
+        )
         dead: set[str] = set()
         while not stopping:
             if router.poll() is not None:
@@ -86,11 +119,17 @@ def launch_dp(config: Any, startup_timeout: float = 900.0) -> int:
                 return 1
             for url, proc in replicas:
                 if proc.poll() is not None and url not in dead:
-                    if proc.returncode == 0:  # a replica exits 0 only when stopped (a signal to the group)
+                    if (
+                        proc.returncode == 0
+                    ):  # a replica exits 0 only when stopped (a signal to the group)
                         logger.info("replica %s was stopped; stopping", url)
                         return 0
                     dead.add(url)
-                    logger.error("replica %s exited with %s; the router routes around it", url, proc.returncode)
+                    logger.error(
+                        "replica %s exited with %s; the router routes around it",
+                        url,
+                        proc.returncode,
+                    )
             if len(dead) == n:
                 logger.error("every replica is gone")
                 return 1

@@ -4,6 +4,7 @@ Every error is an OpenAI-style body {"error": {"message", "type", "param", "code
 With --api-key, every route but /health and the dashboard's static page (cache_routes.py) needs
 `Authorization: Bearer <key>`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,25 +17,53 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from radixrt.runtime.serving.metrics import CONTENT_TYPE_LATEST, ServerMetrics
-from radixrt.runtime.serving.openai_routes import SSE_HEADERS, add_openai_routes
-from radixrt.runtime.serving.cache_routes import PUBLIC_PATHS, add_cache_routes
-from radixrt.runtime.serving.pin_routes import add_pin_routes
-from radixrt.runtime.serving.tokenize_routes import add_tokenize_routes
+from radixrt.runtime.messages import ProfileReq
 from radixrt.runtime.request_edge import SequenceResult, generate_output
 from radixrt.runtime.serving.browser_guard import BrowserGuard
+from radixrt.runtime.serving.cache_routes import PUBLIC_PATHS, add_cache_routes
+from radixrt.runtime.serving.metrics import CONTENT_TYPE_LATEST, ServerMetrics
+from radixrt.runtime.serving.openai_routes import SSE_HEADERS, add_openai_routes
+from radixrt.runtime.serving.pin_routes import add_pin_routes
 from radixrt.runtime.serving.protocol import (
-    SSE_DONE, APIError, ClientGone, ConcatAndAppendRequest, GenerateRequest, ProfileRequest, accumulate, collect_results,
-    error_body, parse_body, read_body, sse)
-from radixrt.runtime.messages import ProfileReq
+    SSE_DONE,
+    APIError,
+    ClientGone,
+    ConcatAndAppendRequest,
+    GenerateRequest,
+    ProfileRequest,
+    accumulate,
+    collect_results,
+    error_body,
+    parse_body,
+    read_body,
+    sse,
+)
 from radixrt.runtime.serving.request_handle import RequestHandle
+from radixrt.runtime.serving.tokenize_routes import add_tokenize_routes
 from radixrt.runtime.serving.tokenizer_manager import TokenizerManager
 
 logger = logging.getLogger(__name__)
 
-_ROUTES = {"/generate", "/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/get_model_info",
-           "/get_server_info", "/flush_cache", "/metrics", "/pin_prefix", "/unpin", "/cache_tree", "/tokenize", "/detokenize",
-           "/model_info", "/server_info", "/close_session", *PUBLIC_PATHS}
+_ROUTES = {
+    "/generate",
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/models",
+    "/health",
+    "/get_model_info",
+    "/get_server_info",
+    "/flush_cache",
+    "/metrics",
+    "/pin_prefix",
+    "/unpin",
+    "/cache_tree",
+    "/tokenize",
+    "/detokenize",
+    "/model_info",
+    "/server_info",
+    "/close_session",
+    *PUBLIC_PATHS,
+}
 
 
 class GateMiddleware:
@@ -50,19 +79,37 @@ class GateMiddleware:
     def refusal(self, scope: dict) -> tuple[int, dict] | None:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         if not self.guard.host_ok(headers.get("host")):
-            return 400, error_body(f"Host header {headers.get('host')!r} is not this server's (see --allowed-hosts)",
-                                   param="host", code="invalid_host")
+            return 400, error_body(
+                f"Host header {headers.get('host')!r} is not this server's (see --allowed-hosts)",
+                param="host",
+                code="invalid_host",
+            )
         if not self.guard.origin_ok(headers.get("origin"), headers.get("host")):
-            return 403, error_body(f"Origin {headers.get('origin')!r} is not allowed (see --allowed-origins)",
-                                   param="origin", code="origin_not_allowed")
+            return 403, error_body(
+                f"Origin {headers.get('origin')!r} is not allowed (see --allowed-origins)",
+                param="origin",
+                code="origin_not_allowed",
+            )
         has_body = headers.get("content-length", "0") != "0" or "transfer-encoding" in headers
         if not self.guard.content_type_ok(scope["method"], headers.get("content-type"), has_body):
-            return 415, error_body("POST bodies must be JSON: send Content-Type: application/json",
-                                   param="content-type", code="unsupported_media_type")
-        if self.expected is not None and scope["path"] != "/health" and scope["path"] not in PUBLIC_PATHS:
-            if not hmac.compare_digest(headers.get("authorization", "").encode("latin-1"), self.expected):
-                return 401, error_body("invalid or missing API key (Authorization: Bearer <key>)",
-                                       "invalid_request_error", code="invalid_api_key")
+            return 415, error_body(
+                "POST bodies must be JSON: send Content-Type: application/json",
+                param="content-type",
+                code="unsupported_media_type",
+            )
+        if (
+            self.expected is not None
+            and scope["path"] != "/health"
+            and scope["path"] not in PUBLIC_PATHS
+        ):
+            if not hmac.compare_digest(
+                headers.get("authorization", "").encode("latin-1"), self.expected
+            ):
+                return 401, error_body(
+                    "invalid or missing API key (Authorization: Bearer <key>)",
+                    "invalid_request_error",
+                    code="invalid_api_key",
+                )
         return None
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
@@ -93,7 +140,9 @@ def _per_prompt(value: Any, num: int, name: str) -> list[Any]:
     return [value] * num
 
 
-def create_app(tm: TokenizerManager, served_model_name: str, metrics: ServerMetrics | None = None) -> FastAPI:
+def create_app(
+    tm: TokenizerManager, served_model_name: str, metrics: ServerMetrics | None = None
+) -> FastAPI:
     metrics = metrics or tm.metrics
     config = tm.config
     app = FastAPI(title="radixrt", docs_url=None, redoc_url=None, openapi_url=None)
@@ -119,12 +168,16 @@ def create_app(tm: TokenizerManager, served_model_name: str, metrics: ServerMetr
     @app.exception_handler(Exception)
     async def on_crash(request: Request, e: Exception) -> JSONResponse:
         logger.exception("internal error on %s", request.url.path)
-        return JSONResponse(error_body(f"internal error: {type(e).__name__}: {e}", "server_error", code=500), 500)
+        return JSONResponse(
+            error_body(f"internal error: {type(e).__name__}: {e}", "server_error", code=500), 500
+        )
 
     # ------------------------------------------------------------------ SGLang-native
     @app.post("/generate")
     async def generate(request: Request) -> Any:
-        req: GenerateRequest = parse_body(GenerateRequest, await read_body(request, config.max_request_body_bytes))
+        req: GenerateRequest = parse_body(
+            GenerateRequest, await read_body(request, config.max_request_body_bytes)
+        )
         if (req.text is None) == (req.input_ids is None):
             raise APIError("give exactly one of text and input_ids", param="text")
         if req.text is not None:
@@ -144,25 +197,43 @@ def create_app(tm: TokenizerManager, served_model_name: str, metrics: ServerMetr
         for i, ids in enumerate(prompts):
             sp = await tm.validate_sampling(params[i])
             if req.session() is not None and len(prompts) > 1:
-                raise APIError("session_id needs a single prompt (a session continues one conversation)",
-                               param="session_id")
-            copies = tm.make_requests(ids, sp, stream=req.stream, return_logprob=return_logprob[i],
-                                      logprob_start_len=starts[i], top_logprobs_num=tops[i], program_id=req.program_id,
-                                      session_id=req.session())
+                raise APIError(
+                    "session_id needs a single prompt (a session continues one conversation)",
+                    param="session_id",
+                )
+            copies = tm.make_requests(
+                ids,
+                sp,
+                stream=req.stream,
+                return_logprob=return_logprob[i],
+                logprob_start_len=starts[i],
+                top_logprobs_num=tops[i],
+                program_id=req.program_id,
+                session_id=req.session(),
+            )
             reqs += copies
             flat_logprob += [return_logprob[i]] * len(copies)
         many = batch or len(reqs) > 1
         handle = tm.generate(reqs)
         results = [SequenceResult(r.rid) for r in reqs]
-        token_text = (lambda t: tm.tokenizer.decode([t])) if req.return_text_in_logprobs else (lambda t: None)
+        token_text = (
+            (lambda t: tm.tokenizer.decode([t]))
+            if req.return_text_in_logprobs
+            else (lambda t: None)
+        )
 
         def output(i: int, logprobs_from: int = 0) -> dict[str, Any]:
-            return generate_output(results[i], flat_logprob[i], token_text, i if many else None, logprobs_from)
+            return generate_output(
+                results[i], flat_logprob[i], token_text, i if many else None, logprobs_from
+            )
 
         if req.stream:
             intervals = [r.sampling_params.get("stream_interval") or 1 for r in reqs]
-            return StreamingResponse(_stream_generate(handle, results, output, intervals),
-                                     media_type="text/event-stream", headers=SSE_HEADERS)
+            return StreamingResponse(
+                _stream_generate(handle, results, output, intervals),
+                media_type="text/event-stream",
+                headers=SSE_HEADERS,
+            )
 
         await collect_results(request, handle, results)
         outs = [output(i) for i in range(len(results))]
@@ -181,9 +252,14 @@ def create_app(tm: TokenizerManager, served_model_name: str, metrics: ServerMetr
     async def get_model_info() -> dict[str, Any]:
         # the chat template travels too, so a client (the DSL over HTTP or sgl.OpenAI) renders roles as we do
         tok = tm.tokenizer
-        return {**tm.model_info, "served_model_name": served_model_name, "tokenizer_path": config.model_path,
-                "chat_template": getattr(tok, "chat_template", None), "bos_token": tok.bos_token,
-                "eos_token": tok.eos_token}
+        return {
+            **tm.model_info,
+            "served_model_name": served_model_name,
+            "tokenizer_path": config.model_path,
+            "chat_template": getattr(tok, "chat_template", None),
+            "bos_token": tok.bos_token,
+            "eos_token": tok.eos_token,
+        }
 
     @app.get("/get_server_info")
     @app.get("/server_info")
@@ -191,7 +267,12 @@ def create_app(tm: TokenizerManager, served_model_name: str, metrics: ServerMetr
         info = await tm.server_info()
         cfg = dataclasses.asdict(config)
         cfg["api_key"] = None if config.api_key is None else "***"
-        return {**cfg, **info, "num_inflight_requests": len(tm.states), "served_model_name": served_model_name}
+        return {
+            **cfg,
+            **info,
+            "num_inflight_requests": len(tm.states),
+            "served_model_name": served_model_name,
+        }
 
     @app.post("/flush_cache")  # state-changing routes are POST only
     async def flush_cache() -> JSONResponse:
@@ -206,14 +287,22 @@ def create_app(tm: TokenizerManager, served_model_name: str, metrics: ServerMetr
         then sends the joined text with its next /generate. SGLang's old server spliced the forks' KV into one
         sequence; here that next request finds the forks' shared prefix in the radix tree and computes the
         rest exactly, so the route checks the body and acknowledges."""
-        body = parse_body(ConcatAndAppendRequest, await read_body(request, config.max_request_body_bytes))
+        body = parse_body(
+            ConcatAndAppendRequest, await read_body(request, config.max_request_body_bytes)
+        )
         return JSONResponse({"success": True, "src_rids": body.src_rids, "dst_rid": body.dst_rid})
 
     @app.api_route("/start_profile", methods=["GET", "POST"])
     async def start_profile(request: Request) -> JSONResponse:
-        raw = await read_body(request, config.max_request_body_bytes) if request.method == "POST" else b""
+        raw = (
+            await read_body(request, config.max_request_body_bytes)
+            if request.method == "POST"
+            else b""
+        )
         body = parse_body(ProfileRequest, raw or b"{}")
-        return await _profile_answer(ProfileReq(action="start", output_dir=body.output_dir, num_steps=body.num_steps))
+        return await _profile_answer(
+            ProfileReq(action="start", output_dir=body.output_dir, num_steps=body.num_steps)
+        )
 
     @app.api_route("/stop_profile", methods=["GET", "POST"])
     async def stop_profile() -> JSONResponse:
@@ -242,14 +331,15 @@ def create_app(tm: TokenizerManager, served_model_name: str, metrics: ServerMetr
     return app
 
 
-async def _stream_generate(handle: RequestHandle, results: list[SequenceResult], output: Any,
-                           intervals: list[int]) -> AsyncIterator[bytes]:
+async def _stream_generate(
+    handle: RequestHandle, results: list[SequenceResult], output: Any, intervals: list[int]
+) -> AsyncIterator[bytes]:
     """SGLang streaming: each event holds the cumulative text/output_ids of one sequence and the output
     logprobs added since its previous event; a sequence sends an event every stream_interval tokens."""
     sent_ids = [0] * len(results)
     sent_logprobs = [0] * len(results)
     try:
-        async for idx, out, failed in accumulate(handle, results):
+        async for idx, _out, failed in accumulate(handle, results):
             if failed is not None:
                 yield failed
                 break

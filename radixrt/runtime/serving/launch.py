@@ -7,6 +7,7 @@ dead child: in-flight requests fail at once, /health turns 503, the server exits
 Ctrl-C / SIGTERM stop admitting, let running requests finish (at most DRAIN_TIMEOUT_S), then stop
 everything; no process or socket file outlives the server.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -18,7 +19,6 @@ import shutil
 import signal
 import tempfile
 from typing import Any
-
 
 logger = logging.getLogger("radixrt.server")
 
@@ -38,7 +38,9 @@ class IpcPaths:
 
     @classmethod
     def create(cls) -> "IpcPaths":
-        d = tempfile.mkdtemp(prefix="radixrt-ipc-")  # mkdtemp makes it 0700: other users cannot connect
+        d = tempfile.mkdtemp(
+            prefix="radixrt-ipc-"
+        )  # mkdtemp makes it 0700: other users cannot connect
         os.chmod(d, 0o700)
         return cls(d, f"ipc://{d}/scheduler", f"ipc://{d}/detokenizer", f"ipc://{d}/tokenizer")
 
@@ -46,6 +48,7 @@ class IpcPaths:
 def served_model_name(model_path: str | None) -> str:
     if model_path is None:
         from radixrt.runtime.model.weights import DEFAULT_GGUF_NAME
+
         return DEFAULT_GGUF_NAME.split(".")[0]
     name = pathlib.Path(model_path).name
     return name[:-5] if name.lower().endswith(".gguf") else name
@@ -87,25 +90,41 @@ def launch_server(config: Any, scheduler_class: str | None = None) -> int:
     """Run `radixrt serve` until stopped; returns the exit code (non-zero when a child died)."""
     import multiprocessing as mp
 
-    from radixrt.runtime.serving.detokenizer import run_detokenizer_process
-    from radixrt.runtime.serving.scheduler_process import DEFAULT_SCHEDULER_CLASS, run_scheduler_process
     from radixrt.runtime.model.weights import resolve_model
+    from radixrt.runtime.serving.detokenizer import run_detokenizer_process
+    from radixrt.runtime.serving.scheduler_process import (
+        DEFAULT_SCHEDULER_CLASS,
+        run_scheduler_process,
+    )
 
-    logging.basicConfig(level=config.log_level.upper(), format="[server] %(asctime)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=config.log_level.upper(), format="[server] %(asctime)s %(levelname)s %(message)s"
+    )
     name = served_model_name(config.model_path)
-    config = config.replace(model_path=str(resolve_model(config.model_path)))  # converts a GGUF once
+    config = config.replace(
+        model_path=str(resolve_model(config.model_path))
+    )  # converts a GGUF once
     ipc = IpcPaths.create()
     procs: dict[str, Any] = {}
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         ctx = mp.get_context("spawn")
         procs["scheduler"] = ctx.Process(
-            target=run_scheduler_process, name="radixrt-scheduler",
-            args=(dataclasses.asdict(config), ipc.scheduler, ipc.detokenizer, ipc.tokenizer,
-                  scheduler_class or DEFAULT_SCHEDULER_CLASS))
+            target=run_scheduler_process,
+            name="radixrt-scheduler",
+            args=(
+                dataclasses.asdict(config),
+                ipc.scheduler,
+                ipc.detokenizer,
+                ipc.tokenizer,
+                scheduler_class or DEFAULT_SCHEDULER_CLASS,
+            ),
+        )
         procs["detokenizer"] = ctx.Process(
-            target=run_detokenizer_process, name="radixrt-detokenizer",
-            args=(config.model_path, ipc.detokenizer, ipc.tokenizer, config.log_level))
+            target=run_detokenizer_process,
+            name="radixrt-detokenizer",
+            args=(config.model_path, ipc.detokenizer, ipc.tokenizer, config.log_level),
+        )
         for p in procs.values():
             p.start()
         return asyncio.run(_serve(config, ipc, procs, name))
@@ -128,8 +147,8 @@ def launch_server(config: Any, scheduler_class: str | None = None) -> int:
 async def _serve(config: Any, ipc: IpcPaths, procs: dict[str, Any], name: str) -> int:
     import uvicorn
 
-    from radixrt.runtime.serving.metrics import ServerMetrics
     from radixrt.runtime.serving.http_app import create_app
+    from radixrt.runtime.serving.metrics import ServerMetrics
     from radixrt.runtime.serving.tokenizer_manager import TokenizerManager
 
     tm = TokenizerManager(config, ipc.scheduler, ipc.tokenizer, ServerMetrics())
@@ -137,9 +156,17 @@ async def _serve(config: Any, ipc: IpcPaths, procs: dict[str, Any], name: str) -
     try:
         await tm.start(procs)
         app = create_app(tm, name)
-        server = uvicorn.Server(uvicorn.Config(
-            app, host=config.host, port=config.port, log_level=config.log_level,
-            access_log=config.log_level == "debug", timeout_graceful_shutdown=DRAIN_TIMEOUT_S, lifespan="off"))
+        server = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                host=config.host,
+                port=config.port,
+                log_level=config.log_level,
+                access_log=config.log_level == "debug",
+                timeout_graceful_shutdown=DRAIN_TIMEOUT_S,
+                lifespan="off",
+            )
+        )
         failed: list[str] = []
         watchdog = asyncio.create_task(_watchdog(tm, procs, server, failed))
         logger.info("serving %s on http://%s:%d", name, config.host, config.port)
@@ -169,7 +196,9 @@ async def _watchdog(tm: Any, procs: dict[str, Any], server: Any, failed: list[st
             n, p = dead[0]
             reason = f"the {n} process died (exit code {p.exitcode})"
         elif tm.heartbeat_age() > tm.config.watchdog_timeout:
-            reason = f"the scheduler made no progress for {tm.heartbeat_age():.0f} s (watchdog_timeout)"
+            reason = (
+                f"the scheduler made no progress for {tm.heartbeat_age():.0f} s (watchdog_timeout)"
+            )
         if reason is not None:
             logger.error("%s: failing in-flight requests and shutting down", reason)
             failed.append(reason)

@@ -4,15 +4,45 @@ Latencies are measured where the client sees them (the tokenizer manager receivi
 the pool / cache figures are copied from Scheduler.server_info() at scrape time. A private
 registry keeps several servers in one process (tests) from clashing.
 """
+
 from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client import CONTENT_TYPE_LATEST  # noqa: F401  (re-exported for the route)
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,  # noqa: F401  (re-exported for the route)
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 
-_LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0,
-                    3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+_LATENCY_BUCKETS = (
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 _E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0)
 
 # the second cache tier's figures (--enable-hierarchical-cache), copied from server_info like the pool's
@@ -33,31 +63,71 @@ HICACHE_GAUGES = {
 class ServerMetrics:
     def __init__(self, model_name: str = ""):
         r = self.registry = CollectorRegistry()
-        self.http_requests = Counter("radixrt:http_requests", "HTTP requests answered, by route and status",
-                                     ["route", "status"], registry=r)
-        self.requests = Counter("radixrt:requests", "Generation requests (one per sequence) finished, by reason",
-                                ["finish_reason"], registry=r)
-        self.prompt_tokens = Counter("radixrt:prompt_tokens", "Prompt tokens of finished requests", registry=r)
-        self.generation_tokens = Counter("radixrt:generation_tokens", "Generated tokens", registry=r)
-        self.cached_tokens = Counter("radixrt:cached_tokens", "Prompt tokens served from the radix cache", registry=r)
-        self.ttft = Histogram("radixrt:time_to_first_token_seconds", "Arrival to first token (streamed requests)",
-                              buckets=_LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram("radixrt:inter_token_latency_seconds", "Time between tokens of a streamed request",
-                             buckets=_LATENCY_BUCKETS, registry=r)
-        self.e2e = Histogram("radixrt:e2e_request_latency_seconds", "Arrival to finish", buckets=_E2E_BUCKETS,
-                             registry=r)
+        self.http_requests = Counter(
+            "radixrt:http_requests",
+            "HTTP requests answered, by route and status",
+            ["route", "status"],
+            registry=r,
+        )
+        self.requests = Counter(
+            "radixrt:requests",
+            "Generation requests (one per sequence) finished, by reason",
+            ["finish_reason"],
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "radixrt:prompt_tokens", "Prompt tokens of finished requests", registry=r
+        )
+        self.generation_tokens = Counter(
+            "radixrt:generation_tokens", "Generated tokens", registry=r
+        )
+        self.cached_tokens = Counter(
+            "radixrt:cached_tokens", "Prompt tokens served from the radix cache", registry=r
+        )
+        self.ttft = Histogram(
+            "radixrt:time_to_first_token_seconds",
+            "Arrival to first token (streamed requests)",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "radixrt:inter_token_latency_seconds",
+            "Time between tokens of a streamed request",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "radixrt:e2e_request_latency_seconds",
+            "Arrival to finish",
+            buckets=_E2E_BUCKETS,
+            registry=r,
+        )
         self.running = Gauge("radixrt:num_running_reqs", "Requests decoding", registry=r)
-        self.waiting = Gauge("radixrt:num_waiting_reqs", "Requests queued in the scheduler", registry=r)
-        self.inflight = Gauge("radixrt:num_inflight_reqs", "Requests the HTTP server is waiting on", registry=r)
-        self.cache_hit_rate = Gauge("radixrt:cache_hit_rate", "Cached / all prompt tokens since start", registry=r)
+        self.waiting = Gauge(
+            "radixrt:num_waiting_reqs", "Requests queued in the scheduler", registry=r
+        )
+        self.inflight = Gauge(
+            "radixrt:num_inflight_reqs", "Requests the HTTP server is waiting on", registry=r
+        )
+        self.cache_hit_rate = Gauge(
+            "radixrt:cache_hit_rate", "Cached / all prompt tokens since start", registry=r
+        )
         self.pages_total = Gauge("radixrt:kv_pages_total", "KV pool size in pages", registry=r)
         self.pages_free = Gauge("radixrt:kv_pages_free", "Free KV pages", registry=r)
-        self.pages_evictable = Gauge("radixrt:kv_pages_evictable", "Cached KV pages that may be evicted", registry=r)
-        self.token_usage = Gauge("radixrt:token_usage", "Fraction of the KV pool held by running requests",
-                                 registry=r)
-        self.preemptions = Gauge("radixrt:num_preemptions", "Requests preempted since start (a counter's value)",
-                                 registry=r)
-        self.hicache = {key: Gauge(f"radixrt:{key}", text, registry=r) for key, text in HICACHE_GAUGES.items()}
+        self.pages_evictable = Gauge(
+            "radixrt:kv_pages_evictable", "Cached KV pages that may be evicted", registry=r
+        )
+        self.token_usage = Gauge(
+            "radixrt:token_usage", "Fraction of the KV pool held by running requests", registry=r
+        )
+        self.preemptions = Gauge(
+            "radixrt:num_preemptions",
+            "Requests preempted since start (a counter's value)",
+            registry=r,
+        )
+        self.hicache = {
+            key: Gauge(f"radixrt:{key}", text, registry=r) for key, text in HICACHE_GAUGES.items()
+        }
 
     def on_first_token(self, seconds: float) -> None:
         self.ttft.observe(seconds)

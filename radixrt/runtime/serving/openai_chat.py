@@ -5,6 +5,7 @@ from its first token. With `auto` (one choice) the answer runs unconstrained wit
 extra stop string; if the model opens a call, a second phase continues from the same prefix (a radix
 cache hit) constrained to calls. Stream and non-stream read calls with the same incremental parser.
 """
+
 from __future__ import annotations
 
 import time
@@ -17,14 +18,43 @@ from fastapi.responses import StreamingResponse
 from radixrt.runtime.request_edge import SequenceResult
 from radixrt.runtime.serving import tool_calls
 from radixrt.runtime.serving.protocol import (
-    SSE_DONE, APIError, ChatCompletionRequest, accumulate, parse_body, raise_error, read_body, sse, until_disconnect)
-from radixrt.runtime.serving.tool_call_parser import OPEN, ArgsDelta, CallEnd, CallStart, Content, ToolCallParser
+    SSE_DONE,
+    APIError,
+    ChatCompletionRequest,
+    accumulate,
+    parse_body,
+    raise_error,
+    read_body,
+    sse,
+    until_disconnect,
+)
+from radixrt.runtime.serving.tool_call_parser import (
+    OPEN,
+    ArgsDelta,
+    CallEnd,
+    CallStart,
+    Content,
+    ToolCallParser,
+)
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 # apply_chat_template's own arguments: never from a client (chat_template would be arbitrary Jinja)
-RESERVED_TEMPLATE_KWARGS = frozenset({"chat_template", "tokenize", "add_generation_prompt", "continue_final_message",
-                                      "tools", "documents", "conversation", "padding", "truncation", "max_length",
-                                      "tokenizer_kwargs", "messages"})
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "chat_template",
+        "tokenize",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tools",
+        "documents",
+        "conversation",
+        "padding",
+        "truncation",
+        "max_length",
+        "tokenizer_kwargs",
+        "messages",
+    }
+)
 
 
 class ChatRoute:
@@ -32,14 +62,26 @@ class ChatRoute:
         self.routes = routes  # OpenAIRoutes: model check, request preparation, usage, logprobs, finish reasons
         self.tm = routes.tm
 
-    async def prompt_ids(self, req: ChatCompletionRequest, plan: tool_calls.ToolPlan | None) -> list[int]:
+    async def prompt_ids(
+        self, req: ChatCompletionRequest, plan: tool_calls.ToolPlan | None
+    ) -> list[int]:
         msgs = [m.as_dict() for m in req.messages]
         if req.continue_final_message and msgs[-1]["role"] != "assistant":
-            raise APIError("continue_final_message needs the last message to be from the assistant", param="messages")
+            raise APIError(
+                "continue_final_message needs the last message to be from the assistant",
+                param="messages",
+            )
         kwargs = dict(req.chat_template_kwargs or {})
-        reserved = sorted(k for k in kwargs if k in RESERVED_TEMPLATE_KWARGS or k.startswith("return_"))
-        if reserved:  # a client's own template (Jinja) or tokenizer options would run on the event loop
-            raise APIError(f"chat_template_kwargs may not set {', '.join(reserved)}", param="chat_template_kwargs")
+        reserved = sorted(
+            k for k in kwargs if k in RESERVED_TEMPLATE_KWARGS or k.startswith("return_")
+        )
+        if (
+            reserved
+        ):  # a client's own template (Jinja) or tokenizer options would run on the event loop
+            raise APIError(
+                f"chat_template_kwargs may not set {', '.join(reserved)}",
+                param="chat_template_kwargs",
+            )
         tokenizer = self.tm.tokenizer
         if req.tools and tool_calls.template_renders_tools(tokenizer):
             kwargs["tools"] = req.tools
@@ -47,15 +89,22 @@ class ChatRoute:
             msgs = tool_calls.fallback_messages(msgs, plan)
         try:
             text = tokenizer.apply_chat_template(
-                msgs, tokenize=False, add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
-                continue_final_message=req.continue_final_message, **kwargs)
+                msgs,
+                tokenize=False,
+                add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
+                continue_final_message=req.continue_final_message,
+                **kwargs,
+            )
         except Exception as e:  # the template itself refuses (e.g. roles out of order)
-            raise APIError(f"the chat template rejected the messages: {e}", param="messages") from None
+            raise APIError(
+                f"the chat template rejected the messages: {e}", param="messages"
+            ) from None
         return (await self.tm.encode([text]))[0]
 
     async def __call__(self, request: Request) -> Any:
         req: ChatCompletionRequest = parse_body(
-            ChatCompletionRequest, await read_body(request, self.tm.config.max_request_body_bytes))
+            ChatCompletionRequest, await read_body(request, self.tm.config.max_request_body_bytes)
+        )
         return self.routes.reply(req, await self.answer(request, req))
 
     async def answer(self, request: Request, req: ChatCompletionRequest) -> Any:
@@ -64,73 +113,160 @@ class ChatRoute:
             raise APIError("top_logprobs needs logprobs to be true", param="top_logprobs")
         plan = tool_calls.plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
         prompt = await self.prompt_ids(req, plan)
-        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        max_tokens = (
+            req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        )
         if plan is not None and plan.mode != "none":
             return await self.with_tools(request, req, plan, prompt, max_tokens)
-        handle, results, prompt_tokens = await self.routes.prepare(req, [prompt], max_tokens, req.logprobs,
-                                                                   req.top_logprobs or 0)
-        base = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": self.routes.model_name}
+        handle, results, prompt_tokens = await self.routes.prepare(
+            req, [prompt], max_tokens, req.logprobs, req.top_logprobs or 0
+        )
+        base = {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "created": int(time.time()),
+            "model": self.routes.model_name,
+        }
 
         def lp(res: SequenceResult, start: int) -> dict[str, Any] | None:
-            return self.routes.chat_logprobs(res.output_logprobs, res.output_top_logprobs, start) if req.logprobs else None
+            return (
+                self.routes.chat_logprobs(res.output_logprobs, res.output_top_logprobs, start)
+                if req.logprobs
+                else None
+            )
 
         if req.stream:
             cbase = {**base, "object": "chat.completion.chunk"}
-            first = [sse({**cbase, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                                "logprobs": None, "finish_reason": None}]})
-                     for i in range(len(results))]
+            first = [
+                sse(
+                    {
+                        **cbase,
+                        "choices": [
+                            {
+                                "index": i,
+                                "delta": {"role": "assistant", "content": ""},
+                                "logprobs": None,
+                                "finish_reason": None,
+                            }
+                        ],
+                    }
+                )
+                for i in range(len(results))
+            ]
 
             def chunk(i: int, res: SequenceResult, text: str, start: int) -> dict[str, Any]:
                 delta = {"content": text} if text else {}
-                return {**cbase, "choices": [{"index": i, "delta": delta, "logprobs": lp(res, start),
-                                              "finish_reason": self.routes.finish_reason(res),
-                                              "matched_stop": self.routes.matched_stop(res)}]}
+                return {
+                    **cbase,
+                    "choices": [
+                        {
+                            "index": i,
+                            "delta": delta,
+                            "logprobs": lp(res, start),
+                            "finish_reason": self.routes.finish_reason(res),
+                            "matched_stop": self.routes.matched_stop(res),
+                        }
+                    ],
+                }
 
-            gen = self.routes.stream(handle, results, first, chunk,
-                                     *self.routes.usage_options(req, cbase, results, prompt_tokens))
+            gen = self.routes.stream(
+                handle,
+                results,
+                first,
+                chunk,
+                *self.routes.usage_options(req, cbase, results, prompt_tokens),
+            )
             return StreamingResponse(gen, media_type="text/event-stream", headers=SSE_HEADERS)
         await self.routes.run(request, handle, results)
-        return {**base, "object": "chat.completion",
-                "choices": [{"index": i, "message": {"role": "assistant", "content": r.text},
-                             "logprobs": lp(r, 0), "finish_reason": self.routes.finish_reason(r),
-                             "matched_stop": self.routes.matched_stop(r)}
-                            for i, r in enumerate(results)],
-                "usage": self.routes.usage(results, prompt_tokens)}
+        return {
+            **base,
+            "object": "chat.completion",
+            "choices": [
+                {
+                    "index": i,
+                    "message": {"role": "assistant", "content": r.text},
+                    "logprobs": lp(r, 0),
+                    "finish_reason": self.routes.finish_reason(r),
+                    "matched_stop": self.routes.matched_stop(r),
+                }
+                for i, r in enumerate(results)
+            ],
+            "usage": self.routes.usage(results, prompt_tokens),
+        }
 
     # ---------------------------------------------------------------- tools
-    async def with_tools(self, request: Request, req: ChatCompletionRequest, plan: tool_calls.ToolPlan,
-                         prompt: list[int], max_tokens: int | None) -> Any:
+    async def with_tools(
+        self,
+        request: Request,
+        req: ChatCompletionRequest,
+        plan: tool_calls.ToolPlan,
+        prompt: list[int],
+        max_tokens: int | None,
+    ) -> Any:
         if req.logprobs:
             raise APIError("logprobs together with tools is not supported", param="logprobs")
         rf = req.response_format
-        if (rf is not None and rf.type != "text") or req.regex is not None or req.json_schema is not None \
-                or req.ebnf is not None:
-            raise APIError("tools cannot be combined with response_format, regex, json_schema or ebnf", param="tools")
+        if (
+            (rf is not None and rf.type != "text")
+            or req.regex is not None
+            or req.json_schema is not None
+            or req.ebnf is not None
+        ):
+            raise APIError(
+                "tools cannot be combined with response_format, regex, json_schema or ebnf",
+                param="tools",
+            )
         if plan.mode == "auto" and req.n != 1:
-            raise APIError("tool_choice auto supports n = 1 only (use required or a named function)", param="n")
+            raise APIError(
+                "tool_choice auto supports n = 1 only (use required or a named function)", param="n"
+            )
         run = ToolRun(self, req, plan, prompt, max_tokens)
         await run.start()
-        base = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": self.routes.model_name}
+        base = {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "created": int(time.time()),
+            "model": self.routes.model_name,
+        }
         if req.stream:
-            return StreamingResponse(run.sse({**base, "object": "chat.completion.chunk"}),
-                                     media_type="text/event-stream", headers=SSE_HEADERS)
+            return StreamingResponse(
+                run.sse({**base, "object": "chat.completion.chunk"}),
+                media_type="text/event-stream",
+                headers=SSE_HEADERS,
+            )
         try:
+
             async def drain() -> None:
                 async for _ in run.events():
                     pass
+
             await until_disconnect(request, drain())
         finally:
             run.close()
-        return {**base, "object": "chat.completion", "choices": [run.choice(i) for i in range(run.n)],
-                "usage": run.usage()}
+        return {
+            **base,
+            "object": "chat.completion",
+            "choices": [run.choice(i) for i in range(run.n)],
+            "usage": run.usage(),
+        }
 
 
 class ToolRun:
     """One chat request with tools: its phases, and per choice the parser and what it produced."""
 
-    def __init__(self, chat: ChatRoute, req: ChatCompletionRequest, plan: tool_calls.ToolPlan, prompt: list[int],
-                 max_tokens: int | None):
-        self.chat, self.req, self.plan, self.prompt, self.max_tokens = chat, req, plan, prompt, max_tokens
+    def __init__(
+        self,
+        chat: ChatRoute,
+        req: ChatCompletionRequest,
+        plan: tool_calls.ToolPlan,
+        prompt: list[int],
+        max_tokens: int | None,
+    ):
+        self.chat, self.req, self.plan, self.prompt, self.max_tokens = (
+            chat,
+            req,
+            plan,
+            prompt,
+            max_tokens,
+        )
         self.n = req.n
         self.parsers = [ToolCallParser() for _ in range(self.n)]
         self.content = [""] * self.n
@@ -145,16 +281,25 @@ class ToolRun:
         if self.plan.mode == "auto":
             # the call grammar of phase 2 is checked now, so a tool schema that cannot be enforced is a 400
             # before any text is sent
-            await self.chat.tm.validate_sampling({"tool_call_grammar": self.plan.grammar(opened=True)})
-            stop = self.req.stop if isinstance(self.req.stop, list) else [self.req.stop] * (self.req.stop is not None)
+            await self.chat.tm.validate_sampling(
+                {"tool_call_grammar": self.plan.grammar(opened=True)}
+            )
+            stop = (
+                self.req.stop
+                if isinstance(self.req.stop, list)
+                else [self.req.stop] * (self.req.stop is not None)
+            )
             extra = {"stop": [*stop, OPEN]}
         else:  # the whole answer is calls: the client's stop strings do not cut them
             extra = {"tool_call_grammar": self.plan.grammar(opened=False), "stop": []}
         await self._phase(self.prompt, self.max_tokens, extra)
 
-    async def _phase(self, prompt: list[int], max_tokens: int | None, extra: dict[str, Any]) -> None:
-        self.handle, results, prompt_tokens = await self.chat.routes.prepare(self.req, [prompt], max_tokens, False, 0,
-                                                                            extra=extra)
+    async def _phase(
+        self, prompt: list[int], max_tokens: int | None, extra: dict[str, Any]
+    ) -> None:
+        self.handle, results, prompt_tokens = await self.chat.routes.prepare(
+            self.req, [prompt], max_tokens, False, 0, extra=extra
+        )
         self.phase_results.append(results)
         self.prompt_tokens = self.prompt_tokens or prompt_tokens
 
@@ -167,8 +312,13 @@ class ToolRun:
             if isinstance(e, Content):
                 self.content[idx] += e.text
             elif isinstance(e, CallStart):
-                self.calls[idx].append({"id": tool_calls.new_call_id(), "type": "function",
-                                        "function": {"name": e.name, "arguments": ""}})
+                self.calls[idx].append(
+                    {
+                        "id": tool_calls.new_call_id(),
+                        "type": "function",
+                        "function": {"name": e.name, "arguments": ""},
+                    }
+                )
             elif isinstance(e, ArgsDelta):
                 self.calls[idx][e.index]["function"]["arguments"] += e.text
         return events
@@ -187,12 +337,17 @@ class ToolRun:
         text_ids = (await self.chat.tm.encode([reopen.text + OPEN]))[0]
         used = reopen.completion_tokens
         left = None if self.max_tokens is None else max(1, self.max_tokens - used)
-        await self._phase(self.prompt + text_ids, left, {"tool_call_grammar": self.plan.grammar(opened=True),
-                                                         "stop": []})
+        await self._phase(
+            self.prompt + text_ids,
+            left,
+            {"tool_call_grammar": self.plan.grammar(opened=True), "stop": []},
+        )
         async for idx, events, _ in self._phase_events(False):
             yield idx, events
 
-    async def _phase_events(self, may_open: bool) -> AsyncIterator[tuple[int, list, SequenceResult | None]]:
+    async def _phase_events(
+        self, may_open: bool
+    ) -> AsyncIterator[tuple[int, list, SequenceResult | None]]:
         """The current phase's (choice, events, the result that stopped at an opening tag or None)."""
         results = self.phase_results[-1]
         async for idx, out, failed in accumulate(self.handle, results):
@@ -210,7 +365,11 @@ class ToolRun:
     def _end(self, idx: int, res: SequenceResult) -> list:
         events = self._apply(idx, self.parsers[idx].finish())
         done = self.parsers[idx].num_calls
-        self.finish[idx] = "tool_calls" if done and not self.parsers[idx].in_call else self.chat.routes.finish_reason(res)
+        self.finish[idx] = (
+            "tool_calls"
+            if done and not self.parsers[idx].in_call
+            else self.chat.routes.finish_reason(res)
+        )
         return events
 
     def choice(self, i: int) -> dict[str, Any]:
@@ -222,7 +381,9 @@ class ToolRun:
     def usage(self) -> dict[str, Any]:
         everything = [r for phase in self.phase_results for r in phase]
         usage = self.chat.routes.usage(everything, self.prompt_tokens)
-        usage["prompt_tokens_details"]["cached_tokens"] = sum(r.cached_tokens for r in self.phase_results[0])
+        usage["prompt_tokens_details"]["cached_tokens"] = sum(
+            r.cached_tokens for r in self.phase_results[0]
+        )
         return usage
 
     async def sse(self, cbase: dict[str, Any]) -> AsyncIterator[bytes]:
@@ -230,7 +391,12 @@ class ToolRun:
         continuous = opts is not None and opts.continuous_usage_stats
 
         def chunk(idx: int, delta: dict[str, Any], finish: str | None = None) -> bytes:
-            obj = {**cbase, "choices": [{"index": idx, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+            obj = {
+                **cbase,
+                "choices": [
+                    {"index": idx, "delta": delta, "logprobs": None, "finish_reason": finish}
+                ],
+            }
             if continuous:
                 obj["usage"] = self.usage()
             return sse(obj)
@@ -244,10 +410,24 @@ class ToolRun:
                         yield chunk(idx, {"content": e.text})
                     elif isinstance(e, CallStart):
                         call = self.calls[idx][e.index]
-                        yield chunk(idx, {"tool_calls": [{"index": e.index, "id": call["id"], "type": "function",
-                                                          "function": {"name": e.name, "arguments": ""}}]})
+                        yield chunk(
+                            idx,
+                            {
+                                "tool_calls": [
+                                    {
+                                        "index": e.index,
+                                        "id": call["id"],
+                                        "type": "function",
+                                        "function": {"name": e.name, "arguments": ""},
+                                    }
+                                ]
+                            },
+                        )
                     elif isinstance(e, ArgsDelta):
-                        yield chunk(idx, {"tool_calls": [{"index": e.index, "function": {"arguments": e.text}}]})
+                        yield chunk(
+                            idx,
+                            {"tool_calls": [{"index": e.index, "function": {"arguments": e.text}}]},
+                        )
                     elif isinstance(e, CallEnd):
                         pass  # OpenAI has no event for it; the finish reason comes with the last chunk
                 if self.finish[idx] is not None:

@@ -3,6 +3,7 @@
 Each choice is one scheduler request (n is expanded into rid-i by the tokenizer manager);
 choice index = prompt index * n + copy. Chat prompts go through the model's own chat template.
 """
+
 from __future__ import annotations
 
 import logging
@@ -18,7 +19,15 @@ from radixrt.runtime.request_edge import SequenceResult
 from radixrt.runtime.serving.openai_chat import ChatRoute
 from radixrt.runtime.serving.openai_sampling import sampling_dict
 from radixrt.runtime.serving.protocol import (
-    SSE_DONE, APIError, accumulate, collect_results, CompletionRequest, parse_body, read_body, sse)
+    SSE_DONE,
+    APIError,
+    CompletionRequest,
+    accumulate,
+    collect_results,
+    parse_body,
+    read_body,
+    sse,
+)
 from radixrt.runtime.serving.request_handle import RequestHandle
 from radixrt.runtime.serving.tokenizer_manager import TokenizerManager
 
@@ -38,7 +47,11 @@ class OpenAIRoutes:
 
     @staticmethod
     def finish_reason(res: SequenceResult) -> str | None:
-        return None if res.finished_reason is None else _FINISH.get(res.finished_reason.get("type"), "stop")
+        return (
+            None
+            if res.finished_reason is None
+            else _FINISH.get(res.finished_reason.get("type"), "stop")
+        )
 
     @staticmethod
     def matched_stop(res: SequenceResult) -> Any:
@@ -46,7 +59,9 @@ class OpenAIRoutes:
 
     def reply(self, req: Any, answer: Any) -> Any:
         """The route's answer, with the top-level fields it ignored named in a header (and logged once)."""
-        ignored = [name for name in req.ignored_fields() if _FIELD_NAME.fullmatch(name)]  # safe in a header
+        ignored = [
+            name for name in req.ignored_fields() if _FIELD_NAME.fullmatch(name)
+        ]  # safe in a header
         if not ignored:
             return answer
         if tuple(ignored) not in self._warned and len(self._warned) < MAX_WARNED:
@@ -60,8 +75,12 @@ class OpenAIRoutes:
     def check_model(self, name: str | None) -> None:
         accepted = {None, "default", self.model_name, self.tm.config.model_path}
         if name not in accepted:
-            raise APIError(f"the model {name!r} does not exist; this server serves {self.model_name!r}", 404,
-                           param="model", code="model_not_found")
+            raise APIError(
+                f"the model {name!r} does not exist; this server serves {self.model_name!r}",
+                404,
+                param="model",
+                code="model_not_found",
+            )
 
     def default_max_tokens(self, prompt_len: int) -> int:
         return max(0, min(self.tm.context_len, self.tm.pool_tokens) - prompt_len)
@@ -70,64 +89,112 @@ class OpenAIRoutes:
         return self.tm.tokenizer.decode([tid])
 
     # ---------------------------------------------------------------- logprobs in OpenAI's two shapes
-    def completion_logprobs(self, lps: list, tops: list, start: int, num_top: int) -> dict[str, Any]:
+    def completion_logprobs(
+        self, lps: list, tops: list, start: int, num_top: int
+    ) -> dict[str, Any]:
         tokens = [self.token_str(t) for _, t in lps[start:]]
         offsets, pos = [], 0
         for s in tokens:
             offsets.append(pos)
             pos += len(s)
-        return {"tokens": tokens, "token_logprobs": [_lp(lp) for lp, _ in lps[start:]],
-                "top_logprobs": [{self.token_str(t): _lp(lp) for lp, t in top[:num_top]} for top in tops[start:]]
-                if num_top else None,
-                "text_offset": offsets}
+        return {
+            "tokens": tokens,
+            "token_logprobs": [_lp(lp) for lp, _ in lps[start:]],
+            "top_logprobs": [
+                {self.token_str(t): _lp(lp) for lp, t in top[:num_top]} for top in tops[start:]
+            ]
+            if num_top
+            else None,
+            "text_offset": offsets,
+        }
 
     def chat_logprobs(self, lps: list, tops: list, start: int) -> dict[str, Any]:
         def entry(lp: Any, tid: int) -> dict[str, Any]:
             s = self.token_str(tid)
             return {"token": s, "logprob": _lp(lp), "bytes": list(s.encode())}
 
-        return {"content": [{**entry(lp, t), "top_logprobs": [entry(*x) for x in top]}
-                            for (lp, t), top in zip(lps[start:], tops[start:])], "refusal": None}
+        return {
+            "content": [
+                {**entry(lp, t), "top_logprobs": [entry(*x) for x in top]}
+                for (lp, t), top in zip(lps[start:], tops[start:])
+            ],
+            "refusal": None,
+        }
 
     # ---------------------------------------------------------------- shared request flow
-    async def prepare(self, req: Any, prompts: list[list[int]], max_tokens: int | None, return_logprob: bool,
-                      top_logprobs: int, extra: dict[str, Any] | None = None
-                      ) -> tuple[RequestHandle, list[SequenceResult], int]:
+    async def prepare(
+        self,
+        req: Any,
+        prompts: list[list[int]],
+        max_tokens: int | None,
+        return_logprob: bool,
+        top_logprobs: int,
+        extra: dict[str, Any] | None = None,
+    ) -> tuple[RequestHandle, list[SequenceResult], int]:
         """Validate and submit: one scheduler request per prompt and copy; extra overrides sampling fields."""
         if getattr(req, "session_id", None) is not None and len(prompts) > 1:
-            raise APIError("session_id needs a single prompt (a session continues one conversation)",
-                           param="session_id")
+            raise APIError(
+                "session_id needs a single prompt (a session continues one conversation)",
+                param="session_id",
+            )
         reqs = []
         for ids in prompts:
             max_new = self.default_max_tokens(len(ids)) if max_tokens is None else max_tokens
             sp = await self.tm.validate_sampling(
-                {**sampling_dict(req, max_new, self.tm.config.json_object_max_depth), **(extra or {})})
-            reqs += self.tm.make_requests(ids, sp, stream=req.stream, return_logprob=return_logprob,
-                                          top_logprobs_num=top_logprobs, session_id=req.session_id)
+                {
+                    **sampling_dict(req, max_new, self.tm.config.json_object_max_depth),
+                    **(extra or {}),
+                }
+            )
+            reqs += self.tm.make_requests(
+                ids,
+                sp,
+                stream=req.stream,
+                return_logprob=return_logprob,
+                top_logprobs_num=top_logprobs,
+                session_id=req.session_id,
+            )
         handle = self.tm.generate(reqs)
         return handle, [SequenceResult(r.rid) for r in reqs], sum(len(p) for p in prompts)
 
     @staticmethod
     def usage(results: list[SequenceResult], prompt_tokens: int) -> dict[str, Any]:
         completion = sum(r.completion_tokens for r in results)
-        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
-                "total_tokens": prompt_tokens + completion,
-                "prompt_tokens_details": {"cached_tokens": sum(r.cached_tokens for r in results)}}
+        return {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": sum(r.cached_tokens for r in results)},
+        }
 
-    async def run(self, request: Request, handle: RequestHandle, results: list[SequenceResult]) -> None:
+    async def run(
+        self, request: Request, handle: RequestHandle, results: list[SequenceResult]
+    ) -> None:
         await collect_results(request, handle, results)
 
-    def usage_options(self, req: Any, base: dict[str, Any], results: list[SequenceResult], prompt_tokens: int
-                      ) -> tuple[Any, Any]:
+    def usage_options(
+        self, req: Any, base: dict[str, Any], results: list[SequenceResult], prompt_tokens: int
+    ) -> tuple[Any, Any]:
         """stream_options -> (the final usage chunk's builder or None, the per-chunk usage builder or None:
         continuous_usage_stats puts the usage so far into every chunk)."""
         opts = req.stream_options
         usage = lambda: self.usage(results, prompt_tokens)  # noqa: E731
-        final = (lambda: {**base, "choices": [], "usage": usage()}) if opts is not None and opts.include_usage else None
+        final = (
+            (lambda: {**base, "choices": [], "usage": usage()})
+            if opts is not None and opts.include_usage
+            else None
+        )
         return final, usage if opts is not None and opts.continuous_usage_stats else None
 
-    async def stream(self, handle: RequestHandle, results: list[SequenceResult], first: list[bytes],
-                     chunk: Any, usage_chunk: Any, usage_now: Any = None) -> AsyncIterator[bytes]:
+    async def stream(
+        self,
+        handle: RequestHandle,
+        results: list[SequenceResult],
+        first: list[bytes],
+        chunk: Any,
+        usage_chunk: Any,
+        usage_now: Any = None,
+    ) -> AsyncIterator[bytes]:
         """SSE: the opening chunks, one chunk per delta, finish chunks, usage, [DONE]. Errors become an
         error event; a client that goes away cancels this generator and `close` aborts the rest."""
         lp_sent = [0] * len(results)  # logprobs already sent per choice (held-back text sends none)
@@ -156,7 +223,9 @@ class OpenAIRoutes:
 
     # ---------------------------------------------------------------- /v1/completions
     async def completions(self, request: Request) -> Any:
-        req: CompletionRequest = parse_body(CompletionRequest, await read_body(request, self.tm.config.max_request_body_bytes))
+        req: CompletionRequest = parse_body(
+            CompletionRequest, await read_body(request, self.tm.config.max_request_body_bytes)
+        )
         return self.reply(req, await self._completions(request, req))
 
     async def _completions(self, request: Request, req: CompletionRequest) -> Any:
@@ -179,32 +248,74 @@ class OpenAIRoutes:
         if not prompts:
             raise APIError("prompt is empty", param="prompt")
         num_top = req.logprobs or 0
-        handle, results, prompt_tokens = await self.prepare(req, prompts, req.max_tokens, req.logprobs is not None, num_top)
+        handle, results, prompt_tokens = await self.prepare(
+            req, prompts, req.max_tokens, req.logprobs is not None, num_top
+        )
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        base = {"id": rid, "object": "text_completion", "created": created, "model": self.model_name}
-        echo = [self.tm.tokenizer.decode(ids) if req.echo else "" for ids in prompts for _ in range(req.n)]
+        base = {
+            "id": rid,
+            "object": "text_completion",
+            "created": created,
+            "model": self.model_name,
+        }
+        echo = [
+            self.tm.tokenizer.decode(ids) if req.echo else ""
+            for ids in prompts
+            for _ in range(req.n)
+        ]
 
         def choice(i: int, res: SequenceResult, text: str, start: int) -> dict[str, Any]:
-            lp = self.completion_logprobs(res.output_logprobs, res.output_top_logprobs, start, num_top) \
-                if req.logprobs is not None else None
-            return {"index": i, "text": text, "logprobs": lp, "finish_reason": self.finish_reason(res),
-                    "matched_stop": self.matched_stop(res)}
+            lp = (
+                self.completion_logprobs(
+                    res.output_logprobs, res.output_top_logprobs, start, num_top
+                )
+                if req.logprobs is not None
+                else None
+            )
+            return {
+                "index": i,
+                "text": text,
+                "logprobs": lp,
+                "finish_reason": self.finish_reason(res),
+                "matched_stop": self.matched_stop(res),
+            }
 
         if req.stream:
-            first = [sse({**base, "choices": [choice(i, r, echo[i], 0)]}) for i, r in enumerate(results) if echo[i]]
-            gen = self.stream(handle, results, first,
-                              lambda i, res, text, start: {**base, "choices": [choice(i, res, text, start)]},
-                              *self.usage_options(req, base, results, prompt_tokens))
+            first = [
+                sse({**base, "choices": [choice(i, r, echo[i], 0)]})
+                for i, r in enumerate(results)
+                if echo[i]
+            ]
+            gen = self.stream(
+                handle,
+                results,
+                first,
+                lambda i, res, text, start: {**base, "choices": [choice(i, res, text, start)]},
+                *self.usage_options(req, base, results, prompt_tokens),
+            )
             return StreamingResponse(gen, media_type="text/event-stream", headers=SSE_HEADERS)
         await self.run(request, handle, results)
-        return {**base, "choices": [choice(i, r, echo[i] + r.text, 0) for i, r in enumerate(results)],
-                "usage": self.usage(results, prompt_tokens)}
+        return {
+            **base,
+            "choices": [choice(i, r, echo[i] + r.text, 0) for i, r in enumerate(results)],
+            "usage": self.usage(results, prompt_tokens),
+        }
 
     def models(self) -> dict[str, Any]:
         # owned_by "sglang": what SGLang-aware tools and routers look for
-        return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
-                                            "owned_by": "sglang", "root": self.tm.config.model_path,
-                                            "max_model_len": self.tm.context_len}]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": self.model_name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "sglang",
+                    "root": self.tm.config.model_path,
+                    "max_model_len": self.tm.context_len,
+                }
+            ],
+        }
 
 
 def _lp(x: Any) -> float:

@@ -1,5 +1,6 @@
 """The OpenAI routes' sampling fields as SGLang sampling parameters: names mapped, constraints (regex,
 json_schema, ebnf, response_format) turned into one constraint parameter."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -20,10 +21,19 @@ def json_object_grammar(max_depth: int) -> str:
     defs = {"level1": scalar}  # levelK: a value whose containers nest at most K - 1 deep
     for k in range(2, max_depth + 1):
         below = {"$ref": f"#/$defs/level{k - 1}"}
-        defs[f"level{k}"] = {"anyOf": [scalar, {"type": "array", "items": below},
-                                       {"type": "object", "additionalProperties": below}]}
-    schema = {"$defs": defs, "type": "object", "additionalProperties": {"$ref": f"#/$defs/level{max_depth}"},
-              "x-guidance": JSON_OBJECT_WHITESPACE}
+        defs[f"level{k}"] = {
+            "anyOf": [
+                scalar,
+                {"type": "array", "items": below},
+                {"type": "object", "additionalProperties": below},
+            ]
+        }
+    schema = {
+        "$defs": defs,
+        "type": "object",
+        "additionalProperties": {"$ref": f"#/$defs/level{max_depth}"},
+        "x-guidance": JSON_OBJECT_WHITESPACE,
+    }
     return "start: %json " + json.dumps(schema, separators=(",", ":"))
 
 
@@ -42,7 +52,10 @@ def constraint_from_request(req: _SamplingFields, json_object_depth: int = 16) -
     rf = req.response_format
     if rf is not None and rf.type != "text":
         if out:
-            raise APIError("response_format cannot be combined with regex, json_schema or ebnf", param="response_format")
+            raise APIError(
+                "response_format cannot be combined with regex, json_schema or ebnf",
+                param="response_format",
+            )
         if rf.type == "json_object":
             if importlib.util.find_spec("llguidance") is not None:
                 out["ebnf"] = json_object_grammar(json_object_depth)
@@ -50,23 +63,41 @@ def constraint_from_request(req: _SamplingFields, json_object_depth: int = 16) -
                 out["json_schema"] = '{"type": "object"}'
         elif rf.type == "grammar":
             if not rf.grammar:
-                raise APIError("response_format grammar needs grammar (a Lark or GBNF grammar)", param="response_format")
+                raise APIError(
+                    "response_format grammar needs grammar (a Lark or GBNF grammar)",
+                    param="response_format",
+                )
             out["ebnf"] = rf.grammar
         else:
             if rf.json_schema is None or rf.json_schema.schema_ is None:
-                raise APIError("response_format json_schema needs json_schema.schema", param="response_format")
+                raise APIError(
+                    "response_format json_schema needs json_schema.schema", param="response_format"
+                )
             out["json_schema"] = json.dumps(rf.json_schema.schema_)
     return out
 
 
-def sampling_dict(req: _SamplingFields, max_new_tokens: int, json_object_depth: int = 16) -> dict[str, Any]:
+def sampling_dict(
+    req: _SamplingFields, max_new_tokens: int, json_object_depth: int = 16
+) -> dict[str, Any]:
     """The OpenAI fields as a SamplingParams dict (not yet validated: SamplingParams.from_dict does that)."""
     d: dict[str, Any] = {"max_new_tokens": max_new_tokens, "n": req.n}
-    pairs = {"temperature": req.temperature, "top_p": req.top_p, "presence_penalty": req.presence_penalty,
-             "frequency_penalty": req.frequency_penalty, "seed": req.seed, "top_k": req.top_k, "min_p": req.min_p,
-             "repetition_penalty": req.repetition_penalty, "min_new_tokens": req.min_tokens,
-             "stop_token_ids": req.stop_token_ids, "ignore_eos": req.ignore_eos,
-             "skip_special_tokens": req.skip_special_tokens, "stop": req.stop, "logit_bias": req.logit_bias}
+    pairs = {
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "presence_penalty": req.presence_penalty,
+        "frequency_penalty": req.frequency_penalty,
+        "seed": req.seed,
+        "top_k": req.top_k,
+        "min_p": req.min_p,
+        "repetition_penalty": req.repetition_penalty,
+        "min_new_tokens": req.min_tokens,
+        "stop_token_ids": req.stop_token_ids,
+        "ignore_eos": req.ignore_eos,
+        "skip_special_tokens": req.skip_special_tokens,
+        "stop": req.stop,
+        "logit_bias": req.logit_bias,
+    }
     d.update({k: v for k, v in pairs.items() if v is not None})
     d.update(constraint_from_request(req, json_object_depth))
     return d

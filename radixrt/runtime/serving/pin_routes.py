@@ -5,6 +5,7 @@
 under a handle until /unpin or the ttl; the scheduler may refuse (handle null), and the DSL
 then falls back to plain prefix caching.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -41,28 +42,46 @@ def add_pin_routes(app: FastAPI, tm: Any) -> None:
 
     @app.post("/pin_prefix")
     async def pin_prefix(request: Request) -> dict[str, Any]:
-        req: PinPrefixRequest = parse_body(PinPrefixRequest, await read_body(request, config.max_request_body_bytes))
+        req: PinPrefixRequest = parse_body(
+            PinPrefixRequest, await read_body(request, config.max_request_body_bytes)
+        )
         if (req.text is None) == (req.input_ids is None):
             raise APIError("give exactly one of text and input_ids", param="text")
-        ids = (await tm.encode([req.text], add_special_tokens=True))[0] if req.text is not None else req.input_ids
-        reqs = tm.make_requests(ids, await tm.validate_sampling({"max_new_tokens": 0}), stream=False,
-                                program_id=req.program_id, pin_ttl_s=req.ttl_s)
+        ids = (
+            (await tm.encode([req.text], add_special_tokens=True))[0]
+            if req.text is not None
+            else req.input_ids
+        )
+        reqs = tm.make_requests(
+            ids,
+            await tm.validate_sampling({"max_new_tokens": 0}),
+            stream=False,
+            program_id=req.program_id,
+            pin_ttl_s=req.ttl_s,
+        )
         handle = tm.generate(reqs)
         res = SequenceResult(reqs[0].rid)
         await collect_results(request, handle, [res])
-        return {"handle": (res.finished_reason or {}).get("pin_handle"), "prompt_tokens": res.prompt_tokens,
-                "cached_tokens": res.cached_tokens}
+        return {
+            "handle": (res.finished_reason or {}).get("pin_handle"),
+            "prompt_tokens": res.prompt_tokens,
+            "cached_tokens": res.cached_tokens,
+        }
 
     @app.post("/unpin")
     async def unpin(request: Request) -> dict[str, Any]:
-        req: UnpinRequest = parse_body(UnpinRequest, await read_body(request, config.max_request_body_bytes))
+        req: UnpinRequest = parse_body(
+            UnpinRequest, await read_body(request, config.max_request_body_bytes)
+        )
         tm.check_alive()
         tm.send_admin(UnpinReq(handle=req.handle))  # fire and forget: an unknown handle is a no-op
         return {"success": True}
 
     @app.post("/close_session")
     async def close_session(request: Request) -> dict[str, Any]:
-        req: CloseSessionRequest = parse_body(CloseSessionRequest, await read_body(request, config.max_request_body_bytes))
+        req: CloseSessionRequest = parse_body(
+            CloseSessionRequest, await read_body(request, config.max_request_body_bytes)
+        )
         tm.check_alive()
         tm.send_admin(CloseSessionReq(session_id=req.session_id))  # an unknown session is a no-op
         return {"success": True}

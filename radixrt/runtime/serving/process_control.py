@@ -3,6 +3,7 @@ dying with the parent, stopping between loop iterations, and the ready handshake
 
 Its own module so the children never import launch.py (which imports them).
 """
+
 from __future__ import annotations
 
 import logging
@@ -18,6 +19,7 @@ def set_parent_death_signal() -> None:
     """Ask Linux to SIGTERM this process when its parent dies (no orphans even after a SIGKILL)."""
     try:
         import ctypes
+
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:  # not Linux: the ppid check in the loops still catches it
@@ -64,11 +66,15 @@ async def wait_for_children(pull: Any, procs: dict[str, Any], timeout: float) ->
     info: dict[str, dict] = {}
     while len(info) < len(procs):
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{', '.join(sorted(set(procs) - set(info)))} not ready after {timeout:.0f} s")
+            raise TimeoutError(
+                f"{', '.join(sorted(set(procs) - set(info)))} not ready after {timeout:.0f} s"
+            )
         if not await pull.poll(500):
             for name, proc in procs.items():
                 if not proc.is_alive():
-                    raise RuntimeError(f"the {name} process exited with code {proc.exitcode} while starting")
+                    raise RuntimeError(
+                        f"the {name} process exited with code {proc.exitcode} while starting"
+                    )
             continue
         msg = messages.decode(await pull.recv())
         if isinstance(msg, ProcessFailed):

@@ -1,6 +1,7 @@
 """HTTP request bodies (pydantic, strict: "0.5" is not a number, unknown fields are refused) and the
 OpenAI-style error body every 4xx/5xx carries: {"error": {"message", "type", "param", "code"}}.
 """
+
 from __future__ import annotations
 
 import re
@@ -14,8 +15,14 @@ from radixrt.runtime.request_edge import RequestError, SequenceResult
 class APIError(Exception):
     """An answer other than 200: raised anywhere in request handling, rendered by the server."""
 
-    def __init__(self, message: str, status: int = 400, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | int | None = None):
+    def __init__(
+        self,
+        message: str,
+        status: int = 400,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | int | None = None,
+    ):
         super().__init__(message)
         self.message, self.status, self.type, self.param = message, status, type, param
         self.code = code if code is not None else status
@@ -24,8 +31,12 @@ class APIError(Exception):
         return error_body(self.message, self.type, self.param, self.code)
 
 
-def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
-               code: str | int | None = None) -> dict[str, Any]:
+def error_body(
+    message: str,
+    type: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | int | None = None,
+) -> dict[str, Any]:
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
@@ -63,8 +74,11 @@ def parse_body(model: type[BaseModel], body: bytes) -> Any:
 def _is_union_tag(x: Any) -> bool:
     """pydantic names the union member in an error's location ("str", "list[int]", "TextPart")."""
     x = str(x)
-    return (x in ("str", "int", "float", "bool", "none") or x.startswith(("list[", "dict[", "function-"))
-            or x[:1].isupper())
+    return (
+        x in ("str", "int", "float", "bool", "none")
+        or x.startswith(("list[", "dict[", "function-"))
+        or x[:1].isupper()
+    )
 
 
 # ----------------------------------------------------------------- SGLang-native /generate
@@ -80,9 +94,13 @@ class GenerateRequest(_Strict):
     logprob_start_len: Union[int, list[int], None] = None
     top_logprobs_num: Union[int, list[int]] = 0
     return_text_in_logprobs: bool = False
-    rid: Union[str, list[str], None] = None  # accepted for SGLang compatibility; ids are assigned here
+    rid: Union[str, list[str], None] = (
+        None  # accepted for SGLang compatibility; ids are assigned here
+    )
     program_id: str | None = None
-    session_id: str | None = None  # radixrt's: keep this conversation's turns cached (core/sessions.py)
+    session_id: str | None = (
+        None  # radixrt's: keep this conversation's turns cached (core/sessions.py)
+    )
     session_params: dict[str, Any] | None = None  # SGLang's shape of the same: {"id": ...}
 
     def session(self) -> str | None:
@@ -100,7 +118,9 @@ class ConcatAndAppendRequest(_Strict):
     dst_rid: str
 
 
-class ProfileRequest(BaseModel):  # SGLang's body has more knobs (activities, ...): those are ignored
+class ProfileRequest(
+    BaseModel
+):  # SGLang's body has more knobs (activities, ...): those are ignored
     model_config = ConfigDict(extra="allow", strict=True)
     output_dir: str | None = None
     num_steps: int | None = None
@@ -130,6 +150,7 @@ class _SamplingFields(_Strict):
     """Sampling fields shared by both OpenAI routes (with SGLang's extras). Unknown top-level fields are
     accepted and ignored (clients send metadata, user, reasoning_effort, ...): `ignored_fields` names them
     for the route's warning header and log."""
+
     model_config = ConfigDict(extra="allow", strict=True)
     model: str | None = None
     temperature: float | None = None
@@ -155,7 +176,9 @@ class _SamplingFields(_Strict):
     regex: str | None = None
     json_schema: str | None = None
     ebnf: str | None = None  # SGLang's: a context-free grammar (GBNF or Lark)
-    session_id: str | None = None  # radixrt's: keep this conversation's turns cached (core/sessions.py)
+    session_id: str | None = (
+        None  # radixrt's: keep this conversation's turns cached (core/sessions.py)
+    )
 
     def ignored_fields(self) -> list[str]:
         return sorted(self.model_extra or {})
@@ -191,7 +214,10 @@ class ChatMessage(_Strict):
 
     def as_dict(self) -> dict[str, Any]:
         """The message as a chat template takes it: OpenAI's `developer` role is `system` to a template."""
-        d: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        d: dict[str, Any] = {
+            "role": "system" if self.role == "developer" else self.role,
+            "content": self.text(),
+        }
         for key in ("name", "tool_call_id", "tool_calls"):
             if getattr(self, key) is not None:
                 d[key] = getattr(self, key)
@@ -209,12 +235,15 @@ class ChatCompletionRequest(_SamplingFields):
     parallel_tool_calls: bool | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
-    chat_template_kwargs: dict[str, Any] | None = None  # passed to the chat template (e.g. enable_thinking)
+    chat_template_kwargs: dict[str, Any] | None = (
+        None  # passed to the chat template (e.g. enable_thinking)
+    )
 
 
 # ----------------------------------------------------------------- HTTP plumbing shared by the routes
 def sse(obj: Any) -> bytes:
     import orjson
+
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
@@ -268,7 +297,11 @@ def raise_error(res: SequenceResult) -> None:
     if res.server_error:
         raise APIError(res.error or "the server failed", 503, "server_error")
     if res.error:
-        raise APIError(res.error, res.error_status, "server_error" if res.error_status >= 500 else "invalid_request_error")
+        raise APIError(
+            res.error,
+            res.error_status,
+            "server_error" if res.error_status >= 500 else "invalid_request_error",
+        )
 
 
 def error_event(res: SequenceResult) -> bytes | None:
@@ -280,7 +313,9 @@ def error_event(res: SequenceResult) -> bytes | None:
     return None
 
 
-async def accumulate(handle: Any, results: list[SequenceResult]) -> AsyncIterator[tuple[int, dict, bytes | None]]:
+async def accumulate(
+    handle: Any, results: list[SequenceResult]
+) -> AsyncIterator[tuple[int, dict, bytes | None]]:
     """A stream's deltas, each added to its sequence's result first: (index, delta, None), or
     (index, delta, the SSE error event) once, as the last item, when that sequence failed."""
     async for idx, out in handle:
@@ -293,11 +328,13 @@ async def accumulate(handle: Any, results: list[SequenceResult]) -> AsyncIterato
 
 async def collect_results(request: Any, handle: Any, results: list["SequenceResult"]) -> None:
     """Accumulate a non-streamed request's deltas until every sequence finished (or the client left)."""
+
     async def collect() -> None:
         async for idx, out in handle:
             results[idx].add(out)
             if results[idx].finished:
                 raise_error(results[idx])
+
     try:
         await until_disconnect(request, collect())
     finally:

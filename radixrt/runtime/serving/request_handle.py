@@ -1,6 +1,7 @@
 """One HTTP request's view of its sequences: the state the tokenizer manager keeps per sequence,
 and the async iterator over their deltas that aborts whatever is unfinished when it is closed
 (client gone, error, timeout)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -42,14 +43,21 @@ class RequestHandle:
             if self.deadline is None:
                 index, out = await self.queue.get()
             else:
-                index, out = await asyncio.wait_for(self.queue.get(), max(0.0, self.deadline - time.monotonic()))
+                index, out = await asyncio.wait_for(
+                    self.queue.get(), max(0.0, self.deadline - time.monotonic())
+                )
         except asyncio.TimeoutError:
             rid = next(iter(sorted(self.unfinished)))
             self.tm.abort(rid)
             self.unfinished.discard(rid)
             index = [r.rid for r in self.reqs].index(rid)
             msg = f"request timed out after {self.tm.config.request_timeout} s"
-            return index, {"rid": rid, "new_ids": [], "text": "", "finished_reason": {"type": "abort", "message": msg}}
+            return index, {
+                "rid": rid,
+                "new_ids": [],
+                "text": "",
+                "finished_reason": {"type": "abort", "message": msg},
+            }
         if out.get("finished_reason") is not None:
             self.unfinished.discard(out["rid"])
         return index, out

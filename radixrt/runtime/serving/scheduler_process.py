@@ -5,6 +5,7 @@ queries), then run one `step()` if there is work, and push the token deltas to t
 detokenizer. With nothing to do it blocks on the socket (poll timeout) instead of spinning.
 Admin answers (flush, server info, health) go straight back to the tokenizer manager.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,11 +18,28 @@ import zmq
 
 from radixrt.runtime import messages
 from radixrt.runtime.config import ServerConfig
-from radixrt.runtime.serving.process_control import StopFlag, set_parent_death_signal
 from radixrt.runtime.messages import (
-    AbortReq, UnpinReq, BatchTokenOut, CacheTreeOut, CloseSessionReq, DetokenizeReq, FlushCacheOut, FlushCacheReq, GetCacheTreeReq,
-    GetServerInfoReq, HealthCheckOut, HealthCheckReq, ProcessFailed, ProcessReady, ProfileOut, ProfileReq, SchedulerInfo,
-    TokenizedGenerateReq, TokenOut)
+    AbortReq,
+    BatchTokenOut,
+    CacheTreeOut,
+    CloseSessionReq,
+    DetokenizeReq,
+    FlushCacheOut,
+    FlushCacheReq,
+    GetCacheTreeReq,
+    GetServerInfoReq,
+    HealthCheckOut,
+    HealthCheckReq,
+    ProcessFailed,
+    ProcessReady,
+    ProfileOut,
+    ProfileReq,
+    SchedulerInfo,
+    TokenizedGenerateReq,
+    TokenOut,
+    UnpinReq,
+)
+from radixrt.runtime.serving.process_control import StopFlag, set_parent_death_signal
 from radixrt.runtime.serving.step_profiler import StepProfiler
 
 logger = logging.getLogger(__name__)
@@ -31,7 +49,7 @@ IDLE_POLL_MS = 100  # how long an idle loop sleeps on the socket before checking
 
 
 def load_class(path: str) -> type:
-    """"module:name" -> a class or factory taking the config (tests substitute a fake scheduler this way)."""
+    """ "module:name" -> a class or factory taking the config (tests substitute a fake scheduler this way)."""
     module, _, name = path.partition(":")
     if not name:
         raise ValueError(f"scheduler class must look like 'package.module:Class', got {path!r}")
@@ -39,7 +57,9 @@ def load_class(path: str) -> type:
 
 
 class SchedulerLoop:
-    def __init__(self, scheduler: Any, pull: zmq.Socket, to_detokenizer: zmq.Socket, to_tokenizer: zmq.Socket):
+    def __init__(
+        self, scheduler: Any, pull: zmq.Socket, to_detokenizer: zmq.Socket, to_tokenizer: zmq.Socket
+    ):
         self.scheduler = scheduler
         self.pull = pull
         self.to_detokenizer = to_detokenizer
@@ -55,9 +75,23 @@ class SchedulerLoop:
         s = self.scheduler
         if isinstance(msg, TokenizedGenerateReq):
             # Registered on the same socket as the outputs, so it always reaches the detokenizer first.
-            text_keys = ("stop", "stop_regex", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim")
-            self.to_detokenizer.send(messages.encode(DetokenizeReq(
-                rid=msg.rid, sampling_params={k: msg.sampling_params[k] for k in text_keys if k in msg.sampling_params})))
+            text_keys = (
+                "stop",
+                "stop_regex",
+                "skip_special_tokens",
+                "spaces_between_special_tokens",
+                "no_stop_trim",
+            )
+            self.to_detokenizer.send(
+                messages.encode(
+                    DetokenizeReq(
+                        rid=msg.rid,
+                        sampling_params={
+                            k: msg.sampling_params[k] for k in text_keys if k in msg.sampling_params
+                        },
+                    )
+                )
+            )
             self.send_outputs(s.add_request(msg))
         elif isinstance(msg, AbortReq):
             self.send_outputs(s.abort(msg.rid))
@@ -68,7 +102,9 @@ class SchedulerLoop:
             info = s.server_info(walk=not s.has_work())
             self.to_tokenizer.send(messages.encode(SchedulerInfo(info=info)))
         elif isinstance(msg, GetCacheTreeReq):
-            self.to_tokenizer.send(messages.encode(CacheTreeOut(view=s.cache_tree(msg.max_depth, msg.max_nodes))))
+            self.to_tokenizer.send(
+                messages.encode(CacheTreeOut(view=s.cache_tree(msg.max_depth, msg.max_nodes)))
+            )
         elif isinstance(msg, UnpinReq):
             s.unpin(msg.handle)
         elif isinstance(msg, CloseSessionReq):
@@ -101,13 +137,21 @@ class SchedulerLoop:
                 logger.exception("handling a message failed; the loop goes on")
                 # admin callers are answered in order: a missing answer would shift every later one
                 if isinstance(msg, GetServerInfoReq):
-                    self.to_tokenizer.send(messages.encode(SchedulerInfo(info={"error": f"{type(e).__name__}: {e}"})))
+                    self.to_tokenizer.send(
+                        messages.encode(SchedulerInfo(info={"error": f"{type(e).__name__}: {e}"}))
+                    )
                 elif isinstance(msg, FlushCacheReq):
                     self.to_tokenizer.send(messages.encode(FlushCacheOut(success=False)))
                 elif isinstance(msg, GetCacheTreeReq):
-                    self.to_tokenizer.send(messages.encode(CacheTreeOut(view={"error": f"{type(e).__name__}: {e}"})))
+                    self.to_tokenizer.send(
+                        messages.encode(CacheTreeOut(view={"error": f"{type(e).__name__}: {e}"}))
+                    )
                 elif isinstance(msg, ProfileReq):
-                    self.to_tokenizer.send(messages.encode(ProfileOut(success=False, message=f"{type(e).__name__}: {e}")))
+                    self.to_tokenizer.send(
+                        messages.encode(
+                            ProfileOut(success=False, message=f"{type(e).__name__}: {e}")
+                        )
+                    )
 
     def run(self, flag: StopFlag) -> None:
         s = self.scheduler
@@ -128,13 +172,20 @@ class SchedulerLoop:
             idle_steps = 0 if (ran or outs) else idle_steps + 1
 
 
-def run_scheduler_process(config_dict: dict[str, Any], in_path: str, detokenizer_path: str, tokenizer_path: str,
-                          scheduler_class: str = DEFAULT_SCHEDULER_CLASS) -> None:
+def run_scheduler_process(
+    config_dict: dict[str, Any],
+    in_path: str,
+    detokenizer_path: str,
+    tokenizer_path: str,
+    scheduler_class: str = DEFAULT_SCHEDULER_CLASS,
+) -> None:
     """Entry point of the scheduler process (spawned): load the model, report ready, loop."""
     set_parent_death_signal()
     flag = StopFlag()
     config = ServerConfig(**config_dict)
-    logging.basicConfig(level=config.log_level.upper(), format="[scheduler] %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=config.log_level.upper(), format="[scheduler] %(levelname)s %(message)s"
+    )
     ctx = zmq.Context()
     pull = ctx.socket(zmq.PULL)
     pull.bind(in_path)
@@ -148,12 +199,16 @@ def run_scheduler_process(config_dict: dict[str, Any], in_path: str, detokenizer
             scheduler = load_class(scheduler_class)(config)
         except Exception as e:
             logger.exception("scheduler failed to start")
-            to_tokenizer.send(messages.encode(ProcessFailed(name="scheduler", error=f"{type(e).__name__}: {e}")))
-            raise SystemExit(1)
+            to_tokenizer.send(
+                messages.encode(ProcessFailed(name="scheduler", error=f"{type(e).__name__}: {e}"))
+            )
+            raise SystemExit(1) from None
         logger.info("model loaded in %.1f s", time.perf_counter() - started)
         runner = getattr(scheduler, "runner", None)
         if runner is not None and getattr(runner, "tp", None) is not None:
-            runner.exit_on_rank_loss = True  # a lost tensor parallel rank ends this process; the watchdog reports
+            runner.exit_on_rank_loss = (
+                True  # a lost tensor parallel rank ends this process; the watchdog reports
+            )
         info = {"model_info": scheduler.model_info, "server_info": scheduler.server_info()}
         to_tokenizer.send(messages.encode(ProcessReady(name="scheduler", info=info)))
         flag.enter_loop()

@@ -4,6 +4,7 @@ The trace is written on stop (or after num_steps forward steps) as a Chrome trac
 `<output_dir>/radixrt-<unix time>.trace.json`; output_dir defaults to $SGLANG_TORCH_PROFILER_DIR (SGLang's
 variable), else the system's temporary directory.
 """
+
 from __future__ import annotations
 
 import logging
@@ -26,7 +27,9 @@ class StepProfiler:
             return False, "the profiler is already running"
         if num_steps is not None and not (isinstance(num_steps, int) and num_steps > 0):
             return False, "num_steps must be a positive integer"
-        output_dir = output_dir or os.environ.get("SGLANG_TORCH_PROFILER_DIR") or tempfile.gettempdir()
+        output_dir = (
+            output_dir or os.environ.get("SGLANG_TORCH_PROFILER_DIR") or tempfile.gettempdir()
+        )
         try:
             os.makedirs(output_dir, exist_ok=True)
         except OSError as e:

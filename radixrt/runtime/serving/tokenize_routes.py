@@ -1,5 +1,6 @@
 """POST /tokenize and /detokenize (SGLang's and vLLM's routes): the server's own tokenizer over HTTP, so a
 client (the DSL's RuntimeEndpoint among them) counts and splits text exactly as the server will."""
+
 from __future__ import annotations
 
 from typing import Any, Union
@@ -31,7 +32,9 @@ def add_tokenize_routes(app: FastAPI, tm: Any) -> None:
         if (req.text is None) == (req.prompt is None):
             raise APIError("give exactly one of text and prompt", param="text")
         text = req.text if req.text is not None else req.prompt
-        ids = await tm.encode(text if isinstance(text, list) else [text], add_special_tokens=req.add_special_tokens)
+        ids = await tm.encode(
+            text if isinstance(text, list) else [text], add_special_tokens=req.add_special_tokens
+        )
         tokens = ids if isinstance(text, list) else ids[0]
         return {"tokens": tokens, "count": sum(map(len, ids)), "max_model_len": tm.context_len}
 
@@ -41,6 +44,8 @@ def add_tokenize_routes(app: FastAPI, tm: Any) -> None:
         vocab = int(tm.model_info["vocab_size"])
         bad = [t for t in req.tokens if not 0 <= t < vocab]
         if bad:
-            raise APIError(f"tokens must be token ids in [0, {vocab}), got {bad[:3]}", param="tokens")
+            raise APIError(
+                f"tokens must be token ids in [0, {vocab}), got {bad[:3]}", param="tokens"
+            )
         text = tm.tokenizer.decode(req.tokens, skip_special_tokens=req.skip_special_tokens)
         return {"text": text, "prompt": text}

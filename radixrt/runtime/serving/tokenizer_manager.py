@@ -5,6 +5,7 @@ scheduler. Each scheduler request (one per sequence: n>1 is expanded into rid-0.
 has a state whose queue receives its text deltas; a `RequestHandle` (request_handle.py) iterates
 the deltas of one HTTP request and aborts whatever is unfinished when it is closed.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -19,18 +20,35 @@ import zmq
 import zmq.asyncio
 
 from radixrt.runtime import messages
-from radixrt.runtime.config import ServerConfig
-from radixrt.runtime.serving.process_control import wait_for_children
-from radixrt.runtime.messages import (
-    AbortReq, BatchTextOut, CacheTreeOut, FlushCacheOut, FlushCacheReq, GetCacheTreeReq, GetServerInfoReq,
-    ProfileOut, ProfileReq,
-    HealthCheckOut, HealthCheckReq, SchedulerInfo, TokenizedGenerateReq)
 from radixrt.runtime.cache_tree_text import add_previews
-from radixrt.runtime.serving.metrics import ServerMetrics
-from radixrt.runtime.serving.request_handle import ReqState, RequestHandle
-from radixrt.runtime.serving.protocol import APIError, from_value_error
-from radixrt.runtime.request_edge import EdgeLimits, RequestError, check_prompt, constraint_of, expand_n
+from radixrt.runtime.config import ServerConfig
+from radixrt.runtime.messages import (
+    AbortReq,
+    BatchTextOut,
+    CacheTreeOut,
+    FlushCacheOut,
+    FlushCacheReq,
+    GetCacheTreeReq,
+    GetServerInfoReq,
+    HealthCheckOut,
+    HealthCheckReq,
+    ProfileOut,
+    ProfileReq,
+    SchedulerInfo,
+    TokenizedGenerateReq,
+)
+from radixrt.runtime.request_edge import (
+    EdgeLimits,
+    RequestError,
+    check_prompt,
+    constraint_of,
+    expand_n,
+)
 from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.serving.metrics import ServerMetrics
+from radixrt.runtime.serving.process_control import wait_for_children
+from radixrt.runtime.serving.protocol import APIError, from_value_error
+from radixrt.runtime.serving.request_handle import ReqState, RequestHandle
 
 logger = logging.getLogger(__name__)
 
@@ -39,8 +57,13 @@ HEARTBEAT_PROBE_ID = -1  # health probes of /health count up from 0
 
 
 class TokenizerManager:
-    def __init__(self, config: ServerConfig, scheduler_path: str, tokenizer_path: str,
-                 metrics: ServerMetrics | None = None):
+    def __init__(
+        self,
+        config: ServerConfig,
+        scheduler_path: str,
+        tokenizer_path: str,
+        metrics: ServerMetrics | None = None,
+    ):
         from radixrt.runtime.model.weights import load_tokenizer
 
         self.config = config
@@ -56,7 +79,8 @@ class TokenizerManager:
         self._rid_counter = itertools.count()
         # admin round trips, by the type of their answer (answers of one type come back in order)
         self._waiters: dict[type, collections.deque[asyncio.Future]] = {
-            t: collections.deque() for t in (SchedulerInfo, FlushCacheOut, CacheTreeOut, ProfileOut)}
+            t: collections.deque() for t in (SchedulerInfo, FlushCacheOut, CacheTreeOut, ProfileOut)
+        }
         self._health_waiters: dict[int, asyncio.Future] = {}
         self._probe_ids = itertools.count()
         self._grammar = None
@@ -78,7 +102,9 @@ class TokenizerManager:
         info = await wait_for_children(self._pull, procs, timeout)
         self.model_info = info["scheduler"]["model_info"]
         self.startup_server_info = info["scheduler"]["server_info"]
-        self._grammar = await asyncio.to_thread(self._make_grammar_backend)  # ~0.5 s: walks the vocabulary
+        self._grammar = await asyncio.to_thread(
+            self._make_grammar_backend
+        )  # ~0.5 s: walks the vocabulary
         self._recv_task = asyncio.create_task(self._recv_loop())
         self.last_heartbeat = time.monotonic()
         self._heartbeat_task = asyncio.create_task(self._heartbeat_loop())
@@ -146,7 +172,9 @@ class TokenizerManager:
                     self.metrics.on_next_tokens(now - st.last_token_time, num_new)
                 st.last_token_time = now
             if out.get("abort_scheduler") and self.dead_reason is None:
-                self._send(AbortReq(rid=st.rid))  # the detokenizer failed it; the scheduler still runs it
+                self._send(
+                    AbortReq(rid=st.rid)
+                )  # the detokenizer failed it; the scheduler still runs it
             if out.get("finished_reason") is not None:
                 del self.states[st.rid]
                 self.metrics.on_finish(out, now - st.created)
@@ -157,9 +185,19 @@ class TokenizerManager:
         """A child process died: end every request now with a server error."""
         self.dead_reason = reason
         for st in list(self.states.values()):
-            st.queue.put_nowait((st.index, {"rid": st.rid, "new_ids": [], "text": "", "error": reason,
-                                            "finished_reason": {"type": "abort", "message": reason},
-                                            "server_error": True}))
+            st.queue.put_nowait(
+                (
+                    st.index,
+                    {
+                        "rid": st.rid,
+                        "new_ids": [],
+                        "text": "",
+                        "error": reason,
+                        "finished_reason": {"type": "abort", "message": reason},
+                        "server_error": True,
+                    },
+                )
+            )
         self.states.clear()
         for fut in [*itertools.chain(*self._waiters.values()), *self._health_waiters.values()]:
             if not fut.done():
@@ -173,7 +211,9 @@ class TokenizerManager:
     @property
     def pool_tokens(self) -> int:
         info = self.startup_server_info
-        return int(info.get("max_total_tokens") or info["kv_pages_total"] * info.get("page_size", 1))
+        return int(
+            info.get("max_total_tokens") or info["kv_pages_total"] * info.get("page_size", 1)
+        )
 
     def new_rid(self) -> str:
         return f"{self._rid_prefix}-{next(self._rid_counter)}"
@@ -187,8 +227,10 @@ class TokenizerManager:
         the BOS token exactly when the tokenizer's config says to add one, as transformers does; a chat
         template's text already carries its own. Long inputs are tokenized on a worker thread so one
         huge prompt does not stall every other stream."""
+
         def run() -> list[list[int]]:
             return [self.tokenizer.encode(t, add_special_tokens=add_special_tokens) for t in texts]
+
         return run() if sum(len(t) for t in texts) < 20_000 else await asyncio.to_thread(run)
 
     async def validate_sampling(self, params: dict[str, Any] | None) -> SamplingParams:
@@ -204,13 +246,27 @@ class TokenizerManager:
     def _make_grammar_backend(self) -> Any:
         """For the synchronous 400 check of a constraint (a bad one never reaches the scheduler)."""
         from radixrt.runtime.constrained.choose import BackendChooser, make_backend
+
         cfg, info = self.config, self.model_info
-        chooser = BackendChooser(cfg.grammar_backend, lambda name: make_backend(
-            name, self.tokenizer, int(info["vocab_size"]), list(info["eos_token_ids"]), cfg.json_schema_strict,
-            index=False, cache_size=cfg.grammar_cache_size, compile_timeout=cfg.grammar_compile_timeout,
-            enable_jump_forward=False, compile_workers=cfg.grammar_compile_workers,
-            compile_memory_mb=cfg.grammar_compile_memory_mb))
-        chooser.for_kind("regex")  # the configured backend now (outlines walks the vocabulary: ~0.5 s)
+        chooser = BackendChooser(
+            cfg.grammar_backend,
+            lambda name: make_backend(
+                name,
+                self.tokenizer,
+                int(info["vocab_size"]),
+                list(info["eos_token_ids"]),
+                cfg.json_schema_strict,
+                index=False,
+                cache_size=cfg.grammar_cache_size,
+                compile_timeout=cfg.grammar_compile_timeout,
+                enable_jump_forward=False,
+                compile_workers=cfg.grammar_compile_workers,
+                compile_memory_mb=cfg.grammar_compile_memory_mb,
+            ),
+        )
+        chooser.for_kind(
+            "regex"
+        )  # the configured backend now (outlines walks the vocabulary: ~0.5 s)
         return chooser
 
     async def _validate_constraint(self, kind: str, spec: Any) -> None:
@@ -227,30 +283,59 @@ class TokenizerManager:
     def limits(self) -> EdgeLimits:
         return EdgeLimits(int(self.model_info["vocab_size"]), self.context_len, self.pool_tokens)
 
-    def make_requests(self, input_ids: list[int], sp: SamplingParams, *, stream: bool, return_logprob: bool = False,
-                      logprob_start_len: int | None = None, top_logprobs_num: int = 0,
-                      program_id: str | None = None, pin_ttl_s: float | None = None,
-                      session_id: str | None = None) -> list[TokenizedGenerateReq]:
+    def make_requests(
+        self,
+        input_ids: list[int],
+        sp: SamplingParams,
+        *,
+        stream: bool,
+        return_logprob: bool = False,
+        logprob_start_len: int | None = None,
+        top_logprobs_num: int = 0,
+        program_id: str | None = None,
+        pin_ttl_s: float | None = None,
+        session_id: str | None = None,
+    ) -> list[TokenizedGenerateReq]:
         """One prompt -> sp.n scheduler requests (seeds seed+i), after checking it can ever run."""
         try:
-            start = check_prompt(input_ids, sp, self.limits, return_logprob=return_logprob,
-                                 logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num)
-            return expand_n(self.new_rid(), input_ids, sp, stream=stream, return_logprob=return_logprob,
-                            logprob_start_len=start, top_logprobs_num=top_logprobs_num, program_id=program_id,
-                            pin_ttl_s=pin_ttl_s, session_id=session_id)
+            start = check_prompt(
+                input_ids,
+                sp,
+                self.limits,
+                return_logprob=return_logprob,
+                logprob_start_len=logprob_start_len,
+                top_logprobs_num=top_logprobs_num,
+            )
+            return expand_n(
+                self.new_rid(),
+                input_ids,
+                sp,
+                stream=stream,
+                return_logprob=return_logprob,
+                logprob_start_len=start,
+                top_logprobs_num=top_logprobs_num,
+                program_id=program_id,
+                pin_ttl_s=pin_ttl_s,
+                session_id=session_id,
+            )
         except RequestError as e:
             raise from_value_error(e) from None
 
     def generate(self, reqs: list[TokenizedGenerateReq]) -> RequestHandle:
         self.check_alive()
         if len(reqs) > self.config.max_prompts_per_request:
-            raise APIError(f"the request asks for {len(reqs)} sequences (prompts x n); at most "
-                           f"{self.config.max_prompts_per_request} are allowed (max_prompts_per_request)",
-                           param="prompt")
+            raise APIError(
+                f"the request asks for {len(reqs)} sequences (prompts x n); at most "
+                f"{self.config.max_prompts_per_request} are allowed (max_prompts_per_request)",
+                param="prompt",
+            )
         limit = self.config.max_running_requests + self.config.max_waiting_requests
         if len(self.states) + len(reqs) > limit:
-            raise APIError(f"too many requests in flight ({len(self.states)}); try again later", 503,
-                           "server_overloaded")
+            raise APIError(
+                f"too many requests in flight ({len(self.states)}); try again later",
+                503,
+                "server_overloaded",
+            )
         # encode all first: a request that cannot be sent (it never should, after the edge's bounds)
         # is refused whole and leaves nothing registered behind
         try:
@@ -273,12 +358,16 @@ class TokenizerManager:
     async def _ask(self, msg: Any, answer: type, timeout: float) -> Any:
         self.check_alive()
         fut = asyncio.get_running_loop().create_future()
-        self._waiters[answer].append(fut)  # answers come back in order; a late answer still resolves its own future
+        self._waiters[answer].append(
+            fut
+        )  # answers come back in order; a late answer still resolves its own future
         self._send(msg)
         try:
             return await asyncio.wait_for(asyncio.shield(fut), timeout)
         except asyncio.TimeoutError:
-            raise APIError(f"the scheduler did not answer within {timeout:.0f} s", 503, "server_error") from None
+            raise APIError(
+                f"the scheduler did not answer within {timeout:.0f} s", 503, "server_error"
+            ) from None
 
     async def server_info(self, timeout: float = 30.0) -> dict[str, Any]:
         return (await self._ask(GetServerInfoReq(), SchedulerInfo, timeout)).info
@@ -289,9 +378,15 @@ class TokenizerManager:
     async def profile(self, req: ProfileReq, timeout: float = 60.0) -> ProfileOut:
         return await self._ask(req, ProfileOut, timeout)
 
-    async def cache_tree(self, max_depth: int, max_nodes: int, timeout: float = 30.0) -> dict[str, Any]:
+    async def cache_tree(
+        self, max_depth: int, max_nodes: int, timeout: float = 30.0
+    ) -> dict[str, Any]:
         """The scheduler's cache view with text previews (decoded here: the scheduler has no tokenizer)."""
-        view = (await self._ask(GetCacheTreeReq(max_depth=max_depth, max_nodes=max_nodes), CacheTreeOut, timeout)).view
+        view = (
+            await self._ask(
+                GetCacheTreeReq(max_depth=max_depth, max_nodes=max_nodes), CacheTreeOut, timeout
+            )
+        ).view
         if "error" in view:
             raise APIError(f"the cache view failed: {view['error']}", 500, "server_error")
         return add_previews(view, self.tokenizer)
@@ -316,4 +411,3 @@ def _resolve_next(waiters: collections.deque, value: Any) -> None:
         fut = waiters.popleft()
         if not fut.done():
             fut.set_result(value)
-

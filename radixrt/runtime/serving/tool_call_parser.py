@@ -8,6 +8,7 @@ arguments' exact JSON text as generated, and `CallEnd(index)`. A non-streamed re
 text at once; a stream feeds each delta. Text is held back only while it may still turn out to be the
 start of a tag or a call's closing brace, so a stream never sends a fragment it has to take back.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,7 +17,9 @@ from dataclasses import dataclass
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
-_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*(?=\S)')  # the value has begun
+_HEAD = re.compile(
+    r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*(?=\S)'
+)  # the value has begun
 # what may still be the end of a call: whitespace, the wrapper's closing brace, whitespace, part of CLOSE
 _TAIL = re.compile(r"\s*(?:\}\s*)?(?:<[/a-z_]*)?\Z")
 
@@ -56,11 +59,13 @@ def _partial_tag_len(text: str, tag: str) -> int:
 
 class ToolCallParser:
     def __init__(self) -> None:
-        self.buf = ""              # text not yet turned into events
+        self.buf = ""  # text not yet turned into events
         self.in_call = False
         self.num_calls = 0
-        self._args_sent = 0        # characters of the current call's arguments already sent
-        self._args_at: int | None = None  # where the arguments start in buf (None: head not parsed yet)
+        self._args_sent = 0  # characters of the current call's arguments already sent
+        self._args_at: int | None = (
+            None  # where the arguments start in buf (None: head not parsed yet)
+        )
 
     def feed(self, text: str) -> list[Event]:
         self.buf += text
@@ -83,16 +88,16 @@ class ToolCallParser:
     def _content_step(self) -> list[Event]:
         at = self.buf.find(OPEN)
         if at >= 0:
-            text, self.buf = self.buf[:at], self.buf[at + len(OPEN):]
+            text, self.buf = self.buf[:at], self.buf[at + len(OPEN) :]
             self.in_call, self._args_at, self._args_sent = True, None, 0
             if self.num_calls and not text.strip():
                 return []  # the newline between two calls is not content
             return [Content(text)] if text else []
         keep = _partial_tag_len(self.buf, OPEN)
-        text = self.buf[:len(self.buf) - keep]
+        text = self.buf[: len(self.buf) - keep]
         if self.num_calls and not text.strip():
             return []  # whitespace after a call is held: dropped before the next call or at the end
-        self.buf = self.buf[len(text):]
+        self.buf = self.buf[len(text) :]
         return [Content(text)] if text else []
 
     def _call_step(self) -> list[Event]:
@@ -106,18 +111,18 @@ class ToolCallParser:
             events.append(CallStart(index, json.loads(head.group(1))))
         end = self._call_end()
         if end >= 0:  # the call is complete: its arguments end before the wrapper's closing brace
-            body = self.buf[self._args_at:end].rstrip()
+            body = self.buf[self._args_at : end].rstrip()
             args = body[:-1].rstrip() if body.endswith("}") else body
-            self.buf = self.buf[end + len(CLOSE):]
-            if args[self._args_sent:]:
-                events.append(ArgsDelta(index, args[self._args_sent:]))
+            self.buf = self.buf[end + len(CLOSE) :]
+            if args[self._args_sent :]:
+                events.append(ArgsDelta(index, args[self._args_sent :]))
             self.in_call = False
             self.num_calls += 1
             return events + [CallEnd(index)]
-        args = self.buf[self._args_at:]
+        args = self.buf[self._args_at :]
         safe = len(args) - len(_TAIL.search(args).group(0))
         if safe > self._args_sent:
-            events.append(ArgsDelta(index, args[self._args_sent:safe]))
+            events.append(ArgsDelta(index, args[self._args_sent : safe]))
             self._args_sent = safe
         return events
 
@@ -126,7 +131,7 @@ class ToolCallParser:
         and the wrapper's brace (a string argument may itself contain "</tool_call>"); -1 while none is."""
         at = self.buf.find(CLOSE, self._args_at)
         while at >= 0:
-            body = self.buf[self._args_at:at].rstrip()
+            body = self.buf[self._args_at : at].rstrip()
             if body.endswith("}"):
                 try:
                     json.loads(body[:-1])

@@ -9,17 +9,54 @@ rejects, so llguidance keeps refusing them.
 
 Only schema positions are walked (a `const`, `enum` or `default` value holding a "format" key is data).
 """
+
 from __future__ import annotations
 
 from typing import Any
 
-STANDARD_FORMATS = frozenset({
-    "date-time", "date", "time", "duration", "email", "idn-email", "hostname", "idn-hostname", "ipv4", "ipv6",
-    "uri", "uri-reference", "iri", "iri-reference", "uuid", "uri-template", "json-pointer",
-    "relative-json-pointer", "regex"})
-SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # name -> schema
-SCHEMAS = ("items", "additionalItems", "contains", "not", "additionalProperties", "propertyNames",
-           "unevaluatedItems", "unevaluatedProperties", "if", "then", "else")  # a schema (items: or a list)
+STANDARD_FORMATS = frozenset(
+    {
+        "date-time",
+        "date",
+        "time",
+        "duration",
+        "email",
+        "idn-email",
+        "hostname",
+        "idn-hostname",
+        "ipv4",
+        "ipv6",
+        "uri",
+        "uri-reference",
+        "iri",
+        "iri-reference",
+        "uuid",
+        "uri-template",
+        "json-pointer",
+        "relative-json-pointer",
+        "regex",
+    }
+)
+SCHEMA_MAPS = (
+    "properties",
+    "patternProperties",
+    "$defs",
+    "definitions",
+    "dependentSchemas",
+)  # name -> schema
+SCHEMAS = (
+    "items",
+    "additionalItems",
+    "contains",
+    "not",
+    "additionalProperties",
+    "propertyNames",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+    "if",
+    "then",
+    "else",
+)  # a schema (items: or a list)
 SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 
 

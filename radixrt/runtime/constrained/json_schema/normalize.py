@@ -4,6 +4,7 @@ forms and simple `not`, and answer "does this literal satisfy that schema".
 normalize() returns a dict whose top level has no $ref / allOf / not (children are left as
 they are and normalised when the compiler reaches them), or False for the empty language.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,13 +14,49 @@ from typing import Any
 from radixrt.runtime.constrained.regex_builder import GrammarError
 
 TYPES = ("null", "boolean", "integer", "number", "string", "array", "object")
-ANNOTATIONS = {"title", "description", "default", "examples", "example", "$schema", "$id", "id", "$comment",
-               "deprecated", "readOnly", "writeOnly", "contentMediaType", "contentEncoding", "$anchor",
-               "$defs", "definitions", "$vocabulary", "$dynamicAnchor"}
+ANNOTATIONS = {
+    "title",
+    "description",
+    "default",
+    "examples",
+    "example",
+    "$schema",
+    "$id",
+    "id",
+    "$comment",
+    "deprecated",
+    "readOnly",
+    "writeOnly",
+    "contentMediaType",
+    "contentEncoding",
+    "$anchor",
+    "$defs",
+    "definitions",
+    "$vocabulary",
+    "$dynamicAnchor",
+}
 _KIND_KEYWORDS = {
-    "object": ("properties", "required", "additionalProperties", "patternProperties", "minProperties",
-               "maxProperties", "propertyNames", "dependentRequired", "dependencies", "dependentSchemas"),
-    "array": ("items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems", "contains"),
+    "object": (
+        "properties",
+        "required",
+        "additionalProperties",
+        "patternProperties",
+        "minProperties",
+        "maxProperties",
+        "propertyNames",
+        "dependentRequired",
+        "dependencies",
+        "dependentSchemas",
+    ),
+    "array": (
+        "items",
+        "prefixItems",
+        "additionalItems",
+        "minItems",
+        "maxItems",
+        "uniqueItems",
+        "contains",
+    ),
     "string": ("minLength", "maxLength", "pattern", "format"),
     "number": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"),
 }
@@ -91,11 +128,13 @@ class Resolver:
         if not isinstance(ref, str):
             raise GrammarError(f"$ref must be a string, got {ref!r}")
         if self.base and ref.startswith(self.base):
-            ref = ref[len(self.base):] or "#"
+            ref = ref[len(self.base) :] or "#"
         if ref in self.ids:
             return self.ids[ref]
         if not ref.startswith("#"):
-            raise GrammarError(f"$ref {ref!r} is not a local reference (remote schemas are not fetched)")
+            raise GrammarError(
+                f"$ref {ref!r} is not a local reference (remote schemas are not fetched)"
+            )
         node = self.root
         for raw in ref[1:].split("/")[1:] if ref != "#" else []:
             part = raw.replace("~1", "/").replace("~0", "~")
@@ -178,7 +217,9 @@ def merge(parts: list[dict]) -> dict | bool:
                     merged[name] = {"allOf": [merged[name], sub]} if name in merged else sub
                 out[key] = merged
             elif canonical(out[key]) != canonical(value):
-                raise GrammarError(f"allOf combines different values of {key!r}, which cannot be enforced")
+                raise GrammarError(
+                    f"allOf combines different values of {key!r}, which cannot be enforced"
+                )
     if "properties" in out:  # a key declared by one part must also satisfy the others' rules for it
         props = {}
         for name, sub in out["properties"].items():
@@ -199,14 +240,17 @@ def merge(parts: list[dict]) -> dict | bool:
 
 def _extra_rule(part: dict, name: str) -> Any:
     """What `part` demands of a property it does not declare: pattern schemas or additionalProperties."""
-    matched = [sub for pat, sub in part.get("patternProperties", {}).items() if re.search(pat, name)]
+    matched = [
+        sub for pat, sub in part.get("patternProperties", {}).items() if re.search(pat, name)
+    ]
     if matched:
         return {"allOf": matched}
     return part.get("additionalProperties", True)
 
 
-def normalize(schema: Any, resolver: Resolver, refs: tuple[str, ...], max_depth: int, defer_not: bool = False
-              ) -> tuple[dict | bool, tuple[str, ...]]:
+def normalize(
+    schema: Any, resolver: Resolver, refs: tuple[str, ...], max_depth: int, defer_not: bool = False
+) -> tuple[dict | bool, tuple[str, ...]]:
     """(normalised schema or False, the $ref chain including refs expanded here).
 
     `not` is kept when the schema is a finite literal set (enum/const): the compiler then keeps
@@ -218,7 +262,9 @@ def normalize(schema: Any, resolver: Resolver, refs: tuple[str, ...], max_depth:
     if schema is False:
         return False, refs
     if not isinstance(schema, dict):
-        raise GrammarError(f"a schema must be an object or a boolean, got {json.dumps(schema)[:80]}")
+        raise GrammarError(
+            f"a schema must be an object or a boolean, got {json.dumps(schema)[:80]}"
+        )
     s = _fold_forms(schema)
     if "$ref" in s:
         ref = s.pop("$ref")
@@ -235,10 +281,14 @@ def normalize(schema: Any, resolver: Resolver, refs: tuple[str, ...], max_depth:
             if n is False:
                 return False, refs
             parts.append(n)
-        for i, p in enumerate(parts):  # distribute over the first combinator: A and (B or C) = (A and B) or (A and C)
+        for i, p in enumerate(
+            parts
+        ):  # distribute over the first combinator: A and (B or C) = (A and B) or (A and C)
             for comb in ("anyOf", "oneOf"):
                 if comb in p:
-                    rest = [q for j, q in enumerate(parts) if j != i] + [{k: v for k, v in p.items() if k != comb}]
+                    rest = [q for j, q in enumerate(parts) if j != i] + [
+                        {k: v for k, v in p.items() if k != comb}
+                    ]
                     if len(p[comb]) > MAX_BRANCHES:
                         raise GrammarError(f"{comb} with more than {MAX_BRANCHES} branches")
                     return {comb: [{"allOf": rest + [b]} for b in p[comb]]}, refs
@@ -257,8 +307,9 @@ def make_literal_checker(root: Any):
     except ImportError:
         return None
     defs = {k: root[k] for k in ("$defs", "definitions") if isinstance(root, dict) and k in root}
-    cls = jsonschema.validators.validator_for(root if isinstance(root, dict) else {},
-                                              default=jsonschema.Draft202012Validator)
+    cls = jsonschema.validators.validator_for(
+        root if isinstance(root, dict) else {}, default=jsonschema.Draft202012Validator
+    )
 
     def check(value: Any, schema: Any) -> bool:
         wrapped = {"allOf": [schema], **defs} if isinstance(schema, (dict, bool)) else schema

@@ -5,6 +5,7 @@ what any `additionalProperties` allows, and exactly what `additionalProperties: 
 An object without declared properties (a map) gets generic string keys, each with the
 additionalProperties (or matching patternProperties) schema.
 """
+
 from __future__ import annotations
 
 import json
@@ -60,7 +61,7 @@ def _closed_body(entries: list[tuple[str, bool]], ws: str, non_empty: bool) -> s
     k = max(1, min(MAX_LEADING_OPTIONAL, LEADING_OPTIONAL_BUDGET // max(total, 1)))
     firsts = []
     for i, (rx, _) in enumerate(entries[:k]):
-        firsts.append(rx + "".join(f"(?:{sep}{e})?" for e, _ in entries[i + 1:]))
+        firsts.append(rx + "".join(f"(?:{sep}{e})?" for e, _ in entries[i + 1 :]))
     body = alt(firsts)
     return body if non_empty else f"(?:{body})?"
 
@@ -90,11 +91,15 @@ def object_regex(c, s: dict, refs: tuple[str, ...]) -> str | None:
                     required_set.add(dep)
                     changed = True
     if schema_deps & required_set:
-        raise GrammarError("dependentSchemas / schema dependencies of a required property cannot be enforced")
+        raise GrammarError(
+            "dependentSchemas / schema dependencies of a required property cannot be enforced"
+        )
     entries: list[tuple[str, bool, str]] = []
     for name in list(props) + [r for r in required if r not in props]:
         is_req = name in required_set
-        if not is_req and (name in schema_deps or any(d not in required_set for d in deps.get(name, []))):
+        if not is_req and (
+            name in schema_deps or any(d not in required_set for d in deps.get(name, []))
+        ):
             continue  # optional with unmet dependencies: leave it out (subset)
         rules = [props[name]] if name in props else []
         rules += [sub for pat, sub in patterns.items() if _matches(pat, name)]
@@ -127,7 +132,9 @@ def object_regex(c, s: dict, refs: tuple[str, ...]) -> str | None:
     return f"\\{{{ws}{body}{ws}\\}}"
 
 
-def _map_regex(c, s: dict, refs, addl: Any, patterns: dict, min_p: int, max_p: int | None) -> str | None:
+def _map_regex(
+    c, s: dict, refs, addl: Any, patterns: dict, min_p: int, max_p: int | None
+) -> str | None:
     ws = c.ws
     key = R.STRING
     if "propertyNames" in s:
@@ -146,8 +153,10 @@ def _map_regex(c, s: dict, refs, addl: Any, patterns: dict, min_p: int, max_p: i
     else:
         value = c.value(addl, refs)
     if min_p > 1:
-        raise GrammarError("minProperties > 1 on an object without declared properties cannot be enforced "
-                           "(duplicate generated keys would count once)")
+        raise GrammarError(
+            "minProperties > 1 on an object without declared properties cannot be enforced "
+            "(duplicate generated keys would count once)"
+        )
     if value is None or key is None or max_p == 0:
         return f"\\{{{ws}\\}}" if min_p == 0 else None
     entry = f"{key}{ws}:{ws}{value}"
@@ -163,7 +172,9 @@ def array_regex(c, s: dict, refs: tuple[str, ...]) -> str | None:
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
             raise GrammarError(f"{key} must be a non-negative integer, got {v!r}")
     if s.get("uniqueItems") is True and (hi is None or hi > 1):
-        raise GrammarError("uniqueItems cannot be enforced by a regex grammar (set maxItems <= 1 or drop it)")
+        raise GrammarError(
+            "uniqueItems cannot be enforced by a regex grammar (set maxItems <= 1 or drop it)"
+        )
     prefix = s.get("prefixItems") or []
     items = s.get("items", True)
     prefix_rx = [c.value(p, refs) for p in prefix]

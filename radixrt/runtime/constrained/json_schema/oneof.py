@@ -7,11 +7,17 @@ only with values B rejects (recursively), a key A always writes with values B re
 property counts B refuses.
 When no proof is found the schema is rejected rather than risking a doubly-matching value.
 """
+
 from __future__ import annotations
 
 import re
 
-from radixrt.runtime.constrained.json_schema.normalize import ANNOTATIONS, TYPES, literal_type, normalize, schema_types
+from radixrt.runtime.constrained.json_schema.normalize import (
+    ANNOTATIONS,
+    TYPES,
+    literal_type,
+    schema_types,
+)
 
 MAX_PROOF_DEPTH = 4
 
@@ -30,7 +36,9 @@ def _branches(c, s: dict, refs) -> list | None:
     for comb in ("anyOf", "oneOf"):
         if comb in s:
             siblings = {k: v for k, v in s.items() if k not in (comb, *ANNOTATIONS)}
-            return [c.normalized({"allOf": [siblings, b]} if siblings else b, refs) for b in s[comb]]
+            return [
+                c.normalized({"allOf": [siblings, b]} if siblings else b, refs) for b in s[comb]
+            ]
     return None
 
 
@@ -38,7 +46,9 @@ def _rule_for(b: dict, key: str):
     """What validator b demands of the value of `key`."""
     if key in (b.get("properties") or {}):
         return b["properties"][key]
-    matched = [sub for pat, sub in (b.get("patternProperties") or {}).items() if re.search(pat, key)]
+    matched = [
+        sub for pat, sub in (b.get("patternProperties") or {}).items() if re.search(pat, key)
+    ]
     if matched:
         return {"allOf": matched}
     return b.get("additionalProperties", True)

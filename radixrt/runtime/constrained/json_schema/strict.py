@@ -9,13 +9,27 @@ values are valid beyond dropping undeclared keys: a schema using allOf / if-then
 unevaluatedProperties (which combine an object's keys across subschemas), or declaring keys beside an
 anyOf / oneOf / $ref / not on the same object, is left as it is.
 """
+
 from __future__ import annotations
 
 from typing import Any
 
-MAP_KEYS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # name -> schema
-SCHEMA_KEYS = ("items", "additionalItems", "contains", "not", "additionalProperties", "propertyNames",
-               "unevaluatedItems")  # a schema (or, for items, a list of schemas)
+MAP_KEYS = (
+    "properties",
+    "patternProperties",
+    "$defs",
+    "definitions",
+    "dependentSchemas",
+)  # name -> schema
+SCHEMA_KEYS = (
+    "items",
+    "additionalItems",
+    "contains",
+    "not",
+    "additionalProperties",
+    "propertyNames",
+    "unevaluatedItems",
+)  # a schema (or, for items, a list of schemas)
 LIST_KEYS = ("anyOf", "oneOf", "prefixItems")  # lists of schemas
 COMBINING = ("allOf", "if", "dependentSchemas", "dependencies", "unevaluatedProperties")
 # applicators that, beside an object's own keywords, judge the same instance's keys
@@ -58,7 +72,11 @@ def _strict(s: Any) -> Any:
     for key in LIST_KEYS:
         if isinstance(s.get(key), list):
             out[key] = [_strict(sub) for sub in s[key]]
-    if isinstance(s.get("properties"), dict) and "additionalProperties" not in s and "patternProperties" not in s:
+    if (
+        isinstance(s.get("properties"), dict)
+        and "additionalProperties" not in s
+        and "patternProperties" not in s
+    ):
         out["additionalProperties"] = False
     return out
 

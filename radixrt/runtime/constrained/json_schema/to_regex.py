@@ -15,6 +15,7 @@ Rejected: not (beyond types), if/then/else, contains, uniqueItems, dependentSche
 multipleOf that is not enumerable, min/maxProperties it cannot count, overlapping oneOf
 branches, formats we cannot generate (see grammar_regex.FORMATS), pattern with lookaround.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,24 +23,46 @@ import math
 from typing import Any
 
 from radixrt.runtime.constrained import regex_builder as R
-from radixrt.runtime.constrained.pattern import pattern_to_regex
-from radixrt.runtime.constrained.regex_builder import GrammarError, alt, escape
-from radixrt.runtime.constrained.json_schema.normalize import (ANNOTATIONS, MAX_BRANCHES, TYPES, Resolver, canonical,
-                                                 literal_type, make_literal_checker, normalize, schema_types)
+from radixrt.runtime.constrained.json_schema.normalize import (
+    ANNOTATIONS,
+    MAX_BRANCHES,
+    TYPES,
+    Resolver,
+    literal_type,
+    make_literal_checker,
+    normalize,
+    schema_types,
+)
 from radixrt.runtime.constrained.json_schema.objects import array_regex, object_regex
 from radixrt.runtime.constrained.json_schema.oneof import check_one_of
+from radixrt.runtime.constrained.pattern import pattern_to_regex
+from radixrt.runtime.constrained.regex_builder import GrammarError, alt, escape
 
-_REJECTED = {"if": "if/then/else", "then": "if/then/else", "else": "if/then/else", "contains": "contains",
-             "minContains": "contains", "maxContains": "contains", "dependentSchemas": "dependentSchemas",
-             "unevaluatedProperties": "unevaluatedProperties", "unevaluatedItems": "unevaluatedItems",
-             "$dynamicRef": "$dynamicRef", "$recursiveRef": "$recursiveRef"}
+_REJECTED = {
+    "if": "if/then/else",
+    "then": "if/then/else",
+    "else": "if/then/else",
+    "contains": "contains",
+    "minContains": "contains",
+    "maxContains": "contains",
+    "dependentSchemas": "dependentSchemas",
+    "unevaluatedProperties": "unevaluatedProperties",
+    "unevaluatedItems": "unevaluatedItems",
+    "$dynamicRef": "$dynamicRef",
+    "$recursiveRef": "$recursiveRef",
+}
 MAX_ENUM_MULTIPLES = 256
 MAX_REGEX_CHARS = 500_000
 
 
 class SchemaCompiler:
-    def __init__(self, root: Any, whitespace: str = R.WHITESPACE, max_recursion_depth: int = 3,
-                 generic_depth: int = 1):
+    def __init__(
+        self,
+        root: Any,
+        whitespace: str = R.WHITESPACE,
+        max_recursion_depth: int = 3,
+        generic_depth: int = 1,
+    ):
         self.root = root
         self.ws = whitespace
         self.resolver = Resolver(root)
@@ -52,7 +75,9 @@ class SchemaCompiler:
     def regex(self) -> str:
         rx = self.value(self.root, ())
         if rx is None:
-            raise GrammarError("the schema admits no value (contradictory, or recursive without a base case)")
+            raise GrammarError(
+                "the schema admits no value (contradictory, or recursive without a base case)"
+            )
         return rx
 
     # -- helpers shared with grammar_schema_objects -------------------------------------------------
@@ -87,8 +112,10 @@ class SchemaCompiler:
         if hit is None:
             rx = self._value(schema, refs)
             if rx is not None and len(rx) > MAX_REGEX_CHARS:
-                raise GrammarError(f"the schema expands to a regex of more than {MAX_REGEX_CHARS} chars "
-                                   "(deep recursion or very large alternatives)")
+                raise GrammarError(
+                    f"the schema expands to a regex of more than {MAX_REGEX_CHARS} chars "
+                    "(deep recursion or very large alternatives)"
+                )
             hit = self._memo[key] = (schema, rx)  # holding `schema` keeps its id from being reused
         return hit[1]
 
@@ -98,7 +125,9 @@ class SchemaCompiler:
             return None
         for key in s:
             if key in _REJECTED and not (key == "unevaluatedProperties" and s[key] is True):
-                raise GrammarError(f"keyword {_REJECTED[key]!r} is not supported in constrained decoding")
+                raise GrammarError(
+                    f"keyword {_REJECTED[key]!r} is not supported in constrained decoding"
+                )
         for comb in ("anyOf", "oneOf"):
             if comb in s:
                 return self._combinator(comb, s, refs)
@@ -138,8 +167,10 @@ class SchemaCompiler:
         if comb == "oneOf" and len(branches) > 1:
             overlap = check_one_of(self, branches, refs)
             if overlap is not None:
-                raise GrammarError(f"oneOf branches {overlap[0]} and {overlap[1]} may both match one value, "
-                                   "so 'exactly one' cannot be enforced")
+                raise GrammarError(
+                    f"oneOf branches {overlap[0]} and {overlap[1]} may both match one value, "
+                    "so 'exactly one' cannot be enforced"
+                )
         return alt([rx for rx in (self.value(b, refs) for b in branches) if rx is not None])
 
     def _enum(self, s: dict) -> str | None:
@@ -153,9 +184,14 @@ class SchemaCompiler:
             types = set(rest["type"] if isinstance(rest["type"], list) else [rest["type"]])
             if "number" in types:
                 types.add("integer")
-            values = [v for v in values if literal_type(v) in types or
-                      (literal_type(v) == "integer" and "number" in types)]
-        return alt([escape(json.dumps(v, ensure_ascii=False, separators=(",", ":"))) for v in values])
+            values = [
+                v
+                for v in values
+                if literal_type(v) in types or (literal_type(v) == "integer" and "number" in types)
+            ]
+        return alt(
+            [escape(json.dumps(v, ensure_ascii=False, separators=(",", ":"))) for v in values]
+        )
 
     def _number(self, s: dict, integer: bool) -> str | None:
         bounds = {}
@@ -165,7 +201,9 @@ class SchemaCompiler:
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                     raise GrammarError(f"{key} must be a finite number, got {v!r}")
                 bounds[key] = v
-        lo_i, lo_x, hi_i, hi_x = (bounds.get(k) for k in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"))
+        lo_i, lo_x, hi_i, hi_x = (
+            bounds.get(k) for k in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")
+        )
         mult = bounds.get("multipleOf")
         if mult is not None and mult <= 0:
             raise GrammarError("multipleOf must be > 0")
@@ -174,18 +212,26 @@ class SchemaCompiler:
             if mult == 1:
                 mult = None
         if integer:
-            lows = ([math.ceil(lo_i)] if lo_i is not None else []) + ([math.floor(lo_x) + 1] if lo_x is not None else [])
-            highs = ([math.floor(hi_i)] if hi_i is not None else []) + ([math.ceil(hi_x) - 1] if hi_x is not None else [])
+            lows = ([math.ceil(lo_i)] if lo_i is not None else []) + (
+                [math.floor(lo_x) + 1] if lo_x is not None else []
+            )
+            highs = ([math.floor(hi_i)] if hi_i is not None else []) + (
+                [math.ceil(hi_x) - 1] if hi_x is not None else []
+            )
             lo, hi = max(lows, default=None), min(highs, default=None)
             if mult is None:
                 return R.integer_range_regex(lo, hi)
             if lo is None or hi is None or (hi - lo) // mult > MAX_ENUM_MULTIPLES:
-                raise GrammarError(f"multipleOf {mult} is only supported on a range of at most "
-                                   f"{MAX_ENUM_MULTIPLES} multiples (set minimum and maximum)")
+                raise GrammarError(
+                    f"multipleOf {mult} is only supported on a range of at most "
+                    f"{MAX_ENUM_MULTIPLES} multiples (set minimum and maximum)"
+                )
             first = -(-lo // mult) * mult
             return alt([str(v) for v in range(first, hi + 1, mult)])
         if mult is not None:
-            raise GrammarError(f"multipleOf {mult} on numbers cannot be enforced (only integer multiples)")
+            raise GrammarError(
+                f"multipleOf {mult} on numbers cannot be enforced (only integer multiples)"
+            )
         if not bounds:
             return R.NUMBER
         lo, lo_excl = _tighter(lo_i, lo_x, lower=True)
@@ -214,7 +260,9 @@ class SchemaCompiler:
         if body is None:
             return f'"{R.STRING_CHAR}{{{lo},{"" if hi is None else hi}}}"'
         if width[0] < lo or (hi is not None and (width[1] is None or width[1] > hi)):
-            raise GrammarError("minLength/maxLength together with pattern or format cannot be enforced")
+            raise GrammarError(
+                "minLength/maxLength together with pattern or format cannot be enforced"
+            )
         return f'"{body}"'
 
 
@@ -229,11 +277,14 @@ def _tighter(incl, excl, lower: bool) -> tuple[float | None, bool]:
 
 def _width(body: str) -> tuple[int, int | None]:
     import re._parser as sre_parse
+
     lo, hi = sre_parse.parse(body).getwidth()
     return lo, (None if hi >= 1 << 31 else hi)
 
 
-def schema_to_regex(schema: Any, whitespace: str = R.WHITESPACE, max_recursion_depth: int = 3) -> str:
+def schema_to_regex(
+    schema: Any, whitespace: str = R.WHITESPACE, max_recursion_depth: int = 3
+) -> str:
     """Regex of the JSON texts we will generate for `schema` (a dict, a bool or a JSON string)."""
     if isinstance(schema, (str, bytes)):
         try:
@@ -241,12 +292,18 @@ def schema_to_regex(schema: Any, whitespace: str = R.WHITESPACE, max_recursion_d
         except ValueError as e:
             raise GrammarError(f"json_schema is not valid JSON: {e}") from None
     if not isinstance(schema, (dict, bool)):
-        raise GrammarError(f"json_schema must be a JSON object or boolean, got {type(schema).__name__}")
+        raise GrammarError(
+            f"json_schema must be a JSON object or boolean, got {type(schema).__name__}"
+        )
     try:
         return SchemaCompiler(schema, whitespace, max_recursion_depth).regex()
     except RecursionError:
         raise GrammarError("json_schema is nested too deeply") from None
-    except (TypeError, AttributeError, KeyError) as e:  # malformed keyword values, e.g. properties: []
+    except (
+        TypeError,
+        AttributeError,
+        KeyError,
+    ) as e:  # malformed keyword values, e.g. properties: []
         raise GrammarError(f"malformed json_schema: {type(e).__name__}: {e}") from None
 
 

@@ -6,6 +6,7 @@ weight each at load time, RoPE cos/sin come from a table indexed once per forwar
 logits are computed only for the rows the caller asked for. Formulas follow Hugging Face
 (RMSNorm in float32, rotate-half RoPE, silu(gate) * up) so greedy output matches it exactly.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from radixrt.runtime.model.forward_batch import ForwardBatch
-from radixrt.runtime.model.kv_cache import KVCache
 from radixrt.runtime.model.int4_weight import Int4Weight
+from radixrt.runtime.model.kv_cache import KVCache
 from radixrt.runtime.model.linear import Linear
 from radixrt.runtime.model.logits_head import LogitsHead
 from radixrt.runtime.model.models import llama_layer
@@ -29,31 +30,42 @@ STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 @dataclass
 class _Layer:
-    input_norm: torch.Tensor     # [H]
-    qkv: Linear                  # [(Hq + 2 Hkv) * D, H], Qwen2 bias
-    qk_norm: torch.Tensor | None # [Hq + Hkv, D] Qwen3 per-head q/k norm weights, stacked
-    o: Linear                    # [H, Hq * D], Llama attention_bias
-    post_norm: torch.Tensor      # [H]
-    gate_up: Linear              # [2 I, H]
-    down: Linear                 # [H, I]
+    input_norm: torch.Tensor  # [H]
+    qkv: Linear  # [(Hq + 2 Hkv) * D, H], Qwen2 bias
+    qk_norm: torch.Tensor | None  # [Hq + Hkv, D] Qwen3 per-head q/k norm weights, stacked
+    o: Linear  # [H, Hq * D], Llama attention_bias
+    post_norm: torch.Tensor  # [H]
+    gate_up: Linear  # [2 I, H]
+    down: Linear  # [H, I]
 
 
 def rope_tables(hf_config, head_dim: int, max_context: int) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of position * inv_freq for positions [0, max_context): [max_context, D/2] float32 each."""
-    params = dict(getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {})
+    params = dict(
+        getattr(hf_config, "rope_parameters", None)
+        or getattr(hf_config, "rope_scaling", None)
+        or {}
+    )
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in STATIC_ROPE_TYPES:
-        raise ValueError(f"rope type {rope_type!r} is not supported; expected one of {STATIC_ROPE_TYPES}")
+        raise ValueError(
+            f"rope type {rope_type!r} is not supported; expected one of {STATIC_ROPE_TYPES}"
+        )
     if params.get("partial_rotary_factor", 1.0) != 1.0:
         raise ValueError("partial_rotary_factor != 1 is not supported")
     if rope_type == "default":
         theta = params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        inv_freq = 1.0 / (
+            theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+        )
         attention_scaling = 1.0
     else:  # the scaled variants: reuse transformers' own formulas, so the frequencies are bit-identical
         from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
         inv_freq, attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu")
-    freqs = torch.arange(max_context, dtype=torch.int64).float()[:, None] * inv_freq.float()[None, :]
+    freqs = (
+        torch.arange(max_context, dtype=torch.int64).float()[:, None] * inv_freq.float()[None, :]
+    )
     return freqs.cos() * attention_scaling, freqs.sin() * attention_scaling
 
 
@@ -72,8 +84,14 @@ def layer_windows(hf_config, num_layers: int) -> list[int | None]:
 
 
 class LlamaForCausalLM:
-    def __init__(self, hf_config, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                 shard: Shard | None = None, tp: Any = None):
+    def __init__(
+        self,
+        hf_config,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        shard: Shard | None = None,
+        tp: Any = None,
+    ):
         """shard/tp: this rank's part of a tensor parallel model (tp_shard.py) and its group (tp.py): the head,
         intermediate and vocabulary sizes below are then this rank's, and load_weights takes its slices."""
         self.config = hf_config
@@ -92,14 +110,20 @@ class LlamaForCausalLM:
             self.num_q_heads, self.num_kv_heads = shard.num_q_heads, shard.num_kv_heads
             self.intermediate_size, self.vocab_local = shard.intermediate_size, shard.vocab_size
         self.eps = hf_config.rms_norm_eps
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         if self.num_q_heads % self.num_kv_heads:
-            raise ValueError(f"num_attention_heads {self.num_q_heads} is not a multiple of "
-                             f"num_key_value_heads {self.num_kv_heads}")
+            raise ValueError(
+                f"num_attention_heads {self.num_q_heads} is not a multiple of "
+                f"num_key_value_heads {self.num_kv_heads}"
+            )
         if getattr(hf_config, "hidden_act", "silu") != "silu":
-            raise ValueError(f"hidden_act {hf_config.hidden_act!r} is not supported (expected silu)")
+            raise ValueError(
+                f"hidden_act {hf_config.hidden_act!r} is not supported (expected silu)"
+            )
         self.max_context = hf_config.max_position_embeddings
-        self.layer_windows = layer_windows(hf_config, self.num_layers)  # sliding window per layer, or None
+        self.layer_windows = layer_windows(
+            hf_config, self.num_layers
+        )  # sliding window per layer, or None
         cos, sin = rope_tables(hf_config, self.head_dim, self.max_context)
         # rotate_half(x) * sin == cat(x2, x1) * cat(-sin, sin): store the signed sin, skip the negation
         # the KV pool holds the model dtype, as in HF: in bf16 it and its gathers move half the bytes, and
@@ -108,7 +132,9 @@ class LlamaForCausalLM:
         # RoPE itself runs in float32 on a CPU, so a bf16 query/key is rounded once, after the rotation,
         # not after each of its products and sums
         self.rope_dtype = torch.float32 if self.device.type == "cpu" else dtype
-        self.rope_cos = torch.cat((cos, cos), dim=-1).to(device=self.device, dtype=self.rope_dtype)  # [max_context, D]
+        self.rope_cos = torch.cat((cos, cos), dim=-1).to(
+            device=self.device, dtype=self.rope_dtype
+        )  # [max_context, D]
         self.rope_sin = torch.cat((-sin, sin), dim=-1).to(device=self.device, dtype=self.rope_dtype)
         self.layers: list[_Layer] = []
         self.eager_dims = self.layer_dims()
@@ -139,13 +165,23 @@ class LlamaForCausalLM:
                 raise ValueError(f"weight {name!r} has shape {tuple(t.shape)}, expected {shape}")
             return t
 
-        H, D, Hq, Hkv, I = self.hidden_size, self.head_dim, self.num_q_heads, self.num_kv_heads, self.intermediate_size
-        self.embed = check("embed_tokens.weight", take("embed_tokens.weight"), (self.vocab_local, H))
+        H, D, Hq, Hkv, I = (
+            self.hidden_size,
+            self.head_dim,
+            self.num_q_heads,
+            self.num_kv_heads,
+            self.intermediate_size,
+        )
+        self.embed = check(
+            "embed_tokens.weight", take("embed_tokens.weight"), (self.vocab_local, H)
+        )
         self.final_norm = check("norm.weight", take("norm.weight"), (H,)).float()
         lm_head = take("lm_head.weight", required=False)
         tied = getattr(self.config, "tie_word_embeddings", False) or lm_head is None
-        self.lm_head = LogitsHead(self.embed if tied else check("lm_head.weight", lm_head, (self.vocab_local, H)),
-                                  int4=int4_of("embed_tokens.weight" if tied else "lm_head.weight"))
+        self.lm_head = LogitsHead(
+            self.embed if tied else check("lm_head.weight", lm_head, (self.vocab_local, H)),
+            int4=int4_of("embed_tokens.weight" if tied else "lm_head.weight"),
+        )
         self.layers = []
         for i in range(self.num_layers):
             p = f"layers.{i}."
@@ -156,31 +192,68 @@ class LlamaForCausalLM:
             if any(b is not None for b in biases) and not all(b is not None for b in biases):
                 raise ValueError(f"layer {i}: q/k/v biases must be all present or all absent")
             qkv_b = torch.cat(biases) if biases[0] is not None else None
-            q_norm, k_norm = take(attn + "q_norm.weight", required=False), take(attn + "k_norm.weight", False)
+            q_norm, k_norm = (
+                take(attn + "q_norm.weight", required=False),
+                take(attn + "k_norm.weight", False),
+            )
             qk_norm = None
             if q_norm is not None and k_norm is not None:
-                qk_norm = torch.cat((q_norm.expand(Hq, D), k_norm.expand(Hkv, D)), dim=0).contiguous()
+                qk_norm = torch.cat(
+                    (q_norm.expand(Hq, D), k_norm.expand(Hkv, D)), dim=0
+                ).contiguous()
             gate, up = take(mlp + "gate_proj.weight"), take(mlp + "up_proj.weight")
-            self.layers.append(_Layer(
-                input_norm=check(p + "input_layernorm", take(p + "input_layernorm.weight"), (H,)).float(),
-                qkv=Linear(qkv_w, qkv_b, int4=int4_of(*(attn + n + "_proj.weight" for n in "qkv"))), qk_norm=qk_norm,
-                o=Linear(check(attn + "o_proj", take(attn + "o_proj.weight"), (H, Hq * D)),
-                         take(attn + "o_proj.bias", required=False),  # Llama attention_bias=True
-                         int4=int4_of(attn + "o_proj.weight")),
-                post_norm=check(p + "post_attention_layernorm", take(p + "post_attention_layernorm.weight"),
-                                (H,)).float(),
-                gate_up=Linear(check(mlp + "gate_up", torch.cat((gate, up), dim=0), (2 * I, H)),
-                               int4=int4_of(mlp + "gate_proj.weight", mlp + "up_proj.weight")),
-                down=Linear(check(mlp + "down_proj", take(mlp + "down_proj.weight"), (H, I)),
-                            int4=int4_of(mlp + "down_proj.weight")),
-            ))
-        unused = sorted(set(sd) - used - {"lm_head.weight"} - {n for n in sd if n.endswith("rotary_emb.inv_freq")})
+            self.layers.append(
+                _Layer(
+                    input_norm=check(
+                        p + "input_layernorm", take(p + "input_layernorm.weight"), (H,)
+                    ).float(),
+                    qkv=Linear(
+                        qkv_w, qkv_b, int4=int4_of(*(attn + n + "_proj.weight" for n in "qkv"))
+                    ),
+                    qk_norm=qk_norm,
+                    o=Linear(
+                        check(attn + "o_proj", take(attn + "o_proj.weight"), (H, Hq * D)),
+                        take(attn + "o_proj.bias", required=False),  # Llama attention_bias=True
+                        int4=int4_of(attn + "o_proj.weight"),
+                    ),
+                    post_norm=check(
+                        p + "post_attention_layernorm",
+                        take(p + "post_attention_layernorm.weight"),
+                        (H,),
+                    ).float(),
+                    gate_up=Linear(
+                        check(mlp + "gate_up", torch.cat((gate, up), dim=0), (2 * I, H)),
+                        int4=int4_of(mlp + "gate_proj.weight", mlp + "up_proj.weight"),
+                    ),
+                    down=Linear(
+                        check(mlp + "down_proj", take(mlp + "down_proj.weight"), (H, I)),
+                        int4=int4_of(mlp + "down_proj.weight"),
+                    ),
+                )
+            )
+        unused = sorted(
+            set(sd)
+            - used
+            - {"lm_head.weight"}
+            - {n for n in sd if n.endswith("rotary_emb.inv_freq")}
+        )
         if unused:
-            raise ValueError(f"unexpected weights in the checkpoint (unsupported architecture?): {unused[:5]}")
+            raise ValueError(
+                f"unexpected weights in the checkpoint (unsupported architecture?): {unused[:5]}"
+            )
 
     def layer_dims(self, compiled: bool = False) -> LayerDims:
-        return LayerDims(self.num_q_heads, self.num_kv_heads, self.head_dim, self.intermediate_size, self.eps,
-                         self.dtype, self.rope_dtype, self.attn_dtype, compiled)
+        return LayerDims(
+            self.num_q_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            self.intermediate_size,
+            self.eps,
+            self.dtype,
+            self.rope_dtype,
+            self.attn_dtype,
+            compiled,
+        )
 
     def forward(self, fb: ForwardBatch, kv: KVCache, attn, graphs: Any = None) -> torch.Tensor:
         """Logits [R, vocab] float32 for rows fb.logits_rows of the flat token axis. graphs: the compiled
@@ -189,7 +262,9 @@ class LlamaForCausalLM:
         if fb.attn_meta is None:
             attn.init_forward_metadata(fb)
         T = fb.num_tokens
-        cos = self.rope_cos.index_select(0, fb.positions)[:, None, :]  # [T, 1, D], shared by all layers
+        cos = self.rope_cos.index_select(0, fb.positions)[
+            :, None, :
+        ]  # [T, 1, D], shared by all layers
         sin = self.rope_sin.index_select(0, fb.positions)[:, None, :]
         # the residual stream stays float32 whatever the weights' dtype: a bf16 model then rounds only
         # the matmul inputs and outputs (teacher-forced top-1 agreement with fp32 transformers 96.3% ->
@@ -200,22 +275,45 @@ class LlamaForCausalLM:
         head = graphs.attention_inputs if graphs else partial(llama_layer.attention_inputs, d)
         q, k, v = head(h, first.input_norm, first.qkv.op_args(), first.qk_norm, cos, sin)
         for i, layer in enumerate(self.layers):
-            o = attn.forward(q, k, v, kv.k[i], kv.v[i], fb, self.scale, *kv.scales(i),
-                             window=self.layer_windows[i])  # [T, Hq, D]
-            tail = (o, layer.o.op_args(), layer.post_norm, layer.gate_up.op_args(), layer.down.op_args())
+            o = attn.forward(
+                q,
+                k,
+                v,
+                kv.k[i],
+                kv.v[i],
+                fb,
+                self.scale,
+                *kv.scales(i),
+                window=self.layer_windows[i],
+            )  # [T, Hq, D]
+            tail = (
+                o,
+                layer.o.op_args(),
+                layer.post_norm,
+                layer.gate_up.op_args(),
+                layer.down.op_args(),
+            )
             if layer is last:
                 break
             nxt = self.layers[i + 1]
-            if graphs is None and self.tp is not None:  # tensor parallel: all-reduces between the matmuls
+            if (
+                graphs is None and self.tp is not None
+            ):  # tensor parallel: all-reduces between the matmuls
                 h = llama_layer.feed_forward(d, h, *tail, reduce=self._reduce)
-                q, k, v = llama_layer.attention_inputs(d, h, nxt.input_norm, nxt.qkv.op_args(), nxt.qk_norm, cos, sin)
+                q, k, v = llama_layer.attention_inputs(
+                    d, h, nxt.input_norm, nxt.qkv.op_args(), nxt.qk_norm, cos, sin
+                )
                 continue
             step = graphs.seam if graphs else partial(llama_layer.seam, d)
             h, q, k, v = step(h, *tail, nxt.input_norm, nxt.qkv.op_args(), nxt.qk_norm, cos, sin)
         if self.tp is not None:
-            x = llama_layer.norm(d, llama_layer.feed_forward(d, h, *tail, reduce=self._reduce), self.final_norm)
+            x = llama_layer.norm(
+                d, llama_layer.feed_forward(d, h, *tail, reduce=self._reduce), self.final_norm
+            )
         else:
-            x = (graphs.final if graphs else partial(llama_layer.final, d))(h, *tail, self.final_norm)
+            x = (graphs.final if graphs else partial(llama_layer.final, d))(
+                h, *tail, self.final_norm
+            )
         if fb.logits_rows.shape[0] != T:
             x = x.index_select(0, fb.logits_rows)
         logits = self.lm_head(x)

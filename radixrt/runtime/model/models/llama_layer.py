@@ -11,6 +11,7 @@ A layer is split at attention, which reads the paged pool and stays outside any 
 attentions. Weights arrive as tuples of plain tensors (Linear.op_args), never as objects, so a compiled
 graph takes them as inputs and one graph serves every layer.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,15 +28,18 @@ Reduce = Callable[[torch.Tensor], torch.Tensor]
 @dataclass(frozen=True)
 class LayerDims:
     """What the layer functions need besides tensors (constants of a compiled graph)."""
+
     num_q_heads: int
     num_kv_heads: int
     head_dim: int
     intermediate_size: int
     eps: float
-    dtype: torch.dtype       # weights and matmul inputs
+    dtype: torch.dtype  # weights and matmul inputs
     rope_dtype: torch.dtype  # RoPE's arithmetic
     attn_dtype: torch.dtype  # q/k/v as attention reads them
-    compiled: bool = False   # matmuls through torch.ops.radixrt.linear (graph-safe) instead of the kernel
+    compiled: bool = (
+        False  # matmuls through torch.ops.radixrt.linear (graph-safe) instead of the kernel
+    )
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -60,26 +64,42 @@ def linear(d: LayerDims, x: torch.Tensor, args: tuple) -> torch.Tensor:
     return linear_kernel(x, *args)
 
 
-def attention_inputs(d: LayerDims, h: torch.Tensor, input_norm: torch.Tensor, qkv: tuple,
-                     qk_norm: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def attention_inputs(
+    d: LayerDims,
+    h: torch.Tensor,
+    input_norm: torch.Tensor,
+    qkv: tuple,
+    qk_norm: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """h [T, H] float32 -> q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D] in attn_dtype. cos/sin [T, 1, D]
     (sin signed: rotate_half(x) * sin == cat(x2, x1) * cat(-sin, sin))."""
     T, D, Hq, Hkv = h.shape[0], d.head_dim, d.num_q_heads, d.num_kv_heads
     out = linear(d, norm(d, h, input_norm), qkv)  # [T, (Hq + 2 Hkv) * D]
-    qk = out[:, :(Hq + Hkv) * D].reshape(T, Hq + Hkv, D)
+    qk = out[:, : (Hq + Hkv) * D].reshape(T, Hq + Hkv, D)
     if qk_norm is not None:
         qk = rms_norm(qk, qk_norm, d.eps)
     qk = qk.to(d.rope_dtype)
     half = D // 2
     # RoPE on q and k at once: qk * cos + rotate_half(qk) * sin
-    qk = torch.addcmul(qk * cos, torch.cat((qk[..., half:], qk[..., :half]), dim=-1), sin).to(d.attn_dtype)
-    v = out[:, (Hq + Hkv) * D:].reshape(T, Hkv, D)
+    qk = torch.addcmul(qk * cos, torch.cat((qk[..., half:], qk[..., :half]), dim=-1), sin).to(
+        d.attn_dtype
+    )
+    v = out[:, (Hq + Hkv) * D :].reshape(T, Hkv, D)
     return qk[:, :Hq], qk[:, Hq:], v
 
 
-def feed_forward(d: LayerDims, h: torch.Tensor, o: torch.Tensor, o_proj: tuple, post_norm: torch.Tensor,
-                 gate_up: tuple, down: tuple, reduce: Reduce | None = None) -> torch.Tensor:
+def feed_forward(
+    d: LayerDims,
+    h: torch.Tensor,
+    o: torch.Tensor,
+    o_proj: tuple,
+    post_norm: torch.Tensor,
+    gate_up: tuple,
+    down: tuple,
+    reduce: Reduce | None = None,
+) -> torch.Tensor:
     """The rest of the layer after attention: o [T, Hq, D] -> the new residual stream [T, H] float32.
     reduce: tensor parallelism's all-reduce of a row-parallel output (eager only)."""
     T, I = h.shape[0], d.intermediate_size
@@ -90,15 +110,34 @@ def feed_forward(d: LayerDims, h: torch.Tensor, o: torch.Tensor, o_proj: tuple, 
     return h + (reduce(mlp_out) if reduce else mlp_out)
 
 
-def seam(d: LayerDims, h: torch.Tensor, o: torch.Tensor, o_proj: tuple, post_norm: torch.Tensor, gate_up: tuple,
-         down: tuple, input_norm: torch.Tensor, qkv: tuple, qk_norm: torch.Tensor | None, cos: torch.Tensor,
-         sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def seam(
+    d: LayerDims,
+    h: torch.Tensor,
+    o: torch.Tensor,
+    o_proj: tuple,
+    post_norm: torch.Tensor,
+    gate_up: tuple,
+    down: tuple,
+    input_norm: torch.Tensor,
+    qkv: tuple,
+    qk_norm: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """feed_forward of one layer, then attention_inputs of the next: (h, q, k, v)."""
     h = feed_forward(d, h, o, o_proj, post_norm, gate_up, down)
     return (h, *attention_inputs(d, h, input_norm, qkv, qk_norm, cos, sin))
 
 
-def final(d: LayerDims, h: torch.Tensor, o: torch.Tensor, o_proj: tuple, post_norm: torch.Tensor, gate_up: tuple,
-          down: tuple, final_norm: torch.Tensor) -> torch.Tensor:
+def final(
+    d: LayerDims,
+    h: torch.Tensor,
+    o: torch.Tensor,
+    o_proj: tuple,
+    post_norm: torch.Tensor,
+    gate_up: tuple,
+    down: tuple,
+    final_norm: torch.Tensor,
+) -> torch.Tensor:
     """feed_forward of the last layer, then the final norm: [T, H] in the model dtype."""
     return norm(d, feed_forward(d, h, o, o_proj, post_norm, gate_up, down), final_norm)
