@@ -59,9 +59,12 @@ class ReqMemory:
         req.table_row = None
 
     @staticmethod
-    def write_start(req: Req) -> int:
-        """First position whose slot goes into the req's table row this step."""
-        if req.table_stale:
-            req.table_stale = False
-            return 0
-        return req.kv_len
+    def table_write_start(req: Req) -> int:
+        """First position whose slot goes into the req's table row this step: all of them when the row
+        is stale (a new row, pages swapped for the tree's, a failed step), else the new positions."""
+        return 0 if req.table_stale else req.kv_len
+
+    @staticmethod
+    def row_planned(req: Req) -> None:
+        """The step being planned rewrites req's whole row (a failed step marks it stale again)."""
+        req.table_stale = False

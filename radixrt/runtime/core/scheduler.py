@@ -276,7 +276,8 @@ class Scheduler(SchedulerAdmin):
         self.faults.check("plan", req.origin_input_ids)
         num_draft = fit_draft(req, self.memory, draft_budget)
         pos = req.kv_len
-        start = self.memory.write_start(req)
+        start = self.memory.table_write_start(req)
+        self.memory.row_planned(req)
         item = PlanItem(
             req.table_row,
             [req.output_ids[-1]] + req.draft_ids,
@@ -300,7 +301,9 @@ class Scheduler(SchedulerAdmin):
                 continue
             target = min(req.seq_len, req.kv_len + budget)
             if self.memory.grow(req, target):
-                items.append((req, self._extend_item(req, target, self.memory.write_start(req))))
+                start = self.memory.table_write_start(req)
+                self.memory.row_planned(req)
+                items.append((req, self._extend_item(req, target, start)))
                 budget -= target - req.kv_len
                 inflight.append(req.fill_ids)
         if budget > 0 and self.waiting:
