@@ -167,8 +167,7 @@ class Admission:
                     self.sessions.on_admit(req.session_id, len(req.origin_input_ids), cached)
             waiting.remove(req)
             running.append(req)
-            item = extend_item(req, target, 0)
-            item.page_copies = copies
+            item = extend_item(req, target, 0, copies)
             items.append((req, item))
             if (
                 donor is None
