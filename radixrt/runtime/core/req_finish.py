@@ -6,6 +6,8 @@ Finish reasons are plain dicts (they cross processes): {"type": "stop", "matched
 
 from __future__ import annotations
 
+from typing import Any
+
 from radixrt.runtime.core.plan import ItemResult, SampleRow
 from radixrt.runtime.core.req import Req
 
@@ -60,11 +62,16 @@ def apply_sampled_token(req: Req, res: ItemResult, eos_ids: set[int]) -> dict | 
 
 
 def sample_rows(
-    req: Req, draft_ids: list[int], draft_states: list[int], eos_ids: list[int]
-) -> list[SampleRow]:
+    req: Req,
+    draft_ids: list[int],
+    draft_states: list[int],
+    eos_ids: list[int],
+    mask_sources: list[Any],
+) -> tuple[SampleRow, ...]:
     """The picks of one step: after the request's last token, and after each draft token but one
     that ends the grammar (the request finishes there; such a row could have nothing allowed, e.g.
-    EOS blocked by min_new_tokens). Pick j sees draft tokens 0..j-1 as output (penalties, seeds)."""
+    EOS blocked by min_new_tokens). Pick j sees draft tokens 0..j-1 as output (penalties, seeds).
+    A constrained row's mask source is appended to mask_sources; the row carries its index."""
     num_picks = 1
     if draft_ids:
         num_picks = len(draft_ids) + (
@@ -73,26 +80,26 @@ def sample_rows(
     rows = []
     for j in range(num_picks):
         output_ids = req.output_ids + draft_ids[:j] if j else req.output_ids
-        source = None
+        mask = None
         if req.grammar is not None:
             budget = req.sampling.max_new_tokens - len(output_ids)  # picks left, this one included
-            source = (
-                req.grammar.for_budget(budget)
-                if j == 0
-                else req.grammar.at(draft_states[j - 1], budget)
+            g = req.grammar
+            mask = len(mask_sources)
+            mask_sources.append(
+                g.for_budget(budget) if j == 0 else g.at(draft_states[j - 1], budget)
             )
         rows.append(
             SampleRow(
-                req.sampling,
-                output_ids,
-                req.origin_input_ids,
-                req.return_logprob,
-                req.top_logprobs_num,
-                blocked_ids(req, len(output_ids), eos_ids),
-                source,
+                params=req.sampling,
+                output_ids=output_ids,
+                prompt_ids=req.origin_input_ids,
+                return_logprob=req.return_logprob,
+                top_logprobs_num=req.top_logprobs_num,
+                blocked_ids=blocked_ids(req, len(output_ids), eos_ids),
+                mask=mask,
             )
         )
-    return rows
+    return tuple(rows)
 
 
 def blocked_ids(req: Req, num_output: int, eos_ids: list[int]) -> list[int] | None:
