@@ -27,7 +27,7 @@ import httpx
 sys.path.insert(0, os.path.dirname(__file__))
 from run_info import git_commit, machine  # noqa: E402
 
-from radixrt.frontend.launcher import free_port, wait_until_healthy  # noqa: E402
+from radixrt.runtime.processes import free_port, wait_until_healthy  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 TOPICS = [

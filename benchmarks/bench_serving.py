@@ -46,7 +46,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from run_info import git_commit, machine  # noqa: E402
 from workloads import QUESTIONS, shared_prefix_prompts  # noqa: E402
 
-from radixrt.frontend.launcher import wait_until_healthy  # noqa: E402
+from radixrt.runtime.processes import wait_until_healthy  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 TOPICS = [

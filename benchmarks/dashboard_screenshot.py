@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from radixrt.frontend.launcher import free_port, wait_until_healthy
+from radixrt.runtime.processes import free_port, wait_until_healthy
 
 HERE = pathlib.Path(__file__).parent
 

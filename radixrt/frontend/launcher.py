@@ -13,49 +13,13 @@ import atexit
 import dataclasses
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-from typing import Any, Callable
+from typing import Any
 
 from radixrt.frontend.endpoint import RuntimeEndpoint
-
-
-def wait_until_healthy(
-    url: str,
-    process: subprocess.Popen,
-    timeout: float,
-    poll_s: float = 0.25,
-    log_tail: Callable[[], str] = lambda: "",
-) -> None:
-    """Poll `url`/health until it answers 200. RuntimeError if the process exits first, TimeoutError
-    after `timeout` s; both end with `log_tail()`, the server's last words."""
-    import requests
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(
-                f"`radixrt serve` exited with code {process.returncode} before it was ready:\n"
-                f"{log_tail()}"
-            )
-        try:
-            if requests.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(poll_s)
-    raise TimeoutError(
-        f"`radixrt serve` on {url} was not healthy after {timeout:.0f} s:\n{log_tail()}"
-    )
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from radixrt.runtime.processes import free_port, wait_until_healthy
 
 
 def server_command(port: int, model_path: str | None, server_args: dict[str, Any]) -> list[str]:

@@ -13,7 +13,7 @@ import sys
 
 import psutil
 
-from radixrt.frontend.launcher import wait_until_healthy
+from radixrt.runtime.processes import wait_until_healthy
 
 STARTUP_TIMEOUT_S = 420  # model load is 10-40 s alone; several parallel test sessions slow it a lot
 HERE = pathlib.Path(__file__).parent

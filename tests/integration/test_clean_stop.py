@@ -15,7 +15,7 @@ import psutil
 import pytest
 from conftest_server import free_port
 
-from radixrt.frontend.launcher import wait_until_healthy
+from radixrt.runtime.processes import wait_until_healthy
 from radixrt.runtime.serving.dp_launch import router_available
 
 SCHEMA = '{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}'

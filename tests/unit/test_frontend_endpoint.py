@@ -12,7 +12,8 @@ import pytest
 from frontend_fake_backend import SMOLLM_TEMPLATE, FakeBackend
 
 import radixrt as sgl
-from radixrt.frontend.launcher import free_port, server_command
+from radixrt.frontend.launcher import server_command
+from radixrt.runtime.processes import free_port
 
 
 def _serve(

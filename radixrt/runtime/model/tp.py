@@ -17,7 +17,6 @@ from __future__ import annotations
 import datetime
 import json
 import logging
-import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +26,8 @@ from typing import Any, Callable
 import orjson
 import torch
 import torch.distributed as dist
+
+from radixrt.runtime.processes import free_port
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +43,8 @@ class TPFailure(BaseException):
 
 
 def free_init_method() -> str:
-    """A rendezvous address on a free local port (not frontend/launcher.free_port: model/ must not import the
-    frontend package, whose __init__ reaches back into the runtime)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    """A rendezvous address on a free local port."""
+    return f"tcp://127.0.0.1:{free_port()}"
 
 
 class TPGroup:

@@ -17,7 +17,7 @@ def run_worker(config_dict: dict, rank: int, init_method: str) -> None:
     """A worker rank: load its shard, then run every forward rank 0 broadcasts, until STOP."""
     from radixrt.runtime.config import ServerConfig
     from radixrt.runtime.model.model_runner import ModelRunner
-    from radixrt.runtime.serving.process_control import set_parent_death_signal
+    from radixrt.runtime.processes import set_parent_death_signal
 
     set_parent_death_signal()
     config = ServerConfig(**config_dict)

@@ -91,7 +91,7 @@ def run_detokenizer_process(
     model_path: str, in_path: str, out_path: str, log_level: str = "info"
 ) -> None:
     """Entry point of the detokenizer process (spawned): PULL token deltas, PUSH text deltas."""
-    from radixrt.runtime.serving.process_control import StopFlag, set_parent_death_signal
+    from radixrt.runtime.processes import StopFlag, set_parent_death_signal
 
     set_parent_death_signal()
     flag = StopFlag()

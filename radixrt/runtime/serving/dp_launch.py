@@ -24,8 +24,7 @@ import sys
 import time
 from typing import Any
 
-from radixrt.frontend.launcher import free_port, wait_until_healthy
-from radixrt.runtime.serving.process_control import set_parent_death_signal
+from radixrt.runtime.processes import free_port, set_parent_death_signal, wait_until_healthy
 
 logger = logging.getLogger("radixrt.server")
 POLL_S = 0.5

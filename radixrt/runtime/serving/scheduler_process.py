@@ -39,7 +39,7 @@ from radixrt.runtime.messages import (
     TokenOut,
     UnpinReq,
 )
-from radixrt.runtime.serving.process_control import StopFlag, set_parent_death_signal
+from radixrt.runtime.processes import StopFlag, set_parent_death_signal
 from radixrt.runtime.serving.step_profiler import StepProfiler
 
 logger = logging.getLogger(__name__)

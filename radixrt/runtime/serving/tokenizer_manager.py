@@ -37,6 +37,7 @@ from radixrt.runtime.messages import (
     SchedulerInfo,
     TokenizedGenerateReq,
 )
+from radixrt.runtime.processes import wait_for_children
 from radixrt.runtime.request_edge import (
     EdgeLimits,
     RequestError,
@@ -46,7 +47,6 @@ from radixrt.runtime.request_edge import (
 )
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.serving.metrics import ServerMetrics
-from radixrt.runtime.serving.process_control import wait_for_children
 from radixrt.runtime.serving.protocol import APIError, from_value_error
 from radixrt.runtime.serving.request_handle import ReqState, RequestHandle
 

@@ -1,7 +1,10 @@
-"""What every child process of `radixrt serve` (and the main process while starting) shares:
-dying with the parent, stopping between loop iterations, and the ready handshake.
+"""OS processes: parent-death signal, stop flag, waiting for children, a free port, waiting for a
+server's health.
 
-Its own module so the children never import launch.py (which imports them).
+What every child process of `radixrt serve` shares (dying with the parent, stopping between loop
+iterations, the ready handshake), and what starts a server as a subprocess and waits for it (the DSL's
+Runtime, `--dp-size` replicas, tests and benchmarks). Below serving/, model/ and frontend/, so each may
+import it: it imports nothing of radixrt at module level, and never torch.
 """
 
 from __future__ import annotations
@@ -9,8 +12,11 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
+import subprocess
 import sys
-from typing import Any
+import time
+from typing import Any, Callable
 
 logger = logging.getLogger("radixrt.server")
 
@@ -57,8 +63,6 @@ class StopFlag:
 async def wait_for_children(pull: Any, procs: dict[str, Any], timeout: float) -> dict[str, dict]:
     """Wait until every child reported ready on pull (an asyncio zmq socket); their info by name.
     Fails fast when one reports a failure or exits while starting."""
-    import time
-
     from radixrt.runtime import messages
     from radixrt.runtime.messages import ProcessFailed, ProcessReady
 
@@ -83,3 +87,38 @@ async def wait_for_children(pull: Any, procs: dict[str, Any], timeout: float) ->
             logger.info("%s process ready", msg.name)
             info[msg.name] = msg.info
     return info
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until_healthy(
+    url: str,
+    process: subprocess.Popen,
+    timeout: float,
+    poll_s: float = 0.25,
+    log_tail: Callable[[], str] = lambda: "",
+) -> None:
+    """Poll `url`/health until it answers 200. RuntimeError if the process exits first, TimeoutError
+    after `timeout` s; both end with `log_tail()`, the server's last words."""
+    import requests
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(
+                f"`radixrt serve` exited with code {process.returncode} before it was ready:\n"
+                f"{log_tail()}"
+            )
+        try:
+            if requests.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(poll_s)
+    raise TimeoutError(
+        f"`radixrt serve` on {url} was not healthy after {timeout:.0f} s:\n{log_tail()}"
+    )
