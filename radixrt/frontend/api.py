@@ -7,17 +7,34 @@ def qa(s, question):
 
 state = qa.run(question="Why is the sky blue?", temperature=0)
 print(state["answer"])
+
+This module holds programs (`function` / `Function`: run, run_batch, trace, cache) and the backend
+helpers; the expressions a program appends (gen, select, the roles) are primitives.py's, re-exported
+here.
 """
 
 from __future__ import annotations
 
 import functools
-import re
 from typing import Any, Callable
 
 from radixrt.frontend import ir
-from radixrt.frontend.choices import token_length_normalized
 from radixrt.frontend.errors import for_user
+from radixrt.frontend.primitives import (
+    assistant,
+    assistant_begin,
+    assistant_end,
+    gen,
+    gen_int,
+    gen_string,
+    select,
+    system,
+    system_begin,
+    system_end,
+    user,
+    user_begin,
+    user_end,
+)
 from radixrt.frontend.runner import (
     cache_program,
     get_default_backend,
@@ -27,9 +44,6 @@ from radixrt.frontend.runner import (
     set_default_backend,
 )
 from radixrt.frontend.tracer import TraceResult, signature_names, trace_program
-
-# gen(n=...): samples of one gen (each one request sharing the prompt's pages)
-MAX_GEN_SAMPLES = 64
 
 __all__ = [
     "function",
@@ -185,149 +199,6 @@ def function(func: Callable | None = None, num_api_spec_tokens: int | None = Non
     if func is not None:
         return Function(func, num_api_spec_tokens=num_api_spec_tokens)
     return lambda f: Function(f, num_api_spec_tokens=num_api_spec_tokens)
-
-
-def gen(
-    name: str | None = None,
-    max_tokens: int | None = None,
-    min_tokens: int | None = None,
-    stop: str | list[str] | None = None,
-    stop_token_ids: list[int] | None = None,
-    temperature: float | None = None,
-    top_p: float | None = None,
-    top_k: int | None = None,
-    min_p: float | None = None,
-    frequency_penalty: float | None = None,
-    presence_penalty: float | None = None,
-    ignore_eos: bool | None = None,
-    regex: str | None = None,
-    json_schema: Any = None,
-    choices: list[str] | None = None,
-    dtype: Any = None,
-    choices_method: Any = None,
-    return_logprob: bool | None = None,
-    logprob_start_len: int | None = None,
-    top_logprobs_num: int | None = None,
-    return_text_in_logprobs: bool | None = None,
-    repetition_penalty: float | None = None,
-    seed: int | None = None,
-    n: int | None = None,
-    stop_regex: str | list[str] | None = None,
-) -> ir.Expr:
-    """Generate text into variable `name`. With `choices`, this is select(name, choices)."""
-    if choices:
-        return ir.Select(
-            name,
-            choices,
-            0.0 if temperature is None else temperature,
-            choices_method or token_length_normalized,
-        )
-    if n is not None and (
-        isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_GEN_SAMPLES
-    ):
-        raise ValueError(f"gen n must be an int in [1, {MAX_GEN_SAMPLES}], got {n!r}")
-    if regex is not None:
-        try:
-            re.compile(regex)
-        except re.error as e:
-            raise ValueError(f"gen regex {regex!r} is invalid: {e}") from None
-    constraints = [
-        k
-        for k, v in (("regex", regex), ("json_schema", json_schema), ("dtype", dtype))
-        if v is not None
-    ]
-    if len(constraints) > 1:
-        raise ValueError(
-            f"gen takes one of regex, json_schema and dtype, got {' and '.join(constraints)}"
-        )
-    params = ir.GenParams(
-        max_tokens=max_tokens,
-        min_tokens=min_tokens,
-        stop=stop,
-        stop_token_ids=stop_token_ids,
-        stop_regex=stop_regex,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        min_p=min_p,
-        frequency_penalty=frequency_penalty,
-        presence_penalty=presence_penalty,
-        repetition_penalty=repetition_penalty,
-        ignore_eos=ignore_eos,
-        seed=seed,
-        n=n,
-        regex=regex,
-        json_schema=ir.json_schema_string(json_schema),
-        dtype=dtype,
-        return_logprob=return_logprob,
-        logprob_start_len=logprob_start_len,
-        top_logprobs_num=top_logprobs_num,
-        return_text_in_logprobs=return_text_in_logprobs,
-    )
-    if dtype is not None:
-        params.resolve(ir.GenParams())  # reject a bad dtype here, at the program's line
-    return ir.Gen(name, params)
-
-
-def gen_int(name: str | None = None, max_tokens: int | None = None, **kwargs: Any) -> ir.Expr:
-    return gen(name, max_tokens=max_tokens, dtype=int, **kwargs)
-
-
-def gen_string(name: str | None = None, max_tokens: int | None = None, **kwargs: Any) -> ir.Expr:
-    return gen(name, max_tokens=max_tokens, dtype=str, **kwargs)
-
-
-def select(
-    name: str | None = None,
-    choices: list[str] | None = None,
-    temperature: float = 0.0,
-    choices_method: Any = token_length_normalized,
-) -> ir.Expr:
-    if choices is None:
-        raise ValueError("select needs choices")
-    return ir.Select(name, choices, temperature, choices_method)
-
-
-def _role(role: str, expr: Any = None) -> ir.Expr:
-    if expr is None:
-        return ir.ExprList([ir.RoleBegin(role), ir.RoleEnd(role)])
-    return ir.ExprList([ir.RoleBegin(role), ir.as_expr(expr), ir.RoleEnd(role)])
-
-
-def system(expr: Any = None) -> ir.Expr:
-    return _role("system", expr)
-
-
-def user(expr: Any = None) -> ir.Expr:
-    return _role("user", expr)
-
-
-def assistant(expr: Any = None) -> ir.Expr:
-    return _role("assistant", expr)
-
-
-def system_begin() -> ir.Expr:
-    return ir.RoleBegin("system")
-
-
-def system_end() -> ir.Expr:
-    return ir.RoleEnd("system")
-
-
-def user_begin() -> ir.Expr:
-    return ir.RoleBegin("user")
-
-
-def user_end() -> ir.Expr:
-    return ir.RoleEnd("user")
-
-
-def assistant_begin() -> ir.Expr:
-    return ir.RoleBegin("assistant")
-
-
-def assistant_end() -> ir.Expr:
-    return ir.RoleEnd("assistant")
 
 
 def flush_cache(backend: Any = None) -> bool:
