@@ -202,6 +202,15 @@ class ServerConfig:
     dist_timeout: float = _opt(600.0, "seconds a tensor parallel collective may wait for a rank")
 
     def __post_init__(self) -> None:
+        """Refuse an out-of-range or contradictory setting, naming it (the first one found)."""
+        self._check_sizes()
+        self._check_parallelism()
+        self._check_compile_and_speculation()
+        self._check_hierarchical_cache()
+        self._check_choices()
+
+    def _check_sizes(self) -> None:
+        """The KV pool's and a batch's sizes, and the JSON-schema depth bound."""
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
         if self.chunked_prefill_size < self.page_size:
@@ -218,6 +227,9 @@ class ServerConfig:
             raise ValueError(
                 f"json_object_max_depth must be in [1, 64], got {self.json_object_max_depth}"
             )
+
+    def _check_parallelism(self) -> None:
+        """Data and tensor parallelism, across nodes."""
         if self.dp_size < 1:
             raise ValueError(f"dp_size must be >= 1, got {self.dp_size}")
         if self.tp_size < 1 or self.nnodes < 1 or self.tp_size % self.nnodes:
@@ -228,6 +240,9 @@ class ServerConfig:
             raise ValueError(f"node_rank must be in [0, nnodes), got {self.node_rank}")
         if self.nnodes > 1 and not self.dist_init_addr:
             raise ValueError("--nnodes > 1 needs --dist-init-addr host:port (node 0's address)")
+
+    def _check_compile_and_speculation(self) -> None:
+        """torch.compile's flags and speculative decoding's draft length."""
         if self.torch_compile_max_bs < 2:
             raise ValueError(f"torch_compile_max_bs must be >= 2, got {self.torch_compile_max_bs}")
         if self.enable_torch_compile and self.disable_torch_compile:
@@ -238,6 +253,9 @@ class ServerConfig:
             raise ValueError(
                 f"speculative_num_draft_tokens must be in [1, 64], got {self.speculative_num_draft_tokens}"
             )
+
+    def _check_hierarchical_cache(self) -> None:
+        """The host-memory tier behind the radix cache."""
         if self.enable_hierarchical_cache and (self.disable_radix_cache or self.tp_size > 1):
             raise ValueError("--enable-hierarchical-cache needs the radix cache and --tp-size 1")
         if self.hicache_ratio <= 0 or self.hicache_size < 0:
@@ -245,6 +263,9 @@ class ServerConfig:
                 f"hicache_ratio must be > 0 and hicache_size >= 0, got {self.hicache_ratio}, "
                 f"{self.hicache_size}"
             )
+
+    def _check_choices(self) -> None:
+        """Each field with a fixed set of values holds one of them (None: unset)."""
         for name in (
             "dtype",
             "attention_backend",
