@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from workloads import QUESTIONS, shared_prefix_prompts  # noqa: E402
 
 from radixrt import Engine  # noqa: E402
+from radixrt.runtime.core.token_prefix import common_prefix_len  # noqa: E402
 from radixrt.runtime.model.linear import Linear  # noqa: E402
 from radixrt.runtime.model.weights import resolve_model  # noqa: E402
 
@@ -101,18 +102,11 @@ class Transformers:
         return secs, outs
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
-
-
 def cached_upper_bound(ids: list[list[int]]) -> int:
     """No request can be served more cached prompt tokens than its longest common prefix with another
     prompt, nor its whole prompt (the last token's logits are needed)."""
     return sum(
-        min(len(x) - 1, max(common_prefix(x, y) for j, y in enumerate(ids) if j != i))
+        min(len(x) - 1, max(common_prefix_len(x, y) for j, y in enumerate(ids) if j != i))
         for i, x in enumerate(ids)
     )
 
@@ -180,7 +174,7 @@ def main() -> None:
     radixrt = Engine()
     dtype = radixrt.scheduler.runner.model.dtype
     ids = [radixrt.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
-    prefix_len = min(common_prefix(ids[0], x) for x in ids[1:])
+    prefix_len = min(common_prefix_len(ids[0], x) for x in ids[1:])
     runs = {"radixrt": lambda: run_engine(radixrt, prompts, new)}
     hit_counting = time_hit_counting(radixrt)
     cache_off = Engine(disable_radix_cache=True)

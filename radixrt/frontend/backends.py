@@ -18,6 +18,7 @@ from typing import Any, Iterator
 
 from radixrt.frontend import chat_template as ct
 from radixrt.frontend.choices import BUILTIN_METHODS, ChoicesDecision, normalized_prompt_logprobs
+from radixrt.runtime.core.token_prefix import common_prefix_len
 
 
 class BackendError(RuntimeError):
@@ -45,14 +46,6 @@ def _prompt_logprobs(result: dict, ids: list[int], start: int) -> list[tuple]:
             f"(got {len(entries)} entries for {len(ids) - start} tokens)"
         )
     return entries
-
-
-def _common_prefix_len(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class Backend:
@@ -195,7 +188,7 @@ class Backend:
         if prefix_ids is None:
             return self._score_choices_text(prefix, choices, unconditional, program_id)
         full_ids = [self.tokenize(prefix + c) for c in choices]
-        starts = [min(_common_prefix_len(prefix_ids, f), len(f) - 1) for f in full_ids]
+        starts = [min(common_prefix_len(prefix_ids, f), len(f) - 1) for f in full_ids]
         shared = min(starts)
         if shared > 0:
             self._cache_ids(prefix_ids[:shared], program_id)

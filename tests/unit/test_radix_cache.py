@@ -11,15 +11,21 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from radixrt.runtime.core.page_allocator import PageAllocator
+from radixrt.runtime.core.page_allocator import PageAllocator, TableRows
 from radixrt.runtime.core.radix_cache import RadixCache
 from radixrt.runtime.core.req import Req
+from radixrt.runtime.core.req_memory import ReqMemory
 from radixrt.runtime.sampling_params import SamplingParams
 
 
 def make(num_pages=64, page_size=1, disable=False):
     alloc = PageAllocator(num_pages, page_size)
     return alloc, RadixCache(alloc, page_size, disable=disable)
+
+
+def memory(alloc, cache):
+    """What moves a request's pages into and out of the tree (the tree knows nothing of requests)."""
+    return ReqMemory(alloc, cache, TableRows(1))
 
 
 def put(alloc, cache, ids):
@@ -163,9 +169,10 @@ def test_disable_mode():
     alloc.free(pages)
     assert cache.match_prefix([1, 2, 3, 4]) == ([], cache.root)
     req = new_req([1, 2, 3], alloc.alloc(3), kv_len=3)
-    cache.cache_unfinished_req(req, req.fill_ids)
+    mem = memory(alloc, cache)
+    mem.cache_unfinished(req, req.fill_ids)
     assert req.cached_len == 0 and len(req.page_ids) == 3
-    cache.cache_finished_req(req, req.fill_ids)
+    mem.cache_finished(req, req.fill_ids)
     assert req.page_ids == [] and alloc.num_free == alloc.num_pages
     assert cache.total_pages() == 0 and cache.evict(3) == 0 and cache.reset()
 
@@ -184,16 +191,17 @@ def new_req(ids, page_ids, kv_len, cached_len=0, last_node=None):
 def test_cache_finished_req_accounting():
     P = 4
     alloc, cache = make(num_pages=16, page_size=P)
+    mem = memory(alloc, cache)
     ids = list(range(10))
     r1 = new_req(ids, alloc.alloc(4), kv_len=10)  # 2 full pages, 1 partial, 1 unused
     r2 = new_req(ids[:8] + [50, 51, 52], alloc.alloc(3), kv_len=11)  # same 8 tokens, computed alone
     r1_pages, r2_pages = list(r1.page_ids), list(r2.page_ids)
     assert_partition(alloc, cache, r1.page_ids + r2.page_ids)
-    cache.cache_finished_req(r1, r1.fill_ids)
+    mem.cache_finished(r1, r1.fill_ids)
     assert (r1.page_ids, r1.kv_len, r1.cached_len, r1.last_node) == ([], 0, 0, None)
     assert cache.match_prefix(ids)[0] == r1_pages[:2]
     assert alloc.free_page_set() >= set(r1_pages[2:])
-    cache.cache_finished_req(r2, r2.fill_ids)
+    mem.cache_finished(r2, r2.fill_ids)
     assert set(r2_pages[:2]) <= alloc.free_page_set(), "duplicates of cached pages are freed"
     assert cache.total_pages() == 2 and alloc.num_free == 14
     assert_partition(alloc, cache)
@@ -210,8 +218,8 @@ def test_cache_finished_req_accounting():
     own = r3.page_ids[2:]
     assert cache.protected_pages == 2
     with pytest.raises(ValueError):
-        cache.cache_finished_req(r3, r3.fill_ids[:12])
-    cache.cache_finished_req(r3, r3.fill_ids)
+        mem.cache_finished(r3, r3.fill_ids[:12])
+    mem.cache_finished(r3, r3.fill_ids)
     assert cache.protected_pages == 0 and cache.total_pages() == 3
     assert cache.match_prefix(r3.origin_input_ids)[0] == pages + own[:1]
     assert own[1] in alloc.free_page_set()
@@ -222,14 +230,15 @@ def test_cache_finished_req_accounting():
 def test_cache_unfinished_req():
     P = 2
     alloc, cache = make(num_pages=16, page_size=P)
+    mem = memory(alloc, cache)
     ids = [1, 2, 3, 4, 5]
     r1 = new_req(ids, alloc.alloc(3), kv_len=5)
     r2 = new_req(ids, alloc.alloc(3), kv_len=5)  # same prompt, prefilled concurrently
     r1_pages, r2_pages = list(r1.page_ids), list(r2.page_ids)
-    cache.cache_unfinished_req(r1, r1.fill_ids)
+    mem.cache_unfinished(r1, r1.fill_ids)
     assert r1.cached_len == 4 and r1.page_ids == r1_pages and depth(r1.last_node) == 4
     assert cache.protected_pages == 2 and cache.evictable_pages == 0
-    cache.cache_unfinished_req(r2, r2.fill_ids)
+    mem.cache_unfinished(r2, r2.fill_ids)
     assert r2.cached_len == 4 and r2.page_ids == r1_pages[:2] + r2_pages[2:], (
         "now borrows the tree's pages"
     )
@@ -241,7 +250,7 @@ def test_cache_unfinished_req():
     r1.page_ids += alloc.alloc(1)
     r1.kv_len = 8
     old_last = r1.last_node
-    cache.cache_unfinished_req(r1, r1.fill_ids)
+    mem.cache_unfinished(r1, r1.fill_ids)
     assert r1.cached_len == 8 and depth(r1.last_node) == 8
     assert old_last.lock_ref == 2 and r1.last_node.lock_ref == 1, (
         "lock moved down, r2 keeps its own"
@@ -249,8 +258,8 @@ def test_cache_unfinished_req():
     assert cache.protected_pages == 4
     assert_partition(alloc, cache, r1.page_ids[4:] + r2.page_ids[2:])
     cache.check_integrity()
-    cache.cache_finished_req(r1, r1.fill_ids)
-    cache.cache_finished_req(r2, r2.fill_ids)
+    mem.cache_finished(r1, r1.fill_ids)
+    mem.cache_finished(r2, r2.fill_ids)
     assert cache.protected_pages == 0 and cache.total_pages() == 4
     assert_partition(alloc, cache)
     cache.check_integrity()
@@ -307,6 +316,7 @@ class RadixMachine(RuleBasedStateMachine):
     def setup(self, page_size, num_pages):
         self.P = page_size
         self.alloc, self.cache = make(num_pages, page_size)
+        self.mem = memory(self.alloc, self.cache)
         self.content = {}  # page id -> token prefix whose KV it holds
         self.model = {}  # cached whole-page prefix -> stamp of its last match/insert
         self.clock = 0
@@ -468,7 +478,7 @@ class RadixMachine(RuleBasedStateMachine):
         req = self.reqs[data.draw(st.integers(0, len(self.reqs) - 1))]
         ids = req.fill_ids[: req.kv_len]
         aligned = self.aligned(ids)
-        self.cache.cache_unfinished_req(req, ids)
+        self.mem.cache_unfinished(req, ids)
         assert req.cached_len == len(aligned) == depth(req.last_node)
         self.check_pages(req.page_ids[: len(aligned) // self.P], ids)
         self.touch(ids, len(aligned))  # the insert
@@ -479,7 +489,7 @@ class RadixMachine(RuleBasedStateMachine):
     def finish_req(self, data):
         req = self.reqs.pop(data.draw(st.integers(0, len(self.reqs) - 1)))
         ids = req.fill_ids[: req.kv_len]
-        self.cache.cache_finished_req(req, ids)
+        self.mem.cache_finished(req, ids)
         assert (req.page_ids, req.kv_len, req.cached_len, req.last_node) == ([], 0, 0, None)
         self.touch(ids, len(self.aligned(ids)))
 
@@ -513,7 +523,7 @@ class RadixMachine(RuleBasedStateMachine):
         for node, _ in self.locks:
             self.cache.dec_lock_ref(node)
         for r in self.reqs:
-            self.cache.cache_finished_req(r, r.fill_ids[: r.kv_len])
+            self.mem.cache_finished(r, r.fill_ids[: r.kv_len])
         self.cache.check_integrity()
         assert self.cache.protected_pages == 0
         assert all(n.lock_ref == 0 for n in self.cache._nodes()), "locks return to zero"

@@ -13,10 +13,19 @@ from __future__ import annotations
 
 import heapq
 import time
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from radixrt.runtime.core.page_allocator import PageAllocator
+from radixrt.runtime.core.token_prefix import common_prefix_len
 from radixrt.runtime.core.tree_node import TreeNode
+
+
+def _in_pool(node: TreeNode) -> bool:
+    return node.value is not None
+
+
+def _any_node(node: TreeNode) -> bool:
+    return True
 
 
 class RadixCache:
@@ -30,6 +39,7 @@ class RadixCache:
         self.evictable_pages = 0  # pages in the tree on unlocked nodes
         self.protected_pages = 0  # pages in the tree on locked nodes
         self._clock = 0  # bumped once per match/insert: LRU order without wall time
+        self._now = 0.0  # time.time() of that match/insert (for the cache view)
 
     # ---- lookup and insertion ------------------------------------------------------
 
@@ -40,10 +50,7 @@ class RadixCache:
 
     def _match_len(self, key: list[int], token_ids: list[int], start: int) -> int:
         """Tokens of key equal to token_ids[start:], rounded down to whole pages."""
-        n = min(len(key), len(token_ids) - start)
-        i = 0
-        while i < n and key[i] == token_ids[start + i]:
-            i += 1
+        i = common_prefix_len(key, token_ids[start : start + len(key)])
         return i - i % self.page_size
 
     def _split(self, child: TreeNode, split_len: int) -> TreeNode:
@@ -71,6 +78,31 @@ class RadixCache:
         upper.children[self._child_key(child.key)] = child
         return upper
 
+    def _walk(
+        self, token_ids: list[int], end: int, node: TreeNode, pos: int, enter: Callable
+    ) -> Iterator[TreeNode]:
+        """The one descent of match_prefix, match_tier and insert: follow token_ids[pos:end] (whole
+        pages) down from node, `pos` tokens deep. Each child that `enter(child)` accepts has its edge
+        split where the match ends inside it (so the node yielded ends exactly at the match), is
+        stamped for LRU, and is yielded; the walk stops before a missing or refused child. The
+        caller counts positions: each yielded node covers len(node.key) tokens."""
+        self._clock += 1
+        self._now = time.time()
+        while pos < end:
+            child = node.children.get(self._child_key(token_ids, pos))
+            if child is None or not enter(child):
+                return
+            match_len = self._match_len(child.key, token_ids, pos)
+            assert match_len > 0, "child keyed by its first page must match that page"
+            if match_len < len(child.key):
+                child = self._split(child, match_len)
+            self._touch(child)
+            yield child
+            node, pos = child, pos + match_len
+
+    def _touch(self, node: TreeNode) -> None:
+        node.last_access, node.last_access_time = self._clock, self._now
+
     def match_prefix(self, token_ids: list[int]) -> tuple[list[int], TreeNode]:
         """Pages of the longest cached whole-page prefix of token_ids, and its last node.
 
@@ -79,24 +111,12 @@ class RadixCache:
         """
         if self.disable:
             return [], self.root
-        self._clock += 1
-        now = time.time()
         page_ids: list[int] = []
-        node, pos = self.root, 0
+        node = self.root
         aligned_len = len(token_ids) - len(token_ids) % self.page_size
-        while pos < aligned_len:
-            child = node.children.get(self._child_key(token_ids, pos))
-            if (
-                child is None or child.value is None
-            ):  # a node only in the second tier: tiered_cache.match_tier
-                break
-            match_len = self._match_len(child.key, token_ids, pos)
-            assert match_len > 0, "child keyed by its first page must match that page"
-            if match_len < len(child.key):
-                child = self._split(child, match_len)
-            child.last_access, child.last_access_time = self._clock, now
-            page_ids.extend(child.value)
-            node, pos = child, pos + match_len
+        # a node only in the second tier ends the pool's match: tiered_cache.match_tier goes on
+        for node in self._walk(token_ids, aligned_len, self.root, 0, _in_pool):
+            page_ids.extend(node.value)
         return page_ids, node
 
     def match_tier(self, token_ids: list[int], node: TreeNode, pos: int) -> list[TreeNode]:
@@ -104,41 +124,36 @@ class RadixCache:
         return []
 
     def tier_info(self) -> dict[str, Any]:
-        """The second tier's figures for server_info (tiered_cache.py); without one, only that there is none."""
+        """The second tier's figures for server_info (tiered_cache.py); without one, only that there
+        is none."""
         return {"hicache_enabled": False}
 
     def _insert(self, token_ids: list[int], page_ids: list[int]) -> tuple[int, TreeNode]:
+        """insert's work: (tokens present, the node ending at token_ids)."""
         if len(token_ids) != len(page_ids) * self.page_size:
             raise ValueError(
                 f"insert needs len(token_ids) == len(page_ids) * page_size, got "
                 f"{len(token_ids)} tokens, {len(page_ids)} pages, page_size {self.page_size}"
             )
-        self._clock += 1
-        now = time.time()
         node, pos = self.root, 0
-        adopted_from = None  # where the tree started taking the caller's pages for nodes only in the second tier
-        while pos < len(token_ids):
-            child = node.children.get(self._child_key(token_ids, pos))
-            if child is None:
-                new = TreeNode(list(token_ids[pos:]), list(page_ids[pos // self.page_size :]), node)
-                new.last_access, new.last_access_time = self._clock, now
-                node.children[self._child_key(new.key)] = new
-                self.evictable_pages += len(new.value)
-                return (pos if adopted_from is None else adopted_from), new
-            match_len = self._match_len(child.key, token_ids, pos)
-            if match_len < len(child.key):
-                child = self._split(child, match_len)
-            if child.value is None:
-                # KV only in the second tier, and the caller has it in the pool: the node takes the caller's
-                # pages. Pool residency is prefix-closed, so every node after this one on the path is only in
-                # the tier too, and the tree adopts page_ids from here on, as for a new node.
-                child.value = list(
-                    page_ids[pos // self.page_size : (pos + match_len) // self.page_size]
+        adopted_from = None  # where the tree took the caller's pages for nodes only in the tier
+        for node in self._walk(token_ids, len(token_ids), self.root, 0, _any_node):
+            if node.value is None:
+                # KV only in the second tier, and the caller has it in the pool: the node takes the
+                # caller's pages. Pool residency is prefix-closed, so every node after this one on
+                # the path is only in the tier too, and the tree adopts page_ids from here on.
+                node.value = list(
+                    page_ids[pos // self.page_size : (pos + len(node.key)) // self.page_size]
                 )
-                self.evictable_pages += len(child.value)
+                self.evictable_pages += len(node.value)
                 adopted_from = pos if adopted_from is None else adopted_from
-            child.last_access, child.last_access_time = self._clock, now
-            node, pos = child, pos + match_len
+            pos += len(node.key)
+        if pos < len(token_ids):
+            new = TreeNode(list(token_ids[pos:]), list(page_ids[pos // self.page_size :]), node)
+            self._touch(new)
+            node.children[self._child_key(new.key)] = new
+            self.evictable_pages += len(new.value)
+            node = new
         return (pos if adopted_from is None else adopted_from), node
 
     def insert(self, token_ids: list[int], page_ids: list[int]) -> int:
@@ -215,51 +230,6 @@ class RadixCache:
 
     def _evicted(self) -> None:
         """Called once an eviction is over (the second tier writes what it demoted then, in one batch)."""
-
-    # ---- request lifecycle ---------------------------------------------------------
-
-    def _cache_req_prefix(self, req: Any, token_ids: list[int]) -> int:
-        """Insert the req's whole pages; free its pages duplicating ones already cached."""
-        if len(token_ids) != req.kv_len:
-            raise ValueError(
-                f"token_ids has {len(token_ids)} tokens, req {req.rid} holds KV of {req.kv_len}"
-            )
-        assert req.cached_len % self.page_size == 0, "borrowed prefix must be whole pages"
-        aligned_len = req.kv_len - req.kv_len % self.page_size
-        num_aligned_pages = aligned_len // self.page_size
-        assert len(req.page_ids) >= num_aligned_pages, "req holds fewer pages than its kv_len needs"
-        prefix_len = self.insert(token_ids[:aligned_len], req.page_ids[:num_aligned_pages])
-        # the borrowed prefix is still locked, so it is found again
-        assert prefix_len >= req.cached_len
-        self.allocator.free(
-            req.page_ids[req.cached_len // self.page_size : prefix_len // self.page_size]
-        )
-        return aligned_len
-
-    def cache_finished_req(self, req: Any, token_ids: list[int]) -> None:
-        """Hand a finished req's KV to the tree; the req ends with no pages and no lock."""
-        if self.disable:
-            assert req.cached_len == 0
-            self.allocator.free(req.page_ids)
-        else:
-            aligned_len = self._cache_req_prefix(req, token_ids)
-            self.allocator.free(req.page_ids[aligned_len // self.page_size :])  # partial and unused
-            self.dec_lock_ref(req.last_node)
-        req.page_ids, req.kv_len, req.cached_len, req.last_node = [], 0, 0, None
-
-    def cache_unfinished_req(self, req: Any, token_ids: list[int]) -> None:
-        """Make a running req's whole pages visible to others; it now borrows them from the tree."""
-        if self.disable:
-            return
-        aligned_len = self._cache_req_prefix(req, token_ids)
-        num_aligned_pages = aligned_len // self.page_size
-        tree_page_ids, new_last = self.match_prefix(token_ids[:aligned_len])
-        assert len(tree_page_ids) == num_aligned_pages
-        req.page_ids[:num_aligned_pages] = tree_page_ids
-        # lock the new path before unlocking the old, so the shared part never looks free
-        self.inc_lock_ref(new_last)
-        self.dec_lock_ref(req.last_node)
-        req.cached_len, req.last_node = aligned_len, new_last
 
     # ---- whole-tree operations -----------------------------------------------------
 

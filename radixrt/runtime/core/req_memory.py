@@ -2,7 +2,9 @@
 
 A running request's first `cached_len` tokens are pages of the tree (locked through `last_node`);
 the pages after them it owns. Everything that moves pages between the allocator, the tree and a
-request goes through here, so the accounting `check_integrity()` verifies has one author.
+request goes through here, so the accounting `check_integrity()` verifies has one author. The
+tree knows nothing of requests: it matches, inserts (telling how much was there) and locks; what
+that means for a request (its page ids, lengths, lock) is applied here.
 """
 
 from __future__ import annotations
@@ -45,18 +47,70 @@ class ReqMemory:
             self.allocator.free(req.page_ids[keep:])
             del req.page_ids[keep:]
 
+    def fork(self, req: Req, donor: Req) -> tuple[int, int]:
+        """req forks from donor (admission.fork_donor): it copies the donor's partial last prompt page,
+        and the positions before its last prompt token count as computed. (donor's page, req's page)."""
+        req.kv_len = req.seq_len - 1
+        page = req.kv_len // self.page_size
+        return donor.page_ids[page], req.page_ids[page]
+
     def share(self, req: Req) -> None:
         """Put req's computed whole pages into the tree so waiting requests can match them."""
-        before = req.page_ids[:]
-        self.tree.cache_unfinished_req(req, req.fill_ids[: req.kv_len])
-        if req.page_ids != before:  # our duplicates were swapped for the tree's pages
-            req.table_stale = True
+        self.cache_unfinished(req, req.fill_ids[: req.kv_len])
 
     def release(self, req: Req) -> None:
         """req stops running (finished or preempted): its KV goes into the tree, its row back."""
-        self.tree.cache_finished_req(req, req.fill_ids[: req.kv_len])
+        self.cache_finished(req, req.fill_ids[: req.kv_len])
         self.rows.free(req.table_row)
         req.table_row = None
+
+    def cache_unfinished(self, req: Req, token_ids: list[int]) -> None:
+        """share, given req's computed tokens: its whole pages go into the tree and it now borrows
+        them, its duplicates of pages already there swapped for the tree's (its row is then stale)."""
+        if self.tree.disable:
+            return
+        aligned_len = self._insert(req, token_ids)
+        num_aligned_pages = aligned_len // self.page_size
+        tree_page_ids, new_last = self.tree.match_prefix(token_ids[:aligned_len])
+        assert len(tree_page_ids) == num_aligned_pages
+        if req.page_ids[:num_aligned_pages] != tree_page_ids:
+            req.page_ids[:num_aligned_pages] = tree_page_ids
+            req.table_stale = True
+        # lock the new path before unlocking the old, so the shared part never looks free
+        self.tree.inc_lock_ref(new_last)
+        self.tree.dec_lock_ref(req.last_node)
+        req.cached_len, req.last_node = aligned_len, new_last
+
+    def cache_finished(self, req: Req, token_ids: list[int]) -> None:
+        """release's memory part, given req's computed tokens: its KV goes into the tree, the rest of
+        its pages back to the allocator; req ends with no pages and no lock."""
+        if self.tree.disable:
+            assert req.cached_len == 0
+            self.allocator.free(req.page_ids)
+        else:
+            aligned_len = self._insert(req, token_ids)
+            self.allocator.free(req.page_ids[aligned_len // self.page_size :])  # partial and unused
+            self.tree.dec_lock_ref(req.last_node)
+        req.page_ids, req.kv_len, req.cached_len, req.last_node = [], 0, 0, None
+
+    def _insert(self, req: Req, token_ids: list[int]) -> int:
+        """Insert req's whole pages into the tree and free those duplicating pages already cached;
+        returns the tokens those pages cover."""
+        if len(token_ids) != req.kv_len:
+            raise ValueError(
+                f"token_ids has {len(token_ids)} tokens, req {req.rid} holds KV of {req.kv_len}"
+            )
+        assert req.cached_len % self.page_size == 0, "borrowed prefix must be whole pages"
+        aligned_len = req.kv_len - req.kv_len % self.page_size
+        num_aligned_pages = aligned_len // self.page_size
+        assert len(req.page_ids) >= num_aligned_pages, "req holds fewer pages than its kv_len needs"
+        prefix_len = self.tree.insert(token_ids[:aligned_len], req.page_ids[:num_aligned_pages])
+        # the borrowed prefix is still locked, so it is found again
+        assert prefix_len >= req.cached_len
+        self.allocator.free(
+            req.page_ids[req.cached_len // self.page_size : prefix_len // self.page_size]
+        )
+        return aligned_len
 
     @staticmethod
     def table_write_start(req: Req) -> int:

@@ -6,6 +6,7 @@ Plain data only (ints and lists): tested on the CPU without a model.
 from __future__ import annotations
 
 from radixrt.runtime.core.req import Req
+from radixrt.runtime.core.token_prefix import common_prefix_len
 
 # Past this many waiting requests, matching every one against the tree each step costs more
 # than the ordering gains: fall back to first-come-first-served.
@@ -33,21 +34,6 @@ def order_waiting(waiting: list[Req], match_len: dict[int, int], policy: str) ->
             waiting, key=lambda r: (-match_len.get(id(r), 0), r.program_id or "", r.arrival_time)
         )
     return list(waiting)
-
-
-def common_prefix_len(a: list[int], b: list[int]) -> int:
-    """Length of the common prefix, comparing slices (C speed) before single tokens."""
-    n = min(len(a), len(b))
-    i, step = 0, 64
-    while i < n:
-        j = min(i + step, n)
-        if a[i:j] == b[i:j]:
-            i = j
-            continue
-        while a[i] == b[i]:
-            i += 1
-        return i
-    return n
 
 
 def shares_inflight_prefix(ids: list[int], cached_len: int, inflight: list[list[int]]) -> bool:

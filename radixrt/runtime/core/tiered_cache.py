@@ -42,6 +42,11 @@ WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
 log = logging.getLogger(__name__)
 
 
+def _tier_only(node: TreeNode) -> bool:
+    assert node.value is None, "match_prefix stopped before a pool node"
+    return True
+
+
 class TierStore(Protocol):
     num_pages: int
     page_bytes: int
@@ -60,9 +65,7 @@ class TierStats:
     write_seconds: float = 0.0
     checksum_failures: int = 0  # loads that found a corrupt page (its nodes dropped, recomputed)
     nodes_dropped: int = 0  # nodes the tier gave up for room (or too short to keep)
-    load_latencies: deque = field(
-        default_factory=lambda: deque(maxlen=4096)
-    )  # seconds per load_back
+    load_latencies: deque = field(default_factory=lambda: deque(maxlen=4096))  # s per load_back
 
 
 class TieredRadixCache(RadixCache):
@@ -84,31 +87,16 @@ class TieredRadixCache(RadixCache):
         self.write_policy = write_policy
         self.min_tokens = min_tokens
         self.tier_stats = TierStats()
-        self._pending: list[
-            tuple[TreeNode, list[int]]
-        ] = []  # (node, its pool pages) to write in one batch
+        # (node, its pool pages) to write in one batch
+        self._pending: list[tuple[TreeNode, list[int]]] = []
 
     # ---- matching into the tier and loading back ---------------------------------------------------
 
     def match_tier(self, token_ids: list[int], node: TreeNode, pos: int) -> list[TreeNode]:
-        """The tier-only nodes continuing a pool match that ended at `node`, `pos` tokens in (whole pages;
-        the last edge is split where the match ends, as match_prefix does)."""
-        out: list[TreeNode] = []
+        """The tier-only nodes continuing a pool match that ended at `node`, `pos` tokens in (whole
+        pages; the last edge is split where the match ends, as match_prefix does)."""
         aligned_len = len(token_ids) - len(token_ids) % self.page_size
-        self._clock += 1
-        now = time.time()
-        while pos < aligned_len:
-            child = node.children.get(self._child_key(token_ids, pos))
-            if child is None:
-                break
-            assert child.value is None, "match_prefix stopped before a pool node"
-            match_len = self._match_len(child.key, token_ids, pos)
-            if match_len < len(child.key):
-                child = self._split(child, match_len)
-            child.last_access, child.last_access_time = self._clock, now
-            out.append(child)
-            node, pos = child, pos + match_len
-        return out
+        return list(self._walk(token_ids, aligned_len, node, pos, _tier_only))
 
     def load_back(self, nodes: list[TreeNode]) -> tuple[list[int], TreeNode | None]:
         """Copy match_tier's nodes into pool pages (evicting others for room; the caller has locked the pool
@@ -253,9 +241,7 @@ class TieredRadixCache(RadixCache):
                 n.host_value = None
             self.tier_stats.nodes_dropped += 1
             stack.extend(n.children.values())
-        if (
-            self._pending
-        ):  # a demoted node whose write was still pending went with it: nothing to write
+        if self._pending:  # a demoted node whose write was pending went with it: nothing to write
             self._pending = [(n, pages) for n, pages in self._pending if n.host_value is not None]
 
     # ---- whole-tree operations ---------------------------------------------------------------------
