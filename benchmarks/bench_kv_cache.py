@@ -165,10 +165,8 @@ def memory_bound(kv_cache_dtype: str, pool_bytes: int, n: int) -> dict:
 
 
 def n_samples(fork: bool) -> dict:
-    from radixrt.runtime.core import admission
-
-    admission.FORK_SAMPLES = fork
     engine = Engine(page_size=16, max_total_tokens=8192)
+    engine.scheduler.admission.fork_samples = fork  # Admission(fork_samples=...)
     try:
         prompt = "Write a story about a lighthouse keeper. " * 75 + "Begin:"  # ~600 tokens
         engine.generate("warm-up", {"max_new_tokens": 2})
@@ -193,7 +191,6 @@ def n_samples(fork: bool) -> dict:
             "seconds": elapsed,
         }
     finally:
-        admission.FORK_SAMPLES = True
         engine.shutdown()
 
 

@@ -15,18 +15,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_scheduler import VOCAB, assert_all_pages_back, drain, ids, make, submit
 
-from radixrt.runtime.core import admission
+from radixrt.runtime.core.admission import Admission
 
 
 @pytest.mark.parametrize("page_size", [4, 16])
-def test_n_samples_prefill_the_prompt_once(page_size, monkeypatch):
+def test_n_samples_prefill_the_prompt_once(page_size):
     prompt = [
         random.Random(1).randrange(1, VOCAB) for _ in range(103)
     ]  # 102 before the last: not whole pages
     tokens = {}
     for fork in (False, True):
-        monkeypatch.setattr(admission, "FORK_SAMPLES", fork)
         s = make(page_size, 4000, chunk=512, eos=None)
+        s.admission = Admission(s.config, s.tree, s.memory, s.stats, s.sessions, fork_samples=fork)
         for i in range(8):
             submit(s, str(i), prompt, max_new_tokens=5)
         outs = drain(s)
@@ -42,7 +42,7 @@ def test_n_samples_prefill_the_prompt_once(page_size, monkeypatch):
     assert tokens[False] == len(prompt) + 7 * (partial + 1), tokens
 
 
-def test_no_fork_without_a_partial_page_or_with_prompt_logprobs(monkeypatch):
+def test_no_fork_without_a_partial_page_or_with_prompt_logprobs():
     s = make(4, 4000, chunk=512, eos=None)
     prompt = list(range(1, 14))  # 12 = three whole pages before the last token: nothing to copy
     for i in range(3):

@@ -3,11 +3,17 @@
 A request is admitted when its uncached pages plus the decode room every running request is
 promised fit in free + evictable memory; nobody overtakes a request that does not fit (arrival
 fairness). Admission borrows the longest cached prefix from the radix tree.
+
+One admission step per job: order the candidates (_order), match a request's prefix in the pool and
+the second tier (_match), hold it back for a prefill in flight (_must_wait), check it fits (_fits),
+load its tier part back (_load_back), take its memory and a fork's page copy (_take: ReqMemory does
+the moving), then count it (_count_admission).
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Callable
 
 from radixrt.runtime.config import ServerConfig
@@ -18,12 +24,28 @@ from radixrt.runtime.core.req import Req
 from radixrt.runtime.core.req_memory import ReqMemory
 from radixrt.runtime.core.scheduler_stats import SchedulerStats
 from radixrt.runtime.core.sessions import SessionTable
+from radixrt.runtime.core.tree_node import TreeNode
 
 log = logging.getLogger(__name__)
 
+ExtendItem = Callable[[Req, int, int, tuple[tuple[int, int], ...]], PlanItem]
+"""The scheduler's item builder: (req, target, write_start, page_copies) -> the PlanItem computing
+req's KV up to `target` positions, its table row written from write_start, after the page copies."""
 
-# A request whose prompt another running request has already computed forks from it (see fork_donor).
-FORK_SAMPLES = True
+
+@dataclass
+class PrefixMatch:
+    """A waiting request's cached prefix: pool pages ending at `node`, then nodes only in the tier."""
+
+    pages: list[int]
+    node: TreeNode
+    in_tier: list[TreeNode]
+    page_size: int
+
+    @property
+    def cached(self) -> int:
+        """Tokens the match supplies, the tier's included."""
+        return (len(self.pages) + sum(len(n.host_value) for n in self.in_tier)) * self.page_size
 
 
 def fork_donor(req: Req, running: list[Req], cached: int, page_size: int) -> Req | None:
@@ -37,8 +59,7 @@ def fork_donor(req: Req, running: list[Req], cached: int, page_size: int) -> Req
     prompt = req.origin_input_ids
     last = len(prompt) - 1
     if (
-        not FORK_SAMPLES
-        or page_size == 1
+        page_size == 1
         or last % page_size == 0
         or req.output_ids
         or req.admitted
@@ -60,7 +81,7 @@ def fork_donor(req: Req, running: list[Req], cached: int, page_size: int) -> Req
 def waits_to_fork(req: Req, inflight: list[list[int]], page_size: int) -> bool:
     """The same prompt is being prefilled this step: wait one step and fork from it (fork_donor), whatever
     the length of the part still uncached (shares_inflight_prefix waits only for long ones)."""
-    return FORK_SAMPLES and page_size > 1 and not req.admitted and req.fill_ids in inflight
+    return page_size > 1 and not req.admitted and req.fill_ids in inflight
 
 
 def wants_prompt_logprobs(req: Req) -> bool:
@@ -84,12 +105,17 @@ class Admission:
         memory: ReqMemory,
         stats: SchedulerStats,
         sessions: SessionTable,
+        *,
+        fork_samples: bool = True,
     ):
+        """fork_samples: a request whose prompt a running request has already computed forks from it
+        (fork_donor) instead of computing its partial last page again."""
         self.config = config
         self.tree = tree
         self.memory = memory
         self.stats = stats
         self.sessions = sessions
+        self.fork_samples = fork_samples
 
     def admit(
         self,
@@ -97,98 +123,127 @@ class Admission:
         running: list[Req],
         budget: int,
         inflight: list[list[int]],
-        extend_item,
+        extend_item: ExtendItem,
     ) -> list[tuple[Req, PlanItem]]:
         """Move the requests that fit from waiting to running; their first extend items.
-        extend_item(req, target, write_start) builds an item; inflight holds the token lists
-        prefilling this step (a request sharing an uncached prefix with one of them waits for it)."""
+        inflight holds the token lists prefilling this step (a request sharing an uncached prefix
+        with one of them waits for it)."""
         ready = [r for r in waiting if r.grammar_future is None]
         if not ready:
             return []
-        page_size = self.memory.page_size
-        allocator = self.memory.allocator
-        match_len: dict[int, int] = {}
-        if self.config.schedule_policy == "lpm" and len(ready) <= policy.LPM_MAX_QUEUE:
-            for r in ready:
-                match_len[id(r)] = len(self.tree.match_prefix(match_ids(r))[0]) * page_size
         reserve = policy.decode_reserve_tokens(running)
         items: list[tuple[Req, PlanItem]] = []
-        for req in policy.order_waiting(ready, match_len, self.config.schedule_policy):
-            if (
-                budget <= 0
-                or not self.memory.rows.num_free
-                or len(running) >= self.config.max_running_requests
-            ):
+        for req in self._order(ready):
+            if budget <= 0 or not self._room_to_run(running):
                 break
-            ids = req.fill_ids
-            pages, node = self.tree.match_prefix(match_ids(req))
-            in_tier = self.tree.match_tier(
-                match_ids(req), node, len(pages) * page_size
-            )  # second tier, if any
-            cached = (len(pages) + sum(len(n.host_value) for n in in_tier)) * page_size
-            if policy.shares_inflight_prefix(ids, cached, inflight) or waits_to_fork(
-                req, inflight, page_size
-            ):
+            match = self._match(req)
+            if self._must_wait(req, match.cached, inflight):
                 continue  # wait for it: then match its pages, or fork from it
-            target = min(len(ids), cached + budget)
-            self.tree.inc_lock_ref(node)
-            need = allocator.pages_for(target) - len(
-                pages
-            )  # the pages loaded back from the tier included
-            if need + allocator.pages_for(reserve) > allocator.num_free + self.tree.evictable_pages:
-                self.tree.dec_lock_ref(node)
+            target = min(req.seq_len, match.cached + budget)
+            if not self._fits(match, target, reserve):
                 break  # keep arrival fairness: nobody overtakes the request that does not fit
-            if in_tier:
-                pages, node, budget = self._load_back(in_tier, pages, node, budget)
-                cached = len(pages) * page_size
-                target = min(len(ids), cached + budget)
-            donor = fork_donor(req, running, cached, page_size)
-            self.memory.take(req, pages, node)
-            if wants_prompt_logprobs(req):
-                req.input_logprobs = req.input_top_logprobs = (
-                    None  # a resumed prefill scores them anew
-                )
-            if not self.memory.grow(req, target):  # cannot fail: counted above
-                raise AssertionError("admission accounting is wrong")
-            copies = []
+            if match.in_tier:
+                budget = self._load_back(match, budget)
+                target = min(req.seq_len, match.cached + budget)
+            donor = self._fork_donor(req, running, match)
+            copies = self._take(req, match, target, donor)
             if donor is not None:
-                page = (len(ids) - 1) // page_size
-                copies = [(donor.page_ids[page], req.page_ids[page])]
-                req.kv_len = cached = (
-                    len(ids) - 1
-                )  # the copied positions count as cached: never computed here
-                target = len(ids)
-            if not req.admitted:
-                req.admitted = True
-                req.prefix_hit_len = cached
-                self.stats.on_admit(len(req.origin_input_ids), cached)
-                self.tree.record_hit(node)  # the cache view's per-prefix hits, once per request
-                if req.session_id is not None:
-                    self.sessions.on_admit(req.session_id, len(req.origin_input_ids), cached)
+                target = req.seq_len  # a fork computes only its last prompt token
+            cached = req.kv_len  # the fork's copied positions count as cached: never computed here
+            self._count_admission(req, match.node, cached)
             waiting.remove(req)
             running.append(req)
-            item = extend_item(req, target, 0, copies)
-            items.append((req, item))
+            items.append((req, extend_item(req, target, 0, copies)))
             if (
                 donor is None
-            ):  # a fork computes one token: its siblings need not wait for it, they fork too
-                inflight.append(ids)
+            ):  # a fork computes one token: its siblings need not wait, they fork too
+                inflight.append(req.fill_ids)
             budget -= target - cached
             reserve += int(req.sampling.max_new_tokens * policy.NEW_TOKEN_RESERVE_RATIO)
         return items
 
-    def _load_back(
-        self, in_tier: list, pages: list[int], node, budget: int
-    ) -> tuple[list[int], object, int]:
-        """Copy a match's tier-only nodes back into the pool (one batched copy); the lock moves to the last
-        node loaded. The copy counts in the step's budget at policy.TIER_LOAD_TOKENS_PER_BUDGET_TOKEN."""
-        loaded, last = self.tree.load_back(in_tier)
+    def _order(self, ready: list[Req]) -> list[Req]:
+        """The candidates in admission order (schedule_policy.order_waiting): with 'lpm', longest
+        cached prefix first, matched here for every one of them."""
+        match_len: dict[int, int] = {}
+        if self.config.schedule_policy == "lpm" and len(ready) <= policy.LPM_MAX_QUEUE:
+            for r in ready:
+                pages, _ = self.tree.match_prefix(match_ids(r))
+                match_len[id(r)] = len(pages) * self.memory.page_size
+        return policy.order_waiting(ready, match_len, self.config.schedule_policy)
+
+    def _room_to_run(self, running: list[Req]) -> bool:
+        """A table row is free and the running batch is below --max-running-requests."""
+        return bool(self.memory.rows.num_free) and len(running) < self.config.max_running_requests
+
+    def _match(self, req: Req) -> PrefixMatch:
+        """req's cached prefix: in the pool, then in the second tier (none without one)."""
+        ids = match_ids(req)
+        pages, node = self.tree.match_prefix(ids)
+        in_tier = self.tree.match_tier(ids, node, len(pages) * self.memory.page_size)
+        return PrefixMatch(pages, node, in_tier, self.memory.page_size)
+
+    def _must_wait(self, req: Req, cached: int, inflight: list[list[int]]) -> bool:
+        """A prefill in flight this step computes req's uncached prefix (then req matches its pages)
+        or its whole prompt (then req forks from it): req waits one step."""
+        if policy.shares_inflight_prefix(req.fill_ids, cached, inflight):
+            return True
+        return self.fork_samples and waits_to_fork(req, inflight, self.memory.page_size)
+
+    def _fork_donor(self, req: Req, running: list[Req], match: PrefixMatch) -> Req | None:
+        """The running request req forks from (fork_donor), if forks are on."""
+        if not self.fork_samples:
+            return None
+        return fork_donor(req, running, match.cached, match.page_size)
+
+    def _fits(self, match: PrefixMatch, target: int, reserve: int) -> bool:
+        """Lock the match and check that the pages up to target past it (those loaded back from the
+        tier included) and the decode reserve fit in free + evictable memory; unlocked when not."""
+        allocator = self.memory.allocator
+        self.tree.inc_lock_ref(match.node)
+        need = allocator.pages_for(target) - len(match.pages)
+        if need + allocator.pages_for(reserve) > allocator.num_free + self.tree.evictable_pages:
+            self.tree.dec_lock_ref(match.node)
+            return False
+        return True
+
+    def _load_back(self, match: PrefixMatch, budget: int) -> int:
+        """Copy the match's tier-only nodes back into the pool (one batched copy); the lock moves to
+        the last node loaded. Returns the step's budget less the copy, counted at
+        policy.TIER_LOAD_TOKENS_PER_BUDGET_TOKEN."""
+        loaded, last = self.tree.load_back(match.in_tier)
+        match.in_tier = []
         if last is None:  # nothing came back (a corrupt first page): recompute it
-            return pages, node, budget
+            return budget
         self.tree.inc_lock_ref(last)  # lock the longer path before unlocking the old one
-        self.tree.dec_lock_ref(node)
-        cost = len(loaded) * self.memory.page_size // policy.TIER_LOAD_TOKENS_PER_BUDGET_TOKEN
-        return pages + loaded, last, max(budget - cost, 1)
+        self.tree.dec_lock_ref(match.node)
+        match.pages, match.node = match.pages + loaded, last
+        cost = len(loaded) * match.page_size // policy.TIER_LOAD_TOKENS_PER_BUDGET_TOKEN
+        return max(budget - cost, 1)
+
+    def _take(
+        self, req: Req, match: PrefixMatch, target: int, donor: Req | None
+    ) -> tuple[tuple[int, int], ...]:
+        """req borrows the (locked) match and gets pages up to target, and a row; forking from donor,
+        it copies the donor's partial page. Returns the page copies."""
+        self.memory.take(req, match.pages, match.node)
+        if wants_prompt_logprobs(req):
+            req.input_logprobs = req.input_top_logprobs = None  # a resumed prefill scores them anew
+        if not self.memory.grow(req, target):  # cannot fail: counted by _fits
+            raise AssertionError("admission accounting is wrong")
+        return () if donor is None else (self.memory.fork(req, donor),)
+
+    def _count_admission(self, req: Req, node: TreeNode, cached: int) -> None:
+        """On a request's first admission (not a resumption): its prefix hit in the stats, its
+        session's figures and the cache view's per-prefix hits."""
+        if req.admitted:
+            return
+        req.admitted = True
+        req.prefix_hit_len = cached
+        self.stats.on_admit(len(req.origin_input_ids), cached)
+        self.tree.record_hit(node)
+        if req.session_id is not None:
+            self.sessions.on_admit(req.session_id, len(req.origin_input_ids), cached)
 
     @staticmethod
     def collect_grammars(waiting: list[Req], check_fault: Callable, fail: Callable) -> None:
