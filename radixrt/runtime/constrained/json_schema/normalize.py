@@ -3,6 +3,7 @@ forms and simple `not`, and answer "does this literal satisfy that schema".
 
 normalize() returns a dict whose top level has no $ref / allOf / not (children are left as
 they are and normalised when the compiler reaches them), or False for the empty language.
+What a $ref names is found by refs.py's Resolver.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import re
 from typing import Any
 
+from radixrt.runtime.constrained.json_schema.refs import Resolver
 from radixrt.runtime.constrained.regex_builder import GrammarError
 
 TYPES = ("null", "boolean", "integer", "number", "string", "array", "object")
@@ -99,52 +101,6 @@ def _intersect_types(a: set[str] | None, b: set[str] | None) -> set[str] | None:
     if ("integer" in a and "number" in b) or ("number" in a and "integer" in b):
         out.add("integer")
     return out
-
-
-class Resolver:
-    """Resolves local references (#, #/json/pointer, #anchor, $id names) within one document."""
-
-    def __init__(self, root: Any):
-        self.root = root
-        self.ids: dict[str, Any] = {}
-        base = root.get("$id", root.get("id")) if isinstance(root, dict) else None
-        self.base = base.split("#")[0] if isinstance(base, str) else ""
-        self._collect(root)
-
-    def _collect(self, node: Any) -> None:
-        if isinstance(node, dict):
-            for key in ("$id", "id", "$anchor"):
-                name = node.get(key)
-                if isinstance(name, str):
-                    self.ids.setdefault(name if key != "$anchor" else "#" + name, node)
-            for k, v in node.items():
-                if k not in ("enum", "const", "default", "examples"):
-                    self._collect(v)
-        elif isinstance(node, list):
-            for v in node:
-                self._collect(v)
-
-    def resolve(self, ref: str) -> Any:
-        if not isinstance(ref, str):
-            raise GrammarError(f"$ref must be a string, got {ref!r}")
-        if self.base and ref.startswith(self.base):
-            ref = ref[len(self.base) :] or "#"
-        if ref in self.ids:
-            return self.ids[ref]
-        if not ref.startswith("#"):
-            raise GrammarError(
-                f"$ref {ref!r} is not a local reference (remote schemas are not fetched)"
-            )
-        node = self.root
-        for raw in ref[1:].split("/")[1:] if ref != "#" else []:
-            part = raw.replace("~1", "/").replace("~0", "~")
-            if isinstance(node, list) and part.isdigit() and int(part) < len(node):
-                node = node[int(part)]
-            elif isinstance(node, dict) and part in node:
-                node = node[part]
-            else:
-                raise GrammarError(f"$ref {ref!r} does not resolve")
-        return node
 
 
 def _fold_forms(s: dict) -> dict:
@@ -239,7 +195,8 @@ def merge(parts: list[dict]) -> dict | bool:
 
 
 def _extra_rule(part: dict, name: str) -> Any:
-    """What `part` demands of a property it does not declare: pattern schemas or additionalProperties."""
+    """What `part` demands of a property it does not declare: its pattern schemas or
+    additionalProperties."""
     matched = [
         sub for pat, sub in part.get("patternProperties", {}).items() if re.search(pat, name)
     ]
@@ -281,9 +238,8 @@ def normalize(
             if n is False:
                 return False, refs
             parts.append(n)
-        for i, p in enumerate(
-            parts
-        ):  # distribute over the first combinator: A and (B or C) = (A and B) or (A and C)
+        # distribute over the first combinator: A and (B or C) = (A and B) or (A and C)
+        for i, p in enumerate(parts):
             for comb in ("anyOf", "oneOf"):
                 if comb in p:
                     rest = [q for j, q in enumerate(parts) if j != i] + [
