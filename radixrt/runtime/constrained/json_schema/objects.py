@@ -67,6 +67,8 @@ def _closed_body(entries: list[tuple[str, bool]], ws: str, non_empty: bool) -> s
 
 
 def object_regex(c, s: dict, refs: tuple[str, ...]) -> str | None:
+    """An object's regex: a map when no property is declared, else the declared (and required)
+    properties in order, closed; None if a required property cannot be written."""
     ws = c.ws
     props, required = s.get("properties") or {}, list(s.get("required") or [])
     addl, patterns = s.get("additionalProperties", True), s.get("patternProperties") or {}
@@ -81,15 +83,7 @@ def object_regex(c, s: dict, refs: tuple[str, ...]) -> str | None:
         return _map_regex(c, s, refs, False, patterns, min_p, max_p)
 
     deps, schema_deps = _dependencies(s)
-    required_set = set(required)
-    changed = True
-    while changed:  # a present key's dependentRequired names become required too
-        changed = False
-        for name in list(required_set):
-            for dep in deps.get(name, []):
-                if dep not in required_set:
-                    required_set.add(dep)
-                    changed = True
+    required_set = _required_closure(required, deps)
     if schema_deps & required_set:
         raise GrammarError(
             "dependentSchemas / schema dependencies of a required property cannot be enforced"
@@ -101,21 +95,57 @@ def object_regex(c, s: dict, refs: tuple[str, ...]) -> str | None:
             name in schema_deps or any(d not in required_set for d in deps.get(name, []))
         ):
             continue  # optional with unmet dependencies: leave it out (subset)
-        rules = [props[name]] if name in props else []
-        rules += [sub for pat, sub in patterns.items() if _matches(pat, name)]
-        if not rules:
-            rules = [addl]
-        value = None
-        names_ok = "propertyNames" not in s or c.check_literal(name, s["propertyNames"])
-        if names_ok and not any(r is False for r in rules):
-            value = c.value({"allOf": rules} if len(rules) > 1 else rules[0], refs)
+        value = _property_value(c, s, refs, name, props, patterns, addl)
         if value is None:
             if is_req:
                 return None
             continue
         key = escape(json.dumps(name, ensure_ascii=False))
         entries.append((f"{key}{ws}:{ws}{value}", is_req, name))
+    entries = _fit_property_counts(entries, min_p, max_p)
+    if entries is None:
+        return None
+    body = _closed_body([(rx, req) for rx, req, _ in entries], ws, non_empty=min_p > 0)
+    return f"\\{{{ws}{body}{ws}\\}}"
 
+
+def _required_closure(required: list[str], deps: dict[str, list[str]]) -> set[str]:
+    """The required names and, transitively, those their dependentRequired lists name (a present
+    key's dependencies must be present too)."""
+    required_set = set(required)
+    changed = True
+    while changed:
+        changed = False
+        for name in list(required_set):
+            for dep in deps.get(name, []):
+                if dep not in required_set:
+                    required_set.add(dep)
+                    changed = True
+    return required_set
+
+
+def _property_value(
+    c, s: dict, refs: tuple[str, ...], name: str, props: dict, patterns: dict, addl: Any
+) -> str | None:
+    """The regex of property `name`'s value: its declared schema and every patternProperties schema
+    its name matches (additionalProperties if none); None if no value can be written or
+    propertyNames refuses the name."""
+    rules = [props[name]] if name in props else []
+    rules += [sub for pat, sub in patterns.items() if _matches(pat, name)]
+    if not rules:
+        rules = [addl]
+    names_ok = "propertyNames" not in s or c.check_literal(name, s["propertyNames"])
+    if names_ok and not any(r is False for r in rules):
+        return c.value({"allOf": rules} if len(rules) > 1 else rules[0], refs)
+    return None
+
+
+def _fit_property_counts(
+    entries: list[tuple[str, bool, str]], min_p: int, max_p: int | None
+) -> list[tuple[str, bool, str]] | None:
+    """The (regex, required, name) entries made to meet minProperties (optional ones promoted, in
+    order) and maxProperties (only the required ones kept if all could exceed it, a subset); None
+    if the counts cannot be met."""
     num_req = sum(req for _, req, _ in entries)
     if min_p > num_req:  # promote optional properties, in order, until enough are present
         for i, (rx, req, name) in enumerate(entries):
@@ -128,8 +158,7 @@ def object_regex(c, s: dict, refs: tuple[str, ...]) -> str | None:
             return None
         if max_p < len(entries):
             entries = [e for e in entries if e[1]]  # only the required ones (subset)
-    body = _closed_body([(rx, req) for rx, req, _ in entries], ws, non_empty=min_p > 0)
-    return f"\\{{{ws}{body}{ws}\\}}"
+    return entries
 
 
 def _map_regex(
