@@ -9,6 +9,7 @@ plus that pick, so output is exactly token-by-token decoding's.
 from __future__ import annotations
 
 from radixrt.runtime.config import ServerConfig
+from radixrt.runtime.core.finish_reason import FinishReason
 from radixrt.runtime.core.plan import ItemResult, PlanItem
 from radixrt.runtime.core.prompt_lookup import PromptLookup
 from radixrt.runtime.core.req import Req
@@ -53,7 +54,7 @@ def take_draft(
     eos_ids: set[int],
     memory: ReqMemory,
     stats: SchedulerStats,
-) -> dict | None:
+) -> FinishReason | None:
     """Apply the picks of a draft item: the draft up to the first pick that differs, and that pick.
     Returns the finish reason, if one of the applied tokens finished the request."""
     draft = item.new_ids[len(item.new_ids) - item.num_draft :]

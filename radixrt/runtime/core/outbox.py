@@ -1,4 +1,5 @@
-"""What the scheduler sends back: each request's new tokens (and logprobs) since its last delta."""
+"""What the scheduler sends back: each request's new tokens (and logprobs) since its last delta. The
+message boundary: a request's FinishReason becomes SGLang's dict here."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ class Outbox:
         out = TokenOut(
             rid=req.rid,
             new_ids=new_ids,
-            finished_reason=req.finished_reason,
+            finished_reason=None if req.finished_reason is None else req.finished_reason.to_dict(),
             prompt_tokens=len(req.origin_input_ids),
             completion_tokens=len(req.output_ids),
             cached_tokens=req.prefix_hit_len,

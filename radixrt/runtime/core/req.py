@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from radixrt.runtime.core.finish_reason import FinishReason
 from radixrt.runtime.sampling_params import SamplingParams
 
 
@@ -56,7 +57,7 @@ class Req:
         self.prefix_hit_len = 0  # cached tokens on first admission (reported as cached_tokens)
         self.admitted = False
         self.num_preemptions = 0
-        self.finished_reason: dict[str, Any] | None = None
+        self.finished_reason: FinishReason | None = None
         self.num_sent = 0  # output ids already sent out as deltas
         self.grammar: Any = None  # GrammarState while constrained
         self.grammar_future: Any = (

@@ -1,19 +1,13 @@
-"""Applying sampled tokens to a request, deciding whether it is finished, and what it may pick next.
-
-Finish reasons are plain dicts (they cross processes): {"type": "stop", "matched": id or str},
-{"type": "length", "length": n}, {"type": "abort", "message": str}.
-"""
+"""Applying sampled tokens to a request, deciding whether it is finished (a FinishReason,
+finish_reason.py), and what it may pick next."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from radixrt.runtime.core.finish_reason import FinishReason
 from radixrt.runtime.core.plan import ItemResult, SampleRow
 from radixrt.runtime.core.req import Req
-
-
-def abort_reason(message: str) -> dict:
-    return {"type": "abort", "message": message}
 
 
 def apply_prompt_logprobs(req: Req, item_prefix_len: int, res: ItemResult) -> None:
@@ -28,7 +22,7 @@ def apply_prompt_logprobs(req: Req, item_prefix_len: int, res: ItemResult) -> No
         req.input_top_logprobs.extend(res.prompt_top_logprobs or [[] for _ in res.prompt_logprobs])
 
 
-def apply_sampled_token(req: Req, res: ItemResult, eos_ids: set[int]) -> dict | None:
+def apply_sampled_token(req: Req, res: ItemResult, eos_ids: set[int]) -> FinishReason | None:
     """Append the sampled token; return a finish reason or None."""
     sp = req.sampling
     tok = res.next_id
@@ -40,24 +34,21 @@ def apply_sampled_token(req: Req, res: ItemResult, eos_ids: set[int]) -> dict | 
         try:
             req.grammar.accept(tok)
         except ValueError as e:
-            return abort_reason(f"constraint violated: {e}")
+            return FinishReason.abort(f"constraint violated: {e}")
         if req.grammar.is_terminated():
-            return {"type": "stop", "matched": tok if tok in eos_ids else None}
+            return FinishReason.stop(tok if tok in eos_ids else None)
     if tok in eos_ids and not sp.ignore_eos:
-        return {"type": "stop", "matched": tok}
+        return FinishReason.stop(tok)
     if tok in sp.stop_token_ids:
-        return {"type": "stop", "matched": tok}
+        return FinishReason.stop(tok)
     if req.stop_matcher is not None:
         req.stop_matcher.feed([tok])
         if req.stop_matcher.finished:
-            return {"type": "stop", "matched": req.stop_matcher.matched_stop}
+            return FinishReason.stop(req.stop_matcher.matched_stop)
     if len(req.output_ids) >= sp.max_new_tokens:
-        reason = {"type": "length", "length": len(req.output_ids)}
-        if req.grammar is not None and not req.grammar.is_final():
-            reason["incomplete"] = (
-                True  # no complete match fitted the budget (or the backend cannot steer)
-            )
-        return reason
+        # incomplete: no complete match fitted the budget (or the backend cannot steer)
+        incomplete = req.grammar is not None and not req.grammar.is_final()
+        return FinishReason.length_limit(len(req.output_ids), incomplete)
     return None
 
 

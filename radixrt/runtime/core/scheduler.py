@@ -16,13 +16,13 @@ from radixrt.runtime.core import schedule_policy as policy
 from radixrt.runtime.core.admission import Admission, wants_prompt_logprobs
 from radixrt.runtime.core.drafts import fit_draft, next_draft, take_draft
 from radixrt.runtime.core.faults import FaultInjector
+from radixrt.runtime.core.finish_reason import FinishReason
 from radixrt.runtime.core.outbox import Outbox
 from radixrt.runtime.core.page_allocator import PageAllocator, TableRows, slots_of
 from radixrt.runtime.core.pins import PinTable
 from radixrt.runtime.core.plan import ItemResult, PlanItem, PlanItemError
 from radixrt.runtime.core.req import Req
 from radixrt.runtime.core.req_finish import (
-    abort_reason,
     apply_prompt_logprobs,
     apply_sampled_token,
     sample_rows,
@@ -94,7 +94,7 @@ class Scheduler(SchedulerAdmin):
                 TokenOut(
                     rid=msg.rid,
                     new_ids=[],
-                    finished_reason=abort_reason(message),
+                    finished_reason=FinishReason.abort(message).to_dict(),
                     error=message,
                     error_status=400 if refused else 500,
                     prompt_tokens=len(msg.input_ids) if isinstance(msg.input_ids, list) else 0,
@@ -164,10 +164,10 @@ class Scheduler(SchedulerAdmin):
         for req in self.waiting:
             if req.rid == rid:
                 self.waiting.remove(req)
-                self._finish(req, abort_reason("aborted by the client"))
+                self._finish(req, FinishReason.abort("aborted by the client"))
         for req in list(self.running):
             if req.rid == rid:
-                self._finish(req, abort_reason("aborted by the client"))
+                self._finish(req, FinishReason.abort("aborted by the client"))
         return self.outbox.drain()
 
     # ---------------------------------------------------------------- the step
@@ -358,11 +358,11 @@ class Scheduler(SchedulerAdmin):
         if res.next_id is None:
             return
         if req.sampling.max_new_tokens == 0:  # prefill only (cache warm-up, prompt scoring)
-            self._finish(req, {"type": "length", "length": 0})
+            self._finish(req, FinishReason.length_limit(0))
             return
         self._after_tokens(req, apply_sampled_token(req, res, self.eos_ids))
 
-    def _after_tokens(self, req: Req, reason: dict | None) -> None:
+    def _after_tokens(self, req: Req, reason: FinishReason | None) -> None:
         if reason is not None:
             self._finish(req, reason)
             return
@@ -370,7 +370,7 @@ class Scheduler(SchedulerAdmin):
         if req.stream:
             self.outbox.emit(req)
 
-    def _finish(self, req: Req, reason: dict) -> None:
+    def _finish(self, req: Req, reason: FinishReason) -> None:
         req.draft_ids, req.draft_states = [], []
         keep = (
             req.pin_ttl_s is not None or req.session_id is not None
@@ -378,10 +378,9 @@ class Scheduler(SchedulerAdmin):
         pin_ids = req.fill_ids[: req.kv_len] if keep else None
         if req.table_row is not None:
             self._release(req)
-        if pin_ids is not None and reason["type"] != "abort":
+        if pin_ids is not None and not reason.is_abort:
             if req.pin_ttl_s is not None:
-                handle = self.pins.pin(pin_ids, req.pin_ttl_s)
-                reason = {**reason, "pinned": handle is not None, "pin_handle": handle}
+                reason = reason.with_pin(self.pins.pin(pin_ids, req.pin_ttl_s))
             if req.session_id is not None:
                 self.sessions.on_finish(req.session_id, pin_ids)
         req.finished_reason = reason
@@ -391,7 +390,7 @@ class Scheduler(SchedulerAdmin):
     def _fail(self, req: Req, error: str, status: int, reason: str | None = None) -> None:
         """End req with an error for its client (400: refused; 500: failed inside the server)."""
         req.error, req.error_status = error, status
-        self._finish(req, abort_reason(reason or error))
+        self._finish(req, FinishReason.abort(reason or error))
 
     def _release(self, req: Req) -> None:
         self.memory.release(req)
