@@ -1,16 +1,19 @@
-"""What the radix tree holds, as plain data for `GET /cache_tree`, the dashboard and `radixrt cache-tree`.
+"""What the radix tree holds, as plain data for `GET /cache_tree`, the dashboard and
+`radixrt cache-tree`.
 
-Each node reports its edge (token count and the first few token ids, which the caller with a tokenizer
-turns into a text preview), the requests that matched through it (`hits`), the cached tokens those
-matches served (`tokens_served` = hits x edge tokens: a match never ends inside an edge, because
-match_prefix splits it there), its age, lock references, pins and the sessions that own them. A big tree is summarised, not dumped:
-children are visited largest subtree first, and past `max_depth` levels or `max_nodes` nodes the rest
-of a node's children are folded into its `omitted` figures. Building the view walks the tree once.
+Each node reports its edge (token count and the first few token ids, which the caller with a
+tokenizer turns into a text preview), the requests that matched through it (`hits`), the cached
+tokens those matches served (`tokens_served` = hits x edge tokens: a match never ends inside an
+edge, because match_prefix splits it there), its age, lock references, pins and the sessions that
+own them. A big tree is summarised, not dumped: children are visited largest subtree first, and
+past `max_depth` levels or `max_nodes` nodes the rest of a node's children are folded into its
+`omitted` figures. Building the view walks the tree once.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from radixrt.runtime.core.radix_cache import RadixCache, TreeNode
@@ -24,7 +27,8 @@ MAX_SESSIONS_LISTED = 8  # session ids named per node (its pins count them all)
 
 
 def _subtree_totals(root: TreeNode) -> dict[int, tuple[int, int, int]]:
-    """node_id -> (nodes, tokens, hits) of the subtree below and including each node, one post-order walk."""
+    """node_id -> (nodes, tokens, hits) of the subtree below and including each node, in one
+    post-order walk."""
     totals: dict[int, tuple[int, int, int]] = {}
     stack: list[tuple[TreeNode, bool]] = [(root, False)]
     while stack:
@@ -48,74 +52,19 @@ def cache_tree_view(
     max_nodes: int = DEFAULT_MAX_NODES,
     preview_tokens: int = PREVIEW_TOKENS,
 ) -> dict[str, Any]:
-    """{"root": node, "num_nodes", "num_tokens", "num_nodes_shown", "page_size", "disabled"}; each node:
-    {"id", "num_tokens", "preview_ids", "hits", "tokens_served", "prefix_len", "last_access_age_s",
-    "lock_ref", "residency", "pins", "sessions", "subtree_tokens", "children", "omitted": None or {"nodes", "tokens", "hits"}}.
+    """{"root": node, "num_nodes", "num_tokens", "num_nodes_shown", "page_size", "disabled"}; each
+    node: {"id", "num_tokens", "preview_ids", "hits", "tokens_served", "prefix_len",
+    "last_access_age_s", "lock_ref", "residency", "pins", "sessions", "subtree_tokens", "children",
+    "omitted": None or {"nodes", "tokens", "hits"}}.
     pinned: (last node of a pinned path, the session owning the pin or None for a program's pin)."""
     if max_depth < 1 or max_nodes < 1:
         raise ValueError(f"max_depth and max_nodes must be >= 1, got {max_depth} and {max_nodes}")
     now = time.time()
-    pins: dict[int, int] = {}
-    sessions: dict[int, list[str]] = {}
-    for node, session in pinned:  # a pin locks its whole path
-        while node is not None and node is not tree.root:
-            pins[node.node_id] = pins.get(node.node_id, 0) + 1
-            if (
-                session is not None
-                and len(sessions.setdefault(node.node_id, [])) < MAX_SESSIONS_LISTED
-            ):
-                sessions[node.node_id].append(session)
-            node = node.parent
+    pins, sessions = _pins_by_node(tree, pinned)
     totals = _subtree_totals(tree.root)
-    shown = 0  # nodes in the view besides the root
-
-    def describe(node: TreeNode, prefix_len: int) -> dict[str, Any]:
-        n = len(node.key)
-        return {
-            "id": node.node_id,
-            "num_tokens": n,
-            "preview_ids": node.key[:preview_tokens],
-            "hits": node.hits,
-            "tokens_served": node.hits * n,
-            "prefix_len": prefix_len + n,
-            "last_access_age_s": round(now - node.last_access_time, 3)
-            if node.last_access_time
-            else None,
-            "lock_ref": node.lock_ref,
-            # where its KV is: the pool, the second tier (--enable-hierarchical-cache), or both
-            "residency": ("both" if node.host_value is not None else "pool")
-            if node.value is not None
-            else "tier",
-            "pins": pins.get(node.node_id, 0),
-            "sessions": sorted(sessions.get(node.node_id, [])),
-            "subtree_tokens": totals[node.node_id][1],
-            "children": [],
-            "omitted": None,
-        }
-
+    describe = _Describer(now, pins, sessions, totals, preview_tokens)
     root = describe(tree.root, 0)
-    # breadth-first, so a node budget keeps the upper levels whole; siblings largest first
-    frontier: list[tuple[TreeNode, dict[str, Any], int]] = [(tree.root, root, 0)]
-    while frontier:
-        nxt = []
-        for node, out, depth in frontier:
-            children = sorted(
-                node.children.values(), key=lambda c: (-totals[c.node_id][1], c.node_id)
-            )
-            for i, child in enumerate(children):
-                if depth >= max_depth or shown >= max_nodes:
-                    rest = [totals[c.node_id] for c in children[i:]]
-                    out["omitted"] = {
-                        "nodes": sum(r[0] for r in rest),
-                        "tokens": sum(r[1] for r in rest),
-                        "hits": sum(r[2] for r in rest),
-                    }
-                    break
-                view = describe(child, out["prefix_len"])
-                out["children"].append(view)
-                shown += 1
-                nxt.append((child, view, depth + 1))
-        frontier = nxt
+    shown = _add_children(tree.root, root, describe, totals, max_depth, max_nodes)
     nodes, tokens, _ = totals[tree.root.node_id]
     return {
         "root": root,
@@ -124,4 +73,98 @@ def cache_tree_view(
         "num_nodes_shown": shown,
         "page_size": tree.page_size,
         "disabled": tree.disable,
+    }
+
+
+def _pins_by_node(
+    tree: RadixCache, pinned: list[tuple[TreeNode, str | None]]
+) -> tuple[dict[int, int], dict[int, list[str]]]:
+    """node_id -> the pins locking it, and -> the sessions owning them (at most
+    MAX_SESSIONS_LISTED): a pin locks its whole path."""
+    pins: dict[int, int] = {}
+    sessions: dict[int, list[str]] = {}
+    for node, session in pinned:
+        while node is not None and node is not tree.root:
+            pins[node.node_id] = pins.get(node.node_id, 0) + 1
+            if (
+                session is not None
+                and len(sessions.setdefault(node.node_id, [])) < MAX_SESSIONS_LISTED
+            ):
+                sessions[node.node_id].append(session)
+            node = node.parent
+    return pins, sessions
+
+
+@dataclass
+class _Describer:
+    """One node's view (without its children yet), from figures gathered once for the tree."""
+
+    now: float
+    pins: dict[int, int]
+    sessions: dict[int, list[str]]
+    totals: dict[int, tuple[int, int, int]]
+    preview_tokens: int
+
+    def __call__(self, node: TreeNode, prefix_len: int) -> dict[str, Any]:
+        n = len(node.key)
+        return {
+            "id": node.node_id,
+            "num_tokens": n,
+            "preview_ids": node.key[: self.preview_tokens],
+            "hits": node.hits,
+            "tokens_served": node.hits * n,
+            "prefix_len": prefix_len + n,
+            "last_access_age_s": round(self.now - node.last_access_time, 3)
+            if node.last_access_time
+            else None,
+            "lock_ref": node.lock_ref,
+            # where its KV is: the pool, the second tier (--enable-hierarchical-cache), or both
+            "residency": ("both" if node.host_value is not None else "pool")
+            if node.value is not None
+            else "tier",
+            "pins": self.pins.get(node.node_id, 0),
+            "sessions": sorted(self.sessions.get(node.node_id, [])),
+            "subtree_tokens": self.totals[node.node_id][1],
+            "children": [],
+            "omitted": None,
+        }
+
+
+def _add_children(
+    root: TreeNode,
+    root_view: dict[str, Any],
+    describe: _Describer,
+    totals: dict[int, tuple[int, int, int]],
+    max_depth: int,
+    max_nodes: int,
+) -> int:
+    """Fill in the views' children below `root_view`, breadth-first so a node budget keeps the
+    upper levels whole, siblings largest first; past the budget or max_depth a node's remaining
+    children are summed into its "omitted". Returns the nodes shown besides the root."""
+    shown = 0
+    frontier: list[tuple[TreeNode, dict[str, Any], int]] = [(root, root_view, 0)]
+    while frontier:
+        nxt = []
+        for node, out, depth in frontier:
+            children = sorted(
+                node.children.values(), key=lambda c: (-totals[c.node_id][1], c.node_id)
+            )
+            for i, child in enumerate(children):
+                if depth >= max_depth or shown >= max_nodes:
+                    out["omitted"] = _omitted([totals[c.node_id] for c in children[i:]])
+                    break
+                view = describe(child, out["prefix_len"])
+                out["children"].append(view)
+                shown += 1
+                nxt.append((child, view, depth + 1))
+        frontier = nxt
+    return shown
+
+
+def _omitted(rest: list[tuple[int, int, int]]) -> dict[str, int]:
+    """The (nodes, tokens, hits) subtree totals of children left out of the view, summed."""
+    return {
+        "nodes": sum(r[0] for r in rest),
+        "tokens": sum(r[1] for r in rest),
+        "hits": sum(r[2] for r in rest),
     }
