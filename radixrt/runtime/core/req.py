@@ -49,9 +49,8 @@ class Req:
         self.cached_len = 0
         self.last_node: Any = None  # radix node locked on our behalf
         self.table_row: int | None = None  # row of the req->slot table while running
-        self.table_stale = (
-            False  # page_ids changed under the row (shared with the tree): rewrite it
-        )
+        # page_ids changed under the row (shared with the tree): rewrite it
+        self.table_stale = False
 
         # progress and results
         self.prefix_hit_len = 0  # cached tokens on first admission (reported as cached_tokens)
@@ -60,18 +59,15 @@ class Req:
         self.finished_reason: FinishReason | None = None
         self.num_sent = 0  # output ids already sent out as deltas
         self.grammar: Any = None  # GrammarState while constrained
-        self.grammar_future: Any = (
-            None  # the compile in flight (a Future); the request waits until it is done
-        )
-        self.stop_matcher: Any = (
-            None  # IncrementalDetokenizer over output_ids when the request has stop strings
-        )
+        # the grammar's compile in flight (a Future): the request waits until it is done
+        self.grammar_future: Any = None
+        # an IncrementalDetokenizer over output_ids when the request has stop strings
+        self.stop_matcher: Any = None
         # jump-forward: tokens the grammar forces after output_ids, fed for verification next decode
         self.draft_ids: list[int] = []
         self.draft_states: list[int] = []  # the grammar state after each draft token
-        self.lookup: Any = (
-            None  # PromptLookup (n-gram drafts) once the request decodes unconstrained
-        )
+        # PromptLookup (n-gram drafts) once the request decodes unconstrained
+        self.lookup: Any = None
         self.error: str | None = None  # why it failed, for the client
         self.error_status = 400  # 400: refused as given; 500: failed inside the server
         self.output_logprobs: list[list[Any]] = []
