@@ -12,8 +12,8 @@
 3. Memory-bound throughput: 32 requests of ~300 prompt + 128 output tokens through a pool that holds about a
    quarter of their working set; out tok/s and preemptions, auto (bfloat16) vs int8 KV, same pool bytes.
 4. n = 8 samples of a ~600-token prompt at page size 16: prompt tokens computed, peak pages in use and wall
-   time, with the samples forking from the first one (core/admission.py) and without (admission.FORK_SAMPLES
-   off: each sample recomputes the prompt's partial last page).
+   time, with the samples forking from the first one (core/admission.py) and without (Admission's
+   fork_samples off: each sample recomputes the prompt's partial last page).
 Results: results/kv_cache.json.
 """
 
