@@ -15,6 +15,7 @@ from radixrt.runtime import messages
 from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.request_edge import SequenceResult
 from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.serving.http_io import raise_error, sse
 from radixrt.runtime.serving.openai_sampling import (
     JSON_OBJECT_LARK,
     constraint_from_request,
@@ -27,8 +28,6 @@ from radixrt.runtime.serving.protocol import (
     GenerateRequest,
     from_value_error,
     parse_body,
-    raise_error,
-    sse,
 )
 
 

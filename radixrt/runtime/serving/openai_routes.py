@@ -1,4 +1,6 @@
-"""OpenAI-compatible routes: /v1/completions, /v1/models, and what /v1/chat/completions (openai_chat.py) shares.
+"""OpenAI-compatible routes: GET /v1/models, and what POST /v1/completions (openai_completions.py) and
+/v1/chat/completions (openai_chat.py) share: the model check, the ignored-fields header, request
+preparation, usage, logprobs in OpenAI's two shapes, finish reasons, and the SSE stream of chunks.
 
 Each choice is one scheduler request (n is expanded into rid-i by the tokenizer manager);
 choice index = prompt index * n + copy. Chat prompts go through the model's own chat template.
@@ -8,26 +10,17 @@ from __future__ import annotations
 
 import logging
 import re
-import time
-import uuid
 from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from radixrt.runtime.request_edge import SequenceResult
+from radixrt.runtime.serving.http_io import SSE_DONE, accumulate, collect_results, sse
 from radixrt.runtime.serving.openai_chat import ChatRoute
+from radixrt.runtime.serving.openai_completions import CompletionRoute
 from radixrt.runtime.serving.openai_sampling import sampling_dict
-from radixrt.runtime.serving.protocol import (
-    SSE_DONE,
-    APIError,
-    CompletionRequest,
-    accumulate,
-    collect_results,
-    parse_body,
-    read_body,
-    sse,
-)
+from radixrt.runtime.serving.protocol import APIError
 from radixrt.runtime.serving.request_handle import RequestHandle
 from radixrt.runtime.serving.tokenizer_manager import TokenizerManager
 
@@ -35,7 +28,6 @@ logger = logging.getLogger(__name__)
 IGNORED_FIELDS_HEADER = "X-Radixrt-Ignored-Fields"
 _FIELD_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 MAX_WARNED = 256  # distinct ignored-field sets logged (then no more: a client cannot grow this set)
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
@@ -221,86 +213,6 @@ class OpenAIRoutes:
             handle.close()
         yield SSE_DONE
 
-    # ---------------------------------------------------------------- /v1/completions
-    async def completions(self, request: Request) -> Any:
-        req: CompletionRequest = parse_body(
-            CompletionRequest, await read_body(request, self.tm.config.max_request_body_bytes)
-        )
-        return self.reply(req, await self._completions(request, req))
-
-    async def _completions(self, request: Request, req: CompletionRequest) -> Any:
-        self.check_model(req.model)
-        if req.best_of not in (None, req.n):
-            raise APIError("best_of other than n is not supported", param="best_of")
-        if req.suffix:
-            raise APIError("suffix is not supported", param="suffix")
-        if req.echo and req.logprobs is not None:
-            raise APIError("echo together with logprobs is not supported", param="echo")
-        p = req.prompt
-        if isinstance(p, str):
-            prompts = await self.tm.encode([p], add_special_tokens=True)
-        elif p and all(isinstance(x, str) for x in p):
-            prompts = await self.tm.encode(list(p), add_special_tokens=True)
-        elif p and all(isinstance(x, int) for x in p):
-            prompts = [list(p)]
-        else:
-            prompts = [list(x) for x in p]
-        if not prompts:
-            raise APIError("prompt is empty", param="prompt")
-        num_top = req.logprobs or 0
-        handle, results, prompt_tokens = await self.prepare(
-            req, prompts, req.max_tokens, req.logprobs is not None, num_top
-        )
-        rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        base = {
-            "id": rid,
-            "object": "text_completion",
-            "created": created,
-            "model": self.model_name,
-        }
-        echo = [
-            self.tm.tokenizer.decode(ids) if req.echo else ""
-            for ids in prompts
-            for _ in range(req.n)
-        ]
-
-        def choice(i: int, res: SequenceResult, text: str, start: int) -> dict[str, Any]:
-            lp = (
-                self.completion_logprobs(
-                    res.output_logprobs, res.output_top_logprobs, start, num_top
-                )
-                if req.logprobs is not None
-                else None
-            )
-            return {
-                "index": i,
-                "text": text,
-                "logprobs": lp,
-                "finish_reason": self.finish_reason(res),
-                "matched_stop": self.matched_stop(res),
-            }
-
-        if req.stream:
-            first = [
-                sse({**base, "choices": [choice(i, r, echo[i], 0)]})
-                for i, r in enumerate(results)
-                if echo[i]
-            ]
-            gen = self.stream(
-                handle,
-                results,
-                first,
-                lambda i, res, text, start: {**base, "choices": [choice(i, res, text, start)]},
-                *self.usage_options(req, base, results, prompt_tokens),
-            )
-            return StreamingResponse(gen, media_type="text/event-stream", headers=SSE_HEADERS)
-        await self.run(request, handle, results)
-        return {
-            **base,
-            "choices": [choice(i, r, echo[i] + r.text, 0) for i, r in enumerate(results)],
-            "usage": self.usage(results, prompt_tokens),
-        }
-
     def models(self) -> dict[str, Any]:
         # owned_by "sglang": what SGLang-aware tools and routers look for
         return {
@@ -324,7 +236,7 @@ def _lp(x: Any) -> float:
 
 def add_openai_routes(app: FastAPI, tm: TokenizerManager, served_model_name: str) -> OpenAIRoutes:
     routes = OpenAIRoutes(tm, served_model_name)
-    app.add_api_route("/v1/completions", routes.completions, methods=["POST"])
+    app.add_api_route("/v1/completions", CompletionRoute(routes), methods=["POST"])
     app.add_api_route("/v1/chat/completions", ChatRoute(routes), methods=["POST"])
     app.add_api_route("/v1/models", lambda: JSONResponse(routes.models()), methods=["GET"])
     return routes

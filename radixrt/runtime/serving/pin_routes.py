@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from radixrt.runtime.core.pins import MAX_PIN_TTL_S
 from radixrt.runtime.messages import CloseSessionReq, UnpinReq
 from radixrt.runtime.request_edge import SequenceResult
-from radixrt.runtime.serving.protocol import APIError, collect_results, parse_body, read_body
+from radixrt.runtime.serving.http_io import collect_results, read_body
+from radixrt.runtime.serving.protocol import APIError, parse_body
 
 
 class PinPrefixRequest(BaseModel):

@@ -7,7 +7,8 @@ from typing import Any, Union
 
 from fastapi import FastAPI, Request
 
-from radixrt.runtime.serving.protocol import APIError, _Strict, parse_body, read_body
+from radixrt.runtime.serving.http_io import read_body
+from radixrt.runtime.serving.protocol import APIError, _Strict, parse_body
 
 
 class TokenizeRequest(_Strict):

@@ -1,0 +1,138 @@
+"""POST /generate, SGLang's native route: one prompt or a batch (text or input_ids), sampling params and
+logprob options per prompt, n copies of each prompt one after another (SGLang's order). The answer is
+one output or a list of them, whole or streamed (each event holds a sequence's output so far)."""
+
+from __future__ import annotations
+
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import StreamingResponse
+
+from radixrt.runtime.messages import TokenizedGenerateReq
+from radixrt.runtime.request_edge import SequenceResult, generate_output
+from radixrt.runtime.serving.http_io import (
+    SSE_DONE,
+    SSE_HEADERS,
+    accumulate,
+    collect_results,
+    read_body,
+    sse,
+)
+from radixrt.runtime.serving.protocol import APIError, GenerateRequest, parse_body
+from radixrt.runtime.serving.request_handle import RequestHandle
+from radixrt.runtime.serving.tokenizer_manager import TokenizerManager
+
+
+def add_generate_routes(app: FastAPI, tm: TokenizerManager) -> None:
+    @app.post("/generate")
+    async def generate(request: Request) -> Any:
+        req: GenerateRequest = parse_body(
+            GenerateRequest, await read_body(request, tm.config.max_request_body_bytes)
+        )
+        batch, prompts = await _prompts(tm, req)
+        reqs, flat_logprob = await _scheduler_requests(tm, req, prompts)
+        many = batch or len(reqs) > 1
+        handle = tm.generate(reqs)
+        results = [SequenceResult(r.rid) for r in reqs]
+        token_text = (
+            (lambda t: tm.tokenizer.decode([t]))
+            if req.return_text_in_logprobs
+            else (lambda t: None)
+        )
+
+        def output(i: int, logprobs_from: int = 0) -> dict[str, Any]:
+            return generate_output(
+                results[i], flat_logprob[i], token_text, i if many else None, logprobs_from
+            )
+
+        if req.stream:
+            intervals = [r.sampling_params.get("stream_interval") or 1 for r in reqs]
+            return StreamingResponse(
+                _stream_generate(handle, results, output, intervals),
+                media_type="text/event-stream",
+                headers=SSE_HEADERS,
+            )
+
+        await collect_results(request, handle, results)
+        outs = [output(i) for i in range(len(results))]
+        return outs if many else outs[0]
+
+
+async def _prompts(tm: TokenizerManager, req: GenerateRequest) -> tuple[bool, list[list[int]]]:
+    """Whether the body is a batch, and its prompts as token ids."""
+    if (req.text is None) == (req.input_ids is None):
+        raise APIError("give exactly one of text and input_ids", param="text")
+    if req.text is not None:
+        batch = isinstance(req.text, list)
+        prompts = await tm.encode(req.text if batch else [req.text], add_special_tokens=True)
+    else:
+        batch = bool(req.input_ids) and isinstance(req.input_ids[0], list)
+        prompts = req.input_ids if batch else [req.input_ids]
+    if not prompts:
+        raise APIError("the batch is empty", param="text")
+    return batch, prompts
+
+
+async def _scheduler_requests(
+    tm: TokenizerManager, req: GenerateRequest, prompts: list[list[int]]
+) -> tuple[list[TokenizedGenerateReq], list[bool]]:
+    """The checked scheduler requests (n copies of prompt i follow each other, SGLang's order), and
+    whether each returns logprobs."""
+    num = len(prompts)
+    params = _per_prompt(req.sampling_params, num, "sampling_params")
+    return_logprob = _per_prompt(req.return_logprob, num, "return_logprob")
+    starts = _per_prompt(req.logprob_start_len, num, "logprob_start_len")
+    tops = _per_prompt(req.top_logprobs_num, num, "top_logprobs_num")
+    reqs, flat_logprob = [], []
+    for i, ids in enumerate(prompts):
+        sp = await tm.validate_sampling(params[i])
+        if req.session() is not None and len(prompts) > 1:
+            raise APIError(
+                "session_id needs a single prompt (a session continues one conversation)",
+                param="session_id",
+            )
+        copies = tm.make_requests(
+            ids,
+            sp,
+            stream=req.stream,
+            return_logprob=return_logprob[i],
+            logprob_start_len=starts[i],
+            top_logprobs_num=tops[i],
+            program_id=req.program_id,
+            session_id=req.session(),
+        )
+        reqs += copies
+        flat_logprob += [return_logprob[i]] * len(copies)
+    return reqs, flat_logprob
+
+
+def _per_prompt(value: Any, num: int, name: str) -> list[Any]:
+    if isinstance(value, list):
+        if len(value) != num:
+            raise APIError(f"{name} has {len(value)} entries for {num} prompts", param=name)
+        return value
+    return [value] * num
+
+
+async def _stream_generate(
+    handle: RequestHandle, results: list[SequenceResult], output: Any, intervals: list[int]
+) -> AsyncIterator[bytes]:
+    """SGLang streaming: each event holds the cumulative text/output_ids of one sequence and the output
+    logprobs added since its previous event; a sequence sends an event every stream_interval tokens."""
+    sent_ids = [0] * len(results)
+    sent_logprobs = [0] * len(results)
+    try:
+        async for idx, _out, failed in accumulate(handle, results):
+            if failed is not None:
+                yield failed
+                break
+            res = results[idx]
+            if len(res.output_ids) - sent_ids[idx] >= intervals[idx] or res.finished:
+                yield sse(output(idx, sent_logprobs[idx]))
+                sent_ids[idx], sent_logprobs[idx] = len(res.output_ids), len(res.output_logprobs)
+    except APIError as e:
+        yield sse(e.body())
+    finally:
+        handle.close()
+    yield SSE_DONE

@@ -1,0 +1,286 @@
+"""/v1/chat/completions with tools (tool_calls.py plans them): the phases of one answer, the calls the
+incremental parser (tool_call_parser.py) reads from the text, and those calls as OpenAI's message or
+stream chunks.
+
+With tool_choice `required` or a named function, every choice is grammar-constrained to calls from its
+first token. With `auto` (one choice) the answer runs unconstrained with `<tool_call>` as an extra stop
+string; if the model opens a call, a second phase continues from the same prefix (a radix cache hit)
+constrained to calls. Stream and non-stream read calls with the same parser.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from radixrt.runtime.request_edge import SequenceResult
+from radixrt.runtime.serving import tool_calls
+from radixrt.runtime.serving.http_io import (
+    SSE_DONE,
+    SSE_HEADERS,
+    accumulate,
+    raise_error,
+    sse,
+    until_disconnect,
+)
+from radixrt.runtime.serving.protocol import APIError, ChatCompletionRequest
+from radixrt.runtime.serving.tool_call_parser import (
+    OPEN,
+    ArgsDelta,
+    CallEnd,
+    CallStart,
+    Content,
+    ToolCallParser,
+)
+
+
+async def answer_with_tools(
+    chat: Any,
+    request: Request,
+    req: ChatCompletionRequest,
+    plan: tool_calls.ToolPlan,
+    prompt: list[int],
+    max_tokens: int | None,
+) -> Any:
+    """The answer to a chat request whose tool_choice is not `none` (refusals first: a 400)."""
+    if req.logprobs:
+        raise APIError("logprobs together with tools is not supported", param="logprobs")
+    rf = req.response_format
+    if (
+        (rf is not None and rf.type != "text")
+        or req.regex is not None
+        or req.json_schema is not None
+        or req.ebnf is not None
+    ):
+        raise APIError(
+            "tools cannot be combined with response_format, regex, json_schema or ebnf",
+            param="tools",
+        )
+    if plan.mode == "auto" and req.n != 1:
+        raise APIError(
+            "tool_choice auto supports n = 1 only (use required or a named function)", param="n"
+        )
+    run = ToolRun(chat, req, plan, prompt, max_tokens)
+    await run.start()
+    base = {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "created": int(time.time()),
+        "model": chat.routes.model_name,
+    }
+    if req.stream:
+        return StreamingResponse(
+            run.sse({**base, "object": "chat.completion.chunk"}),
+            media_type="text/event-stream",
+            headers=SSE_HEADERS,
+        )
+    try:
+
+        async def drain() -> None:
+            async for _ in run.events():
+                pass
+
+        await until_disconnect(request, drain())
+    finally:
+        run.close()
+    return {
+        **base,
+        "object": "chat.completion",
+        "choices": [run.choice(i) for i in range(run.n)],
+        "usage": run.usage(),
+    }
+
+
+class ToolRun:
+    """One chat request with tools: its phases, and per choice the parser and what it produced."""
+
+    def __init__(
+        self,
+        chat: Any,  # ChatRoute (openai_chat.py): the tokenizer manager and OpenAIRoutes
+        req: ChatCompletionRequest,
+        plan: tool_calls.ToolPlan,
+        prompt: list[int],
+        max_tokens: int | None,
+    ):
+        self.chat, self.req, self.plan, self.prompt, self.max_tokens = (
+            chat,
+            req,
+            plan,
+            prompt,
+            max_tokens,
+        )
+        self.n = req.n
+        self.parsers = [ToolCallParser() for _ in range(self.n)]
+        self.content = [""] * self.n
+        self.calls: list[list[dict[str, Any]]] = [[] for _ in range(self.n)]
+        self.finish: list[str | None] = [None] * self.n
+        self.phase_results: list[list[SequenceResult]] = []
+        self.prompt_tokens = 0
+        self.handle: Any = None
+
+    async def start(self) -> None:
+        """Phase 1 (refusals are a 400 before anything is sent)."""
+        if self.plan.mode == "auto":
+            # the call grammar of phase 2 is checked now, so a tool schema that cannot be enforced is a 400
+            # before any text is sent
+            await self.chat.tm.validate_sampling(
+                {"tool_call_grammar": self.plan.grammar(opened=True)}
+            )
+            stop = (
+                self.req.stop
+                if isinstance(self.req.stop, list)
+                else [self.req.stop] * (self.req.stop is not None)
+            )
+            extra = {"stop": [*stop, OPEN]}
+        else:  # the whole answer is calls: the client's stop strings do not cut them
+            extra = {"tool_call_grammar": self.plan.grammar(opened=False), "stop": []}
+        await self._phase(self.prompt, self.max_tokens, extra)
+
+    async def _phase(
+        self, prompt: list[int], max_tokens: int | None, extra: dict[str, Any]
+    ) -> None:
+        self.handle, results, prompt_tokens = await self.chat.routes.prepare(
+            self.req, [prompt], max_tokens, False, 0, extra=extra
+        )
+        self.phase_results.append(results)
+        self.prompt_tokens = self.prompt_tokens or prompt_tokens
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.close()
+
+    def _apply(self, idx: int, events: list) -> list:
+        for e in events:
+            if isinstance(e, Content):
+                self.content[idx] += e.text
+            elif isinstance(e, CallStart):
+                self.calls[idx].append(
+                    {
+                        "id": tool_calls.new_call_id(),
+                        "type": "function",
+                        "function": {"name": e.name, "arguments": ""},
+                    }
+                )
+            elif isinstance(e, ArgsDelta):
+                self.calls[idx][e.index]["function"]["arguments"] += e.text
+        return events
+
+    async def events(self) -> AsyncIterator[tuple[int, list]]:
+        """(choice, parser events) as the text arrives, through every phase; sets finish reasons."""
+        reopen = None
+        async for idx, events, opened in self._phase_events(self.plan.mode == "auto"):
+            reopen = opened or reopen
+            yield idx, events
+        if reopen is None:
+            return
+        self.handle.close()
+        # the model opened a call: continue from the same prefix, constrained to calls from here
+        yield 0, self._apply(0, self.parsers[0].feed(OPEN))
+        text_ids = (await self.chat.tm.encode([reopen.text + OPEN]))[0]
+        used = reopen.completion_tokens
+        left = None if self.max_tokens is None else max(1, self.max_tokens - used)
+        await self._phase(
+            self.prompt + text_ids,
+            left,
+            {"tool_call_grammar": self.plan.grammar(opened=True), "stop": []},
+        )
+        async for idx, events, _ in self._phase_events(False):
+            yield idx, events
+
+    async def _phase_events(
+        self, may_open: bool
+    ) -> AsyncIterator[tuple[int, list, SequenceResult | None]]:
+        """The current phase's (choice, events, the result that stopped at an opening tag or None)."""
+        results = self.phase_results[-1]
+        async for idx, out, failed in accumulate(self.handle, results):
+            if failed is not None:
+                raise_error(results[idx])
+            yield idx, self._apply(idx, self.parsers[idx].feed(out.get("text", ""))), None
+            res = results[idx]
+            if not res.finished:
+                continue
+            if may_open and (res.finished_reason or {}).get("matched") == OPEN:
+                yield idx, [], res
+            else:
+                yield idx, self._end(idx, res), None
+
+    def _end(self, idx: int, res: SequenceResult) -> list:
+        events = self._apply(idx, self.parsers[idx].finish())
+        done = self.parsers[idx].num_calls
+        self.finish[idx] = (
+            "tool_calls"
+            if done and not self.parsers[idx].in_call
+            else self.chat.routes.finish_reason(res)
+        )
+        return events
+
+    def choice(self, i: int) -> dict[str, Any]:
+        message = {"role": "assistant", "content": self.content[i] or None}
+        if self.calls[i]:
+            message["tool_calls"] = self.calls[i]
+        return {"index": i, "message": message, "logprobs": None, "finish_reason": self.finish[i]}
+
+    def usage(self) -> dict[str, Any]:
+        everything = [r for phase in self.phase_results for r in phase]
+        usage = self.chat.routes.usage(everything, self.prompt_tokens)
+        usage["prompt_tokens_details"]["cached_tokens"] = sum(
+            r.cached_tokens for r in self.phase_results[0]
+        )
+        return usage
+
+    async def sse(self, cbase: dict[str, Any]) -> AsyncIterator[bytes]:
+        opts = self.req.stream_options
+        continuous = opts is not None and opts.continuous_usage_stats
+
+        def chunk(idx: int, delta: dict[str, Any], finish: str | None = None) -> bytes:
+            obj = {
+                **cbase,
+                "choices": [
+                    {"index": idx, "delta": delta, "logprobs": None, "finish_reason": finish}
+                ],
+            }
+            if continuous:
+                obj["usage"] = self.usage()
+            return sse(obj)
+
+        try:
+            for i in range(self.n):
+                yield chunk(i, {"role": "assistant", "content": ""})
+            async for idx, events in self.events():
+                for e in events:
+                    if isinstance(e, Content) and e.text:
+                        yield chunk(idx, {"content": e.text})
+                    elif isinstance(e, CallStart):
+                        call = self.calls[idx][e.index]
+                        yield chunk(
+                            idx,
+                            {
+                                "tool_calls": [
+                                    {
+                                        "index": e.index,
+                                        "id": call["id"],
+                                        "type": "function",
+                                        "function": {"name": e.name, "arguments": ""},
+                                    }
+                                ]
+                            },
+                        )
+                    elif isinstance(e, ArgsDelta):
+                        yield chunk(
+                            idx,
+                            {"tool_calls": [{"index": e.index, "function": {"arguments": e.text}}]},
+                        )
+                    elif isinstance(e, CallEnd):
+                        pass  # OpenAI has no event for it; the finish reason comes with the last chunk
+                if self.finish[idx] is not None:
+                    yield chunk(idx, {}, self.finish[idx])
+            if opts is not None and opts.include_usage:
+                yield sse({**cbase, "choices": [], "usage": self.usage()})
+        except APIError as e:
+            yield sse(e.body())
+        finally:
+            self.close()
+        yield SSE_DONE

@@ -1,0 +1,110 @@
+"""POST /v1/completions: OpenAI's legacy text completions. The prompt is a text, a list of texts, token
+ids or a list of token id lists; each choice is one sequence (index = prompt index * n + copy), with
+the prompt echoed in front when asked and logprobs in the completions shape."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from radixrt.runtime.request_edge import SequenceResult
+from radixrt.runtime.serving.http_io import SSE_HEADERS, read_body, sse
+from radixrt.runtime.serving.protocol import APIError, CompletionRequest, parse_body
+
+
+class CompletionRoute:
+    def __init__(self, routes: Any):
+        self.routes = routes  # OpenAIRoutes: model check, request preparation, usage, logprobs, finish reasons
+        self.tm = routes.tm
+
+    async def __call__(self, request: Request) -> Any:
+        req: CompletionRequest = parse_body(
+            CompletionRequest, await read_body(request, self.tm.config.max_request_body_bytes)
+        )
+        return self.routes.reply(req, await self.answer(request, req))
+
+    async def prompts(self, req: CompletionRequest) -> list[list[int]]:
+        """The token ids of each prompt, whichever of the four shapes the request used."""
+        p = req.prompt
+        if isinstance(p, str):
+            prompts = await self.tm.encode([p], add_special_tokens=True)
+        elif p and all(isinstance(x, str) for x in p):
+            prompts = await self.tm.encode(list(p), add_special_tokens=True)
+        elif p and all(isinstance(x, int) for x in p):
+            prompts = [list(p)]
+        else:
+            prompts = [list(x) for x in p]
+        if not prompts:
+            raise APIError("prompt is empty", param="prompt")
+        return prompts
+
+    def choice(
+        self, req: CompletionRequest, i: int, res: SequenceResult, text: str, start: int
+    ) -> dict[str, Any]:
+        """Choice i with `text`, and its logprobs from output token `start` on."""
+        lp = (
+            self.routes.completion_logprobs(
+                res.output_logprobs, res.output_top_logprobs, start, req.logprobs or 0
+            )
+            if req.logprobs is not None
+            else None
+        )
+        return {
+            "index": i,
+            "text": text,
+            "logprobs": lp,
+            "finish_reason": self.routes.finish_reason(res),
+            "matched_stop": self.routes.matched_stop(res),
+        }
+
+    async def answer(self, request: Request, req: CompletionRequest) -> Any:
+        self.routes.check_model(req.model)
+        if req.best_of not in (None, req.n):
+            raise APIError("best_of other than n is not supported", param="best_of")
+        if req.suffix:
+            raise APIError("suffix is not supported", param="suffix")
+        if req.echo and req.logprobs is not None:
+            raise APIError("echo together with logprobs is not supported", param="echo")
+        prompts = await self.prompts(req)
+        handle, results, prompt_tokens = await self.routes.prepare(
+            req, prompts, req.max_tokens, req.logprobs is not None, req.logprobs or 0
+        )
+        rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        base = {
+            "id": rid,
+            "object": "text_completion",
+            "created": created,
+            "model": self.routes.model_name,
+        }
+        echo = [
+            self.tm.tokenizer.decode(ids) if req.echo else ""
+            for ids in prompts
+            for _ in range(req.n)
+        ]
+        if req.stream:
+            first = [
+                sse({**base, "choices": [self.choice(req, i, r, echo[i], 0)]})
+                for i, r in enumerate(results)
+                if echo[i]
+            ]
+            gen = self.routes.stream(
+                handle,
+                results,
+                first,
+                lambda i, res, text, start: {
+                    **base,
+                    "choices": [self.choice(req, i, res, text, start)],
+                },
+                *self.routes.usage_options(req, base, results, prompt_tokens),
+            )
+            return StreamingResponse(gen, media_type="text/event-stream", headers=SSE_HEADERS)
+        await self.routes.run(request, handle, results)
+        return {
+            **base,
+            "choices": [self.choice(req, i, r, echo[i] + r.text, 0) for i, r in enumerate(results)],
+            "usage": self.routes.usage(results, prompt_tokens),
+        }
