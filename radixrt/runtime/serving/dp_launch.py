@@ -62,78 +62,24 @@ def launch_dp(config: Any, startup_timeout: float = 900.0) -> int:
             "--dp-size > 1 needs sglang-router in front of the replicas: pip install sglang-router "
             "(or pip install 'radixrt[router]')"
         )
-    n = config.dp_size
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // n)),
-    }  # replicas share the cores
     replicas: list[tuple[str, subprocess.Popen]] = []
     router = None
     stopping = []
     previous = signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     previous_int = signal.signal(signal.SIGINT, lambda *_: stopping.append(True))
     try:
-        for _ in range(n):
-            port = free_port()
-            replicas.append(
-                (f"http://127.0.0.1:{port}", subprocess.Popen(replica_args(config, port), env=env))
-            )
+        start_replicas(config, replicas)
         for url, proc in replicas:
             wait_until_healthy(url, proc, startup_timeout)
-        router = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "sglang_router.launch_router",
-                "--host",
-                config.host,
-                "--port",
-                str(config.port),
-                "--policy",
-                config.router_policy,
-                "--prometheus-port",
-                str(free_port()),  # its default port may be taken
-                "--worker-urls",
-                *[u for u, _ in replicas],
-                "--log-level",
-                "warn",
-            ],
-            # its own session: Ctrl-C in the terminal would reach it with the rest of the
-            # group, and sglang-router's Python wrapper dies of it with a traceback; we stop
-            # it with SIGTERM, and it still dies with us (parent-death signal)
-            start_new_session=True,
-            preexec_fn=set_parent_death_signal,
-        )
+        router = start_router(config, [u for u, _ in replicas])
         logger.info(
             "data parallel: %d replicas behind sglang-router (%s) on %s:%d",
-            n,
+            config.dp_size,
             config.router_policy,
             config.host,
             config.port,
         )
-        dead: set[str] = set()
-        while not stopping:
-            if router.poll() is not None:
-                logger.error("the router exited with %s", router.returncode)
-                return 1
-            for url, proc in replicas:
-                if proc.poll() is not None and url not in dead:
-                    if (
-                        proc.returncode == 0
-                    ):  # a replica exits 0 only when stopped (a signal to the group)
-                        logger.info("replica %s was stopped; stopping", url)
-                        return 0
-                    dead.add(url)
-                    logger.error(
-                        "replica %s exited with %s; the router routes around it",
-                        url,
-                        proc.returncode,
-                    )
-            if len(dead) == n:
-                logger.error("every replica is gone")
-                return 1
-            time.sleep(POLL_S)
-        return 0
+        return supervise(router, replicas, stopping)
     except KeyboardInterrupt:
         return 0
     except (RuntimeError, TimeoutError) as e:  # a replica died or never became healthy
@@ -143,13 +89,92 @@ def launch_dp(config: Any, startup_timeout: float = 900.0) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal must not break the cleanup
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         logger.info("stopping")
-        for proc in [p for _, p in replicas] + ([router] if router is not None else []):
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in [p for _, p in replicas] + ([router] if router is not None else []):
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_all([p for _, p in replicas] + ([router] if router is not None else []))
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGINT, previous_int)
+
+
+def start_replicas(config: Any, replicas: list[tuple[str, subprocess.Popen]]) -> None:
+    """Start config.dp_size replicas on free ports, each added to `replicas` (url, process) as it
+    starts, so the caller stops those already running if a later one cannot start."""
+    n = config.dp_size
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // n)),
+    }  # replicas share the cores
+    for _ in range(n):
+        port = free_port()
+        replicas.append(
+            (f"http://127.0.0.1:{port}", subprocess.Popen(replica_args(config, port), env=env))
+        )
+
+
+def start_router(config: Any, worker_urls: list[str]) -> subprocess.Popen:
+    """sglang-router on --host/--port in front of the replicas."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sglang_router.launch_router",
+            "--host",
+            config.host,
+            "--port",
+            str(config.port),
+            "--policy",
+            config.router_policy,
+            "--prometheus-port",
+            str(free_port()),  # its default port may be taken
+            "--worker-urls",
+            *worker_urls,
+            "--log-level",
+            "warn",
+        ],
+        # its own session: Ctrl-C in the terminal would reach it with the rest of the
+        # group, and sglang-router's Python wrapper dies of it with a traceback; we stop
+        # it with SIGTERM, and it still dies with us (parent-death signal)
+        start_new_session=True,
+        preexec_fn=set_parent_death_signal,
+    )
+
+
+def supervise(
+    router: subprocess.Popen, replicas: list[tuple[str, subprocess.Popen]], stopping: list
+) -> int:
+    """Watch the router and the replicas until a stop (`stopping` non-empty) or a failure; the exit
+    code. A dead replica is reported once (the router routes around it); the router's death, or
+    every replica's, ends the server with 1."""
+    dead: set[str] = set()
+    while not stopping:
+        if router.poll() is not None:
+            logger.error("the router exited with %s", router.returncode)
+            return 1
+        for url, proc in replicas:
+            if proc.poll() is not None and url not in dead:
+                if (
+                    proc.returncode == 0
+                ):  # a replica exits 0 only when stopped (a signal to the group)
+                    logger.info("replica %s was stopped; stopping", url)
+                    return 0
+                dead.add(url)
+                logger.error(
+                    "replica %s exited with %s; the router routes around it",
+                    url,
+                    proc.returncode,
+                )
+        if len(dead) == len(replicas):
+            logger.error("every replica is gone")
+            return 1
+        time.sleep(POLL_S)
+    return 0
+
+
+def stop_all(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM every process still running, then wait for each (SIGKILL after 30 s)."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()

@@ -62,7 +62,12 @@ HICACHE_GAUGES = {
 
 class ServerMetrics:
     def __init__(self, model_name: str = ""):
-        r = self.registry = CollectorRegistry()
+        self.registry = CollectorRegistry()
+        self._add_counts(self.registry)
+        self._add_gauges(self.registry)
+
+    def _add_counts(self, r: CollectorRegistry) -> None:
+        """What happened since start: counters, and latency histograms measured in this process."""
         self.http_requests = Counter(
             "radixrt:http_requests",
             "HTTP requests answered, by route and status",
@@ -102,6 +107,10 @@ class ServerMetrics:
             buckets=_E2E_BUCKETS,
             registry=r,
         )
+
+    def _add_gauges(self, r: CollectorRegistry) -> None:
+        """The state now: requests in flight here, and the scheduler's figures (copied from
+        server_info at scrape time, `update_from_server_info`)."""
         self.running = Gauge("radixrt:num_running_reqs", "Requests decoding", registry=r)
         self.waiting = Gauge(
             "radixrt:num_waiting_reqs", "Requests queued in the scheduler", registry=r
