@@ -5,11 +5,11 @@ cost of each op matters as much as the matmuls. So q/k/v and gate/up are fused i
 weight each at load time, RoPE cos/sin come from a table indexed once per forward, and
 logits are computed only for the rows the caller asked for. Formulas follow Hugging Face
 (RMSNorm in float32, rotate-half RoPE, silu(gate) * up) so greedy output matches it exactly.
+A layer's math is llama_layer.py's; reading a checkpoint into the fused weights, llama_weights.py's.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -17,30 +17,26 @@ import torch
 import torch.nn.functional as F
 
 from radixrt.runtime.model.forward_batch import ForwardBatch
-from radixrt.runtime.model.int4_weight import Int4Weight
 from radixrt.runtime.model.kv_cache import KVCache
-from radixrt.runtime.model.linear import Linear
 from radixrt.runtime.model.logits_head import LogitsHead
 from radixrt.runtime.model.models import llama_layer
 from radixrt.runtime.model.models.llama_layer import LayerDims
+from radixrt.runtime.model.models.llama_weights import (
+    LayerWeights,
+    WeightReader,
+    WeightShapes,
+    check_shape,
+    read_layer,
+    read_lm_head,
+)
 from radixrt.runtime.model.tp_shard import Shard
 
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
-@dataclass
-class _Layer:
-    input_norm: torch.Tensor  # [H]
-    qkv: Linear  # [(Hq + 2 Hkv) * D, H], Qwen2 bias
-    qk_norm: torch.Tensor | None  # [Hq + Hkv, D] Qwen3 per-head q/k norm weights, stacked
-    o: Linear  # [H, Hq * D], Llama attention_bias
-    post_norm: torch.Tensor  # [H]
-    gate_up: Linear  # [2 I, H]
-    down: Linear  # [H, I]
-
-
 def rope_tables(hf_config, head_dim: int, max_context: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of position * inv_freq for positions [0, max_context): [max_context, D/2] float32 each."""
+    """cos and sin of position * inv_freq for positions [0, max_context): [max_context, D/2] float32
+    each."""
     params = dict(
         getattr(hf_config, "rope_parameters", None)
         or getattr(hf_config, "rope_scaling", None)
@@ -59,7 +55,7 @@ def rope_tables(hf_config, head_dim: int, max_context: int) -> tuple[torch.Tenso
             theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
         )
         attention_scaling = 1.0
-    else:  # the scaled variants: reuse transformers' own formulas, so the frequencies are bit-identical
+    else:  # the scaled variants: transformers' own formulas, so the frequencies are bit-identical
         from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
         inv_freq, attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu")
@@ -70,10 +66,11 @@ def rope_tables(hf_config, head_dim: int, max_context: int) -> tuple[torch.Tenso
 
 
 def layer_windows(hf_config, num_layers: int) -> list[int | None]:
-    """Each layer's sliding window (keys within that many positions of the query, itself included), or None
-    for full attention: Mistral's `sliding_window` on every layer; a config's `layer_types` (Qwen2 with
-    use_sliding_window, hybrid local/global models) naming the sliding ones. Pages before a window are kept
-    (the radix tree may share them with requests that need them), not freed."""
+    """Each layer's sliding window (keys within that many positions of the query, itself included),
+    or None for full attention: Mistral's `sliding_window` on every layer; a config's `layer_types`
+    (Qwen2 with use_sliding_window, hybrid local/global models) naming the sliding ones. Pages
+    before a window are kept (the radix tree may share them with requests that need them), not
+    freed."""
     window = getattr(hf_config, "sliding_window", None)
     if not window or getattr(hf_config, "use_sliding_window", True) is False:
         return [None] * num_layers
@@ -92,8 +89,9 @@ class LlamaForCausalLM:
         shard: Shard | None = None,
         tp: Any = None,
     ):
-        """shard/tp: this rank's part of a tensor parallel model (tp_shard.py) and its group (tp.py): the head,
-        intermediate and vocabulary sizes below are then this rank's, and load_weights takes its slices."""
+        """shard/tp: this rank's part of a tensor parallel model (tp_shard.py) and its group
+        (tp.py): the head, intermediate and vocabulary sizes below are then this rank's, and
+        load_weights takes its slices."""
         self.config = hf_config
         self.shard, self.tp = shard, tp
         self.dtype = dtype
@@ -121,126 +119,51 @@ class LlamaForCausalLM:
                 f"hidden_act {hf_config.hidden_act!r} is not supported (expected silu)"
             )
         self.max_context = hf_config.max_position_embeddings
-        self.layer_windows = layer_windows(
-            hf_config, self.num_layers
-        )  # sliding window per layer, or None
+        # sliding window per layer, or None
+        self.layer_windows = layer_windows(hf_config, self.num_layers)
         cos, sin = rope_tables(hf_config, self.head_dim, self.max_context)
-        # rotate_half(x) * sin == cat(x2, x1) * cat(-sin, sin): store the signed sin, skip the negation
-        # the KV pool holds the model dtype, as in HF: in bf16 it and its gathers move half the bytes, and
-        # decode attention runs in it (the CPU backend computes prompts in float32: attention_torch.py)
+        # the KV pool holds the model dtype, as in HF: in bf16 it and its gathers move half the
+        # bytes, and decode attention runs in it (the CPU backend computes prompts in float32:
+        # attention_torch.py)
         self.attn_dtype = dtype
-        # RoPE itself runs in float32 on a CPU, so a bf16 query/key is rounded once, after the rotation,
-        # not after each of its products and sums
+        # RoPE itself runs in float32 on a CPU, so a bf16 query/key is rounded once, after the
+        # rotation, not after each of its products and sums
         self.rope_dtype = torch.float32 if self.device.type == "cpu" else dtype
-        self.rope_cos = torch.cat((cos, cos), dim=-1).to(
-            device=self.device, dtype=self.rope_dtype
-        )  # [max_context, D]
+        # [max_context, D] each; rotate_half(x) * sin == cat(x2, x1) * cat(-sin, sin): store the
+        # signed sin, skip the negation
+        self.rope_cos = torch.cat((cos, cos), dim=-1).to(device=self.device, dtype=self.rope_dtype)
         self.rope_sin = torch.cat((-sin, sin), dim=-1).to(device=self.device, dtype=self.rope_dtype)
-        self.layers: list[_Layer] = []
+        self.layers: list[LayerWeights] = []
         self.eager_dims = self.layer_dims()
         self.embed: torch.Tensor | None = None
         self.final_norm: torch.Tensor | None = None
         self.lm_head: LogitsHead | None = None
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], int4: bool = False) -> None:
-        """Takes HF parameter names (model.layers.N.self_attn.q_proj.weight, ...); fuses as it goes.
-        int4: also keep a 4-bit copy of every linear weight that is exactly 4-bit groups (a Q4 GGUF's),
-        for steps of a few rows (int4_weight.py); the state dict must then be float32, unrounded."""
-        sd = {k.removeprefix("model."): v for k, v in state_dict.items()}
-        used: set[str] = set()
-
-        def int4_of(*names: str) -> Int4Weight | None:
-            return Int4Weight.from_exact(torch.cat([sd[n] for n in names])) if int4 else None
-
-        def take(name: str, required: bool = True) -> torch.Tensor | None:
-            if name not in sd:
-                if required:
-                    raise ValueError(f"weight {name!r} missing from the checkpoint")
-                return None
-            used.add(name)
-            return sd[name].to(device=self.device, dtype=self.dtype)
-
-        def check(name: str, t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-            if tuple(t.shape) != shape:
-                raise ValueError(f"weight {name!r} has shape {tuple(t.shape)}, expected {shape}")
-            return t
-
-        H, D, Hq, Hkv, I = (
+        """Takes HF parameter names (model.layers.N.self_attn.q_proj.weight, ...); fuses as it goes
+        (llama_weights.py). int4: also keep a 4-bit copy of every linear weight that is exactly
+        4-bit groups (a Q4 GGUF's), for steps of a few rows (int4_weight.py); the state dict must
+        then be float32, unrounded."""
+        r = WeightReader(state_dict, self.device, self.dtype, int4)
+        s = WeightShapes(
             self.hidden_size,
             self.head_dim,
             self.num_q_heads,
             self.num_kv_heads,
             self.intermediate_size,
+            self.vocab_local,
         )
-        self.embed = check(
-            "embed_tokens.weight", take("embed_tokens.weight"), (self.vocab_local, H)
+        H = self.hidden_size
+        self.embed = check_shape(
+            "embed_tokens.weight", r.take("embed_tokens.weight"), (self.vocab_local, H)
         )
-        self.final_norm = check("norm.weight", take("norm.weight"), (H,)).float()
-        lm_head = take("lm_head.weight", required=False)
-        tied = getattr(self.config, "tie_word_embeddings", False) or lm_head is None
-        self.lm_head = LogitsHead(
-            self.embed if tied else check("lm_head.weight", lm_head, (self.vocab_local, H)),
-            int4=int4_of("embed_tokens.weight" if tied else "lm_head.weight"),
-        )
+        self.final_norm = check_shape("norm.weight", r.take("norm.weight"), (H,)).float()
+        tie = getattr(self.config, "tie_word_embeddings", False)
+        self.lm_head = read_lm_head(r, self.embed, tie, s)
         self.layers = []
         for i in range(self.num_layers):
-            p = f"layers.{i}."
-            attn, mlp = p + "self_attn.", p + "mlp."
-            q, k, v = (take(attn + n + "_proj.weight") for n in "qkv")
-            qkv_w = check(attn + "qkv", torch.cat((q, k, v), dim=0), ((Hq + 2 * Hkv) * D, H))
-            biases = [take(attn + n + "_proj.bias", required=False) for n in "qkv"]
-            if any(b is not None for b in biases) and not all(b is not None for b in biases):
-                raise ValueError(f"layer {i}: q/k/v biases must be all present or all absent")
-            qkv_b = torch.cat(biases) if biases[0] is not None else None
-            q_norm, k_norm = (
-                take(attn + "q_norm.weight", required=False),
-                take(attn + "k_norm.weight", False),
-            )
-            qk_norm = None
-            if q_norm is not None and k_norm is not None:
-                qk_norm = torch.cat(
-                    (q_norm.expand(Hq, D), k_norm.expand(Hkv, D)), dim=0
-                ).contiguous()
-            gate, up = take(mlp + "gate_proj.weight"), take(mlp + "up_proj.weight")
-            self.layers.append(
-                _Layer(
-                    input_norm=check(
-                        p + "input_layernorm", take(p + "input_layernorm.weight"), (H,)
-                    ).float(),
-                    qkv=Linear(
-                        qkv_w, qkv_b, int4=int4_of(*(attn + n + "_proj.weight" for n in "qkv"))
-                    ),
-                    qk_norm=qk_norm,
-                    o=Linear(
-                        check(attn + "o_proj", take(attn + "o_proj.weight"), (H, Hq * D)),
-                        take(attn + "o_proj.bias", required=False),  # Llama attention_bias=True
-                        int4=int4_of(attn + "o_proj.weight"),
-                    ),
-                    post_norm=check(
-                        p + "post_attention_layernorm",
-                        take(p + "post_attention_layernorm.weight"),
-                        (H,),
-                    ).float(),
-                    gate_up=Linear(
-                        check(mlp + "gate_up", torch.cat((gate, up), dim=0), (2 * I, H)),
-                        int4=int4_of(mlp + "gate_proj.weight", mlp + "up_proj.weight"),
-                    ),
-                    down=Linear(
-                        check(mlp + "down_proj", take(mlp + "down_proj.weight"), (H, I)),
-                        int4=int4_of(mlp + "down_proj.weight"),
-                    ),
-                )
-            )
-        unused = sorted(
-            set(sd)
-            - used
-            - {"lm_head.weight"}
-            - {n for n in sd if n.endswith("rotary_emb.inv_freq")}
-        )
-        if unused:
-            raise ValueError(
-                f"unexpected weights in the checkpoint (unsupported architecture?): {unused[:5]}"
-            )
+            self.layers.append(read_layer(r, i, s))
+        r.check_all_used()
 
     def layer_dims(self, compiled: bool = False) -> LayerDims:
         return LayerDims(
@@ -256,20 +179,29 @@ class LlamaForCausalLM:
         )
 
     def forward(self, fb: ForwardBatch, kv: KVCache, attn, graphs: Any = None) -> torch.Tensor:
-        """Logits [R, vocab] float32 for rows fb.logits_rows of the flat token axis. graphs: the compiled
-        layer functions for this step's token count (compiled_layers.py), or None for eager."""
+        """Logits [R, vocab] float32 for rows fb.logits_rows of the flat token axis. graphs: the
+        compiled layer functions for this step's token count (compiled_layers.py), or None for
+        eager."""
         assert self.embed is not None, "load_weights first"
         if fb.attn_meta is None:
             attn.init_forward_metadata(fb)
-        T = fb.num_tokens
-        cos = self.rope_cos.index_select(0, fb.positions)[
-            :, None, :
-        ]  # [T, 1, D], shared by all layers
+        # [T, 1, D], shared by all layers
+        cos = self.rope_cos.index_select(0, fb.positions)[:, None, :]
         sin = self.rope_sin.index_select(0, fb.positions)[:, None, :]
-        # the residual stream stays float32 whatever the weights' dtype: a bf16 model then rounds only
-        # the matmul inputs and outputs (teacher-forced top-1 agreement with fp32 transformers 96.3% ->
-        # see tests/integration/test_default_dtype_quality.py), at no measurable cost
+        # the residual stream stays float32 whatever the weights' dtype: a bf16 model then rounds
+        # only the matmul inputs and outputs (teacher-forced top-1 agreement with fp32
+        # transformers 96.3% -> see tests/integration/test_default_dtype_quality.py), at no
+        # measurable cost
         h = self._embed(fb.input_ids)  # [T, H] float32
+        h, tail = self._run_layers(h, cos, sin, fb, kv, attn, graphs)
+        return self._logits(h, tail, fb, graphs)
+
+    def _run_layers(
+        self, h: torch.Tensor, cos, sin, fb: ForwardBatch, kv: KVCache, attn, graphs: Any
+    ) -> tuple[torch.Tensor, tuple]:
+        """Every layer up to the last one's attention: (the residual stream, the last layer's
+        feed-forward inputs: attention output, o_proj, post norm, gate_up, down). Between two
+        attentions one seam (feed-forward, then the next layer's q/k/v) runs, compiled or eager."""
         d = self.eager_dims
         first, last = self.layers[0], self.layers[-1]
         head = graphs.attention_inputs if graphs else partial(llama_layer.attention_inputs, d)
@@ -296,9 +228,7 @@ class LlamaForCausalLM:
             if layer is last:
                 break
             nxt = self.layers[i + 1]
-            if (
-                graphs is None and self.tp is not None
-            ):  # tensor parallel: all-reduces between the matmuls
+            if graphs is None and self.tp is not None:  # tensor parallel: all-reduces between
                 h = llama_layer.feed_forward(d, h, *tail, reduce=self._reduce)
                 q, k, v = llama_layer.attention_inputs(
                     d, h, nxt.input_norm, nxt.qkv.op_args(), nxt.qk_norm, cos, sin
@@ -306,6 +236,12 @@ class LlamaForCausalLM:
                 continue
             step = graphs.seam if graphs else partial(llama_layer.seam, d)
             h, q, k, v = step(h, *tail, nxt.input_norm, nxt.qkv.op_args(), nxt.qk_norm, cos, sin)
+        return h, tail
+
+    def _logits(self, h: torch.Tensor, tail: tuple, fb: ForwardBatch, graphs: Any) -> torch.Tensor:
+        """The last layer's feed-forward, the final norm and the logits of rows fb.logits_rows
+        (under vocab parallelism rank 0 gets every rank's slice, the others None)."""
+        d = self.eager_dims
         if self.tp is not None:
             x = llama_layer.norm(
                 d, llama_layer.feed_forward(d, h, *tail, reduce=self._reduce), self.final_norm
@@ -314,24 +250,25 @@ class LlamaForCausalLM:
             x = (graphs.final if graphs else partial(llama_layer.final, d))(
                 h, *tail, self.final_norm
             )
-        if fb.logits_rows.shape[0] != T:
+        if fb.logits_rows.shape[0] != fb.num_tokens:
             x = x.index_select(0, fb.logits_rows)
         logits = self.lm_head(x)
-        if self.tp is not None:  # vocab parallel: rank 0 gets every rank's slice, the others None
+        if self.tp is not None:
             return self.tp.gather_last_dim(logits)
         return logits
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp is None:
             return F.embedding(ids, self.embed).float()
-        # vocab parallel: each rank looks up the ids of its slice (zeros elsewhere) and the ranks sum
+        # vocab parallel: each rank looks up the ids of its slice (zeros elsewhere), the ranks sum
         local = ids - self.shard.vocab_start
         here = (local >= 0) & (local < self.vocab_local)
         h = F.embedding(local.clamp(0, self.vocab_local - 1), self.embed).float() * here[:, None]
         return self.tp.all_reduce(h)
 
     def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
-        """A row-parallel layer's output: the sum over ranks (in float32, as the residual stream)."""
+        """A row-parallel layer's output: the sum over ranks (in float32, as the residual
+        stream)."""
         if self.tp is None:
             return partial
         return self.tp.all_reduce(partial.float())
