@@ -4,8 +4,8 @@ The model runner calls `sample` once per step with one logits row per request th
 next token. Order of work, per row (what HF `generate` and the OpenAI API do):
 
   1. constrained-decoding mask and `blocked_ids` -> -inf          (before everything else)
-  2. repetition_penalty on prompt+output tokens (HF), then frequency/presence on output tokens (OpenAI),
-     then logit_bias (OpenAI: added to the logit)
+  2. repetition_penalty on prompt+output tokens (HF), then frequency/presence on output tokens
+     (OpenAI), then logit_bias (OpenAI: added to the logit)
   3. greedy rows (temperature 0 or top_k 1): argmax
   4. sampled rows: softmax(logits / temperature); keep top_k; keep the top_p nucleus of what is
      left (renormalised, as HF's warpers chain); drop tokens below min_p * max prob; draw. The draw
@@ -18,6 +18,8 @@ token does not depend on the batch, the global RNG, or a preemption in between (
 Logprobs are log_softmax of the RAW logits (before mask, penalties, temperature), as SGLang reports
 them by default. Everything stays on the logits' device; the only host sync is one `.tolist()` of
 the chosen ids (plus the logprob tensors when a row asked for them).
+
+Steps 1 and 2 are sampler_logits.py's, the draw of step 4 sampler_draw.py's.
 """
 
 from __future__ import annotations
@@ -28,11 +30,13 @@ import torch
 
 from radixrt.runtime.core.plan import SampleRow
 from radixrt.runtime.model.sampler_draw import draw_inverse_cdf, draw_race, use_race
+from radixrt.runtime.model.sampler_logits import apply_masks, apply_penalties, index_tensor
 from radixrt.runtime.sampling_params import SamplingParams
 
 
 class NoAllowedTokenError(AssertionError):
-    """Rows whose grammar mask and blocked ids exclude every token: a bug upstream, but only theirs."""
+    """Rows whose grammar mask and blocked ids exclude every token: a bug upstream, but only
+    theirs."""
 
     def __init__(self, rows: list[int]):
         super().__init__(
@@ -54,7 +58,8 @@ class SampleResult:
 def sample(
     logits: torch.Tensor, rows: list[SampleRow], allowed_mask: torch.Tensor | None = None
 ) -> SampleResult:
-    """logits: [B, V] float32, never modified. allowed_mask: optional [B, V] bool, True = allowed."""
+    """logits: [B, V] float32, never modified. allowed_mask: optional [B, V] bool, True =
+    allowed."""
     assert logits.dim() == 2 and logits.shape[0] == len(rows), (tuple(logits.shape), len(rows))
     num_rows, vocab_size = logits.shape
     raw = logits
@@ -67,18 +72,16 @@ def sample(
     x = apply_penalties(x, rows, in_place=x is not raw)
 
     sampled_rows = [i for i, r in enumerate(rows) if not r.params.is_greedy]
-    if (
-        has_mask
-    ):  # max gives the greedy ids and, in the same pass, the rows left with no allowed token
+    if has_mask:  # max gives the greedy ids and, in one pass, the rows left with no allowed token
         max_vals, next_ids = x.max(dim=-1)
     elif len(sampled_rows) < num_rows:
-        # the common case, all greedy: this one kernel and the .tolist(); max(dim) gives argmax's first
-        # index at 3x its speed on a CPU (0.17 vs 0.51 ms for 16 x 49,152)
+        # the common case, all greedy: this one kernel and the .tolist(); max(dim) gives argmax's
+        # first index at 3x its speed on a CPU (0.17 vs 0.51 ms for 16 x 49,152)
         next_ids = x.max(dim=-1)[1]
     if len(sampled_rows) == num_rows:
         next_ids = _sample_rows(x, rows)
     elif sampled_rows:
-        sel = _index_tensor(sampled_rows, x.device)
+        sel = index_tensor(sampled_rows, x.device)
         next_ids.index_copy_(
             0, sel, _sample_rows(x.index_select(0, sel), [rows[i] for i in sampled_rows])
         )
@@ -96,114 +99,12 @@ def sample(
     return SampleResult(next_list, logprobs, top_logprobs)
 
 
-def apply_masks(
-    logits: torch.Tensor, rows: list[SampleRow], allowed_mask: torch.Tensor | None
-) -> torch.Tensor:
-    """A new tensor with disallowed (mask False) and blocked ids set to -inf."""
-    if allowed_mask is not None:
-        assert allowed_mask.shape == logits.shape and allowed_mask.dtype == torch.bool, (
-            tuple(allowed_mask.shape),
-            allowed_mask.dtype,
-        )
-        out = torch.where(allowed_mask, logits, float("-inf"))
-    else:
-        out = logits.clone()
-    vocab_size = logits.shape[1]
-    flat_idx = [
-        i * vocab_size + t for i, r in enumerate(rows) if r.blocked_ids for t in r.blocked_ids
-    ]
-    if flat_idx:
-        assert all(0 <= t < vocab_size for r in rows if r.blocked_ids for t in r.blocked_ids), (
-            "blocked id out of range"
-        )
-        out.view(-1).index_fill_(0, _index_tensor(flat_idx, logits.device), float("-inf"))
-    return out
-
-
-def apply_penalties(
-    logits: torch.Tensor, rows: list[SampleRow], in_place: bool = False
-) -> torch.Tensor:
-    """repetition_penalty (HF: seen logit > 0 is divided, else multiplied) over prompt+output tokens,
-    then logit -= frequency_penalty * count + presence_penalty * (count > 0) over output tokens (OpenAI),
-    then logit += logit_bias[token] (OpenAI).
-
-    Scatter ops on the flat (row * V + token) indices of the rows that have penalties, so the cost is
-    the number of tokens, not B * V. Duplicate indices are fine: index_put_ writes the same value
-    computed from the pre-update logit for every duplicate, and index_add_ adds one -frequency each.
-    Returns `logits` itself when nothing applies; otherwise a modified copy unless in_place.
-    """
-    rep_rows = [i for i, r in enumerate(rows) if r.params.repetition_penalty != 1.0]
-    out_rows = [
-        i
-        for i, r in enumerate(rows)
-        if r.output_ids and (r.params.frequency_penalty != 0.0 or r.params.presence_penalty != 0.0)
-    ]
-    bias_rows = [i for i, r in enumerate(rows) if r.params.logit_bias]
-    if not rep_rows and not out_rows and not bias_rows:
-        return logits
-    out = logits if in_place else logits.clone(memory_format=torch.contiguous_format)
-    flat = out.view(-1)  # [B * V]; in_place callers pass a contiguous tensor
-    vocab_size = logits.shape[1]
-    if rep_rows:
-        idx, pen = _flat_indices(
-            rep_rows,
-            [rows[i].prompt_ids + rows[i].output_ids for i in rep_rows],
-            [[rows[i].params.repetition_penalty] for i in rep_rows],
-            vocab_size,
-            out.device,
-        )
-        vals = flat[idx]
-        flat[idx] = torch.where(vals > 0, vals / pen[0], vals * pen[0])
-    if out_rows:
-        idx, pen = _flat_indices(
-            out_rows,
-            [rows[i].output_ids for i in out_rows],
-            [[rows[i].params.presence_penalty, rows[i].params.frequency_penalty] for i in out_rows],
-            vocab_size,
-            out.device,
-        )
-        flat[idx] = flat[idx] - pen[0]
-        flat.index_add_(0, idx, -pen[1])
-    if (
-        bias_rows
-    ):  # token ids are unique per row (canonical decimal keys) and checked < V at the request edge
-        pairs = [
-            (i * vocab_size + t, b) for i in bias_rows for t, b in rows[i].params.logit_bias_pairs()
-        ]
-        flat.index_add_(
-            0,
-            _index_tensor([f for f, _ in pairs], out.device),
-            torch.tensor([b for _, b in pairs], dtype=out.dtype).to(out.device),
-        )
-    return out
-
-
-def _flat_indices(
-    row_ids: list[int],
-    token_lists: list[list[int]],
-    row_values: list[list[float]],
-    vocab_size: int,
-    device: torch.device,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Flat indices row * V + token for every token of every row, and each row's values repeated per
-    token ([num_values, N]). Built on the CPU, one copy each to the device."""
-    lens = torch.tensor([len(t) for t in token_lists])
-    tokens = torch.tensor([t for ts in token_lists for t in ts], dtype=torch.int64)
-    assert tokens.numel() == 0 or (int(tokens.min()) >= 0 and int(tokens.max()) < vocab_size), (
-        "token id out of range"
-    )
-    flat = torch.tensor(row_ids, dtype=torch.int64).repeat_interleave(lens) * vocab_size + tokens
-    values = (
-        torch.tensor(row_values, dtype=torch.float32).repeat_interleave(lens, dim=0).T
-    )  # [num_values, N]
-    return flat.to(device, non_blocking=True), values.contiguous().to(device, non_blocking=True)
-
-
 def _sample_rows(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
     """Draw one id per row from [S, V] logits of non-greedy rows; returns [S] int64 ids."""
     probs = truncated_probs(logits, rows)
-    # second line of defence (the edge bounds temperature and penalties): a row whose probabilities are
-    # NaN or sum to nothing picks its largest finite logit instead of breaking the draw
+    # second line of defence (the edge bounds temperature and penalties): a row whose
+    # probabilities are NaN or sum to nothing picks its largest finite logit instead of breaking
+    # the draw
     bad = ~(probs.sum(dim=-1) > 0)  # NaN compares False
     if bool(bad.any()):
         rows_bad = bad.nonzero().squeeze(1)
@@ -230,52 +131,21 @@ def truncated_probs(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor
     so the distribution stays in vocabulary order and a seeded row's draw depends on its own row
     only, never on how the batch happened to be sorted."""
     num_rows, vocab_size = logits.shape
-    device = logits.device
     params = [r.params for r in rows]
     assert not any(p.is_greedy for p in params)
     top_ks = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
     has_k = [k < vocab_size for k in top_ks]
-    p_only = [
-        p.top_p < 1.0 and not k for p, k in zip(params, has_k)
-    ]  # nucleus may span the vocabulary
-    use_kp = any(has_k) or any(p.top_p < 1.0 for p in params)
-    use_min_p = any(p.min_p > 0.0 for p in params)
-    # one host->device copy for all per-row parameters: [5, S]
-    table = torch.tensor(
-        [
-            [p.temperature for p in params],
-            top_ks,
-            [p.top_p if p.top_p < 1.0 else float("inf") for p in params],  # inf: no rounding cut
-            [p.min_p for p in params],
-            [float(k or p.top_p < 1.0) for p, k in zip(params, has_k)],
-        ],
-        dtype=torch.float32,
-    ).to(device, non_blocking=True)
-    temperature, top_k, top_p, min_p, kp_row = table.unsqueeze(2)  # each [S, 1]
+    temperature, top_k, top_p, min_p, kp_row = _row_table(params, top_ks, has_k, logits.device)
 
     if any(p.temperature != 1.0 for p in params):
         logits = logits / temperature
     probs = torch.softmax(logits, dim=-1)
     threshold = max_prob = None
-    if use_kp:
-        vals = _sorted_prefix(
-            probs, max((k for k, h in zip(top_ks, has_k) if h), default=0), p_only, params
+    if any(has_k) or any(p.top_p < 1.0 for p in params):
+        threshold, max_prob = _top_k_top_p_threshold(
+            probs, params, top_ks, has_k, (top_k, top_p, kp_row)
         )
-        position = torch.arange(vals.shape[1], device=device, dtype=torch.float32)
-        in_k = position < top_k
-        vals_k = vals.masked_fill(~in_k, 0.0)
-        cum = vals_k.cumsum(dim=-1)
-        # top-p runs on the top-k renormalised distribution (HF chains the warpers): the mass of a
-        # top-k row is its prefix sum, of any other row the whole distribution (1).
-        mass = torch.where(top_k < vocab_size, cum[:, -1:], 1.0)
-        keep = in_k & (cum - vals_k <= top_p * mass)  # a prefix; the first token always stays
-        num_keep = keep.sum(dim=-1, keepdim=True)
-        # clamp: a NaN row keeps nothing (the draw falls back to its argmax, see _sample_rows)
-        threshold = (
-            vals.gather(1, (num_keep - 1).clamp_min_(0)) * kp_row
-        )  # rows with neither cut: threshold 0
-        max_prob = vals[:, :1]
-    if use_min_p:
+    if any(p.min_p > 0.0 for p in params):
         max_prob = probs.amax(dim=-1, keepdim=True) if max_prob is None else max_prob
         threshold = (
             max_prob * min_p if threshold is None else torch.maximum(threshold, max_prob * min_p)
@@ -283,6 +153,54 @@ def truncated_probs(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor
     if threshold is not None:
         probs = probs.masked_fill(probs < threshold, 0.0)
     return probs
+
+
+def _row_table(
+    params: list[SamplingParams], top_ks: list[int], has_k: list[bool], device: torch.device
+) -> torch.Tensor:
+    """The per-row parameters in one host->device copy: [5, S, 1] = temperature, top_k, top_p
+    (inf when off: no rounding cut), min_p, and 1 for rows with a top-k or top-p cut."""
+    table = torch.tensor(
+        [
+            [p.temperature for p in params],
+            top_ks,
+            [p.top_p if p.top_p < 1.0 else float("inf") for p in params],
+            [p.min_p for p in params],
+            [float(k or p.top_p < 1.0) for p, k in zip(params, has_k)],
+        ],
+        dtype=torch.float32,
+    ).to(device, non_blocking=True)
+    return table.unsqueeze(2)
+
+
+def _top_k_top_p_threshold(
+    probs: torch.Tensor,
+    params: list[SamplingParams],
+    top_ks: list[int],
+    has_k: list[bool],
+    columns: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's probability threshold for its top-k and top-p cuts (0 for rows with neither) and
+    its largest probability. columns: the top_k, top_p and cut-row columns of _row_table, [S, 1]."""
+    top_k, top_p, kp_row = columns
+    vocab_size = probs.shape[1]
+    p_only = [p.top_p < 1.0 and not k for p, k in zip(params, has_k)]  # nucleus may span the vocab
+    vals = _sorted_prefix(
+        probs, max((k for k, h in zip(top_ks, has_k) if h), default=0), p_only, params
+    )
+    position = torch.arange(vals.shape[1], device=probs.device, dtype=torch.float32)
+    in_k = position < top_k
+    vals_k = vals.masked_fill(~in_k, 0.0)
+    cum = vals_k.cumsum(dim=-1)
+    # top-p runs on the top-k renormalised distribution (HF chains the warpers): the mass of a
+    # top-k row is its prefix sum, of any other row the whole distribution (1).
+    mass = torch.where(top_k < vocab_size, cum[:, -1:], 1.0)
+    keep = in_k & (cum - vals_k <= top_p * mass)  # a prefix; the first token always stays
+    num_keep = keep.sum(dim=-1, keepdim=True)
+    # clamp: a NaN row keeps nothing (the draw falls back to its argmax, see _sample_rows);
+    # rows with neither cut get threshold 0
+    threshold = vals.gather(1, (num_keep - 1).clamp_min_(0)) * kp_row
+    return threshold, vals[:, :1]
 
 
 # A full sort of 32 x 49152 costs ~100 ms on a CPU core and topk(1024) ~10 ms.
@@ -309,10 +227,6 @@ def _sorted_prefix(
     return probs.sort(dim=-1, descending=True).values
 
 
-def _index_tensor(values: list[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.int64).to(device, non_blocking=True)
-
-
 def _logprobs(
     raw: torch.Tensor, rows: list[SampleRow], lp_rows: list[int], next_ids: torch.Tensor
 ) -> tuple[list[float | None], list[list[tuple[float, int]] | None]]:
@@ -320,7 +234,7 @@ def _logprobs(
     if len(lp_rows) == len(rows):
         lp, chosen = torch.log_softmax(raw, dim=-1), next_ids
     else:
-        sel = _index_tensor(lp_rows, raw.device)
+        sel = index_tensor(lp_rows, raw.device)
         lp, chosen = (
             torch.log_softmax(raw.index_select(0, sel), dim=-1),
             next_ids.index_select(0, sel),
