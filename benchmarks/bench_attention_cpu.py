@@ -26,7 +26,8 @@ import torch
 
 from radixrt.kernels.attention_torch import TorchAttentionBackend
 from radixrt.runtime.core.page_allocator import slots_of
-from radixrt.runtime.model.forward_batch import BatchItem, build_forward_batch
+from radixrt.runtime.core.plan import PlanItem
+from radixrt.runtime.model.forward_batch import build_forward_batch
 
 HQ, HKV, D = 9, 3, 64
 
@@ -49,7 +50,7 @@ def build(
             [free.pop() for _ in range(pages_of(own_len))], 0, own_len, page_size
         )
         items.append(
-            BatchItem(
+            PlanItem(
                 row=row,
                 new_ids=[1] * new_len,
                 prefix_len=seq_len - new_len,

@@ -29,7 +29,8 @@ import triton  # noqa: E402
 from triton.testing import do_bench  # noqa: E402
 
 from radixrt.kernels.attention_triton import TritonAttentionBackend  # noqa: E402
-from radixrt.runtime.model.forward_batch import BatchItem, build_forward_batch  # noqa: E402
+from radixrt.runtime.core.plan import PlanItem
+from radixrt.runtime.model.forward_batch import build_forward_batch  # noqa: E402
 
 DEV = "cuda"
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -55,7 +56,7 @@ def build(prefix_lens, extend_lens, hq, hkv, d, page_size, dtype, seed=0):
     for i, (p, e) in enumerate(zip(prefix_lens, extend_lens)):
         pages = [free.pop() for _ in range(pages_needed[i])]
         slots = [pages[j // page_size] * page_size + j % page_size for j in range(p + e)]
-        items.append(BatchItem(row=i, new_ids=[1] * e, prefix_len=p, slots=slots, write_start=0))
+        items.append(PlanItem(row=i, new_ids=[1] * e, prefix_len=p, slots=slots, write_start=0))
     fb = build_forward_batch(items, req_to_slot, device=DEV)
     num_slots = sum(pages_needed) * page_size
     k_cache = torch.randn(num_slots, hkv, d, device=DEV, dtype=dtype)

@@ -12,7 +12,8 @@ import random
 import torch
 
 from radixrt.kernels.attention_reference import reference_attention
-from radixrt.runtime.model.forward_batch import BatchItem, build_forward_batch
+from radixrt.runtime.core.plan import PlanItem
+from radixrt.runtime.model.forward_batch import build_forward_batch
 
 
 def make_case(
@@ -47,7 +48,7 @@ def make_case(
         page_lists.append(pages)
         slots = [pages[j // page_size] * page_size + j % page_size for j in range(p + e)]
         items.append(
-            BatchItem(
+            PlanItem(
                 row=i + 1,
                 new_ids=[gen.randrange(100) for _ in range(e)],
                 prefix_len=p,

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from radixrt.runtime.core.page_allocator import TableRows, slots_of
-from radixrt.runtime.model.forward_batch import BatchItem, build_forward_batch
+from radixrt.runtime.core.plan import PlanItem
+from radixrt.runtime.model.forward_batch import build_forward_batch
 from radixrt.runtime.model.kv_cache import KVCache, ReqToSlotTable
 
 _INTEGRATION_DIR = pathlib.Path(__file__).parent / "integration"
@@ -124,7 +125,7 @@ class PagedDriver:
             while len(req["pages"]) * self.page_size < seq_len:
                 req["pages"].append(self.free_pages.pop())
             items.append(
-                BatchItem(
+                PlanItem(
                     row=req["row"],
                     new_ids=list(ids),
                     prefix_len=prefix_len,

@@ -61,6 +61,8 @@ class FakeRunner:
         self.tokenizer = FakeTokenizer()
         self.model_path = "fake"
         self.dtype_name = "fake"
+        self.kv_bytes_per_token = self.kv_pool_bytes = self.kv_cache_dtype = None  # no real pool
+        self.exit_on_rank_loss = False
         self.kv: dict[int, tuple[int, int]] = {}  # slot -> (position, token)
         self.table: dict[int, dict[int, int]] = {}  # row -> position -> slot
         self.num_forwards = 0
@@ -73,8 +75,13 @@ class FakeRunner:
         self.kv_tier = FakeTierStore(self.kv, self.page_size, num_pages)
         return self.kv_tier
 
-    def run(self, plan: list[PlanItem]) -> list[ItemResult]:
+    def close(self) -> None:
+        pass
+
+    def run(self, plan: list[PlanItem], mask_sources: list = ()) -> list[ItemResult]:
         self.num_forwards += 1
+        for it in plan:  # a constrained pick names its mask source in this step's list
+            assert all(p.mask is None or 0 <= p.mask < len(mask_sources) for p in it.picks)
         rows = [it.row for it in plan]
         assert len(set(rows)) == len(rows), "a table row twice in one batch"
         written: set[int] = set()

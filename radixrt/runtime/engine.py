@@ -107,31 +107,16 @@ class Engine:
         )
         if len(params) != len(ids_list):
             raise ValueError(f"got {len(params)} sampling_params for {len(ids_list)} prompts")
-        msgs: list[list[TokenizedGenerateReq]] = []
-        for ids, p in zip(ids_list, params):
-            sp = SamplingParams.from_dict(p)
-            self._validate_constraint(sp)
-            start = check_prompt(
-                ids,
-                sp,
-                self.scheduler.limits,
-                return_logprob=return_logprob,
-                logprob_start_len=logprob_start_len,
-                top_logprobs_num=top_logprobs_num,
-            )
-            msgs.append(
-                expand_n(
-                    self._new_rid(),
-                    ids,
-                    sp,
-                    stream=stream,
-                    return_logprob=return_logprob,
-                    logprob_start_len=start,
-                    top_logprobs_num=top_logprobs_num,
-                    program_id=program_id,
-                    session_id=session_id,
-                )
-            )
+        options = dict(
+            stream=stream,
+            return_logprob=return_logprob,
+            top_logprobs_num=top_logprobs_num,
+            program_id=program_id,
+            session_id=session_id,
+        )
+        msgs = [
+            self._messages(ids, p, logprob_start_len, options) for ids, p in zip(ids_list, params)
+        ]
         flat = [m for copies in msgs for m in copies]
         if stream:
             if len(flat) != 1:
@@ -143,6 +128,22 @@ class Engine:
         results = [[seqs[m.rid].output() for m in copies] for copies in msgs]
         out = [r[0] if len(r) == 1 else r for r in results]
         return out[0] if single else out
+
+    def _messages(
+        self, ids: list[int], params: dict | None, logprob_start_len: int | None, options: dict
+    ) -> list[TokenizedGenerateReq]:
+        """One prompt's requests (n of them with n > 1), checked at the edge as the server does."""
+        sp = SamplingParams.from_dict(params)
+        self._validate_constraint(sp)
+        start = check_prompt(
+            ids,
+            sp,
+            self.scheduler.limits,
+            return_logprob=options["return_logprob"],
+            logprob_start_len=logprob_start_len,
+            top_logprobs_num=options["top_logprobs_num"],
+        )
+        return expand_n(self._new_rid(), ids, sp, logprob_start_len=start, **options)
 
     def pin_prefix(
         self,
@@ -199,12 +200,7 @@ class Engine:
             for rid in list(self._sequences):
                 self.scheduler.abort(rid)
             self._sequences.clear()
-            if self.scheduler.grammar_backends is not None:
-                for backend in self.scheduler.grammar_backends.built():
-                    backend.shutdown()
-            close_runner = getattr(self.scheduler.runner, "close", None)  # tensor parallel workers
-            if close_runner is not None:
-                close_runner()
+            self.scheduler.close()
 
     def __enter__(self) -> "Engine":
         return self
@@ -261,9 +257,8 @@ class Engine:
             with self._lock:
                 if done():
                     return
-                before = self.scheduler.stats.num_forwards
-                self._dispatch(self.scheduler.step())
-                ran = self.scheduler.stats.num_forwards != before
+                ran = self.scheduler.step()
+                self._dispatch(self.scheduler.take_outputs())
             if not ran:
                 time.sleep(0.001)  # only grammar compilations (or other threads' work) pending
 

@@ -40,6 +40,7 @@ class FakeScheduler:
         self.hang = False
         self.num_tokens_generated = 0
         self.num_aborted = 0
+        self.outputs: list[TokenOut] = []  # produced by step(), handed out by take_outputs()
 
     def _out(
         self, r: dict, new_ids: list[int], reason: dict | None, error: str | None = None
@@ -88,7 +89,7 @@ class FakeScheduler:
     def has_work(self) -> bool:
         return bool(self.running)
 
-    def step(self) -> list[TokenOut]:
+    def step(self) -> bool:
         if self.crash:
             os._exit(3)
         while self.hang:  # alive, answering nothing: only the heartbeat watchdog can notice
@@ -112,7 +113,15 @@ class FakeScheduler:
             if reason is not None or r["stream"]:
                 outs.append(self._out(r, r["out"][r["sent"] :], reason))
                 r["sent"] = len(r["out"])
+        self.outputs += outs
+        return True
+
+    def take_outputs(self) -> list[TokenOut]:
+        outs, self.outputs = self.outputs, []
         return outs
+
+    def close(self) -> None:
+        pass
 
     def flush_cache(self) -> bool:
         return not self.running

@@ -17,7 +17,8 @@ from radixrt.kernels.attention_torch import (
     _attend_lse_matmul,
 )
 from radixrt.runtime.core.page_allocator import slots_of
-from radixrt.runtime.model.forward_batch import BatchItem, build_forward_batch
+from radixrt.runtime.core.plan import PlanItem
+from radixrt.runtime.model.forward_batch import build_forward_batch
 
 HEAD_DIM = 16
 NUM_KV_HEADS = 2
@@ -72,7 +73,7 @@ def make_batch(
         write_start = rng.randint(0, prefix_len)
         table[row, :write_start] = torch.tensor(slots[:write_start], dtype=torch.int64)
         items.append(
-            BatchItem(
+            PlanItem(
                 row=row,
                 new_ids=[rng.randrange(100) for _ in range(extend_len)],
                 prefix_len=prefix_len,
@@ -394,7 +395,7 @@ def test_reference_is_causal_softmax():
     """The reference itself against a hand computation: one request, one head, 2 cached + 2 new tokens."""
     table = torch.zeros((1, 8), dtype=torch.int64)
     fb = build_forward_batch(
-        [BatchItem(row=0, new_ids=[1, 2], prefix_len=2, slots=[3, 1, 0, 2], write_start=0)], table
+        [PlanItem(row=0, new_ids=[1, 2], prefix_len=2, slots=[3, 1, 0, 2], write_start=0)], table
     )
     k_cache = torch.randn(4, 1, 2)
     v_cache = torch.randn(4, 1, 2)

@@ -45,7 +45,8 @@ def run(s: Scheduler, prompts: dict[str, list[int]], max_new: int = 12) -> dict[
     for _ in range(2000):
         if not s.has_work():
             break
-        for o in s.step():
+        s.step()
+        for o in s.take_outputs():
             outs.setdefault(o.rid, []).append(o)
         s.check_integrity()
     assert not s.has_work(), "the scheduler did not finish"
@@ -126,8 +127,8 @@ def test_runner_plan_item_error_fails_only_those_items():
     real_run = s.runner.run
     state = {"armed": True}
 
-    def flaky(plan):
-        results = real_run(plan)
+    def flaky(plan, mask_sources):
+        results = real_run(plan, mask_sources)
         for i, it in enumerate(plan):
             if state["armed"] and MARK in it.prompt_ids and it.picks:
                 state["armed"] = False

@@ -8,12 +8,14 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 import radixrt
 
 PACKAGE_DIR = pathlib.Path(radixrt.__file__).parent
-MAX_LINES = (
-    320  # "about 300": a file past this is two concepts, unless it says why in a LONG_FILE note
-)
+# "about 300": a file past this is two concepts, unless it says why in a LONG_FILE note
+MAX_LINES = 320
+MAX_FUNCTION_LINES = 60  # a function longer than this does more than one job (kernels excepted)
 
 
 def module_name(path: pathlib.Path) -> str:
@@ -82,14 +84,66 @@ def test_core_imports_without_torch():
     assert len(core) >= 10
 
 
-def test_core_has_no_torch_import_anywhere_in_its_source():
-    """Function-level imports too (the subprocess test only runs module-level ones)."""
-    for name, path in MODULES.items():
+def reachable(name: str) -> dict[str, str]:
+    """Every radixrt module `name` imports by any path (function-level imports too), each with the
+    module that imports it."""
+    seen: dict[str, str] = {}
+    stack = [name]
+    while stack:
+        n = stack.pop()
+        for dep in GRAPH.get(n, ()):
+            if dep not in seen and dep != name:
+                seen[dep] = n
+                stack.append(dep)
+    return seen
+
+
+def imports_torch(name: str) -> bool:
+    tree = ast.parse(MODULES[name].read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and any(
+            a.name.split(".")[0] == "torch" for a in node.names
+        ):
+            return True
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "torch":
+            return True
+    return False
+
+
+def test_core_reaches_no_torch_by_any_path():
+    """Function-level imports too (the subprocess test only runs module-level ones): no module that
+    core imports, directly or through others, imports torch."""
+    for name in MODULES:
         if name.startswith("radixrt.runtime.core"):
-            text = path.read_text()
-            assert "import torch" not in text, name
-            for dep in GRAPH[name]:
-                assert not dep.startswith(("radixrt.runtime.model", "radixrt.kernels")), (name, dep)
+            for dep, importer in {name: name, **reachable(name)}.items():
+                assert not imports_torch(dep), f"{name} reaches torch through {importer} -> {dep}"
+
+
+def test_imports_reach_torch_finds_a_lazy_path():
+    assert imports_torch("radixrt.runtime.model.model_runner")
+    assert "radixrt.runtime.model.model_runner" in reachable("radixrt.runtime.scheduler_factory")
+
+
+@pytest.mark.parametrize(
+    "importer, forbidden",
+    [
+        ("radixrt.runtime.model", "radixrt.runtime.serving"),  # the runner knows no server
+        ("radixrt.runtime.model", "radixrt.runtime.constrained"),  # masks come as data
+        ("radixrt.runtime.serving", "radixrt.frontend"),  # the server needs no DSL
+        ("radixrt.runtime.core", "radixrt.runtime.model"),
+        ("radixrt.runtime.core", "radixrt.runtime.constrained"),  # grammars are handed in
+        ("radixrt.runtime.core", "radixrt.kernels"),
+    ],
+)
+def test_arrows_run_one_way(importer, forbidden):
+    bad = [
+        (name, dep)
+        for name in MODULES
+        if name.startswith(importer)
+        for dep in GRAPH[name]
+        if dep == forbidden or dep.startswith(forbidden + ".")
+    ]
+    assert not bad, bad
 
 
 def test_kernels_do_not_import_the_runtime():
@@ -149,4 +203,17 @@ def test_files_stay_small():
         lines = path.read_text().splitlines()
         if len(lines) > MAX_LINES and not any("LONG_FILE:" in line for line in lines[:30]):
             too_long.append((name, len(lines)))
+    assert not too_long, too_long
+
+
+def test_functions_stay_short():
+    too_long = []
+    for name, path in MODULES.items():
+        if name.startswith("radixrt.kernels"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    too_long.append((name, node.name, n))
     assert not too_long, too_long

@@ -84,7 +84,8 @@ def test_forked_samples_under_aborts_and_preemption(seed, page_size, pool, num_a
     outs, aborted = {}, set()
     steps = 0
     while s.has_work():
-        for o in s.step():
+        s.step()
+        for o in s.take_outputs():
             outs.setdefault(o.rid, []).append(o)
         s.check_integrity()
         steps += 1

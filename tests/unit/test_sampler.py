@@ -18,7 +18,12 @@ from radixrt.runtime.sampling_params import SamplingParams
 
 def row(output_ids=(), prompt_ids=(), **kw) -> SampleRow:
     extra = {k: kw.pop(k) for k in ("return_logprob", "top_logprobs_num", "blocked_ids") if k in kw}
-    return SampleRow(SamplingParams(**kw), list(output_ids), list(prompt_ids), **extra)
+    return SampleRow(
+        params=SamplingParams(**kw),
+        output_ids=list(output_ids),
+        prompt_ids=list(prompt_ids),
+        **extra,
+    )
 
 
 def rand_logits(num_rows: int, vocab_size: int, seed: int, scale: float = 2.0) -> torch.Tensor:
@@ -196,7 +201,7 @@ def draw_counts(
 ) -> list[np.ndarray]:
     """num_draws draws per config, all configs interleaved in ONE batched call (per-row params)."""
     shared = [
-        SampleRow(SamplingParams(**c), [], []) for c in configs
+        SampleRow(params=SamplingParams(**c), output_ids=[], prompt_ids=[]) for c in configs
     ]  # rows are read-only: share them
     rows = shared * num_draws
     torch.manual_seed(torch_seed)

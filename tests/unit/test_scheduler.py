@@ -47,7 +47,8 @@ def drain(s, outs=None, max_steps=10_000):
     for _ in range(max_steps):
         if not s.has_work():
             return outs
-        for o in s.step():
+        s.step()
+        for o in s.take_outputs():
             outs.setdefault(o.rid, []).append(o)
         s.check_integrity()
     raise AssertionError("scheduler did not finish")
@@ -136,6 +137,7 @@ def test_abort_frees_pages_at_once():
     submit(s, "y", list(range(5, 30)), max_new_tokens=200, ignore_eos=True)
     for _ in range(5):
         s.step()
+        s.take_outputs()  # this step's outputs are not looked at
     outs = s.abort("x")
     assert outs[-1].finished_reason["type"] == "abort"
     s.check_integrity()
@@ -228,7 +230,8 @@ def test_fuzz_random_arrivals_aborts_and_sizes(
             aborted.add(rid)
             for o in s.abort(rid):
                 outs.setdefault(o.rid, []).append(o)
-        for o in s.step():
+        s.step()
+        for o in s.take_outputs():
             outs.setdefault(o.rid, []).append(o)
         s.check_integrity()
         step += 1
@@ -291,7 +294,8 @@ def test_rejected_drafts_give_their_pages_back_and_never_preempt():
                             )
             outs = {}
             while s.has_work():
-                for o in s.step():
+                s.step()
+                for o in s.take_outputs():
                     outs.setdefault(o.rid, []).append(o)
                 s.check_integrity()
                 for req in s.running:
@@ -315,7 +319,10 @@ def test_draft_tokens_per_step_are_budgeted(monkeypatch):
         attach_drafts(s, rid, rng, wrong=0.0)
     run = s.runner.run
     per_step = []
-    s.runner.run = lambda plan: (per_step.append(sum(it.num_draft for it in plan)), run(plan))[1]
+    s.runner.run = lambda plan, masks: (
+        per_step.append(sum(it.num_draft for it in plan)),
+        run(plan, masks),
+    )[1]
     outs = drain(s)
     assert max(per_step) == 7 and all(
         ids(outs, rid) == reference_output(p, 20, VOCAB, None) for rid, p in prompts.items()
@@ -379,6 +386,7 @@ def test_pins_hold_a_prefix_against_eviction_until_unpinned_or_expired():
     )
     drain(s)
     s.step()
+    s.take_outputs()  # this step's outputs are not looked at
     assert s.server_info()["num_pins"] == 0
     assert_all_pages_back(s)
 
@@ -420,7 +428,9 @@ def test_abort_in_the_middle_of_a_chunked_prefill(page_size):
     p = [rng.randrange(1, VOCAB) for _ in range(100)]
     submit(s, "long", p, max_new_tokens=6)
     s.step()
+    s.take_outputs()  # this step's outputs are not looked at
     s.step()
+    s.take_outputs()  # this step's outputs are not looked at
     (req,) = s.running
     assert 0 < req.kv_len < len(p) and not req.output_ids, "not in the middle of its prefill"
     outs = s.abort("long")

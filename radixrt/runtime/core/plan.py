@@ -1,18 +1,20 @@
-"""The scheduler's batch type: plain data describing one step, and what the runner returns.
+"""The seam between the scheduler and the model runner: the plan of one step (plain data), what the
+runner returns, and the Runner interface the scheduler drives.
 
 The runner turns a list of PlanItem into a ForwardBatch (tensors). Nothing here is a tensor, a
-request or a grammar: the runner sees ids, table rows, slots, sampling rows and mask sources.
+request or a grammar: the runner sees ids, table rows, slots and sampling rows; a constrained row
+carries the index of its mask source, a list the scheduler passes beside the plan.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from radixrt.runtime.sampling_params import SamplingParams
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class SampleRow:
     """One token to pick: how to sample it and what it may be."""
 
@@ -21,33 +23,52 @@ class SampleRow:
     prompt_ids: list[int]  # repetition_penalty covers prompt + output tokens, as HF does
     return_logprob: bool = False
     top_logprobs_num: int = 0
-    blocked_ids: list[int] | None = (
-        None  # ids that must not be picked (EOS before min_new_tokens, ...)
-    )
-    mask_source: Any = None  # constrained decoding: an object with fill_mask(row) (None: free)
+    blocked_ids: list[int] | None = None  # must not be picked (EOS before min_new_tokens, ...)
+    # constrained decoding: index into the step's mask sources (Runner.run), None: unconstrained
+    mask: int | None = None
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class PlanItem:
+    """One request's part of a step. Built by keyword; crosses processes by field name (to_wire)."""
+
     row: int  # the request's row of the req->slot table
     new_ids: list[int]  # tokens fed this step: fill_ids[prefix_len : prefix_len + len(new_ids)]
     prefix_len: int  # KV already stored before the step
     slots: list[int]  # pool slots of positions [write_start, prefix_len + len(new_ids))
-    write_start: int  # 0 on (re)admission, so the table row gets the borrowed prefix too
-    logits_start: int | None  # prompt logprobs wanted from this position on (None: last token only)
-    picks: list[SampleRow] = field(default_factory=list)
+    write_start: int  # first position whose slot is (re)written into the table row
+    logits_start: int | None = None  # prompt logprobs from this position on (None: last token)
     # tokens to pick: none (a prefill chunk that does not complete the prompt), one after the last
     # fed token, or with a draft one after the request's own last token and one after each draft
     # token (none after a draft token that ends the grammar)
+    picks: tuple[SampleRow, ...] = ()
     num_draft: int = 0  # the last num_draft new_ids are a jump-forward draft to verify
     prompt_ids: list[int] = field(default_factory=list)  # the prompt (prompt logprobs score it)
-    output_ids: list[int] = field(
-        default_factory=list
-    )  # generated so far: fill_ids = prompt_ids + output_ids
+    output_ids: list[int] = field(default_factory=list)  # fill_ids = prompt_ids + output_ids
     top_logprobs_num: int = 0  # top-n prompt logprobs per scored position
-    # (source page, destination page): KV the runner copies before the forward (a forked sample's first
-    # page of its own, filled from its donor's partial last prompt page: admission.py)
-    page_copies: list[tuple[int, int]] = field(default_factory=list)
+    # (source page, destination page): KV the runner copies before the forward (a forked sample's
+    # first page of its own, filled from its donor's partial last prompt page: admission.py)
+    page_copies: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def logits_from(self) -> int | None:
+        """First position whose logits the forward keeps (None: the last fed token's only): a draft
+        wants every new position's, like prompt logprobs from prefix_len on."""
+        return self.prefix_len if self.num_draft else self.logits_start
+
+    # the fields a forward needs: what tensor parallelism sends to the other ranks (they sample
+    # nothing, so picks stay behind)
+    WIRE_FIELDS = ("row", "new_ids", "prefix_len", "slots", "write_start", "logits_start",
+                   "num_draft", "page_copies")  # fmt: skip
+
+    def to_wire(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.WIRE_FIELDS}
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> PlanItem:
+        fields = {name: data[name] for name in cls.WIRE_FIELDS}
+        fields["page_copies"] = tuple(tuple(c) for c in fields["page_copies"])
+        return cls(**fields)
 
 
 @dataclass
@@ -70,3 +91,33 @@ class PlanItemError(RuntimeError):
         super().__init__(message)
         self.indices = list(indices)
         self.status = status  # 4xx: the requests asked for something impossible (their fault, not the server's)
+
+
+class Runner(Protocol):
+    """What the scheduler needs from a model runner (model/model_runner.ModelRunner, or a test's fake)."""
+
+    tokenizer: Any
+    model_path: str
+    dtype_name: str
+    vocab_size: int
+    context_length: int
+    eos_token_ids: list[int]
+    num_pages: int  # pages of the KV pool
+    max_rows: int  # rows of the req->slot table
+    kv_bytes_per_token: int | None
+    kv_pool_bytes: int | None
+    kv_cache_dtype: str | None  # "bfloat16", "int8", ... (None: not a real pool)
+    exit_on_rank_loss: bool  # a lost tensor parallel rank ends the process (the scheduler process)
+
+    def run(self, plan: list[PlanItem], mask_sources: list[Any]) -> list[ItemResult]:
+        """One forward over the plan and its picks; mask_sources[k] fills the mask of rows with mask k.
+        Raises PlanItemError naming the items at fault."""
+        ...
+
+    def make_kv_tier(self, config: Any) -> Any:
+        """The second cache tier's page store (tiered_cache.TierStore)."""
+        ...
+
+    def close(self) -> None:
+        """Stop what the runner started (tensor parallel workers, the tier file)."""
+        ...

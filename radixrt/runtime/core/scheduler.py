@@ -10,6 +10,7 @@ come back as TokenOut messages. Admission, drafts, memory moves, finish rules an
 from __future__ import annotations
 
 import logging
+from typing import Any, Protocol
 
 from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.core import schedule_policy as policy
@@ -20,7 +21,7 @@ from radixrt.runtime.core.finish_reason import FinishReason
 from radixrt.runtime.core.outbox import Outbox
 from radixrt.runtime.core.page_allocator import PageAllocator, TableRows, slots_of
 from radixrt.runtime.core.pins import PinTable
-from radixrt.runtime.core.plan import ItemResult, PlanItem, PlanItemError
+from radixrt.runtime.core.plan import ItemResult, PlanItem, PlanItemError, Runner, SampleRow
 from radixrt.runtime.core.req import Req
 from radixrt.runtime.core.req_finish import (
     apply_prompt_logprobs,
@@ -40,9 +41,21 @@ from radixrt.runtime.sampling_params import SamplingParams
 log = logging.getLogger(__name__)
 
 
+class GrammarBackends(Protocol):
+    """The grammar backends by constraint kind (constrained/choose.py's BackendChooser), handed in by
+    whoever builds the scheduler: core never imports the grammar code (it needs torch)."""
+
+    def for_kind(self, kind: str) -> Any: ...
+
+    def built(self) -> list[Any]: ...
+
+
 class Scheduler(SchedulerAdmin):
-    def __init__(self, config: ServerConfig, runner):
-        """runner: model/model_runner.ModelRunner (scheduler_factory builds both) or a test's fake."""
+    def __init__(
+        self, config: ServerConfig, runner: Runner, grammar_backends: GrammarBackends | None = None
+    ):
+        """runner: model/model_runner.ModelRunner (scheduler_factory builds both) or a test's fake.
+        grammar_backends: constrained/choose.py's BackendChooser (None: constraints are refused)."""
         self.config = config
         self.runner = runner
         self.tokenizer = runner.tokenizer
@@ -64,9 +77,8 @@ class Scheduler(SchedulerAdmin):
         self.sessions = SessionTable(self.pins, config.session_ttl)
         self.stats = SchedulerStats()
         self.admission = Admission(config, self.tree, self.memory, self.stats, self.sessions)
-        self.grammar_backends = (
-            None  # constrained/choose.py's BackendChooser, built on the first constraint
-        )
+        self.grammar_backends = grammar_backends
+        self._mask_sources: list[Any] = []  # this step's, indexed by SampleRow.mask
         self.faults = FaultInjector()
         self.model_info = {
             "model_path": runner.model_path,
@@ -137,28 +149,18 @@ class Scheduler(SchedulerAdmin):
         self.waiting.append(req)
         return self.outbox.drain()
 
-    def get_grammar_backend(self, kind: str = "regex"):
+    def get_grammar_backend(self, kind: str = "regex") -> Any:
         """The grammar backend that serves constraints of `kind` (--grammar-backend; ebnf: llguidance)."""
         if self.grammar_backends is None:
-            from radixrt.runtime.constrained.choose import BackendChooser, make_backend
-
-            cfg = self.config
-            self.grammar_backends = BackendChooser(
-                cfg.grammar_backend,
-                lambda name: make_backend(
-                    name,
-                    self.tokenizer,
-                    self.runner.vocab_size,
-                    self._eos_list,
-                    cache_size=cfg.grammar_cache_size,
-                    compile_timeout=cfg.grammar_compile_timeout,
-                    enable_jump_forward=cfg.enable_jump_forward,
-                    compile_workers=cfg.grammar_compile_workers,
-                    compile_memory_mb=cfg.grammar_compile_memory_mb,
-                    json_schema_strict=cfg.json_schema_strict,
-                ),
-            )
+            raise ValueError("this scheduler was built without grammar backends: no constraints")
         return self.grammar_backends.for_kind(kind)
+
+    def close(self) -> None:
+        """Stop the grammar compile workers and what the runner started; the scheduler is done."""
+        if self.grammar_backends is not None:
+            for backend in self.grammar_backends.built():
+                backend.shutdown()
+        self.runner.close()
 
     def abort(self, rid: str) -> list[TokenOut]:
         for req in self.waiting:
@@ -174,23 +176,31 @@ class Scheduler(SchedulerAdmin):
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def step(self) -> list[TokenOut]:
-        if (
-            self.pins.expire()
-        ):  # sessions whose pin lapsed end with it; nothing to look at otherwise
+    def step(self) -> bool:
+        """Plan one step and run its forward; True when a forward ran. The step's outputs wait in
+        take_outputs()."""
+        if self.pins.expire():  # sessions whose pin lapsed end with it
             self.sessions.expire()
         self.admission.collect_grammars(self.waiting, self.faults.check, self._fail)
+        self._mask_sources = []
         plan = self._plan()
-        if plan:
-            self.stats.num_forwards += 1
-            try:
-                results = self.runner.run([item for _, item in plan])
-                if self.faults.enabled:  # off in production: no per-step work
-                    self.faults.check_plan([req.origin_input_ids for req, _ in plan])
-            except Exception as e:
-                self._recover(plan, e)
-                return self.outbox.drain()
-            self._apply(plan, results)
+        if not plan:
+            return False
+        self.stats.num_forwards += 1
+        try:
+            results = self.runner.run([item for _, item in plan], self._mask_sources)
+            if self.faults.enabled:  # off in production: no per-step work
+                self.faults.check_plan([req.origin_input_ids for req, _ in plan])
+        except Exception as e:
+            self._recover(plan, e)
+            return True
+        finally:
+            self._mask_sources = []  # live grammar states: not kept past the step
+        self._apply(plan, results)
+        return True
+
+    def take_outputs(self) -> list[TokenOut]:
+        """The deltas and finishes produced since the last call."""
         return self.outbox.drain()
 
     def _recover(self, plan: list[tuple[Req, PlanItem]], error: Exception) -> None:
@@ -279,18 +289,21 @@ class Scheduler(SchedulerAdmin):
         start = self.memory.table_write_start(req)
         self.memory.row_planned(req)
         item = PlanItem(
-            req.table_row,
-            [req.output_ids[-1]] + req.draft_ids,
-            pos,
-            slots_of(req.page_ids, start, pos + 1 + num_draft, self.page_size),
-            start,
-            None,
-            sample_rows(req, req.draft_ids, req.draft_states, self._eos_list),
-            num_draft,
-            req.origin_input_ids,
-            req.output_ids,
+            row=req.table_row,
+            new_ids=[req.output_ids[-1]] + req.draft_ids,
+            prefix_len=pos,
+            slots=slots_of(req.page_ids, start, pos + 1 + num_draft, self.page_size),
+            write_start=start,
+            picks=self._picks(req, req.draft_ids, req.draft_states),
+            num_draft=num_draft,
+            prompt_ids=req.origin_input_ids,
+            output_ids=req.output_ids,
         )
         return item, num_draft
+
+    def _picks(self, req: Req, draft_ids: list[int], draft_states: list) -> tuple[SampleRow, ...]:
+        """req's sampling rows; a constrained row's mask source joins the step's list."""
+        return sample_rows(req, draft_ids, draft_states, self._eos_list, self._mask_sources)
 
     def _plan_extends(self) -> list[tuple[Req, PlanItem]]:
         budget = self.config.chunked_prefill_size
@@ -312,23 +325,24 @@ class Scheduler(SchedulerAdmin):
             )
         return items
 
-    def _extend_item(self, req: Req, target: int, write_start: int) -> PlanItem:
+    def _extend_item(
+        self, req: Req, target: int, write_start: int, page_copies: tuple = ()
+    ) -> PlanItem:
         logits_start = None
         if wants_prompt_logprobs(req):
             logits_start = max(req.logprob_start_len - 1, 0)
-        picks = sample_rows(req, [], [], self._eos_list) if target == req.seq_len else []
         return PlanItem(
-            req.table_row,
-            req.fill_ids[req.kv_len : target],
-            req.kv_len,
-            slots_of(req.page_ids, write_start, target, self.page_size),
-            write_start,
-            logits_start,
-            picks,
-            0,
-            req.origin_input_ids,
-            req.output_ids,
-            req.top_logprobs_num,
+            row=req.table_row,
+            new_ids=req.fill_ids[req.kv_len : target],
+            prefix_len=req.kv_len,
+            slots=slots_of(req.page_ids, write_start, target, self.page_size),
+            write_start=write_start,
+            logits_start=logits_start,
+            picks=self._picks(req, [], []) if target == req.seq_len else (),
+            prompt_ids=req.origin_input_ids,
+            output_ids=req.output_ids,
+            top_logprobs_num=req.top_logprobs_num,
+            page_copies=tuple(page_copies),
         )
 
     # ---------------------------------------------------------------- results

@@ -3,8 +3,9 @@ read or release state between steps and never plan a forward."""
 
 from __future__ import annotations
 
+import time
+
 from radixrt.runtime.core import cache_view
-from radixrt.runtime.core.scheduler_stats import check_integrity, server_info
 
 
 class SchedulerAdmin:
@@ -34,9 +35,80 @@ class SchedulerAdmin:
         return cache_view.cache_tree_view(self.tree, pinned, max_depth, max_nodes)
 
     def server_info(self, walk: bool = True) -> dict:
-        """Live figures; walk: also run the full integrity check (O(pages)) instead of reporting the
-        last one's result. The serving loop walks only when idle, so a scrape never costs a step."""
-        return server_info(self, walk)
+        """Live figures: counters, plus the integrity walk's result (walk: run it now, O(pages);
+        otherwise the last one's, with its time: the serving loop walks only when idle, so a scrape
+        never costs a step)."""
+        st = self.stats
+        if walk:
+            try:
+                self.check_integrity()
+                st.integrity_error = None
+            except AssertionError as e:
+                st.integrity_error = str(e) or "integrity check failed"
+            st.integrity_checked_at = time.time()
+        return {
+            "integrity_ok": st.integrity_error is None,
+            "integrity_error": st.integrity_error,
+            "integrity_checked_at": st.integrity_checked_at,
+            "kv_pages_total": self.allocator.num_pages,
+            "kv_pages_free": self.allocator.num_free,
+            "kv_pages_evictable": self.tree.evictable_pages,
+            "kv_pages_cached": self.tree.total_pages(),
+            "page_size": self.page_size,
+            "max_total_tokens": self.pool_tokens,
+            "kv_bytes_per_token": self.runner.kv_bytes_per_token,
+            "kv_pool_bytes": self.runner.kv_pool_bytes,
+            "kv_cache_dtype": self.runner.kv_cache_dtype,
+            "num_running": len(self.running),
+            "num_waiting": len(self.waiting),
+            "num_preemptions": st.num_preemptions,
+            "num_pins": len(self.pins),
+            "num_pinned_tokens": self.pins.num_pinned_tokens,
+            **self.sessions.info(),
+            "num_requests_admitted": st.num_admitted,
+            "num_requests_finished": st.num_finished,
+            "num_requests_aborted": st.num_aborted,
+            "prompt_tokens": st.prompt_tokens,
+            "cached_tokens": st.cached_tokens,
+            "generated_tokens": st.generated_tokens,
+            "cache_hit_rate": st.cached_tokens / st.prompt_tokens if st.prompt_tokens else 0.0,
+            "jump_forward_draft_tokens": st.num_draft_tokens,
+            "jump_forward_accepted_tokens": st.num_draft_accepted,
+            "num_step_failures": st.num_step_failures,
+            **self.tree.tier_info(),  # the second tier's figures (tiered_cache.py)
+        }
 
     def check_integrity(self) -> None:
-        check_integrity(self)
+        """Every page is exactly one of: free, held by the tree, owned by a running request; every
+        table row is free or held by exactly one running request."""
+        self.tree.check_integrity()
+        free = self.allocator.free_page_set()
+        assert len(free) == self.allocator.num_free, "a page is on the free list twice"
+        tree_pages = self.tree.all_page_ids()
+        assert len(set(tree_pages)) == len(tree_pages), "a page is in the tree twice"
+        owned: list[int] = []
+        for r in self.running:
+            num_borrowed = r.cached_len // self.page_size
+            assert r.table_row is not None, f"{r} runs without a table row"
+            assert r.cached_len <= r.kv_len <= r.seq_len, f"{r}: lengths out of order"
+            assert len(r.page_ids) * self.page_size >= r.kv_len, f"{r}: pages do not cover its KV"
+            assert set(r.page_ids[:num_borrowed]) <= set(tree_pages), (
+                f"{r}: borrowed pages not in the tree"
+            )
+            owned.extend(r.page_ids[num_borrowed:])
+        for r in self.waiting:
+            assert not r.page_ids and r.table_row is None, f"waiting {r} holds memory"
+        assert len(set(owned)) == len(owned), "two running requests own the same page"
+        all_pages = free | set(tree_pages) | set(owned)
+        assert (
+            len(free) + len(tree_pages) + len(owned) == self.allocator.num_pages == len(all_pages)
+        ), (
+            f"pages leaked or shared: free {len(free)} + tree {len(tree_pages)} + owned {len(owned)} "
+            f"!= {self.allocator.num_pages} (distinct {len(all_pages)})"
+        )
+        if not self.running and not len(self.pins):
+            assert self.tree.protected_pages == 0, "locks remain with nothing running or pinned"
+        rows = [r.table_row for r in self.running]
+        free_rows = self.memory.rows.free_set()
+        assert len(set(rows)) == len(rows) and not set(rows) & free_rows, "table rows shared"
+        assert len(rows) + len(free_rows) == self.memory.rows.num_rows, "a table row leaked"

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from radixrt.kernels.attention_batch import AttentionBatch
+from radixrt.runtime.core.plan import PlanItem
 
 
 @dataclass(kw_only=True)
@@ -26,21 +27,8 @@ class ForwardBatch(AttentionBatch):
         return int(self.input_ids.shape[0])
 
 
-@dataclass
-class BatchItem:
-    """Plain-data description of one request's part of a forward (from the scheduler's plan)."""
-
-    row: int  # req->slot table row
-    new_ids: list[int]  # tokens fed this step
-    prefix_len: int  # KV already stored (positions of new_ids start here)
-    slots: list[int]  # pool slots of positions [write_start, prefix_len + len(new_ids))
-    write_start: int  # first position whose slot is (re)written into the table
-    logits_start: int | None = None  # None: logits for the last new token only;
-    # k: logits for every new token at position >= k too
-
-
 def build_forward_batch(
-    items: list[BatchItem], req_to_slot: torch.Tensor, device: torch.device | str = "cpu"
+    items: list[PlanItem], req_to_slot: torch.Tensor, device: torch.device | str = "cpu"
 ) -> ForwardBatch:
     """Decode items (one new token) must come first. Writes the table rows, builds the tensors."""
     input_ids: list[int] = []
@@ -52,9 +40,6 @@ def build_forward_batch(
     extend_lens: list[int] = []
     qo_indptr = [0]
     logits_rows: list[int] = []
-    write_rows: list[int] = []
-    write_cols: list[int] = []
-    write_slots: list[int] = []
     num_decode = 0
     for it in items:
         n = len(it.new_ids)
@@ -63,7 +48,7 @@ def build_forward_batch(
         assert len(it.slots) == seq_len - it.write_start, (len(it.slots), seq_len, it.write_start)
         if (
             n == 1
-            and it.logits_start is None
+            and it.logits_from is None
             and len(extend_lens) == num_decode
             and it.prefix_len > 0
         ):
@@ -72,23 +57,20 @@ def build_forward_batch(
         input_ids.extend(it.new_ids)
         positions.extend(range(it.prefix_len, seq_len))
         out_slots.extend(it.slots[it.prefix_len - it.write_start :])
-        write_rows.extend([it.row] * len(it.slots))
-        write_cols.extend(range(it.write_start, seq_len))
-        write_slots.extend(it.slots)
         rows.append(it.row)
         seq_lens.append(seq_len)
         prefix_lens.append(it.prefix_len)
         extend_lens.append(n)
         qo_indptr.append(start + n)
-        if it.logits_start is not None:
-            first = max(it.logits_start, it.prefix_len)
+        if it.logits_from is not None:
+            first = max(it.logits_from, it.prefix_len)
             logits_rows.extend(range(start + first - it.prefix_len, start + n - 1))
         logits_rows.append(start + n - 1)
 
     def t(x: list[int]) -> torch.Tensor:
         return torch.tensor(x, dtype=torch.int64, device=device)
 
-    req_to_slot[t(write_rows), t(write_cols)] = t(write_slots)
+    write_table_rows(items, req_to_slot, t)
     return ForwardBatch(
         input_ids=t(input_ids),
         positions=t(positions),
@@ -104,3 +86,10 @@ def build_forward_batch(
         extend_lens_list=extend_lens,
         req_to_slot=req_to_slot,
     )
+
+
+def write_table_rows(items: list[PlanItem], req_to_slot: torch.Tensor, t) -> None:
+    """Each item's slots of positions [write_start, prefix_len + len(new_ids)) into its table row."""
+    rows = [it.row for it in items for _ in it.slots]
+    cols = [pos for it in items for pos in range(it.write_start, it.write_start + len(it.slots))]
+    req_to_slot[t(rows), t(cols)] = t([slot for it in items for slot in it.slots])

@@ -155,7 +155,6 @@ class SchedulerLoop:
 
     def run(self, flag: StopFlag) -> None:
         s = self.scheduler
-        stats = getattr(s, "stats", None)
         idle_steps = 0
         while not flag.should_stop():
             if not s.has_work():
@@ -163,10 +162,9 @@ class SchedulerLoop:
                 continue
             # Requests whose grammar is still compiling are work without a forward: back off a little.
             self.drain(1 if idle_steps else 0)
-            before = getattr(stats, "num_forwards", None)
-            outs = s.step()
+            ran = s.step()
+            outs = s.take_outputs()
             self.send_outputs(outs)
-            ran = before is None or getattr(stats, "num_forwards", None) != before
             if ran:
                 self.profiler.after_step()
             idle_steps = 0 if (ran or outs) else idle_steps + 1
@@ -204,20 +202,18 @@ def run_scheduler_process(
             )
             raise SystemExit(1) from None
         logger.info("model loaded in %.1f s", time.perf_counter() - started)
-        runner = getattr(scheduler, "runner", None)
-        if runner is not None and getattr(runner, "tp", None) is not None:
-            runner.exit_on_rank_loss = (
-                True  # a lost tensor parallel rank ends this process; the watchdog reports
-            )
+        runner = getattr(scheduler, "runner", None)  # a test's fake scheduler has none
+        if (
+            runner is not None
+        ):  # a lost tensor parallel rank ends this process; the watchdog reports
+            runner.exit_on_rank_loss = True
         info = {"model_info": scheduler.model_info, "server_info": scheduler.server_info()}
         to_tokenizer.send(messages.encode(ProcessReady(name="scheduler", info=info)))
         flag.enter_loop()
         try:
             SchedulerLoop(scheduler, pull, to_detokenizer, to_tokenizer).run(flag)
         finally:
-            close_runner = getattr(getattr(scheduler, "runner", None), "close", None)
-            if close_runner is not None:
-                close_runner()
+            scheduler.close()
     finally:
         for sock in (pull, to_detokenizer, to_tokenizer):
             sock.close(linger=0 if sock is pull else 500)
