@@ -154,9 +154,7 @@ class Admission:
             waiting.remove(req)
             running.append(req)
             items.append((req, extend_item(req, target, 0, copies)))
-            if (
-                donor is None
-            ):  # a fork computes one token: its siblings need not wait, they fork too
+            if donor is None:  # a fork computes one token: its siblings fork too, not wait
                 inflight.append(req.fill_ids)
             budget -= target - cached
             reserve += int(req.sampling.max_new_tokens * policy.NEW_TOKEN_RESERVE_RATIO)

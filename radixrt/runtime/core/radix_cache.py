@@ -79,7 +79,12 @@ class RadixCache:
         return upper
 
     def _walk(
-        self, token_ids: list[int], end: int, node: TreeNode, pos: int, enter: Callable
+        self,
+        token_ids: list[int],
+        end: int,
+        node: TreeNode,
+        pos: int,
+        enter: Callable[[TreeNode], bool],
     ) -> Iterator[TreeNode]:
         """The one descent of match_prefix, match_tier and insert: follow token_ids[pos:end] (whole
         pages) down from node, `pos` tokens deep. Each child that `enter(child)` accepts has its edge
