@@ -2,52 +2,42 @@
 
 One `step()` plans one forward over a mixed batch (decode requests first, then decodes that
 carry a jump-forward draft to verify, then extends: prefill chunks, resumed requests), hands
-the plan (plain data, core/plan.py) to the model runner and applies the sampled tokens. Deltas
-come back as TokenOut messages. Admission, drafts, memory moves, finish rules and the admin calls
-(scheduler_admin.py) live in their own modules beside this one.
+the plan (plain data, core/plan.py) to the model runner and applies the sampled tokens; the
+deltas wait in take_outputs(). Intake, admission, plan items, drafts, memory moves, finish rules
+and the admin calls (scheduler_admin.py) live in their own modules beside this one.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol
+from typing import Any
 
 from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.core import schedule_policy as policy
-from radixrt.runtime.core.admission import Admission, wants_prompt_logprobs
-from radixrt.runtime.core.drafts import fit_draft, next_draft, take_draft
+from radixrt.runtime.core.admission import Admission
+from radixrt.runtime.core.drafts import next_draft, take_draft
 from radixrt.runtime.core.faults import FaultInjector
 from radixrt.runtime.core.finish_reason import FinishReason
+from radixrt.runtime.core.intake import GrammarBackends, new_req, refusal
 from radixrt.runtime.core.outbox import Outbox
-from radixrt.runtime.core.page_allocator import PageAllocator, TableRows, slots_of
+from radixrt.runtime.core.page_allocator import PageAllocator, TableRows
 from radixrt.runtime.core.pins import PinTable
-from radixrt.runtime.core.plan import ItemResult, PlanItem, PlanItemError, Runner, SampleRow
+from radixrt.runtime.core.plan import ItemResult, PlanItem, PlanItemError, Runner
+from radixrt.runtime.core.plan_items import ItemBuilder
 from radixrt.runtime.core.req import Req
 from radixrt.runtime.core.req_finish import (
     apply_prompt_logprobs,
     apply_sampled_token,
-    sample_rows,
 )
 from radixrt.runtime.core.req_memory import ReqMemory
 from radixrt.runtime.core.scheduler_admin import SchedulerAdmin
 from radixrt.runtime.core.scheduler_stats import SchedulerStats
 from radixrt.runtime.core.sessions import SessionTable
 from radixrt.runtime.core.tiered_cache import make_tree
-from radixrt.runtime.incremental_detokenizer import IncrementalDetokenizer
 from radixrt.runtime.messages import TokenizedGenerateReq, TokenOut
-from radixrt.runtime.request_edge import EdgeLimits, check_prompt, constraint_of
-from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.request_edge import EdgeLimits, constraint_of
 
 log = logging.getLogger(__name__)
-
-
-class GrammarBackends(Protocol):
-    """The grammar backends by constraint kind (constrained/choose.py's BackendChooser), handed in by
-    whoever builds the scheduler: core never imports the grammar code (it needs torch)."""
-
-    def for_kind(self, kind: str) -> Any: ...
-
-    def built(self) -> list[Any]: ...
 
 
 class Scheduler(SchedulerAdmin):
@@ -61,9 +51,7 @@ class Scheduler(SchedulerAdmin):
         self.tokenizer = runner.tokenizer
         self.page_size = config.page_size
         self.allocator = PageAllocator(runner.num_pages, self.page_size)
-        self.tree = make_tree(
-            config, self.allocator, runner
-        )  # a TieredRadixCache with a second tier
+        self.tree = make_tree(config, self.allocator, runner)  # a TieredRadixCache with a tier
         self.memory = ReqMemory(self.allocator, self.tree, TableRows(runner.max_rows))
         self.context_len = runner.context_length
         self.pool_tokens = runner.num_pages * self.page_size
@@ -76,10 +64,11 @@ class Scheduler(SchedulerAdmin):
         self.pins = PinTable(self.tree, self.pool_tokens)
         self.sessions = SessionTable(self.pins, config.session_ttl)
         self.stats = SchedulerStats()
+        self.faults = FaultInjector()
         self.admission = Admission(config, self.tree, self.memory, self.stats, self.sessions)
         self.grammar_backends = grammar_backends
-        self._mask_sources: list[Any] = []  # this step's, indexed by SampleRow.mask
-        self.faults = FaultInjector()
+        # (faults looked up at each call: a test swaps the injector)
+        self.items = ItemBuilder(self.memory, self._eos_list, lambda *a: self.faults.check(*a))
         self.model_info = {
             "model_path": runner.model_path,
             "context_length": self.context_len,
@@ -93,61 +82,17 @@ class Scheduler(SchedulerAdmin):
     def add_request(self, msg: TokenizedGenerateReq) -> list[TokenOut]:
         """Queue a request; anything wrong with it (or any failure taking it in) ends it alone."""
         try:
-            return self._add_request(msg)
-        except (
-            Exception
-        ) as e:  # ValueError: refused; anything else: our bug, still only this request's
+            req = new_req(msg, self.limits, self.tokenizer, self.faults.check)
+            constraint = constraint_of(req.sampling)
+            if constraint is not None:
+                req.grammar_future = self.get_grammar_backend(constraint[0]).request(*constraint)
+            self.waiting.append(req)
+            return self.outbox.drain()
+        except Exception as e:  # ValueError: refused; anything else: our bug, still only this one's
             if not isinstance(e, (ValueError, TypeError)):
                 log.exception("intake of %s failed", msg.rid)
             self.waiting = [r for r in self.waiting if r.rid != msg.rid]
-            refused = isinstance(e, (ValueError, TypeError))
-            message = str(e) if refused else f"internal error: {type(e).__name__}: {e}"
-            return [
-                TokenOut(
-                    rid=msg.rid,
-                    new_ids=[],
-                    finished_reason=FinishReason.abort(message).to_dict(),
-                    error=message,
-                    error_status=400 if refused else 500,
-                    prompt_tokens=len(msg.input_ids) if isinstance(msg.input_ids, list) else 0,
-                )
-            ]
-
-    def _add_request(self, msg: TokenizedGenerateReq) -> list[TokenOut]:
-        sampling = SamplingParams.from_dict(msg.sampling_params)
-        start = check_prompt(
-            msg.input_ids,
-            sampling,
-            self.limits,
-            return_logprob=msg.return_logprob,
-            logprob_start_len=msg.logprob_start_len,
-            top_logprobs_num=msg.top_logprobs_num,
-        )
-        self.faults.check("intake", msg.input_ids)
-        # the output may not run past the context
-        sampling.max_new_tokens = min(
-            sampling.max_new_tokens, self.context_len - len(msg.input_ids)
-        )
-        req = Req(
-            msg.rid,
-            msg.input_ids,
-            sampling,
-            return_logprob=msg.return_logprob,
-            logprob_start_len=start,
-            top_logprobs_num=msg.top_logprobs_num,
-            stream=msg.stream,
-            program_id=msg.program_id,
-            arrival_time=msg.arrival_time or None,
-        )
-        req.pin_ttl_s = msg.pin_ttl_s
-        req.session_id = msg.session_id
-        if sampling.stop or sampling.stop_regex:
-            req.stop_matcher = IncrementalDetokenizer.for_request(self.tokenizer, sampling)
-        constraint = constraint_of(sampling)
-        if constraint is not None:
-            req.grammar_future = self.get_grammar_backend(constraint[0]).request(*constraint)
-        self.waiting.append(req)
-        return self.outbox.drain()
+            return [refusal(msg, e)]
 
     def get_grammar_backend(self, kind: str = "regex") -> Any:
         """The grammar backend that serves constraints of `kind` (--grammar-backend; ebnf: llguidance)."""
@@ -182,20 +127,20 @@ class Scheduler(SchedulerAdmin):
         if self.pins.expire():  # sessions whose pin lapsed end with it
             self.sessions.expire()
         self.admission.collect_grammars(self.waiting, self.faults.check, self._fail)
-        self._mask_sources = []
+        mask_sources = self.items.start_step()
         plan = self._plan()
         if not plan:
             return False
         self.stats.num_forwards += 1
         try:
-            results = self.runner.run([item for _, item in plan], self._mask_sources)
+            results = self.runner.run([item for _, item in plan], mask_sources)
             if self.faults.enabled:  # off in production: no per-step work
                 self.faults.check_plan([req.origin_input_ids for req, _ in plan])
         except Exception as e:
             self._recover(plan, e)
             return True
         finally:
-            self._mask_sources = []  # live grammar states: not kept past the step
+            self.items.start_step()  # live grammar states: not kept past the step
         self._apply(plan, results)
         return True
 
@@ -272,7 +217,7 @@ class Scheduler(SchedulerAdmin):
             if req.table_row is None:
                 continue
             try:
-                item, num_draft = self._decode_item(req, draft_budget)
+                item, num_draft = self.items.decode(req, draft_budget)
             except Exception as e:  # the grammar's draft states, say: this request's failure alone
                 log.exception("planning %s failed", req.rid)
                 self._fail(req, f"internal error: {type(e).__name__}: {e}", 500)
@@ -281,29 +226,6 @@ class Scheduler(SchedulerAdmin):
             (drafted if num_draft else plain).append((req, item))
             self.stats.num_draft_tokens += num_draft
         return plain + drafted
-
-    def _decode_item(self, req: Req, draft_budget: int) -> tuple[PlanItem, int]:
-        self.faults.check("plan", req.origin_input_ids)
-        num_draft = fit_draft(req, self.memory, draft_budget)
-        pos = req.kv_len
-        start = self.memory.table_write_start(req)
-        self.memory.row_planned(req)
-        item = PlanItem(
-            row=req.table_row,
-            new_ids=[req.output_ids[-1]] + req.draft_ids,
-            prefix_len=pos,
-            slots=slots_of(req.page_ids, start, pos + 1 + num_draft, self.page_size),
-            write_start=start,
-            picks=self._picks(req, req.draft_ids, req.draft_states),
-            num_draft=num_draft,
-            prompt_ids=req.origin_input_ids,
-            output_ids=req.output_ids,
-        )
-        return item, num_draft
-
-    def _picks(self, req: Req, draft_ids: list[int], draft_states: list) -> tuple[SampleRow, ...]:
-        """req's sampling rows; a constrained row's mask source joins the step's list."""
-        return sample_rows(req, draft_ids, draft_states, self._eos_list, self._mask_sources)
 
     def _plan_extends(self) -> list[tuple[Req, PlanItem]]:
         budget = self.config.chunked_prefill_size
@@ -314,36 +236,14 @@ class Scheduler(SchedulerAdmin):
                 continue
             target = min(req.seq_len, req.kv_len + budget)
             if self.memory.grow(req, target):
-                start = self.memory.table_write_start(req)
-                self.memory.row_planned(req)
-                items.append((req, self._extend_item(req, target, start)))
+                items.append((req, self.items.extend(req, target)))
                 budget -= target - req.kv_len
                 inflight.append(req.fill_ids)
         if budget > 0 and self.waiting:
             items += self.admission.admit(
-                self.waiting, self.running, budget, inflight, self._extend_item
+                self.waiting, self.running, budget, inflight, self.items.extend
             )
         return items
-
-    def _extend_item(
-        self, req: Req, target: int, write_start: int, page_copies: tuple = ()
-    ) -> PlanItem:
-        logits_start = None
-        if wants_prompt_logprobs(req):
-            logits_start = max(req.logprob_start_len - 1, 0)
-        return PlanItem(
-            row=req.table_row,
-            new_ids=req.fill_ids[req.kv_len : target],
-            prefix_len=req.kv_len,
-            slots=slots_of(req.page_ids, write_start, target, self.page_size),
-            write_start=write_start,
-            logits_start=logits_start,
-            picks=self._picks(req, [], []) if target == req.seq_len else (),
-            prompt_ids=req.origin_input_ids,
-            output_ids=req.output_ids,
-            top_logprobs_num=req.top_logprobs_num,
-            page_copies=tuple(page_copies),
-        )
 
     # ---------------------------------------------------------------- results
     def _apply(self, plan: list[tuple[Req, PlanItem]], results: list[ItemResult]) -> None:
@@ -351,18 +251,15 @@ class Scheduler(SchedulerAdmin):
             try:
                 self.faults.check("apply", req.origin_input_ids)
                 self._apply_item(req, item, res)
-            except (
-                Exception
-            ) as e:  # stop matching, grammar, finish rules: this request's failure alone
+            except Exception as e:  # stop matching, grammar, finish rules: this request's alone
                 log.exception("applying the step to %s failed", req.rid)
                 if not req.finished:
                     self._fail(req, f"internal error: {type(e).__name__}: {e}", 500)
 
     def _apply_item(self, req: Req, item: PlanItem, res: ItemResult) -> None:
         if item.num_draft:
-            self._after_tokens(
-                req, take_draft(req, item, res, self.eos_ids, self.memory, self.stats)
-            )
+            reason = take_draft(req, item, res, self.eos_ids, self.memory, self.stats)
+            self._after_tokens(req, reason)
             return
         req.kv_len = item.prefix_len + len(item.new_ids)
         if item.logits_start is not None:
@@ -386,9 +283,8 @@ class Scheduler(SchedulerAdmin):
 
     def _finish(self, req: Req, reason: FinishReason) -> None:
         req.draft_ids, req.draft_states = [], []
-        keep = (
-            req.pin_ttl_s is not None or req.session_id is not None
-        ) and req.table_row is not None
+        pinned = req.pin_ttl_s is not None or req.session_id is not None
+        keep = pinned and req.table_row is not None
         pin_ids = req.fill_ids[: req.kv_len] if keep else None
         if req.table_row is not None:
             self._release(req)

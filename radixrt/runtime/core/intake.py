@@ -1,0 +1,76 @@
+"""Intake: a tokenized request becomes a waiting Req, or a refusal that ends it alone.
+
+The grammar a constrained request needs is compiled by a backend handed to the scheduler from
+outside (GrammarBackends: constrained/choose.py's BackendChooser; core never imports it)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol
+
+from radixrt.runtime.core.finish_reason import FinishReason
+from radixrt.runtime.core.req import Req
+from radixrt.runtime.incremental_detokenizer import IncrementalDetokenizer
+from radixrt.runtime.messages import TokenizedGenerateReq, TokenOut
+from radixrt.runtime.request_edge import EdgeLimits, check_prompt
+from radixrt.runtime.sampling_params import SamplingParams
+
+
+class GrammarBackends(Protocol):
+    """The grammar backends by constraint kind, built on first use."""
+
+    def for_kind(self, kind: str) -> Any: ...
+
+    def built(self) -> list[Any]: ...
+
+
+def new_req(
+    msg: TokenizedGenerateReq,
+    limits: EdgeLimits,
+    tokenizer: Any,
+    check_fault: Callable[[str, list[int]], None],
+) -> Req:
+    """The Req for msg, checked as the request edge checks it (ValueError: refused)."""
+    sampling = SamplingParams.from_dict(msg.sampling_params)
+    start = check_prompt(
+        msg.input_ids,
+        sampling,
+        limits,
+        return_logprob=msg.return_logprob,
+        logprob_start_len=msg.logprob_start_len,
+        top_logprobs_num=msg.top_logprobs_num,
+    )
+    check_fault("intake", msg.input_ids)
+    # the output may not run past the context
+    room = limits.context_len - len(msg.input_ids)
+    sampling.max_new_tokens = min(sampling.max_new_tokens, room)
+    req = Req(
+        msg.rid,
+        msg.input_ids,
+        sampling,
+        return_logprob=msg.return_logprob,
+        logprob_start_len=start,
+        top_logprobs_num=msg.top_logprobs_num,
+        stream=msg.stream,
+        program_id=msg.program_id,
+        arrival_time=msg.arrival_time or None,
+    )
+    req.pin_ttl_s = msg.pin_ttl_s
+    req.session_id = msg.session_id
+    if sampling.stop or sampling.stop_regex:
+        req.stop_matcher = IncrementalDetokenizer.for_request(tokenizer, sampling)
+    return req
+
+
+def refusal(msg: TokenizedGenerateReq, error: Exception) -> TokenOut:
+    """The answer to a request intake could not take: 400 when it was refused (ValueError,
+    TypeError), 500 when intake itself failed."""
+    refused = isinstance(error, (ValueError, TypeError))
+    message = str(error) if refused else f"internal error: {type(error).__name__}: {error}"
+    return TokenOut(
+        rid=msg.rid,
+        new_ids=[],
+        finished_reason=FinishReason.abort(message).to_dict(),
+        error=message,
+        error_status=400 if refused else 500,
+        prompt_tokens=len(msg.input_ids) if isinstance(msg.input_ids, list) else 0,
+    )
