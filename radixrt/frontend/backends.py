@@ -256,9 +256,6 @@ class Backend:
     def get_server_info(self) -> dict:
         raise NotImplementedError
 
-    def end_program(self, state: Any) -> None:  # SGLang backends have this hook
-        pass
-
 
 class EngineBackend(Backend):
     """The in-process Engine as a backend: no HTTP, the same scheduler."""

@@ -151,14 +151,6 @@ class SamplingParams:
     def is_greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
 
-    @property
-    def needs_penalties(self) -> bool:
-        return (
-            self.frequency_penalty != 0.0
-            or self.presence_penalty != 0.0
-            or self.repetition_penalty != 1.0
-        )
-
     def validate(self) -> None:
         """Raise ValueError naming the first bad parameter (checks: sampling_param_checks.py)."""
         validate_sampling_params(self)
