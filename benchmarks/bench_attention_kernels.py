@@ -122,9 +122,8 @@ def bench_extend(batch, prefix_len, extend_len, heads, page_size, dtype):
     # the same data contiguous, KV heads expanded for SDPA
     seq = prefix_len + extend_len
     slots = fb.req_to_slot[:batch, :seq]  # [B, L]
-    ks = (
-        k_cache[slots].repeat_interleave(hq // hkv, 2).transpose(1, 2).contiguous()
-    )  # [B, Hq, L, D]
+    # [B, Hq, L, D]
+    ks = k_cache[slots].repeat_interleave(hq // hkv, 2).transpose(1, 2).contiguous()
     vs = v_cache[slots].repeat_interleave(hq // hkv, 2).transpose(1, 2).contiguous()
     qs = q.view(batch, extend_len, hq, d).transpose(1, 2).contiguous()  # [B, Hq, n, D]
     ref = sdpa_extend(qs, ks, vs, prefix_len)

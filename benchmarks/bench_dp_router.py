@@ -115,9 +115,8 @@ def run_policy(policy: str, args: argparse.Namespace, seed: int) -> dict:
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until_healthy(url, proc, 900)
-        asyncio.run(
-            workload(url, argparse.Namespace(**{**vars(args), "requests": 4}), -1 - seed)
-        )  # warm-up
+        # warm-up
+        asyncio.run(workload(url, argparse.Namespace(**{**vars(args), "requests": 4}), -1 - seed))
         return asyncio.run(workload(url, args, seed))
     finally:
         proc.terminate()

@@ -124,9 +124,8 @@ def _child_llg(backend, tokenizer, path: str, conn) -> None:
     matcher = LLMatcher(backend.tokenizer, grammar)
     buf = torch.zeros((1, backend.num_words), dtype=torch.int32)
     if not matcher.is_error():
-        fill_next_token_bitmask(
-            matcher, buf, 0
-        )  # llguidance builds lazily: the first mask is part of compiling
+        # llguidance builds lazily: the first mask is part of compiling
+        fill_next_token_bitmask(matcher, buf, 0)
     if matcher.is_error():
         conn.send({"status": "compile_error", "reason": matcher.get_error()[:200]})
         return
@@ -193,14 +192,12 @@ def tally(name: str, files: list[str], records: list[dict], timeout: float) -> d
     valid, invalid = [0, 0], [0, 0]
     passing = 0
     per_cat: dict[str, list[int]] = {}
-    outcomes: dict[
-        str, str
-    ] = {}  # schema file -> passing | failing | rejected | compile_error | timeout
+    # schema file -> passing | failing | rejected | compile_error | timeout
+    outcomes: dict[str, str] = {}
     for path, rec in zip(files, records):
         final, msg = rec["final"], rec["msg"]
-        ok = (
-            final == "done" and rec["compile_s"] <= timeout
-        )  # auto's fallback may overrun the budget
+        # auto's fallback may overrun the budget
+        ok = final == "done" and rec["compile_s"] <= timeout
         if final == "done" and not ok:
             final = "timeout"
         status[final if final != "done" else "compiled"] += 1
@@ -470,9 +467,8 @@ def batch_walk_costs(make_state, tokenizer, files: list[str], batch: int = 32) -
         t = time.perf_counter()
         fill_masks([states[i] for i in live], len(tokenizer), "cpu")
         dt = (time.perf_counter() - t) * 1e6
-        if (
-            step
-        ):  # the first mask also builds llguidance's lazy automata: compile time, reported above
+        # the first mask also builds llguidance's lazy automata: compile time, reported above
+        if step:
             step_us.append(dt)
             row_us.append(dt / len(live))
             rows.append(len(live))

@@ -413,9 +413,8 @@ def main() -> None:
                 r = one(name, mode)
                 print(f"warm-up  {name:<6} {mode:<13} {r['wall_s']:.1f} s", flush=True)
         runs: dict[str, dict[str, list[dict]]] = {n: {m: [] for m in backends} for n in chosen}
-        for rep in range(
-            args.repeats
-        ):  # alternating: every mode runs a workload before the next workload
+        # alternating: every mode runs a workload before the next workload
+        for rep in range(args.repeats):
             for name in chosen:
                 for mode in backends:
                     runs[name][mode].append(r := one(name, mode))

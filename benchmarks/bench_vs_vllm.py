@@ -130,9 +130,8 @@ TOPICS = [
 
 def build_cases(tokenizer) -> dict[str, dict]:
     system = "You are a helpful assistant. Answer each question in one or two clear sentences.\n\n"
-    prefix = system + "".join(
-        f"Question: {q}\nAnswer: {a}\n\n" for q, a in (FEW_SHOT * 2)[:18]
-    )  # ~540 tokens
+    # ~540 tokens
+    prefix = system + "".join(f"Question: {q}\nAnswer: {a}\n\n" for q, a in (FEW_SHOT * 2)[:18])
     prefix_ids = tokenizer.encode(prefix, add_special_tokens=False)
     questions = [
         tokenizer.encode(
@@ -319,9 +318,8 @@ def main() -> None:
             run(name, engine, case_name)
     times: dict[str, dict[str, list[float]]] = {n: {c: [] for c in cases} for n in engines}
     outputs: dict[str, dict[str, list]] = {n: {} for n in engines}
-    for r in range(
-        args.repeats
-    ):  # alternate: each case runs on every engine before the next repeat
+    # alternate: each case runs on every engine before the next repeat
+    for r in range(args.repeats):
         for case_name in cases:
             for name, engine in engines.items():
                 seconds, out = run(name, engine, case_name)
@@ -351,9 +349,8 @@ def main() -> None:
                     "ratio_to_best_vllm": med[n] / med[best_vllm] if best_vllm else None,
                 }
             )
-        if (
-            best_vllm
-        ):  # greedy outputs: how many requests agree token for token (dtype rounding may differ)
+        # greedy outputs: how many requests agree token for token (dtype rounding may differ)
+        if best_vllm:
             same = sum(
                 a == b
                 for a, b in zip(outputs[radixrt_name][case_name], outputs[best_vllm][case_name])

@@ -44,9 +44,8 @@ def main() -> None:
             # the last evaluated token's logits (without logits_all, llm.scores is not filled)
             token = int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(vocab,))))
             out.append(token)
-            if (
-                i + 1 < case["new_tokens"]
-            ):  # the first token came from the prefill: n - 1 decode steps
+            # the first token came from the prefill: n - 1 decode steps
+            if i + 1 < case["new_tokens"]:
                 llm.eval([token])
         decode_s = time.perf_counter() - t1
         print(

@@ -29,9 +29,8 @@ def calculate(expression: str) -> str:
     if not re.fullmatch(r"[0-9+\-*/(). ]+", expression.strip() or "x"):
         return "Only arithmetic is supported."
     try:
-        return str(
-            eval(expression, {"__builtins__": {}})
-        )  # digits and operators only (checked above)
+        # digits and operators only (checked above)
+        return str(eval(expression, {"__builtins__": {}}))
     except Exception as e:  # a malformed expression is an observation, not a crash
         return f"Error: {e}"
 

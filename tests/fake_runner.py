@@ -87,9 +87,8 @@ class FakeRunner:
         written: set[int] = set()
         results = []
         self.num_copy_steps += any(it.page_copies for it in plan)
-        for it in (
-            plan
-        ):  # page copies (forked samples) happen before anything is written, as in the runner
+        # page copies (forked samples) happen before anything is written, as in the runner
+        for it in plan:
             for src, dst in it.page_copies:
                 for off in range(self.page_size):
                     if src * self.page_size + off in self.kv:

@@ -180,9 +180,8 @@ class StreamExecutor:
         pid = self.program.program_id
         if self.program.session_id is not None:
             logprob = {**logprob, "session_id": self.program.session_id}
-        if getattr(
-            self.backend, "wants_messages", False
-        ):  # a chat API (sgl.OpenAI): the finished messages
+        # a chat API (sgl.OpenAI): the finished messages
+        if getattr(self.backend, "wants_messages", False):
             logprob = {**logprob, "messages": list(self.messages_)}
         if not self.stream or sampling.get("n", 1) > 1:
             text, meta = self.backend.generate(self.text_, sampling, program_id=pid, **logprob)

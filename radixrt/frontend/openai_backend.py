@@ -122,9 +122,8 @@ class OpenAI(Backend):
         self, text: str, messages: list[dict] | None, sampling_params: dict, stream: bool
     ) -> Any:
         args, extra = self._request(sampling_params)
-        if (
-            not self.is_chat_model and "response_format" in args
-        ):  # not a completions argument of the client
+        # not a completions argument of the client
+        if not self.is_chat_model and "response_format" in args:
             extra["response_format"] = args.pop("response_format")
         common = dict(model=self.model_name, stream=stream, extra_body=extra or None, **args)
         if self.is_chat_model:
@@ -217,9 +216,8 @@ class OpenAI(Backend):
         decision = next(
             (c for c in sorted(choices, key=len, reverse=True) if text.startswith(c)), None
         )
-        if (
-            decision is None
-        ):  # the server ignored the constraint: the choice sharing the longest start
+        # the server ignored the constraint: the choice sharing the longest start
+        if decision is None:
             decision = max(choices, key=lambda c: (len(os.path.commonprefix([c, text])), -len(c)))
         return ChoicesDecision(
             decision,

@@ -62,9 +62,8 @@ class ProgramState:
 
     # ---- fork ----------------------------------------------------------------------------
     def fork(self, size: int = 1, position_ids_offset: Any = None) -> "ProgramStateGroup":
-        if (
-            position_ids_offset is not None
-        ):  # branches always continue at their own next position here
+        # branches always continue at their own next position here
+        if position_ids_offset is not None:
             raise NotImplementedError(
                 "fork(position_ids_offset=...) is not supported: radixrt gives every token "
                 "its position in the sequence"

@@ -29,9 +29,8 @@ class AttentionBatch:
     extend_lens_list: list[int]
     req_to_slot: torch.Tensor  # [max_rows, max_context] int64 slot table
     attn_meta: Any = None  # set once per forward by the attention backend's init_forward_metadata
-    window_meta: Any = (
-        None  # the torch backend's plan for sliding-window layers (on their first call)
-    )
+    # the torch backend's plan for sliding-window layers (on their first call)
+    window_meta: Any = None
 
     @property
     def batch_size(self) -> int:

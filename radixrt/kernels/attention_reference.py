@@ -30,9 +30,8 @@ def reference_attention(
         seq_len, extend_len = fb.seq_lens_list[b], fb.extend_lens_list[b]
         prefix_len = seq_len - extend_len
         slots = fb.req_to_slot[int(fb.req_rows[b]), :seq_len]
-        k = (
-            k_cache[slots].float().repeat_interleave(group, dim=1)
-        )  # [L, Hq, D]: q head h reads kv head h // group
+        # [L, Hq, D]: q head h reads kv head h // group
+        k = k_cache[slots].float().repeat_interleave(group, dim=1)
         v = v_cache[slots].float().repeat_interleave(group, dim=1)
         qb = q[qo_indptr[b] : qo_indptr[b + 1]].float()  # [E, Hq, D]
         scores = torch.einsum("qhd,khd->hqk", qb, k) * scale  # [Hq, E, L]

@@ -48,9 +48,8 @@ def _attend_lse(
     """q [B, Hq, Lq, D], k/v [B, Hkv, Lk, D], additive mask broadcastable to [B, 1, Lq, Lk] or None
     -> (out [B, Hq, Lq, D] in q's dtype, lse [B, Hq, Lq] float32). q head h reads kv head h // (Hq // Hkv).
     Every row must see at least one key."""
-    if (
-        q.device.type == "cpu"
-    ):  # the CPU flash kernel returns the log-sum-exp and handles GQA natively
+    # the CPU flash kernel returns the log-sum-exp and handles GQA natively
+    if q.device.type == "cpu":
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, False, attn_mask=mask, scale=scale
         )
@@ -62,9 +61,8 @@ def _attend_lse_matmul(q, k, v, mask, scale):
     b, num_q_heads, q_len, head_dim = q.shape
     num_kv_heads = k.shape[1]
     group = num_q_heads // num_kv_heads
-    qg = q.float().reshape(
-        b, num_kv_heads, group * q_len, head_dim
-    )  # the group's heads as extra rows
+    # the group's heads as extra rows
+    qg = q.float().reshape(b, num_kv_heads, group * q_len, head_dim)
     scores = (qg @ k.float().transpose(-1, -2) * scale).view(b, num_kv_heads, group, q_len, -1)
     if mask is not None:
         scores = scores + mask.float()[:, :, None]  # [B, 1, 1, Lq, Lk] over (Hkv, G)
@@ -79,9 +77,8 @@ def _merge(
 ) -> torch.Tensor:
     """Softmax attention over two disjoint key sets -> attention over their union, in float32.
     out [..., D], lse [...]; the result has out_own's dtype and (contiguous) layout."""
-    weight_shared = torch.sigmoid(
-        lse_shared - lse_own
-    )  # e^lse_shared / (e^lse_own + e^lse_shared), no overflow
+    # e^lse_shared / (e^lse_own + e^lse_shared), no overflow
+    weight_shared = torch.sigmoid(lse_shared - lse_own)
     return torch.lerp(out_own.float(), out_shared.float(), weight_shared[..., None]).to(
         out_own.dtype
     )
@@ -195,9 +192,8 @@ class TorchAttentionBackend:
         n = q.shape[0]
         # the G q heads of a kv head become N * G rows against it: each K/V block is packed once, not G
         # times (3x faster than q heads as heads in bf16 at small N)
-        qg = q.view(n, self.num_kv_heads, self.group, self.head_dim).transpose(
-            0, 1
-        )  # [Hkv, N, G, D]
+        # [Hkv, N, G, D]
+        qg = q.view(n, self.num_kv_heads, self.group, self.head_dim).transpose(0, 1)
         out, lse = _attend_lse(
             qg.reshape(1, self.num_kv_heads, n * self.group, self.head_dim), k, v, None, scale
         )

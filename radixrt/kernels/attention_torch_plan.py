@@ -37,9 +37,8 @@ class SharedPrefix:
 
     kv_len: int  # S
     kv_idx: torch.Tensor  # [S] pool slots
-    first_slot: int | None = (
-        None  # set when kv_idx is first_slot, first_slot + 1, ...: read in place, no gather
-    )
+    # set when kv_idx is first_slot, first_slot + 1, ...: read in place, no gather
+    first_slot: int | None = None
 
 
 @dataclass
@@ -108,9 +107,8 @@ class TorchAttentionPlanner:
         plan then takes the general masked paths (no shared-prefix cascade, no unmasked fast paths)."""
         self.window = window
         num_decode = fb.num_decode
-        runs = _extend_runs(
-            fb.extend_lens_list, num_decode
-        )  # the first run, if any, starts at num_decode
+        # the first run, if any, starts at num_decode
+        runs = _extend_runs(fb.extend_lens_list, num_decode)
         group_end = num_decode
         if (
             runs
@@ -134,17 +132,15 @@ class TorchAttentionPlanner:
         num_reqs = table.shape[0]
         if self.min_shared_len is None or num_reqs < 2 or self.window is not None:
             return None
-        saved_per_pos = (
-            (num_reqs - 1) * self.num_kv_heads * self.head_dim
-        )  # K elements not re-read per position
+        # K elements not re-read per position
+        saved_per_pos = (num_reqs - 1) * self.num_kv_heads * self.head_dim
         min_len = max(self.min_shared_len, -(-self.min_saved_kv // saved_per_pos))
         if max_len < min_len:
             return None
         head = table[:, :max_len]
         same = (head == head[:1]).all(dim=0)  # [max_len]: column holds one slot in every request
-        shared_len = int(
-            same.int().cumprod(0).sum()
-        )  # leading run of such columns (one sync per group)
+        # leading run of such columns (one sync per group)
+        shared_len = int(same.int().cumprod(0).sum())
         if shared_len < min_len:
             return None
         kv_idx = head[0, :shared_len].contiguous()
@@ -176,14 +172,12 @@ class TorchAttentionPlanner:
                 valid = k_pos[None, :] < fb.seq_lens[:nd, None]  # [Bd, Ld - S]
                 if self.window is not None:
                     valid &= k_pos[None, :] >= fb.seq_lens[:nd, None] - self.window
-                kv_idx = kv_idx.masked_fill(
-                    ~valid, 0
-                )  # stale table entries past seq_len: any in-range slot
+                # stale table entries past seq_len: any in-range slot
+                kv_idx = kv_idx.masked_fill(~valid, 0)
                 mask = _additive(valid[:, None, None, :], device)
             return DecodeMeta(nd, kv_len - start, kv_idx.reshape(-1), mask, shared)
-        row_req = torch.repeat_interleave(
-            torch.arange(nd, device=device), fb.extend_lens[:nd]
-        )  # [Tg]
+        # [Tg]
+        row_req = torch.repeat_interleave(torch.arange(nd, device=device), fb.extend_lens[:nd])
         row_pos = (
             fb.prefix_lens[row_req]
             + torch.arange(num_tokens, device=device)
@@ -242,9 +236,8 @@ class TorchAttentionPlanner:
         # key j is visible to new token i when j <= prefix + i; padded query rows (i >= extend_len) still
         # see every real key, so no softmax row is empty (no NaNs) -- except under a sliding window, where a
         # padded row may see none: its NaNs stay in that row, which unpad_idx drops.
-        mask = (k_pos[:, None, :] <= (prefix_lens + q_pos)[:, :, None]) & kv_valid[
-            :, None, :
-        ]  # [Be, Lq, Lk]
+        # [Be, Lq, Lk]
+        mask = (k_pos[:, None, :] <= (prefix_lens + q_pos)[:, :, None]) & kv_valid[:, None, :]
         if self.window is not None:
             mask &= k_pos[:, None, :] > (prefix_lens + q_pos)[:, :, None] - self.window
         q_idx = unpad_idx = None

@@ -65,9 +65,8 @@ class LayerKV:
         if self.scales is None:
             return torch.index_select(self.values, 0, idx, out=out)
         values = _bytes(self.values).index_select(0, idx).view(self.values.dtype).float()
-        return out.copy_(
-            values.mul_(self.scales.index_select(0, idx)[..., None])
-        )  # scaled in float32
+        # scaled in float32
+        return out.copy_(values.mul_(self.scales.index_select(0, idx)[..., None]))
 
     def rows(self, first: int, num: int, dtype: torch.dtype) -> torch.Tensor:
         """A contiguous run of slots, in dtype."""

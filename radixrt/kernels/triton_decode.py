@@ -154,9 +154,8 @@ def _decode_stage2(
     lse = tl.load(
         Part_lse + b * stride_lb + h * stride_lh + offs_s, mask=mask_s, other=float("-inf")
     )
-    w = tl.exp2(
-        lse - tl.max(lse, 0)
-    )  # [BLOCK_S]; the last split holds the query itself: the max is finite
+    # [BLOCK_S]; the last split holds the query itself: the max is finite
+    w = tl.exp2(lse - tl.max(lse, 0))
     part = tl.load(
         Part_out + b * stride_pb + h * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :],
         mask=mask_s[:, None] & mask_d[None, :],

@@ -103,12 +103,10 @@ def _extend_kernel(
             k, v = dequant_rows(
                 k, v, K_scale, V_scale, slot, kv_head, stride_scale, mask_n, q.dtype
             )
-        visible = mask_n[None, :] & (
-            offs_m[:, None] >= 0
-        )  # [BLOCK_M, BLOCK_N]: every prefix key, unless
-        if (
-            window > 0
-        ):  # a sliding window hides it: key pos is visible to query prefix_len + m iff pos > it - window
+        # [BLOCK_M, BLOCK_N]: every prefix key, unless a sliding window hides it: key pos is visible
+        # to query prefix_len + m iff pos > prefix_len + m - window
+        visible = mask_n[None, :] & (offs_m[:, None] >= 0)
+        if window > 0:
             visible = visible & (pos[None, :] > prefix_len + offs_m[:, None] - window)
         m_i, l_i, acc = attend_block(
             q, k, v, visible, m_i, l_i, acc, sm_scale_log2, DOT_FP32, PRECISION

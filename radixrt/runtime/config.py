@@ -299,9 +299,8 @@ class ServerConfig:
                 continue
             kind = {"int": int, "float": float}.get(str(f.type).split(" |")[0], str)
             choices = f.metadata.get("choices")
-            if (
-                choices
-            ):  # case-insensitive, so SGLang's spellings (--speculative-algorithm NGRAM) work
+            # case-insensitive, so SGLang's spellings (--speculative-algorithm NGRAM) work
+            if choices:
                 kind = str.lower
             parser.add_argument(flag, type=kind, default=f.default, help=help_text, choices=choices)
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import functools
 
-MAX_CHECKED_REGEX_CHARS = (
-    2000  # longer patterns are left to the step's check (building the automaton costs)
-)
+# longer patterns are left to the step's check (building the automaton costs)
+MAX_CHECKED_REGEX_CHARS = 2000
 
 
 @functools.lru_cache(maxsize=256)

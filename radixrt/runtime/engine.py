@@ -38,9 +38,8 @@ class _Sequence:
         sp = msg.sampling_params
         self.msg = msg
         self.tokenizer = tokenizer
-        self.text_in_logprobs = (
-            text_in_logprobs  # logprob entries carry the token's text (SGLang's option)
-        )
+        # logprob entries carry the token's text (SGLang's option)
+        self.text_in_logprobs = text_in_logprobs
         self.result = SequenceResult(msg.rid)
         self.text = IncrementalDetokenizer.for_request(tokenizer, sp)
         self.shown = ""  # text released to a stream so far
@@ -232,9 +231,8 @@ class Engine:
         if constraint is not None:
             with self._lock:
                 grammar = self.scheduler.get_grammar_backend(constraint[0])
-            grammar.validate(
-                *constraint
-            )  # thread-safe; outside the lock so other callers' steps go on
+            # thread-safe; outside the lock so other callers' steps go on
+            grammar.validate(*constraint)
 
     def _submit(self, msgs: list[TokenizedGenerateReq]) -> dict[str, _Sequence]:
         seqs = {m.rid: _Sequence(m, self.tokenizer) for m in msgs}

@@ -130,9 +130,8 @@ class IncrementalDetokenizer:
         if self.stop_regex:
             new_text, self.regex_fed = self.text[self.regex_fed :], len(self.text)
             for search in self.stop_regex:
-                if (
-                    search.feed(new_text) is not None
-                ):  # the match stays: the text runs to the end of this step
+                # the match stays: the text runs to the end of this step
+                if search.feed(new_text) is not None:
                     self.matched_stop = search.pattern
                     return self._cut(len(self.text))
         end = len(self.text) if finished else len(self.text) - self._stop_hold_len()

@@ -48,12 +48,10 @@ class TokenizedGenerateReq:
     stream: bool = False
     program_id: str | None = None
     arrival_time: float = 0.0
-    pin_ttl_s: float | None = (
-        None  # keep the prompt pinned in the cache after it finishes (handle = rid)
-    )
-    session_id: str | None = (
-        None  # a turn of this session: pinned when finished, until the next turn (sessions.py)
-    )
+    # keep the prompt pinned in the cache after it finishes (handle = rid)
+    pin_ttl_s: float | None = None
+    # a turn of this session: pinned when finished, until the next turn (sessions.py)
+    session_id: str | None = None
 
 
 @message
@@ -99,9 +97,8 @@ class TokenOut:
     input_logprobs: list[list[Any]] | None = None
     input_top_logprobs: list[list[list[Any]]] | None = None
     error: str | None = None
-    error_status: int = (
-        400  # with error: 400 the request was refused as given, 500 it failed inside the server
-    )
+    # with error: 400 the request was refused as given, 500 it failed inside the server
+    error_status: int = 400
 
 
 @message
@@ -123,9 +120,8 @@ class DetokenizeReq:
     always arrives first): what the detokenizer needs to turn that request's ids into text."""
 
     rid: str
-    sampling_params: dict[str, Any] = field(
-        default_factory=dict
-    )  # what shapes the text: stop, stop_regex, ...
+    # what shapes the text: stop, stop_regex, ...
+    sampling_params: dict[str, Any] = field(default_factory=dict)
 
 
 @message

@@ -222,9 +222,8 @@ def generate_output(
     if res.error:
         meta["error"] = res.error
     if res.finished_reason and res.finished_reason.get("incomplete"):
-        meta["incomplete"] = (
-            True  # a constrained output cut by its budget before the grammar completed
-        )
+        # a constrained output cut by its budget before the grammar completed
+        meta["incomplete"] = True
     if return_logprob:
 
         def triple(x: list) -> tuple:

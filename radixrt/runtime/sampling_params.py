@@ -83,16 +83,13 @@ class SamplingParams:
     stop_regex: list[str] = field(default_factory=list)
     ignore_eos: bool = False
     skip_special_tokens: bool = True
-    spaces_between_special_tokens: bool = (
-        True  # passed to the tokenizer's decode (slow tokenizers use it)
-    )
+    # passed to the tokenizer's decode (slow tokenizers use it)
+    spaces_between_special_tokens: bool = True
     no_stop_trim: bool = False  # keep the matched stop string at the end of the text
-    stream_interval: int | None = (
-        None  # a stream sends a chunk every this many tokens (None: every token)
-    )
-    custom_params: dict[str, Any] | None = (
-        None  # SGLang's input to a custom logit processor; radixrt has none
-    )
+    # a stream sends a chunk every this many tokens (None: every token)
+    stream_interval: int | None = None
+    # SGLang's input to a custom logit processor; radixrt has none
+    custom_params: dict[str, Any] | None = None
     seed: int | None = None  # SGLang calls it sampling_seed (accepted as that too)
     n: int = 1
     beam_width: int | None = None
@@ -105,9 +102,8 @@ class SamplingParams:
     # radixrt's: tool calls in the fallback format (constrained/tool_call_regex.py); the OpenAI chat route
     # sets it for tools with tool_choice required / a named function / auto once a call is opened
     tool_call_grammar: str | None = None
-    ebnf: str | None = (
-        None  # SGLang's: a context-free grammar (GBNF `root ::= ...`, or Lark); llguidance enforces it
-    )
+    # SGLang's: a context-free grammar (GBNF `root ::= ...`, or Lark); llguidance enforces it
+    ebnf: str | None = None
     # OpenAI's / SGLang's: token id (a decimal string, as JSON keys are) -> added to that token's logit
     logit_bias: dict[str, float] | None = None
 
@@ -130,9 +126,8 @@ class SamplingParams:
                 d.pop(name, None)
         if d.get("stop_token_ids") is None:
             d.pop("stop_token_ids", None)
-        if isinstance(
-            d.get("logit_bias"), dict
-        ):  # ids as ints (the Engine) or strings (JSON) alike
+        # ids as ints (the Engine) or strings (JSON) alike
+        if isinstance(d.get("logit_bias"), dict):
             d["logit_bias"] = {
                 str(k) if isinstance(k, int) and not isinstance(k, bool) else k: v
                 for k, v in d["logit_bias"].items()

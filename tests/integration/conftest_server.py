@@ -39,9 +39,8 @@ class ServerProcess:
         self.tmp_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = self.tmp_dir / "server.log"
         env = {**os.environ, "TMPDIR": str(self.tmp_dir), "PYTHONUNBUFFERED": "1", **(env or {})}
-        if (
-            "--dtype" not in args
-        ):  # token-exact checks run in float32; the default dtype has its own test
+        # token-exact checks run in float32; the default dtype has its own test
+        if "--dtype" not in args:
             args = [*args, "--dtype", "float32"]
         cmd = [sys.executable, "-m", "radixrt.cli", "serve", "--port", str(self.port), *args]
         if fake_scheduler:

@@ -248,9 +248,8 @@ def run_logprobs(backend) -> dict:
     state = logprobs_prog.run(backend=backend)
     meta = state.get_meta_info("x")
     entries = meta["output_token_logprobs"]
-    assert len(entries) == 3 and all(isinstance(e[2], str) for e in entries), (
-        entries
-    )  # text in logprobs
+    # text in logprobs
+    assert len(entries) == 3 and all(isinstance(e[2], str) for e in entries), entries
     return {"text": state.text(), "vars": {"tokens": [e[2] for e in entries]}}
 
 

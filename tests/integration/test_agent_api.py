@@ -165,9 +165,8 @@ def test_sampled_calls_validate_and_parallel_false_gives_one(client):
                 called += 1
             else:  # only running out of tokens can stop a call early
                 assert choice.finish_reason == "length"
-    assert called >= 4, (
-        called
-    )  # most of the 8 samples finish their call: the checks above are not vacuous
+    # most of the 8 samples finish their call: the checks above are not vacuous
+    assert called >= 4, called
 
 
 def test_auto_answers_in_text_or_opens_a_constrained_call(client):
@@ -314,9 +313,8 @@ def test_session_turns_stay_cached_under_pressure(server, client):
         node = stack.pop()
         stack += node["children"]
         owned += [node["prefix_len"]] if node["sessions"] == ["chat-1"] else []
-    assert (
-        owned and max(owned) >= prev - 1
-    )  # the cache view names the session holding the last turn
+    # the cache view names the session holding the last turn
+    assert owned and max(owned) >= prev - 1
     assert httpx.post(
         server.url + "/close_session", json={"session_id": "chat-1"}, timeout=60
     ).json()["success"]

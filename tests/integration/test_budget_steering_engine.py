@@ -120,9 +120,8 @@ def test_llguidance_marks_cut_output_incomplete():
         llg.shutdown()
 
 
-LEAVES_OUTLINES_LANGUAGE = {
-    "open_object"
-}  # additionalProperties: llguidance allows the keys, outlines does not
+# additionalProperties: llguidance allows the keys, outlines does not
+LEAVES_OUTLINES_LANGUAGE = {"open_object"}
 
 
 def test_auto_steers_what_llguidance_serves(engine):
@@ -134,9 +133,8 @@ def test_auto_steers_what_llguidance_serves(engine):
         cases = []
         for name, schema in UNBOUNDED.items():
             k = shortest(engine, schema)
-            shadow = auto.scheduler.get_grammar_backend(
-                "json_schema"
-            ).secondary  # outlines, cached once compiled
+            # outlines, cached once compiled
+            shadow = auto.scheduler.get_grammar_backend("json_schema").secondary
             fut = shadow.request("json_schema", json.dumps(schema))
             while not fut.done():
                 time.sleep(0.01)
@@ -171,16 +169,14 @@ def test_auto_steers_ebnf_grammars():
     try:
         cases = []
         for name, (gbnf, lark_text) in GRAMMARS.items():
-            shadow = auto.scheduler.get_grammar_backend(
-                "ebnf"
-            ).secondary  # outlines, cached once compiled
+            # outlines, cached once compiled
+            shadow = auto.scheduler.get_grammar_backend("ebnf").secondary
             fut = shadow.request("regex", cfg_regex(gbnf))
             while not fut.done():
                 time.sleep(0.01)
             state = fut.result()
-            k = state.compiled.steering.dist[
-                state.guide.get_state()
-            ]  # the subset's shortest completion
+            # the subset's shortest completion
+            k = state.compiled.steering.dist[state.guide.get_state()]
             cases += [(name, gbnf, lark_text, k, b) for b in (k - 1, k, k + 2, 2 * k + 4) if b > 0]
         outs = auto.generate(
             [f"Write a very long example of {name} text:" for name, *_ in cases],

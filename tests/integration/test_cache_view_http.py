@@ -79,9 +79,8 @@ def test_cache_tree_is_what_the_requests_imply(server, tokenizer):
     first = max(view["root"]["children"], key=lambda c: c["subtree_tokens"])
     edge = tokenizer.decode(prompts[0][: first["num_tokens"]], skip_special_tokens=False)
     assert first["text"].rstrip("…") and edge.startswith(first["text"].rstrip("…"))
-    assert (
-        first["hits"] == len(prompts) - 2
-    )  # everything but the first and the unrelated prompt matched it
+    # everything but the first and the unrelated prompt matched it
+    assert first["hits"] == len(prompts) - 2
     assert first["tokens_served"] == first["hits"] * first["num_tokens"]
     assert all(
         c["last_access_age_s"] is not None and c["lock_ref"] == 0 for c in view["root"]["children"]

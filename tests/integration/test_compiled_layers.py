@@ -37,9 +37,8 @@ def generate_varied(engine: Engine) -> list[list[int]]:
     outs = [engine.generate(PROMPTS[0], params)["output_ids"]]
     outs += [o["output_ids"] for o in engine.generate(PROMPTS[1:4], params)]
     outs += [o["output_ids"] for o in engine.generate(PROMPTS, params)]
-    long_prompt = (
-        " ".join(PROMPTS) * 12
-    )  # ~600 tokens: chunks of 512, then a mixed step with the others
+    # ~600 tokens: chunks of 512, then a mixed step with the others
+    long_prompt = " ".join(PROMPTS) * 12
     outs += [o["output_ids"] for o in engine.generate([long_prompt] + PROMPTS[:3], params)]
     return outs
 
@@ -54,18 +53,16 @@ def test_compiled_equals_eager_and_never_recompiles(cache_env):
     engine = Engine(**cache_env, enable_torch_compile=True)
     try:
         graphs = engine.scheduler.runner.graphs
-        assert (
-            graphs is not None and graphs.num_compiles == 9
-        )  # 3 functions x 3 buckets, at start-up
+        # 3 functions x 3 buckets, at start-up
+        assert graphs is not None and graphs.num_compiles == 9
         got = generate_varied(engine)
         assert graphs.num_compiles == 9, "a graph was compiled after start-up"
         assert got == want
         engine.check_integrity()
     finally:
         engine.shutdown()
-    again = Engine(
-        **cache_env, enable_torch_compile=True
-    )  # a later start: every graph from the cache
+    # a later start: every graph from the cache
+    again = Engine(**cache_env, enable_torch_compile=True)
     try:
         assert again.scheduler.runner.graphs.num_compiles == 0
         assert generate_varied(again) == want

@@ -514,9 +514,8 @@ def chat(tokenizer, text: str) -> str:
 
 @pytest.fixture(scope="module")
 def engine():
-    eng = Engine(
-        dtype="float32", grammar_compile_timeout=120.0, grammar_backend="outlines"
-    )  # outlines suite
+    # outlines suite
+    eng = Engine(dtype="float32", grammar_compile_timeout=120.0, grammar_backend="outlines")
     yield eng
     eng.shutdown()
 

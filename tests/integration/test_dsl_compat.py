@@ -20,9 +20,8 @@ RESULTS: dict[tuple[str, str], dict] = {}
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = ServerProcess(
-        ["--log-level", "warning"], tmp_path_factory.mktemp("dsl_compat")
-    )  # float32, as the Engine
+    # float32, as the Engine
+    srv = ServerProcess(["--log-level", "warning"], tmp_path_factory.mktemp("dsl_compat"))
     yield srv
     srv.stop()
 

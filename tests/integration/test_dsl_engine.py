@@ -222,9 +222,8 @@ def test_a_multi_turn_program_keeps_its_turns_cached_in_a_session():
             meta = state.get_meta_info("answer")
             if kept is not None:
                 assert meta["cached_tokens"] >= kept, (i, meta)
-            kept = (
-                meta["prompt_tokens"] + meta["completion_tokens"] - 1
-            )  # the last sampled token has no KV
+            # the last sampled token has no KV
+            kept = meta["prompt_tokens"] + meta["completion_tokens"] - 1
             history = state.text()
             for k in range(3):  # unrelated traffic: 3 x ~300 tokens fill the 1,024-token pool
                 engine.generate(

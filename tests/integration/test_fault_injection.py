@@ -79,9 +79,8 @@ def test_server_fails_only_the_culprit_and_keeps_serving(server, tokenizer):
     first, bad, third = asyncio.run(run(MARK))  # attributable: only the culprit fails
     assert bad.status_code == 500 and "injected fault" in bad.json()["error"]["message"], bad.text
     assert first.json()["output_ids"] == alone[0] and third.json()["output_ids"] == alone[2]
-    outs = asyncio.run(
-        run(MARK + 1)
-    )  # not attributable: the step's requests fail, the server goes on
+    # not attributable: the step's requests fail, the server goes on
+    outs = asyncio.run(run(MARK + 1))
     assert outs[1].status_code == 500
     assert httpx.get(server.url + "/health", timeout=30).status_code == 200
     again = httpx.post(

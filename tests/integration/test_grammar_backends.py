@@ -53,9 +53,8 @@ def test_schemas_give_valid_json_under_llguidance(engines):
     schemas = {**SCHEMAS, **{n: SUITE[n][0] for n in SUITE_NAMES}}
     backend = engine.scheduler.get_grammar_backend("json_schema")
     refused = []
-    for name, schema in list(
-        schemas.items()
-    ):  # llguidance refuses what it does not implement, by name
+    # llguidance refuses what it does not implement, by name
+    for name, schema in list(schemas.items()):
         try:
             backend.validate("json_schema", json.dumps(schema))
         except ValueError as e:
@@ -92,9 +91,8 @@ def test_schemas_give_valid_json_under_llguidance(engines):
 def test_ebnf_output_parses_with_an_independent_parser(engines, name):
     gbnf, lark_grammar = GRAMMARS[name]
     parser = lark.Lark(lark_grammar, parser="earley")
-    engine = (
-        Engine(dtype="float32") if name == "sql" else engines["llguidance"]
-    )  # sql: the default backend routes
+    # sql: the default backend routes
+    engine = Engine(dtype="float32") if name == "sql" else engines["llguidance"]
     try:
         prompt = chat(engine.tokenizer, f"Write one short example ({name}).")
         parsed = 0
@@ -168,9 +166,8 @@ def test_jump_forward_on_equals_off_under_llguidance(engines):
 
 
 def test_a_batch_mixing_backends_keeps_each_guarantee():
-    engine = Engine(
-        dtype="float32"
-    )  # outlines by default; ebnf goes to llguidance in the same batch
+    # outlines by default; ebnf goes to llguidance in the same batch
+    engine = Engine(dtype="float32")
     try:
         prompt = chat(engine.tokenizer, "Give an example.")
         params = [

@@ -372,14 +372,12 @@ def test_hostile_inputs_are_refused_and_the_server_keeps_serving(server):
             assert word.lower() in json.dumps(err).lower(), (label, err)
         assert httpx.get(server.url + "/health", timeout=30).status_code == 200, label
         plain_works(server)
-        info = httpx.get(
-            server.url + "/get_server_info", timeout=30
-        ).json()  # idle: a full integrity walk
+        # idle: a full integrity walk
+        info = httpx.get(server.url + "/get_server_info", timeout=30).json()
         assert info["integrity_ok"] and info["num_running"] == 0, (label, info["integrity_error"])
         held += 1
-    assert (
-        httpx.get(server.url + "/flush_cache", timeout=30).status_code == 405
-    )  # state changes are POST only
+    # state changes are POST only
+    assert httpx.get(server.url + "/flush_cache", timeout=30).status_code == 405
     plain_works(server)
     assert httpx.post(server.url + "/flush_cache", timeout=60).status_code == 200
     info = httpx.get(server.url + "/get_server_info", timeout=30).json()
@@ -396,9 +394,8 @@ def test_pins_are_unguessable_and_a_stranger_cannot_unpin(server):
     ).json()
     handle = r["handle"]
     assert handle and len(handle) >= 20
-    assert (
-        httpx.post(server.url + "/unpin", json={"handle": "0-1"}, timeout=30).status_code == 200
-    )  # a no-op
+    # a no-op
+    assert httpx.post(server.url + "/unpin", json={"handle": "0-1"}, timeout=30).status_code == 200
     assert httpx.get(server.url + "/get_server_info", timeout=30).json()["num_pins"] == 1
     assert httpx.post(server.url + "/unpin", json={"handle": handle}, timeout=30).status_code == 200
     deadline = time.monotonic() + 10

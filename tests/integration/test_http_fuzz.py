@@ -34,9 +34,8 @@ json_values = st.recursive(
     ),
     max_leaves=12,
 )
-small_int = (
-    st.integers(min_value=-2, max_value=4) | json_values
-)  # max_tokens: small, or anything at all
+# max_tokens: small, or anything at all
+small_int = st.integers(min_value=-2, max_value=4) | json_values
 
 
 def maybe(keys: dict[str, st.SearchStrategy]) -> st.SearchStrategy:

@@ -140,9 +140,8 @@ def test_greedy_equal_with_logprobs_and_fewer_forwards(engines):
         assert a["meta_info"]["finish_reason"] == b["meta_info"]["finish_reason"]
         lp_on = [lp for lp, _, _ in a["meta_info"]["output_token_logprobs"]]
         lp_off = [lp for lp, _, _ in b["meta_info"]["output_token_logprobs"]]
-        assert None not in lp_on and lp_on == pytest.approx(
-            lp_off, abs=1e-3
-        )  # verified picks carry real logprobs
+        # verified picks carry real logprobs
+        assert None not in lp_on and lp_on == pytest.approx(lp_off, abs=1e-3)
     for out in outs_on[: len(SCHEMAS)]:
         json.loads(out["text"])
     assert outs_on[-1]["text"] in CHOICES

@@ -82,9 +82,8 @@ def test_greedy_decode_matches_hf_generate(ours, hf_model, tokenizer, paged_driv
                 max_new_tokens=num_new,
                 pad_token_id=tokenizer.eos_token_id,
             )
-        expected.append(
-            out[0, len(ids) :].tolist()
-        )  # ends early with the EOS id if the model stops
+        # ends early with the EOS id if the model stops
+        expected.append(out[0, len(ids) :].tolist())
     assert all(len(e) >= 8 for e in expected), expected
 
     driver = paged_driver(model, attn, num_pages=512, page_size=1, seed=3)
@@ -101,9 +100,8 @@ def test_greedy_decode_matches_hf_generate(ours, hf_model, tokenizer, paged_driv
             outputs[int(name[1])].append(int(logits[name][0].argmax()))
 
     step([("r0", prompts[0], False)])
-    step(
-        [("r0", outputs[0][-1:], False), ("r1", prompts[1], False)]
-    )  # r1's prefill joins r0's decode
+    # r1's prefill joins r0's decode
+    step([("r0", outputs[0][-1:], False), ("r1", prompts[1], False)])
     while not (done(0) and done(1)):
         step([(f"r{i}", outputs[i][-1:], False) for i in range(2) if not done(i)])
     assert outputs == expected, (tokenizer.decode(outputs[0]), tokenizer.decode(expected[0]))

@@ -32,9 +32,8 @@ def test_pin_holds_prefix_until_unpin(server):
     body = res.json()
     assert body["handle"] and body["prompt_tokens"] > 20
     assert info(server)["num_pins"] == 1
-    assert (
-        httpx.post(server.url + "/flush_cache", timeout=60).status_code == 400
-    )  # pinned pages are locked
+    # pinned pages are locked
+    assert httpx.post(server.url + "/flush_cache", timeout=60).status_code == 400
     out = httpx.post(
         server.url + "/generate",
         json={

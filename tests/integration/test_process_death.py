@@ -63,9 +63,8 @@ async def _inflight_until_killed(
             assert r.status_code == 200
             async for line in r.aiter_lines():
                 lines.append(line)
-                if (
-                    line.startswith("data: ") and len(sse_events(lines)) == 2
-                ):  # a token, past chat's role chunk
+                # a token, past chat's role chunk
+                if line.startswith("data: ") and len(sse_events(lines)) == 2:
                     num_started[0] += 1
                     if num_started[0] == 2:
                         streams_started.set()

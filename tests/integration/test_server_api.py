@@ -107,9 +107,8 @@ def test_completions_stop_logprobs_and_n(server, client):
     )
     text = base.choices[0].text
     assert base.usage.completion_tokens == 16 and base.choices[0].finish_reason == "length"
-    word = text.split()[
-        1
-    ]  # a word from the middle: stop there (OpenAI: the stop string is not shown)
+    # a word from the middle: stop there (OpenAI: the stop string is not shown)
+    word = text.split()[1]
     stopped = client.completions.create(
         model="SmolLM2-135M-Instruct",
         prompt=PROMPT,
@@ -147,9 +146,8 @@ def test_completions_stop_logprobs_and_n(server, client):
         seed=7,
         n=2,
     )
-    assert [ch.text for ch in many.choices] == [
-        ch.text for ch in again.choices
-    ]  # seeds seed+i reproduce
+    # seeds seed+i reproduce
+    assert [ch.text for ch in many.choices] == [ch.text for ch in again.choices]
     # choice 2k+j is prompt k sampled with seed 7+j: the same as asking for that one alone
     for k, prompt in enumerate([PROMPT, "2 + 2 ="]):
         for j in range(2):
@@ -176,9 +174,8 @@ def test_generate_single_batch_stream_logprobs(server):
         server, "/generate", {"text": [PROMPT, "Once upon a time"], "sampling_params": sp}
     ).json()
     assert batch[0]["text"] == one["text"] and batch[0]["output_ids"] == one["output_ids"]
-    assert (
-        batch[0]["meta_info"]["cached_tokens"] >= 4
-    )  # the same prompt again: served from the radix cache
+    # the same prompt again: served from the radix cache
+    assert batch[0]["meta_info"]["cached_tokens"] >= 4
     with httpx.stream(
         "POST",
         server.url + "/generate",
@@ -450,9 +447,8 @@ def test_48_concurrent_streams_quarter_dropped(server):
         ):
             break
         time.sleep(0.2)
-    assert (
-        info["num_requests_aborted"] - before["num_requests_aborted"] >= 9
-    )  # the dropped ones were aborted
+    # the dropped ones were aborted
+    assert info["num_requests_aborted"] - before["num_requests_aborted"] >= 9
     flushed = httpx.post(server.url + "/flush_cache", headers=AUTH, timeout=60)
     assert flushed.status_code == 200
     info = server_info(server)
@@ -496,9 +492,8 @@ def test_metrics(server, client):
     ):
         assert name in after, name
     ttft = "radixrt:time_to_first_token_seconds_count"
-    assert (
-        count(after, ttft) - count(before, ttft) == 3
-    )  # every streamed request got its first token once
+    # every streamed request got its first token once
+    assert count(after, ttft) - count(before, ttft) == 3
     generated = "radixrt:generation_tokens_total"
     assert count(after, generated) - count(before, generated) == 3 * 4 + 2
 

@@ -54,9 +54,8 @@ def wait_idle(srv, timeout: float = 20) -> dict:
 def test_echo_text_and_stream_equal_nonstream(fake_server):
     body = {"text": "one two three", "sampling_params": {"max_new_tokens": 7}}
     r = httpx.post(fake_server.url + "/generate", json=body, timeout=30).json()
-    assert (
-        r["text"] == "one two threeone two threeone" and r["meta_info"]["completion_tokens"] == 7
-    )  # echoed
+    # echoed
+    assert r["text"] == "one two threeone two threeone" and r["meta_info"]["completion_tokens"] == 7
     assert r["meta_info"]["finish_reason"] == {"type": "length", "length": 7}
     with httpx.stream(
         "POST", fake_server.url + "/generate", json={**body, "stream": True}, timeout=30
@@ -65,9 +64,8 @@ def test_echo_text_and_stream_equal_nonstream(fake_server):
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     assert chunks[-1]["text"] == r["text"] and chunks[-1]["output_ids"] == r["output_ids"]
-    assert all(
-        b["text"].startswith(a["text"]) for a, b in zip(chunks, chunks[1:])
-    )  # cumulative, SGLang style
+    # cumulative, SGLang style
+    assert all(b["text"].startswith(a["text"]) for a, b in zip(chunks, chunks[1:]))
 
 
 def test_stop_string_trimmed_across_processes(fake_server):

@@ -63,9 +63,8 @@ def program_names() -> list[str]:
     """The programs of sglang.test.test_programs, read from its source: importing sglang at collection would
     import triton before tests/triton/conftest.py switches it to the interpreter (triton decides when a kernel,
     its standard library's included, is decorated)."""
-    spec = importlib.util.find_spec(
-        "sglang"
-    )  # tests/install_sglang_client.sh installs it (the test command does)
+    # tests/install_sglang_client.sh installs it (the test command does)
+    spec = importlib.util.find_spec("sglang")
     if spec is None or spec.origin is None:
         return []
     source = pathlib.Path(spec.origin).parent / "test" / "test_programs.py"
@@ -233,27 +232,24 @@ def test_streamed_logprobs_are_per_chunk_with_running_totals(server):
     assert [x[0] for x in collected] == pytest.approx(
         [x[0] for x in whole["output_token_logprobs"]], abs=1e-4
     )
-    assert (
-        chunks[-1]["text"] == generate(server, params).json()["text"]
-    )  # a chunk's text is the text so far
+    # a chunk's text is the text so far
+    assert chunks[-1]["text"] == generate(server, params).json()["text"]
 
 
 def test_stream_interval_sends_a_chunk_every_k_tokens(server):
     chunks = stream(server, {**GREEDY, "max_new_tokens": 21, "stream_interval": 4})
     counts = [len(c["output_ids"]) for c in chunks]
     assert counts[-1] == 21
-    assert all(
-        b - a >= 4 for a, b in zip([0] + counts[:-2], counts[:-1])
-    )  # every chunk but the last: >= 4 new
+    # every chunk but the last: >= 4 new
+    assert all(b - a >= 4 for a, b in zip([0] + counts[:-2], counts[:-1]))
     assert len(chunks) <= 21 // 4 + 1
 
 
 def test_profile_routes_write_a_trace(server, tmp_path):
     res = httpx.post(server.url + "/start_profile", json={"output_dir": str(tmp_path)}, timeout=60)
     assert res.status_code == 200, res.text
-    assert (
-        httpx.get(server.url + "/start_profile", timeout=60).status_code == 400
-    )  # already running
+    # already running
+    assert httpx.get(server.url + "/start_profile", timeout=60).status_code == 400
     assert generate(server, {**GREEDY, "max_new_tokens": 4}).status_code == 200
     res = httpx.get(server.url + "/stop_profile", timeout=120)  # SGLang's client sends a GET
     assert res.status_code == 200, res.text
@@ -286,9 +282,8 @@ def test_concate_and_append_request(server):
 def test_refused_parameters_are_400s_naming_them(server, params, field):
     res = generate(server, params)
     assert res.status_code == 400 and field in res.text
-    assert (
-        generate(server, {**GREEDY, "max_new_tokens": 2}).status_code == 200
-    )  # and the server goes on
+    # and the server goes on
+    assert generate(server, {**GREEDY, "max_new_tokens": 2}).status_code == 200
 
 
 WEATHER_TAG = {
@@ -334,9 +329,8 @@ def test_structural_tag_constrains_the_tagged_segment(server):
         ).json()["text"]
 
     free = run({})
-    assert (
-        "<function=get_weather>" in free and "PAR-75" not in free
-    )  # precondition: the model calls, unconstrained
+    # precondition: the model calls, unconstrained
+    assert "<function=get_weather>" in free and "PAR-75" not in free
     text = run({"structural_tag": json.dumps(WEATHER_TAG)})
     calls = re.findall(r"<function=(.*?)</function>", text, re.S)
     assert calls and text.count("<function=") == len(calls), text

@@ -100,9 +100,8 @@ def qwen_dirs(tmp_path_factory, tokenizer):
         d = tmp_path_factory.mktemp(name)
         torch.manual_seed(1)
         model = AutoModelForCausalLM.from_config(config)
-        with (
-            torch.no_grad()
-        ):  # biases and norms away from their init values, so sharding them matters
+        # biases and norms away from their init values, so sharding them matters
+        with torch.no_grad():
             for pname, p in model.named_parameters():
                 p.uniform_(0.5, 1.5) if "norm" in pname else p.normal_(0.0, 0.3)
         model.save_pretrained(str(d), safe_serialization=True)

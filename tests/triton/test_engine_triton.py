@@ -37,9 +37,8 @@ def expected_cached(tokenizer, first_output: list[int], page_size: int) -> int:
 
 def run(engine: Engine) -> tuple[list[list[int]], list[int]]:
     first = engine.generate(BASE, PARAMS)
-    second = engine.generate(
-        EXTENDED, PARAMS
-    )  # extends the first: its prefix comes from the radix cache
+    # extends the first: its prefix comes from the radix cache
+    second = engine.generate(EXTENDED, PARAMS)
     engine.check_integrity()
     return [first["output_ids"], second["output_ids"]], [
         first["meta_info"]["cached_tokens"],

@@ -265,9 +265,8 @@ def test_shared_prefix_matches_reference(scenario, group, page_size, consecutive
     torch.testing.assert_close(out2, expected, atol=2e-5, rtol=1e-5)
 
 
-SHARED_SEED_BASE = (
-    5000  # seeds whose batches take the cascade in both groups, in one, and in neither
-)
+# seeds whose batches take the cascade in both groups, in one, and in neither
+SHARED_SEED_BASE = 5000
 
 
 @pytest.mark.parametrize("seed", range(8))

@@ -51,9 +51,8 @@ def test_origins():
         "file://",
     ):
         assert not g.origin_ok(bad, "127.0.0.1:30000"), bad
-    assert not g.origin_ok(
-        "http://127.0.0.1:30000", "localhost:30000"
-    )  # same-origin means the same host:port
+    # same-origin means the same host:port
+    assert not g.origin_ok("http://127.0.0.1:30000", "localhost:30000")
     # a wildcard Host rule (0.0.0.0) must not let a foreign Origin on the right port through
     anywhere = BrowserGuard("0.0.0.0", 30000, None, None)
     assert not anywhere.origin_ok("http://evil.example:30000", "10.0.0.5:30000")
@@ -81,6 +80,5 @@ def test_origins():
 def test_post_bodies_must_be_json(ctype, ok):
     assert BrowserGuard.content_type_ok("POST", ctype) is ok
     assert BrowserGuard.content_type_ok("GET", ctype)  # GETs carry no body
-    assert BrowserGuard.content_type_ok(
-        "POST", ctype, has_body=False
-    )  # nor does a bare POST /flush_cache
+    # nor does a bare POST /flush_cache
+    assert BrowserGuard.content_type_ok("POST", ctype, has_body=False)

@@ -31,9 +31,8 @@ def test_a_good_grammar_compiles_to_a_working_index(pool):
 
     rx, blob, (dist, max_next) = pool.submit("index", grammar_key("regex", "(a|b)+"), 30).result()
     index = pickle.loads(blob)
-    assert (
-        dist[index.get_initial_state()] == 1
-    )  # one token ends the match; steering's table came along
+    # one token ends the match; steering's table came along
+    assert dist[index.get_initial_state()] == 1
     state = index.get_next_state(index.get_initial_state(), 1)
     assert rx == "(a|b)+" and index.is_final_state(state)
     assert index.get_next_state(index.get_initial_state(), 4) is None  # "{" is not allowed
@@ -51,9 +50,8 @@ def test_a_compile_past_its_deadline_is_killed_and_the_pool_recovers(pool):
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, (
         "still burning CPU"
     )
-    assert (
-        pool.submit("index", grammar_key("regex", "ab"), 30).result()[0] == "ab"
-    )  # a fresh worker
+    # a fresh worker
+    assert pool.submit("index", grammar_key("regex", "ab"), 30).result()[0] == "ab"
 
 
 def test_a_worker_that_died_while_idle_is_replaced(pool):

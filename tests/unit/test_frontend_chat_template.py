@@ -90,6 +90,5 @@ def test_template_without_system_role():
 def test_missing_or_broken_template_falls_back_to_plain():
     assert from_tokenizer_config(None) is PLAIN
     assert from_tokenizer_config("{{ messages[0]['content'][ }}") is PLAIN
-    assert (
-        from_tokenizer_config("{% for m in messages %}static{% endfor %}") is PLAIN
-    )  # drops content
+    # drops content
+    assert from_tokenizer_config("{% for m in messages %}static{% endfor %}") is PLAIN

@@ -105,9 +105,8 @@ def test_vocabulary_bytes_are_exact(tokenizer, id_bytes, vocab_size):
     specials = special_token_ids(tokenizer)
     assert tokenizer.eos_token_id in specials and not specials & set(id_bytes)
     assert len(id_bytes) == len(tokenizer) - len(specials)
-    for i in random.Random(0).sample(
-        sorted(id_bytes), 2000
-    ):  # single tokens that decode to whole chars
+    # single tokens that decode to whole chars
+    for i in random.Random(0).sample(sorted(id_bytes), 2000):
         s = tokenizer.decode([i])
         if "\ufffd" not in s:
             assert id_bytes[i] == s.encode(), i

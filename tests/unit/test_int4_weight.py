@@ -42,18 +42,16 @@ def test_weights_that_are_not_four_bit_groups_get_none():
     w[5, 7] += 1e-3  # one value off the grid of its group
     assert Int4Weight.from_exact(w) is None
     assert Int4Weight.from_exact(torch.randn(16, 64)) is None  # a trained float weight
-    assert (
-        Int4Weight.from_exact(torch.randn(16, GROUP + 1)) is None
-    )  # K not a multiple of the group
+    # K not a multiple of the group
+    assert Int4Weight.from_exact(torch.randn(16, GROUP + 1)) is None
 
 
 def test_linear_uses_the_copy_only_for_a_few_rows(monkeypatch):
     w = q4_weight(64, 2 * GROUP, seed=1)
     lin = Linear(w.bfloat16(), int4=Int4Weight.from_exact(w))
     calls = []
-    real = (
-        torch._weight_int4pack_mm_for_cpu
-    )  # the 4-bit kernel, as Linear (and the compiled graphs' op) call it
+    # the 4-bit kernel, as Linear (and the compiled graphs' op) call it
+    real = torch._weight_int4pack_mm_for_cpu
     monkeypatch.setattr(
         torch, "_weight_int4pack_mm_for_cpu", lambda x, *a: calls.append(x.shape[0]) or real(x, *a)
     )

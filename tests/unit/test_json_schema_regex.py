@@ -152,9 +152,8 @@ def test_number_range_sound_and_complete(bounds):
         )
         if fsm.fullmatch(s):
             assert inside, s
-        elif (
-            inside
-        ):  # completeness for short decimals strictly inside (exclusive ends are rounded inward)
+        elif inside:
+            # completeness for short decimals strictly inside (exclusive ends are rounded inward)
             margin = Decimal("1e-11")
             assert not (
                 (lo is None or d > Decimal(repr(lo)) + margin)
@@ -192,9 +191,8 @@ def test_pattern_translation(pattern):
     for text in bad:
         assert not fsm.fullmatch(json.dumps(text, ensure_ascii=False)), text
     rng = random.Random(1)
-    for _ in range(
-        100
-    ):  # the decoded walk satisfies the pattern (search semantics, as JSON schema)
+    # the decoded walk satisfies the pattern (search semantics, as JSON schema)
+    for _ in range(100):
         assert re.search(pattern, json.loads(fsm.walk(rng))), pattern
 
 

@@ -54,9 +54,8 @@ def tiny_config(kind: str, base):
         from transformers import MistralConfig
 
         return MistralConfig(**common, sliding_window=8, tie_word_embeddings=False)
-    if (
-        kind == "qwen2_hybrid_sliding"
-    ):  # layer 0 full attention, layer 1 a window of 6 (max_window_layers)
+    # layer 0 full attention, layer 1 a window of 6 (max_window_layers)
+    if kind == "qwen2_hybrid_sliding":
         config = Qwen2Config(
             **common,
             use_sliding_window=True,
@@ -293,14 +292,12 @@ def test_gguf_cache_is_atomic_and_keyed_by_file(tmp_path, monkeypatch):
     monkeypatch.setattr(weights, "_convert_gguf", killed)
     with pytest.raises(KeyboardInterrupt):
         weights.resolve_model(str(gguf))
-    assert [
-        p.name for p in cache.iterdir() if not p.name.endswith(".lock")
-    ] == []  # no half cache, no temp
+    # no half cache, no temp
+    assert [p.name for p in cache.iterdir() if not p.name.endswith(".lock")] == []
     monkeypatch.setattr(weights, "_convert_gguf", converts)
     first = weights.resolve_model(str(gguf))
     assert first.parent == cache and first.name.startswith("tiny-") and len(calls) == 2
-    assert (
-        weights.resolve_model(str(gguf)) == first and len(calls) == 2
-    )  # cached: no second conversion
+    # cached: no second conversion
+    assert weights.resolve_model(str(gguf)) == first and len(calls) == 2
     os.utime(gguf, ns=(0, 10**18))  # a changed file (new mtime) is a new cache entry
     assert weights.resolve_model(str(gguf)) != first and len(calls) == 3

@@ -26,9 +26,8 @@ def test_refined_logits_decide_like_a_float32_gemm(rows, vocab):
     head = LogitsHead(weight)
     logits = head(x)
     rounded = (x @ weight.t()).float()
-    assert (
-        rounded.argmax(-1) != truth.argmax(-1)
-    ).any() or rows == 1  # the case rounding gets wrong
+    # the case rounding gets wrong
+    assert (rounded.argmax(-1) != truth.argmax(-1)).any() or rows == 1
     assert torch.equal(logits.argmax(-1), truth.argmax(-1))
     changed = logits != rounded
     torch.testing.assert_close(logits[changed], truth[changed], rtol=1e-6, atol=1e-5)

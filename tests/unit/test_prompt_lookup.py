@@ -14,9 +14,8 @@ def naive_draft(tokens: list[int], k: int) -> list[int]:
         if n_tok <= n:
             continue
         tail = tokens[n_tok - n :]
-        for i in range(
-            n_tok - n - 1, -1, -1
-        ):  # latest occurrence that ends before the tail's last token
+        # latest occurrence that ends before the tail's last token
+        for i in range(n_tok - n - 1, -1, -1):
             if tokens[i : i + n] == tail:
                 return tokens[i + n : i + n + k]
     return []

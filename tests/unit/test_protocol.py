@@ -75,9 +75,8 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 def test_chat_body_errors_name_the_field(body, param, words):
     e = api_error(ChatCompletionRequest, body)
     assert e.param == param and words in e.message, e.message
-    assert "str" not in e.message.split(":")[0].split(
-        "."
-    )  # union member tags are not shown as fields
+    # union member tags are not shown as fields
+    assert "str" not in e.message.split(":")[0].split(".")
 
 
 def test_body_not_json_not_utf8_not_object():
@@ -118,9 +117,8 @@ def test_response_format_to_json_schema():
         ChatCompletionRequest,
         json.dumps({**CHAT, "response_format": {"type": "json_object"}}).encode(),
     )
-    assert constraint_from_request(req) == {
-        "ebnf": JSON_OBJECT_LARK
-    }  # llguidance installed: real JSON
+    # llguidance installed: real JSON
+    assert constraint_from_request(req) == {"ebnf": JSON_OBJECT_LARK}
     grammar = parse_body(
         ChatCompletionRequest,
         json.dumps(

@@ -200,9 +200,8 @@ def draw_counts(
     logits_row: torch.Tensor, configs: list[dict], num_draws: int, torch_seed: int
 ) -> list[np.ndarray]:
     """num_draws draws per config, all configs interleaved in ONE batched call (per-row params)."""
-    shared = [
-        SampleRow(params=SamplingParams(**c), output_ids=[], prompt_ids=[]) for c in configs
-    ]  # rows are read-only: share them
+    # rows are read-only: share them
+    shared = [SampleRow(params=SamplingParams(**c), output_ids=[], prompt_ids=[]) for c in configs]
     rows = shared * num_draws
     torch.manual_seed(torch_seed)
     ids = np.array(sample(logits_row.expand(len(rows), -1), rows).next_ids)
@@ -233,9 +232,8 @@ def test_empirical_frequencies_match_numpy(configs, draw):
             counts,
             np.round(expected * counts.sum()),
         )
-        if any(
-            k in cfg for k in ("top_k", "top_p", "min_p")
-        ):  # the truncation is visible: the test can fail
+        # the truncation is visible: the test can fail
+        if any(k in cfg for k in ("top_k", "top_p", "min_p")):
             assert (
                 chi2_pvalue(counts, np_expected(logits.numpy(), cfg.get("temperature", 1.0))) < 1e-6
             ), cfg
@@ -379,9 +377,8 @@ def penalty_rows(vocab_size: int, seed: int) -> list[SampleRow]:
             temperature=0.0,
         )
         prompt = rng.integers(0, vocab_size, int(rng.integers(0, 15))).tolist()
-        output = rng.integers(
-            0, vocab_size // 4, int(rng.integers(0, 30))
-        ).tolist()  # repeats likely
+        # repeats likely
+        output = rng.integers(0, vocab_size // 4, int(rng.integers(0, 30))).tolist()
         rows.append(row(output_ids=output, prompt_ids=prompt, **cfg))
     return rows
 
@@ -393,9 +390,8 @@ def test_penalties_match_per_row_numpy():
     before = logits.clone()
     got = apply_penalties(logits, rows).numpy()
     assert torch.equal(logits, before)
-    np.testing.assert_array_equal(
-        apply_penalties(logits.T.contiguous().T, rows).numpy(), got
-    )  # strided input
+    # strided input
+    np.testing.assert_array_equal(apply_penalties(logits.T.contiguous().T, rows).numpy(), got)
     want = np.stack([np_penalised(logits[i].numpy(), r) for i, r in enumerate(rows)])
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
     assert np.abs(want - logits.numpy()).max() > 1.0  # the penalties did something
@@ -473,6 +469,5 @@ def test_logit_bias_is_added_to_the_logits_after_penalties():
     expected[9] -= 100
     np.testing.assert_allclose(out[0].numpy(), expected, rtol=1e-6)
     assert sample(logits, rows).next_ids[1] == 0  # +100 wins the greedy pick
-    assert torch.equal(out[2], logits[2]) and torch.equal(
-        logits, rand_logits(3, 50, seed=7)
-    )  # others untouched
+    # others untouched
+    assert torch.equal(out[2], logits[2]) and torch.equal(logits, rand_logits(3, 50, seed=7))

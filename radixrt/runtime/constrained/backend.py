@@ -100,9 +100,8 @@ class GrammarBackend:
         token_map = {b: ids for b, ids in token_map.items() if ids}
         # outlines wants one EOS id outside the map; with none given use an id past the logits
         self._fsm_eos = self.eos_token_ids[0] if self.eos_token_ids else vocab_size
-        self._vocab = (
-            Vocabulary(self._fsm_eos, token_map) if index else None
-        )  # validation needs none
+        # validation needs none
+        self._vocab = Vocabulary(self._fsm_eos, token_map) if index else None
         max_id = max([self._fsm_eos, vocab_size - 1] + [max(ids) for ids in token_map.values()])
         self.num_words = (max_id + 1 + 31) // 32
         self.drafter = (
@@ -117,9 +116,8 @@ class GrammarBackend:
         )
         self._cached_bytes = 0
         self._pending: dict[tuple, Future] = {}
-        self._valid: collections.OrderedDict[tuple, None] = (
-            collections.OrderedDict()
-        )  # keys validate() passed
+        # keys validate() passed
+        self._valid: collections.OrderedDict[tuple, None] = collections.OrderedDict()
 
     # -- validation (the edge) ------------------------------------------------------------------
     def validate(self, kind: str, spec: Any) -> None:

@@ -23,13 +23,11 @@ from typing import Any
 
 from radixrt.runtime.constrained.regex_builder import GrammarError
 
-MAX_NESTING = (
-    6  # times a rule may appear inside itself (the deepest that fits the limits below is used)
-)
+# times a rule may appear inside itself (the deepest that fits the limits below is used)
+MAX_NESTING = 6
 MAX_REGEX_CHARS = 60_000  # past this the DFA costs more to compile than steering is worth
-MAX_EXPANSIONS = (
-    20_000  # rule expansions tried per nesting bound (branches that come to nothing included)
-)
+# rule expansions tried per nesting bound (branches that come to nothing included)
+MAX_EXPANSIONS = 20_000
 
 
 def cfg_regex(spec: str) -> str:

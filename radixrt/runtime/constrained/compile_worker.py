@@ -68,9 +68,8 @@ def serve(inp: BinaryIO, out: BinaryIO) -> None:
     _die_with_parent()
     import signal
 
-    signal.signal(
-        signal.SIGINT, signal.SIG_IGN
-    )  # Ctrl-C reaches the process group; the server stops us
+    # Ctrl-C reaches the process group; the server stops us
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         os.nice(WORKER_NICENESS)  # decoding comes first
     except OSError:

@@ -33,9 +33,8 @@ class VocabBytes:
 
     def __init__(self, token_map: dict[bytes, list[int]], num_ids: int):
         self.token_bytes: dict[int, bytes] = {i: b for b, ids in token_map.items() for i in ids}
-        self.first_byte = np.full(
-            num_ids + 1, -1, dtype=np.int16
-        )  # one spare: an EOS id past the vocabulary
+        # one spare: an EOS id past the vocabulary
+        self.first_byte = np.full(num_ids + 1, -1, dtype=np.int16)
         for i, b in self.token_bytes.items():
             self.first_byte[i] = b[0]
         spelled = self.first_byte[self.first_byte >= 0]

@@ -78,9 +78,8 @@ class FallbackBackend:
                 self._second.popitem(last=False)
 
     def validate(self, kind: str, spec: Any) -> None:
-        if (
-            kind in CFG_KINDS or not self.fallback
-        ):  # only llguidance enforces a context-free grammar
+        # only llguidance enforces a context-free grammar
+        if kind in CFG_KINDS or not self.fallback:
             return self.primary.validate(kind, spec)
         if self._known_second(kind, spec):
             return self.secondary.validate(kind, spec)
@@ -141,13 +140,11 @@ class FallbackFuture:
                 self._first_error = (
                     e if isinstance(e, GrammarError) else GrammarError(f"{type(e).__name__}: {e}")
                 )
-                if (
-                    self._kind in CFG_KINDS or not self._backend.fallback
-                ):  # the primary's verdict stands
+                # the primary's verdict stands
+                if self._kind in CFG_KINDS or not self._backend.fallback:
                     return True
-                if not isinstance(
-                    e, TransientGrammarError
-                ):  # a verdict on the grammar, not a bad moment
+                # a verdict on the grammar, not a bad moment
+                if not isinstance(e, TransientGrammarError):
                     self._backend.remember_second(self._kind, self._spec)
                 self._second = self._backend.secondary.request(self._kind, self._spec)
                 return self._second.done()
@@ -212,9 +209,7 @@ class Shadow:
         elif self.state is not None:
             try:
                 self.state.accept(token_id)
-            except (
-                GrammarError
-            ):  # the model left the stricter DFA language: no steering from here on
+            except GrammarError:  # the model left the stricter DFA language: no more steering
                 self.state = None
 
     def current(self) -> Any:

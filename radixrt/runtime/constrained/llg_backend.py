@@ -85,9 +85,8 @@ class LLGFuture:
         return self._future.done() or time.monotonic() >= self._deadline
 
     def result(self) -> "LLGState":
-        if (
-            not self._future.done()
-        ):  # the builder was busy or slow: no verdict on the grammar itself
+        # the builder was busy or slow: no verdict on the grammar itself
+        if not self._future.done():
             raise TransientGrammarError(
                 f"building the {self._kind} grammar took longer than {self._timeout:g} s"
             )
@@ -190,12 +189,10 @@ class LLGState(EosGate):
         self.eos_token_ids = eos_token_ids
         self.num_words = num_words
         self.jump_forward = jump_forward
-        self.shadow: Shadow | None = (
-            None  # outlines' DFA of the same grammar, for budget steering (auto)
-        )
-        self.confine = (
-            False  # every pick inside the shadow's language (a grammar's nesting-bounded subset)
-        )
+        # outlines' DFA of the same grammar, for budget steering (auto)
+        self.shadow: Shadow | None = None
+        # every pick inside the shadow's language (a grammar's nesting-bounded subset)
+        self.confine = False
 
     def is_final(self) -> bool:
         return self.matcher.is_accepting()

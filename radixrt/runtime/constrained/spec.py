@@ -20,9 +20,8 @@ from radixrt.runtime.constrained.regex_builder import GrammarError
 from radixrt.runtime.constrained.tool_call_regex import tool_call_regex
 
 KINDS = ("regex", "json_schema", "choices", "json_object", "tool_call_grammar", "ebnf")
-CFG_KINDS = (
-    "ebnf",
-)  # context-free: only a backend with CFG support (llguidance) can enforce these
+# context-free: only a backend with CFG support (llguidance) can enforce these
+CFG_KINDS = ("ebnf",)
 JSON_OBJECT_DEPTH = 2  # nesting levels of a response_format json_object (outer object included)
 MAX_SCHEMA_DEPTH = 32
 MAX_SCHEMA_NODES = 10_000

@@ -15,9 +15,8 @@ import json
 from typing import Any
 
 
-@functools.lru_cache(
-    maxsize=256
-)  # a request's spec is read at the edge, again by the scheduler, then served
+# a request's spec is read at the edge, again by the scheduler, then served
+@functools.lru_cache(maxsize=256)
 def structural_tag_grammar(spec: str) -> str:
     """The Lark grammar (llguidance's dialect) of a structural_tag spec; ValueError naming what is wrong."""
 

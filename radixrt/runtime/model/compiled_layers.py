@@ -182,9 +182,8 @@ class CompiledLayers:
         self.buckets = buckets(max_bs)
         self.dims = LayerDims(**{**dims.__dict__, "compiled": True})
         self.cache_dir = cache_dir
-        self._graphs: dict[
-            tuple[str, str], Callable
-        ] = {}  # (function name, bucket name) -> compiled
+        # (function name, bucket name) -> compiled
+        self._graphs: dict[tuple[str, str], Callable] = {}
         self.num_compiles = 0  # graphs compiled (not loaded) in this process
         self.compile_seconds: dict[str, float] = {}
 
@@ -199,9 +198,8 @@ class CompiledLayers:
 
     def final(self, *args):
         out = self._call("final", args)
-        return (
-            out[0] if isinstance(out, (list, tuple)) else out
-        )  # a loaded graph returns its outputs as a list
+        # a loaded graph returns its outputs as a list
+        return out[0] if isinstance(out, (list, tuple)) else out
 
     def _call(self, name: str, args: tuple):
         flat = tensors_of(args)  # one level of nesting: the Linear.op_args tuples

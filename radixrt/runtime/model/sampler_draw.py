@@ -49,13 +49,11 @@ def draw_inverse_cdf(probs: torch.Tensor, seeded: list[tuple[int, int, int]]) ->
     total = chunk_cum[:, -1:]
     target = u * total
     # first chunk whose cumsum passes target; it grew there, so it holds a token with p > 0
-    chunk_idx = torch.searchsorted(chunk_cum, target, right=True).clamp_max_(
-        chunk_cum.shape[1] - 1
-    )  # [S, 1]
+    # [S, 1]
+    chunk_idx = torch.searchsorted(chunk_cum, target, right=True).clamp_max_(chunk_cum.shape[1] - 1)
     before = chunk_cum.gather(1, (chunk_idx - 1).clamp_min(0)) * (chunk_idx > 0)
-    chunk = chunks.gather(1, chunk_idx.unsqueeze(2).expand(-1, 1, _CDF_CHUNK)).squeeze(
-        1
-    )  # [S, CHUNK]
+    # [S, CHUNK]
+    chunk = chunks.gather(1, chunk_idx.unsqueeze(2).expand(-1, 1, _CDF_CHUNK)).squeeze(1)
     inner = chunk.cumsum(dim=-1, dtype=torch.float64)
     inner_total = inner[:, -1:]
     # clamp into [0, inner_total): rounding between the two levels can never reach a p = 0 token

@@ -33,9 +33,8 @@ log = logging.getLogger(__name__)
 
 WATCH_INTERVAL_S = 0.25
 STOP = -1  # broadcast instead of a plan length: the workers leave their loop
-PLAN_WAIT = datetime.timedelta(
-    days=3650
-)  # workers wait for the next plan for as long as the server idles
+# workers wait for the next plan for as long as the server idles
+PLAN_WAIT = datetime.timedelta(days=3650)
 
 
 class TPFailure(BaseException):

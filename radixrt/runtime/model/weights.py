@@ -121,9 +121,8 @@ def _gguf_to_cache(gguf: pathlib.Path) -> pathlib.Path:
     with _file_lock(root / f".{name}.lock"):
         if (final / "config.json").is_file():  # another process converted it while we waited
             return final
-        for stale in root.glob(
-            f".tmp-{name}-*"
-        ):  # leftovers of killed conversions (we hold the lock)
+        # leftovers of killed conversions (we hold the lock)
+        for stale in root.glob(f".tmp-{name}-*"):
             shutil.rmtree(stale, ignore_errors=True)
         tmp = root / f".tmp-{name}-{os.getpid()}"
         try:

@@ -43,9 +43,8 @@ class BrowserGuard:
         self.port = port
 
     def host_ok(self, host_header: str | None) -> bool:
-        if (
-            host_header is None or "*" in self.hosts
-        ):  # no Host: not a browser (HTTP/1.1 browsers always send it)
+        # no Host: not a browser (HTTP/1.1 browsers always send it)
+        if host_header is None or "*" in self.hosts:
             return True
         return host_name(host_header) in self.hosts
 

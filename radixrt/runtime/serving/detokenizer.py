@@ -26,9 +26,8 @@ class DetokenizerManager:
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
         self.states: dict[str, IncrementalDetokenizer] = {}
-        self.done_early: set[str] = (
-            set()
-        )  # stop string seen here before the scheduler finished the request
+        # stop string seen here before the scheduler finished the request
+        self.done_early: set[str] = set()
 
     def register(self, req: DetokenizeReq) -> None:
         self.states[req.rid] = IncrementalDetokenizer.for_request(
@@ -40,9 +39,8 @@ class DetokenizerManager:
         for out in batch.outputs:
             try:
                 self._handle_one(out, outputs)
-            except (
-                Exception
-            ) as e:  # this request's text failed: it alone ends (and the scheduler stops it)
+            except Exception as e:
+                # this request's text failed: it alone ends (and the scheduler stops it)
                 logger.exception("detokenizing %s failed", out.get("rid"))
                 rid = out["rid"]
                 self.states.pop(rid, None)
@@ -70,9 +68,8 @@ class DetokenizerManager:
                 self.done_early.discard(rid)
             return
         state = self.states.get(rid)
-        if (
-            state is None
-        ):  # never registered: only an immediate rejection or a late message can get here
+        # never registered: only an immediate rejection or a late message can get here
+        if state is None:
             state = IncrementalDetokenizer(self.tokenizer)
         out = dict(out)
         out["text"] = state.feed(out["new_ids"], finished=finished)

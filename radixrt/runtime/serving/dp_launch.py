@@ -150,9 +150,8 @@ def supervise(
             return 1
         for url, proc in replicas:
             if proc.poll() is not None and url not in dead:
-                if (
-                    proc.returncode == 0
-                ):  # a replica exits 0 only when stopped (a signal to the group)
+                # a replica exits 0 only when stopped (a signal to the group)
+                if proc.returncode == 0:
                     logger.info("replica %s was stopped; stopping", url)
                     return 0
                 dead.add(url)

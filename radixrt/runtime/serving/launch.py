@@ -38,9 +38,8 @@ class IpcPaths:
 
     @classmethod
     def create(cls) -> "IpcPaths":
-        d = tempfile.mkdtemp(
-            prefix="radixrt-ipc-"
-        )  # mkdtemp makes it 0700: other users cannot connect
+        # mkdtemp makes it 0700: other users cannot connect
+        d = tempfile.mkdtemp(prefix="radixrt-ipc-")
         os.chmod(d, 0o700)
         return cls(d, f"ipc://{d}/scheduler", f"ipc://{d}/detokenizer", f"ipc://{d}/tokenizer")
 
@@ -101,9 +100,8 @@ def launch_server(config: Any, scheduler_class: str | None = None) -> int:
         level=config.log_level.upper(), format="[server] %(asctime)s %(levelname)s %(message)s"
     )
     name = served_model_name(config.model_path)
-    config = config.replace(
-        model_path=str(resolve_model(config.model_path))
-    )  # converts a GGUF once
+    # converts a GGUF once
+    config = config.replace(model_path=str(resolve_model(config.model_path)))
     ipc = IpcPaths.create()
     procs: dict[str, Any] = {}
     previous = signal.signal(signal.SIGTERM, _interrupt)

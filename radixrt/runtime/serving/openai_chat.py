@@ -55,9 +55,8 @@ class ChatRoute:
         reserved = sorted(
             k for k in kwargs if k in RESERVED_TEMPLATE_KWARGS or k.startswith("return_")
         )
-        if (
-            reserved
-        ):  # a client's own template (Jinja) or tokenizer options would run on the event loop
+        # a client's own template (Jinja) or tokenizer options would run on the event loop
+        if reserved:
             raise APIError(
                 f"chat_template_kwargs may not set {', '.join(reserved)}",
                 param="chat_template_kwargs",

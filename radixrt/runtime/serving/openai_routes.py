@@ -51,9 +51,8 @@ class OpenAIRoutes:
 
     def reply(self, req: Any, answer: Any) -> Any:
         """The route's answer, with the top-level fields it ignored named in a header (and logged once)."""
-        ignored = [
-            name for name in req.ignored_fields() if _FIELD_NAME.fullmatch(name)
-        ]  # safe in a header
+        # safe in a header
+        ignored = [name for name in req.ignored_fields() if _FIELD_NAME.fullmatch(name)]
         if not ignored:
             return answer
         if tuple(ignored) not in self._warned and len(self._warned) < MAX_WARNED:

@@ -94,13 +94,11 @@ class GenerateRequest(_Strict):
     logprob_start_len: Union[int, list[int], None] = None
     top_logprobs_num: Union[int, list[int]] = 0
     return_text_in_logprobs: bool = False
-    rid: Union[str, list[str], None] = (
-        None  # accepted for SGLang compatibility; ids are assigned here
-    )
+    # accepted for SGLang compatibility; ids are assigned here
+    rid: Union[str, list[str], None] = None
     program_id: str | None = None
-    session_id: str | None = (
-        None  # radixrt's: keep this conversation's turns cached (core/sessions.py)
-    )
+    # radixrt's: keep this conversation's turns cached (core/sessions.py)
+    session_id: str | None = None
     session_params: dict[str, Any] | None = None  # SGLang's shape of the same: {"id": ...}
 
     def session(self) -> str | None:
@@ -118,9 +116,8 @@ class ConcatAndAppendRequest(_Strict):
     dst_rid: str
 
 
-class ProfileRequest(
-    BaseModel
-):  # SGLang's body has more knobs (activities, ...): those are ignored
+# SGLang's body has more knobs (activities, ...): those are ignored
+class ProfileRequest(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
     output_dir: str | None = None
     num_steps: int | None = None
@@ -176,9 +173,8 @@ class _SamplingFields(_Strict):
     regex: str | None = None
     json_schema: str | None = None
     ebnf: str | None = None  # SGLang's: a context-free grammar (GBNF or Lark)
-    session_id: str | None = (
-        None  # radixrt's: keep this conversation's turns cached (core/sessions.py)
-    )
+    # radixrt's: keep this conversation's turns cached (core/sessions.py)
+    session_id: str | None = None
 
     def ignored_fields(self) -> list[str]:
         return sorted(self.model_extra or {})
@@ -235,6 +231,5 @@ class ChatCompletionRequest(_SamplingFields):
     parallel_tool_calls: bool | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
-    chat_template_kwargs: dict[str, Any] | None = (
-        None  # passed to the chat template (e.g. enable_thinking)
-    )
+    # passed to the chat template (e.g. enable_thinking)
+    chat_template_kwargs: dict[str, Any] | None = None

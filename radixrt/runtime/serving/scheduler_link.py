@@ -152,9 +152,8 @@ class SchedulerLink:
                     self.metrics.on_next_tokens(now - st.last_token_time, num_new)
                 st.last_token_time = now
             if out.get("abort_scheduler") and self.dead_reason is None:
-                self._send(
-                    AbortReq(rid=st.rid)
-                )  # the detokenizer failed it; the scheduler still runs it
+                # the detokenizer failed it; the scheduler still runs it
+                self._send(AbortReq(rid=st.rid))
             if out.get("finished_reason") is not None:
                 del self.states[st.rid]
                 self.metrics.on_finish(out, now - st.created)
@@ -195,9 +194,8 @@ class SchedulerLink:
     async def _ask(self, msg: Any, answer: type, timeout: float) -> Any:
         self.check_alive()
         fut = asyncio.get_running_loop().create_future()
-        self._waiters[answer].append(
-            fut
-        )  # answers come back in order; a late answer still resolves its own future
+        # answers come back in order; a late answer still resolves its own future
+        self._waiters[answer].append(fut)
         self._send(msg)
         try:
             return await asyncio.wait_for(asyncio.shield(fut), timeout)

@@ -203,9 +203,8 @@ def run_scheduler_process(
             raise SystemExit(1) from None
         logger.info("model loaded in %.1f s", time.perf_counter() - started)
         runner = getattr(scheduler, "runner", None)  # a test's fake scheduler has none
-        if (
-            runner is not None
-        ):  # a lost tensor parallel rank ends this process; the watchdog reports
+        # a lost tensor parallel rank ends this process; the watchdog reports
+        if runner is not None:
             runner.exit_on_rank_loss = True
         info = {"model_info": scheduler.model_info, "server_info": scheduler.server_info()}
         to_tokenizer.send(messages.encode(ProcessReady(name="scheduler", info=info)))

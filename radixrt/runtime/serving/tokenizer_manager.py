@@ -52,9 +52,8 @@ class TokenizerManager(SchedulerLink):
         """Open the sockets, wait until every child process reported ready (model load: 10-40 s), build
         the constraint check, then route what the scheduler sends."""
         await self.connect(procs, timeout)
-        self._grammar = await asyncio.to_thread(
-            self._make_grammar_backend
-        )  # ~0.5 s: walks the vocabulary
+        # ~0.5 s: walks the vocabulary
+        self._grammar = await asyncio.to_thread(self._make_grammar_backend)
         self.start_loops()
 
     async def close(self) -> None:
@@ -119,9 +118,8 @@ class TokenizerManager(SchedulerLink):
                 compile_memory_mb=cfg.grammar_compile_memory_mb,
             ),
         )
-        chooser.for_kind(
-            "regex"
-        )  # the configured backend now (outlines walks the vocabulary: ~0.5 s)
+        # the configured backend now (outlines walks the vocabulary: ~0.5 s)
+        chooser.for_kind("regex")
         return chooser
 
     async def _validate_constraint(self, kind: str, spec: Any) -> None:

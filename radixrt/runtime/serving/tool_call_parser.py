@@ -17,9 +17,8 @@ from dataclasses import dataclass
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
-_HEAD = re.compile(
-    r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*(?=\S)'
-)  # the value has begun
+# the value has begun
+_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*(?=\S)')
 # what may still be the end of a call: whitespace, the wrapper's closing brace, whitespace, part of CLOSE
 _TAIL = re.compile(r"\s*(?:\}\s*)?(?:<[/a-z_]*)?\Z")
 
@@ -63,9 +62,8 @@ class ToolCallParser:
         self.in_call = False
         self.num_calls = 0
         self._args_sent = 0  # characters of the current call's arguments already sent
-        self._args_at: int | None = (
-            None  # where the arguments start in buf (None: head not parsed yet)
-        )
+        # where the arguments start in buf (None: head not parsed yet)
+        self._args_at: int | None = None
 
     def feed(self, text: str) -> list[Event]:
         self.buf += text

@@ -35,9 +35,8 @@ FALLBACK_INSTRUCTIONS = (
 
 @dataclass
 class ToolPlan:
-    tools: list[
-        dict[str, Any]
-    ]  # the request's tools, as sent ({"type": "function", "function": {...}})
+    # the request's tools, as sent ({"type": "function", "function": {...}})
+    tools: list[dict[str, Any]]
     mode: str  # "none" | "auto" | "required" | "named"
     parallel: bool
     names: list[str]  # the callable tools (one for "named")

@@ -37,9 +37,8 @@ class LayerDims:
     dtype: torch.dtype  # weights and matmul inputs
     rope_dtype: torch.dtype  # RoPE's arithmetic
     attn_dtype: torch.dtype  # q/k/v as attention reads them
-    compiled: bool = (
-        False  # matmuls through torch.ops.radixrt.linear (graph-safe) instead of the kernel
-    )
+    # matmuls through torch.ops.radixrt.linear (graph-safe) instead of the kernel
+    compiled: bool = False
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
