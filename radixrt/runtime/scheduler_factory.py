@@ -20,22 +20,7 @@ def create_scheduler(config: ServerConfig):
 def grammar_backends(config: ServerConfig, runner: Any) -> Any:
     """constrained/choose.py's BackendChooser for the runner's vocabulary; each backend is built
     on the first constraint of its kind."""
-    from radixrt.runtime.constrained.choose import BackendChooser, make_backend
+    from radixrt.runtime.constrained.choose import backends_for
 
     eos = sorted(set(runner.eos_token_ids))
-
-    def make(name: str) -> Any:
-        return make_backend(
-            name,
-            runner.tokenizer,
-            runner.vocab_size,
-            eos,
-            cache_size=config.grammar_cache_size,
-            compile_timeout=config.grammar_compile_timeout,
-            enable_jump_forward=config.enable_jump_forward,
-            compile_workers=config.grammar_compile_workers,
-            compile_memory_mb=config.grammar_compile_memory_mb,
-            json_schema_strict=config.json_schema_strict,
-        )
-
-    return BackendChooser(config.grammar_backend, make)
+    return backends_for(config, runner.tokenizer, runner.vocab_size, eos)

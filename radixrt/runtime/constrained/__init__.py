@@ -1,8 +1,9 @@
 """Constrained decoding: regex / JSON-schema / choices grammars compiled through outlines-core,
 per-request FSM state, batched token masks, and jump-forward drafts.
 
-The rest of the runtime uses only what is exported here. Exports load lazily, so that the compile
-workers (compile_pool.py) can import the torch-free spec -> regex modules without torch.
+The exports below load lazily, so that the compile workers (compile_pool.py) can import the
+torch-free spec -> regex modules without torch. Beyond them the runtime uses choose.py (the
+backend per constraint kind), state.fill_masks, structural_tag.py and tool_call_regex.py.
 """
 
 from typing import Any

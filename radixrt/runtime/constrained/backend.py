@@ -7,8 +7,8 @@ CPU), under a memory limit, at a lower CPU priority than decoding. Compiled inde
 through an LRU keyed by (kind, spec), bounded in entries and in bytes.
 
 Jump-forward drafts the text the grammar forces (`{"` -> `name"`), tokenized canonically, and
-the model verifies the draft in the same forward as the request's next token (grammar_draft.py):
-output is exactly what decoding token by token gives, greedy or sampled. grammar_state.py holds
+the model verifies the draft in the same forward as the request's next token (draft.py):
+output is exactly what decoding token by token gives, greedy or sampled. state.py holds
 the per-request state and the batched masks.
 
 Known limit of outlines-core 0.2.14: its index drops a token whose last-but-one byte ends a

@@ -37,6 +37,26 @@ def make_backend(
     return GrammarBackend(tokenizer, vocab_size, eos_token_ids, **options)
 
 
+def backends_for(
+    config: Any, tokenizer: Any, vocab_size: int, eos_token_ids: list[int], **overrides: Any
+) -> BackendChooser:
+    """The BackendChooser of a server config (--grammar-backend and the grammar_* knobs) for one
+    vocabulary; overrides: backend options that differ (the request edge compiles no index)."""
+    options = dict(
+        cache_size=config.grammar_cache_size,
+        compile_timeout=config.grammar_compile_timeout,
+        enable_jump_forward=config.enable_jump_forward,
+        compile_workers=config.grammar_compile_workers,
+        compile_memory_mb=config.grammar_compile_memory_mb,
+        json_schema_strict=config.json_schema_strict,
+    )
+    options.update(overrides)
+    return BackendChooser(
+        config.grammar_backend,
+        lambda name: make_backend(name, tokenizer, vocab_size, eos_token_ids, **options),
+    )
+
+
 class BackendChooser:
     def __init__(self, configured: str, make: Callable[[str], Any]):
         """make(name) builds the backend of that name ("outlines" or "llguidance"), called once each."""

@@ -5,7 +5,7 @@ of ids); fill_masks unpacks the words of the whole batch at once. The outlines v
 holds one EOS id; every id of `eos_token_ids` is allowed exactly when the FSM is in a final
 state. Ids past the tokenizer (vocab_size may exceed len(tokenizer)) are never allowed.
 
-Jump-forward: `draft()` gives the tokens the grammar forces from here (grammar_draft.py);
+Jump-forward: `draft()` gives the tokens the grammar forces from here (draft.py);
 the scheduler feeds them for the model to verify, and `StateMask` writes the mask of each
 state along the draft so that every verified position is masked as one-by-one decoding is.
 """
@@ -45,7 +45,7 @@ class CompiledGrammar:
         self._facts: dict[int, tuple[bool, int]] = {}  # state -> (has non-EOS, number allowed)
         self._rows: dict[int, torch.Tensor] = {}  # bitmask rows of states with many allowed tokens
         self._ids: dict[int, np.ndarray] = {}  # allowed ids of light states along drafts
-        # jump-forward caches, filled by grammar_draft.Drafter
+        # jump-forward caches, filled by draft.Drafter
         self.forced_byte: dict[int, int] = {}
         self.drafts: dict[int, tuple[list[int], list[int]]] = {}
 

@@ -37,7 +37,7 @@ class ModelRunner:
         init_method: str | None = None,
         fill_masks: MaskFiller | None = None,
     ):
-        """tp_rank/init_method: a tensor parallel worker rank (tp.run_worker); rank 0 (the scheduler's
+        """tp_rank/init_method: a tensor parallel worker rank (tp_worker.run_worker); rank 0 (the scheduler's
         runner) starts this node's workers itself. fill_masks: turns the plan's mask sources into
         the allowed-token mask (constrained/state.py's; handed in: model/ never imports grammars)."""
         self.fill_masks = fill_masks

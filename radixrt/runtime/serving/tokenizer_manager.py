@@ -99,24 +99,13 @@ class TokenizerManager(SchedulerLink):
 
     def _make_grammar_backend(self) -> Any:
         """For the synchronous 400 check of a constraint (a bad one never reaches the scheduler)."""
-        from radixrt.runtime.constrained.choose import BackendChooser, make_backend
+        from radixrt.runtime.constrained.choose import backends_for
 
-        cfg, info = self.config, self.model_info
-        chooser = BackendChooser(
-            cfg.grammar_backend,
-            lambda name: make_backend(
-                name,
-                self.tokenizer,
-                int(info["vocab_size"]),
-                list(info["eos_token_ids"]),
-                cfg.json_schema_strict,
-                index=False,
-                cache_size=cfg.grammar_cache_size,
-                compile_timeout=cfg.grammar_compile_timeout,
-                enable_jump_forward=False,
-                compile_workers=cfg.grammar_compile_workers,
-                compile_memory_mb=cfg.grammar_compile_memory_mb,
-            ),
+        info = self.model_info
+        vocab_size, eos = int(info["vocab_size"]), list(info["eos_token_ids"])
+        # no index and no drafts: the edge only checks that a constraint compiles
+        chooser = backends_for(
+            self.config, self.tokenizer, vocab_size, eos, index=False, enable_jump_forward=False
         )
         # the configured backend now (outlines walks the vocabulary: ~0.5 s)
         chooser.for_kind("regex")

@@ -1,4 +1,4 @@
-"""Objects and arrays for json_schema_regex: property lists, closed objects, maps, tuples, counts.
+"""Objects and arrays for to_regex.py: property lists, closed objects, maps, tuples, counts.
 
 Objects with declared properties are generated closed, keys in declaration order: a subset of
 what any `additionalProperties` allows, and exactly what `additionalProperties: false` wants.

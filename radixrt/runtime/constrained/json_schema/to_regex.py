@@ -2,7 +2,7 @@
 
 outlines-core 0.2.14 silently drops minimum/maximum, exclusive bounds, allOf, uniqueItems and
 patternProperties, and fails on subschemas without `type`. This converter normalises first
-($ref/$defs, allOf merging, type inference; grammar_schema_norm.py) and then either enforces a
+($ref/$defs, allOf merging, type inference; normalize.py) and then either enforces a
 keyword exactly, generates a subset of what it allows, or raises GrammarError naming it.
 It never claims success for output the schema would reject. Subsets it chooses:
 - objects list declared properties in declaration order and no undeclared keys (an object
