@@ -58,7 +58,3 @@ class FinishReason:
             out["pinned"] = self.pin_handle is not None
             out["pin_handle"] = self.pin_handle
         return out
-
-    def get(self, key: str, default: Any = None) -> Any:
-        """Read like the dict it becomes (scheduler_stats.on_finish reads `.get("type")`)."""
-        return self.to_dict().get(key, default)

@@ -33,5 +33,5 @@ class SchedulerStats:
     def on_finish(self, req: Req) -> None:
         self.num_finished += 1
         self.generated_tokens += len(req.output_ids)
-        if req.finished_reason and req.finished_reason.get("type") == "abort":
+        if req.finished_reason is not None and req.finished_reason.is_abort:
             self.num_aborted += 1
