@@ -65,7 +65,8 @@ def take_draft(
     agrees = False
     accepted = 0
     for j, pick in enumerate(picks):
-        req.kv_len = req.seq_len  # the last token and the draft tokens taken so far were fed
+        # the last token and the draft tokens taken so far were fed
+        memory.computed(req, req.seq_len)
         agrees = j < len(draft) and pick.next_id == draft[j]
         accepted += agrees
         reason = apply_sampled_token(req, pick, eos_ids)

@@ -40,6 +40,11 @@ class ReqMemory:
         req.page_ids.extend(pages)
         return True
 
+    @staticmethod
+    def computed(req: Req, kv_len: int) -> None:
+        """A forward stored req's KV up to kv_len (its pages were grown for it when planned)."""
+        req.kv_len = kv_len
+
     def trim(self, req: Req) -> None:
         """Give back pages grown for positions past the request's tokens (a draft that was not taken)."""
         keep = self.allocator.pages_for(req.seq_len)

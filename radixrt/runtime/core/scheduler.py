@@ -261,7 +261,7 @@ class Scheduler(SchedulerAdmin):
             reason = take_draft(req, item, res, self.eos_ids, self.memory, self.stats)
             self._after_tokens(req, reason)
             return
-        req.kv_len = item.prefix_len + len(item.new_ids)
+        self.memory.computed(req, item.prefix_len + len(item.new_ids))
         if item.logits_start is not None:
             apply_prompt_logprobs(req, item.prefix_len, res)
         if res.next_id is None or not req.output_ids:
