@@ -1,5 +1,6 @@
-"""`radixrt serve ...` (flags derived from ServerConfig, SGLang's names), `radixrt cache-tree --url ...`
-(what a server's radix cache holds, drawn in the terminal) and `radixrt bench <name> ...`."""
+"""`radixrt serve ...` (flags derived from ServerConfig, SGLang's names),
+`radixrt cache-tree --url ...` (what a server's radix cache holds, drawn in the terminal) and
+`radixrt bench <name> ...`."""
 
 from __future__ import annotations
 

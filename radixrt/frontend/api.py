@@ -145,10 +145,10 @@ class Function:
         session_id: str | None = None,
         **kwargs: Any,
     ) -> Any:
-        """Run once; returns the ProgramState. Keyword arguments named like sampling
-        parameters (max_new_tokens, temperature, stop, ...) set the defaults of every gen;
-        the others are the program's arguments. session_id: a multi-turn program's runs are turns of
-        one conversation; the runtime keeps the last one cached until the next (or close_session)."""
+        """Run once; returns the ProgramState. Keyword arguments named like sampling parameters
+        (max_new_tokens, temperature, stop, ...) set the defaults of every gen; the others are the
+        program's arguments. session_id: a multi-turn program's runs are turns of one conversation;
+        the runtime keeps the last one cached until the next (or close_session)."""
         sampling = {
             k: kwargs.pop(k)
             for k in list(kwargs)

@@ -94,8 +94,9 @@ class Backend:
         session_id: str | None = None,
         **logprob_options: Any,
     ) -> tuple[str | list[str], dict | list[dict]]:
-        """(text, meta_info); with sampling_params n > 1, a list of each, one per sample. session_id: the
-        runtime keeps this turn pinned until the session's next one (Engine.generate)."""
+        """(text, meta_info); with sampling_params n > 1, a list of each, one per sample.
+        session_id: the runtime keeps this turn pinned until the session's next one
+        (Engine.generate)."""
         result = self._generate(
             prompt=text,
             sampling_params=sampling_params,

@@ -185,8 +185,9 @@ class StreamExecutor:
             logprob = {**logprob, "messages": list(self.messages_)}
         if not self.stream or sampling.get("n", 1) > 1:
             text, meta = self.backend.generate(self.text_, sampling, program_id=pid, **logprob)
-            # n > 1: the variable (and its meta info) holds every sample, in order; the program's text
-            # goes on with the first, as SGLang's interpreter does (a stream gets it whole, at the end)
+            # n > 1: the variable (and its meta info) holds every sample, in order; the program's
+            # text goes on with the first, as SGLang's interpreter does (a stream gets it whole, at
+            # the end)
             self._fill(text[0] if isinstance(text, list) else text)
             self._set(gen.name, text, meta)
             return
@@ -303,7 +304,8 @@ STREAMED_LOGPROB_KEYS = (
 
 
 def merge_stream_meta(meta: dict | None, chunk: dict) -> dict:
-    """The meta info of a streamed gen so far: the chunk's totals, with the per-chunk logprobs added up."""
+    """The meta info of a streamed gen so far: the chunk's totals, with the per-chunk logprobs added
+    up."""
     if not meta:
         return dict(chunk)
     merged = dict(chunk)

@@ -124,7 +124,8 @@ def json_schema_string(schema: Any) -> str | None:
     if hasattr(schema, "model_json_schema"):
         return json.dumps(schema.model_json_schema())
     raise ValueError(
-        f"json_schema must be a JSON string, a dict or a pydantic model, got {type(schema).__name__}"
+        f"json_schema must be a JSON string, a dict or a pydantic model, got "
+        f"{type(schema).__name__}"
     )
 
 

@@ -1,18 +1,19 @@
-"""sgl.OpenAI: run programs against any OpenAI-compatible server (hosted, vLLM, SGLang, radixrt) through the
-`openai` client.
+"""sgl.OpenAI: run programs against any OpenAI-compatible server (hosted, vLLM, SGLang, radixrt)
+through the `openai` client.
 
-Two modes. Completion (`is_chat_model=False`, the default with a `base_url`): the program's text, role
-markers included, is the prompt of /v1/completions, so a program produces exactly the text it would on
-the Engine. Chat (`is_chat_model=True`, the default for OpenAI's own models): each gen sends the finished
-messages to /v1/chat/completions; the gen must then open the assistant's turn (`s += sgl.assistant(sgl.gen(...))`),
-as in SGLang's OpenAI backend.
+Two modes. Completion (`is_chat_model=False`, the default with a `base_url`): the program's text,
+role markers included, is the prompt of /v1/completions, so a program produces exactly the text it
+would on the Engine. Chat (`is_chat_model=True`, the default for OpenAI's own models): each gen
+sends the finished messages to /v1/chat/completions; the gen must then open the assistant's turn
+(`s += sgl.assistant(sgl.gen(...))`), as in SGLang's OpenAI backend.
 
 What is approximate: `select` has no prompt logprobs to rank choices by over this API (OpenAI's
 completions cannot echo the prompt's logprobs), so it generates one of the choices greedily under a
-regex constraint (a server without `regex` support generates freely and the choice the text starts with,
-or else the nearest, is taken); its meta_info says so. Constraints: regex (and gen dtype) go as the
-`regex` extra field (radixrt, SGLang and vLLM take it); json_schema as `response_format`. Logprobs,
-pins and cache administration are not available here and raise NotImplementedError naming them.
+regex constraint (a server without `regex` support generates freely and the choice the text starts
+with, or else the nearest, is taken); its meta_info says so. Constraints: regex (and gen dtype) go
+as the `regex` extra field (radixrt, SGLang and vLLM take it); json_schema as `response_format`.
+Logprobs, pins and cache administration are not available here and raise NotImplementedError naming
+them.
 """
 
 from __future__ import annotations
@@ -111,8 +112,8 @@ class OpenAI(Backend):
                 "type": "json_schema",
                 "json_schema": {"name": "output", "schema": json.loads(sp.pop("json_schema"))},
             }
-        # regex, top_k, min_p, min_tokens, ignore_eos, ...: only when set to something other than their defaults
-        # (a hosted API refuses arguments it does not know)
+        # regex, top_k, min_p, min_tokens, ignore_eos, ...: only when set to something other than
+        # their defaults (a hosted API refuses arguments it does not know)
         extra = {k: v for k, v in sp.items() if v is not None and _NEUTRAL.get(k, object()) != v}
         if "min_new_tokens" in extra:
             extra["min_tokens"] = extra.pop("min_new_tokens")
@@ -136,8 +137,8 @@ class OpenAI(Backend):
         prefix, _ = self.get_chat_template().get_prefix_and_suffix("assistant", messages or [])
         if messages is None or not text.endswith(prefix):
             raise ValueError(
-                "on a chat model (sgl.OpenAI with is_chat_model=True) a gen must open the assistant's "
-                "turn: s += sgl.assistant(sgl.gen(...)) after the other messages"
+                "on a chat model (sgl.OpenAI with is_chat_model=True) a gen must open the "
+                "assistant's turn: s += sgl.assistant(sgl.gen(...)) after the other messages"
             )
         return [dict(m) for m in messages]
 
@@ -209,7 +210,8 @@ class OpenAI(Backend):
         program_id: str | None = None,
         messages: list[dict] | None = None,
     ) -> ChoicesDecision:
-        """Approximate (see the module docstring): a greedy generation constrained to the choices."""
+        """Approximate (see the module docstring): a greedy generation constrained to the
+        choices."""
         pattern = "(?:" + "|".join(re.escape(c) for c in choices) + ")"
         params = {"max_new_tokens": MAX_CHOICE_TOKENS, "temperature": 0.0, "regex": pattern}
         text, meta = self.generate(prefix, params, program_id, messages=messages)

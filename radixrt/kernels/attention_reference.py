@@ -1,4 +1,5 @@
-"""The per-request reference attention every backend is tested against: a loop, explicit GQA, fp32."""
+"""The per-request reference attention every backend is tested against: a loop, explicit GQA,
+fp32."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ def reference_attention(
     scale: float,
     window: int | None = None,
 ) -> torch.Tensor:
-    """The simplest truth: a loop over requests, explicit GQA expansion, float32 softmax. window: sliding
-    window attention, key j visible to query i when i - window < j <= i (transformers' rule).
+    """The simplest truth: a loop over requests, explicit GQA expansion, float32 softmax. window:
+    sliding window attention, key j visible to query i when i - window < j <= i (transformers'
+    rule).
 
     q: [T, Hq, D]; k_cache/v_cache: [num_slots, Hkv, D] with this step's K/V already written.
     Returns [T, Hq, D] in q's dtype.

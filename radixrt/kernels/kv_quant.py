@@ -1,13 +1,15 @@
 """A quantised KV pool: int8 or fp8 (e4m3) values with one float32 scale per token per KV head.
 
-Why per token per head: a token's K (or V) row for one head is written once, when the token is computed, so
-its scale is known then and never changes; pages shared by the radix tree or by parallel samples stay
-read-only. The scale is the row's absolute maximum over head_dim divided by the format's largest value
-(127 for int8, 448 for e4m3), so every row uses its whole range; an all-zero row gets scale 1.
+Why per token per head: a token's K (or V) row for one head is written once, when the token is
+computed, so its scale is known then and never changes; pages shared by the radix tree or by
+parallel samples stay read-only. The scale is the row's absolute maximum over head_dim divided by
+the format's largest value (127 for int8, 448 for e4m3), so every row uses its whole range; an
+all-zero row gets scale 1.
 
-`LayerKV` is one layer's K or V pool as the attention backends see it: the value tensor [slots, Hkv, D] and,
-when quantised, its scales [slots, Hkv]; `write` quantises rows into slots, `select` gathers slots back in a
-compute dtype. The Triton kernels read the same two tensors and scale inside the kernel.
+`LayerKV` is one layer's K or V pool as the attention backends see it: the value tensor
+[slots, Hkv, D] and, when quantised, its scales [slots, Hkv]; `write` quantises rows into slots,
+`select` gathers slots back in a compute dtype. The Triton kernels read the same two tensors and
+scale inside the kernel.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ def is_quantized(dtype: torch.dtype) -> bool:
 
 
 def quantize(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [..., D] -> (values [..., D] in dtype, scales [...] float32) with x ~= values * scales[..., None]."""
+    """x [..., D] -> (values [..., D] in dtype, scales [...] float32) with x ~= values *
+    scales[..., None]."""
     xf = x.float()
     amax = xf.abs().amax(dim=-1)
     scale = torch.where(amax > 0, amax / QMAX[dtype], torch.ones_like(amax))
@@ -38,12 +41,14 @@ def dequantize(values: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) ->
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
-    """A one-byte-per-element tensor as uint8 (copies and gathers of fp8 are not implemented everywhere)."""
+    """A one-byte-per-element tensor as uint8 (copies and gathers of fp8 are not implemented
+    everywhere)."""
     return t.view(torch.uint8) if t.element_size() == 1 else t
 
 
 class LayerKV:
-    """One layer's K or V pool: values [slots, Hkv, D] and, when quantised, scales [slots, Hkv] float32."""
+    """One layer's K or V pool: values [slots, Hkv, D] and, when quantised, scales [slots, Hkv]
+    float32."""
 
     def __init__(self, values: torch.Tensor, scales: torch.Tensor | None = None):
         self.values, self.scales = values, scales

@@ -108,8 +108,9 @@ def _decode_stage1(
             q, k, v, mask_n[None, :], m_i, l_i, acc, sm_scale_log2, DOT_FP32, PRECISION
         )
 
-    # A split is never empty (the host makes chunk_len * (num_splits - 1) < L), so l_i > 0, except one wholly
-    # before a sliding window: it stores weight 0 (lse -inf), and the last split always holds the query.
+    # A split is never empty (the host makes chunk_len * (num_splits - 1) < L), so l_i > 0, except
+    # one wholly before a sliding window: it stores weight 0 (lse -inf), and the last split always
+    # holds the query.
     seen = l_i > 0
     out_mask = mask_h[:, None] & mask_d[None, :]
     tl.store(

@@ -1,4 +1,5 @@
-"""Extend attention: a request's new tokens attend to its cached prefix, then causally to themselves.
+"""Extend attention: a request's new tokens attend to its cached prefix, then causally to
+themselves.
 
 Program (extend request e, q head h, query tile m) loads BLOCK_M query rows of request e and
 runs one online softmax over two key ranges:

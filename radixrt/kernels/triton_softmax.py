@@ -1,5 +1,5 @@
-"""The steps both Triton attention kernels run over each block of keys: the online softmax, and reading a
-quantised pool."""
+"""The steps both Triton attention kernels run over each block of keys: the online softmax, and
+reading a quantised pool."""
 
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ def attend_block(
 
 @triton.jit
 def dequant_rows(k, v, K_scale, V_scale, slot, kv_head, stride_scale, mask_n, dtype: tl.constexpr):
-    """int8 / fp8 K and V rows [N, D] of a quantised pool -> dtype, times each row's scale (kv_quant.py):
-    scales are [slots, Hkv] float32, one per token per KV head."""
+    """int8 / fp8 K and V rows [N, D] of a quantised pool -> dtype, times each row's scale
+    (kv_quant.py): scales are [slots, Hkv] float32, one per token per KV head."""
     ks = tl.load(K_scale + slot * stride_scale + kv_head, mask=mask_n, other=0.0)
     vs = tl.load(V_scale + slot * stride_scale + kv_head, mask=mask_n, other=0.0)
     k = (k.to(tl.float32) * ks[:, None]).to(dtype)

@@ -1,5 +1,6 @@
 """The cache view (core/cache_view.py) made readable: text previews from token ids, the request
-limits checked with errors that name the field, and the tree drawn as indented text for a terminal."""
+limits checked with errors that name the field, and the tree drawn as indented text for a
+terminal."""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ def add_previews(view: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
 
 
 def render_text(view: dict[str, Any]) -> str:
-    """The tree as indented lines: tokens, hits, tokens served, age, locks/pins, and the text preview."""
+    """The tree as indented lines: tokens, hits, tokens served, age, locks/pins, and the text
+    preview."""
     lines = [
         f"radix cache: {view['num_nodes']} nodes, {view['num_tokens']} tokens "
         f"(showing {view['num_nodes_shown']}; page size {view['page_size']})"
@@ -56,9 +58,9 @@ def render_text(view: dict[str, Any]) -> str:
                 ]
             )
             lines.append(
-                f"{indent}{'└─' if last else '├─'} {child['num_tokens']} tok · hits {child['hits']} · "
-                f"served {child['tokens_served']} · {'-' if age is None else f'{age:.0f}s ago'}{flags}  "
-                f"{child['text']!r}"
+                f"{indent}{'└─' if last else '├─'} {child['num_tokens']} tok "
+                f"· hits {child['hits']} · served {child['tokens_served']} "
+                f"· {'-' if age is None else f'{age:.0f}s ago'}{flags}  {child['text']!r}"
             )
             walk(child, indent + ("   " if last else "│  "))
         if node.get("omitted"):

@@ -251,7 +251,8 @@ class ServerConfig:
             )
         if not 1 <= self.speculative_num_draft_tokens <= 64:
             raise ValueError(
-                f"speculative_num_draft_tokens must be in [1, 64], got {self.speculative_num_draft_tokens}"
+                f"speculative_num_draft_tokens must be in [1, 64], got "
+                f"{self.speculative_num_draft_tokens}"
             )
 
     def _check_hierarchical_cache(self) -> None:

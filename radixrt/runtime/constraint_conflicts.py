@@ -1,11 +1,13 @@
-"""Constraints and sampling parameters that cannot be met together, found at the edge (a 400 naming both).
+"""Constraints and sampling parameters that cannot be met together, found at the edge (a 400 naming
+both).
 
-Every generated token is at least one byte of text (the constrained backends allow EOS only as the end), and a
-character is at most 4 UTF-8 bytes, so a constraint whose longest match is L characters cannot fill
-min_new_tokens > 4 L tokens (choices: their UTF-8 length): the request would reach a point where the constraint
-allows only its end and min_new_tokens forbids it. Known here for a regex (its automaton, interegular's) and for choices. What cannot be
-known before the step (a schema's shape against the tokenizer) fails only that request there, with a clear
-reason (scheduler: NoAllowedTokenError -> a 400 finish)."""
+Every generated token is at least one byte of text (the constrained backends allow EOS only as the
+end), and a character is at most 4 UTF-8 bytes, so a constraint whose longest match is L characters
+cannot fill min_new_tokens > 4 L tokens (choices: their UTF-8 length): the request would reach a
+point where the constraint allows only its end and min_new_tokens forbids it. Known here for a regex
+(its automaton, interegular's) and for choices. What cannot be known before the step (a schema's
+shape against the tokenizer) fails only that request there, with a clear reason (scheduler:
+NoAllowedTokenError -> a 400 finish)."""
 
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ def longest_match_chars(regex: str) -> int | None:
         import interegular
 
         fsm = interegular.parse_pattern(regex).to_fsm()
-    except Exception:  # noqa: BLE001 - syntax outlines/llguidance accept and interegular does not: no verdict here
+    except Exception:  # noqa: BLE001
+        # syntax outlines/llguidance accept and interegular does not: no verdict here
         return None
     succ = {s: set(fsm.map.get(s, {}).values()) for s in fsm.states}
     live = set(fsm.finals)  # states from which a final state is reachable
@@ -73,7 +76,8 @@ def check_min_new_tokens(kind: str, spec, min_new_tokens: int) -> None:
         most_bytes = None if chars is None else 4 * chars
     if most_bytes is not None and most_bytes < min_new_tokens:
         raise ValueError(
-            f"sampling parameters {kind} and min_new_tokens cannot be met together: the {kind} matches "
-            f"at most {most_bytes} bytes, fewer than min_new_tokens={min_new_tokens} tokens (each token "
-            f"is at least one byte, and the end may not come before the minimum)"
+            f"sampling parameters {kind} and min_new_tokens cannot be met together: the {kind} "
+            f"matches at most {most_bytes} bytes, fewer than min_new_tokens={min_new_tokens} "
+            f"tokens (each token is at least one byte, "
+            f"and the end may not come before the minimum)"
         )

@@ -92,8 +92,9 @@ class Engine:
         session_id: str | None = None,
         return_text_in_logprobs: bool = False,
     ) -> dict | list[dict] | Iterator[dict]:
-        """session_id: this is a turn of that conversation; when it finishes its text stays pinned in the
-        cache until the session's next turn, close_session, or the session ttl (core/sessions.py)."""
+        """session_id: this is a turn of that conversation; when it finishes its text stays pinned
+        in the cache until the session's next turn, close_session, or the session ttl
+        (core/sessions.py)."""
         single, ids_list = self._tokenize(prompt, input_ids)
         if session_id is not None and len(ids_list) != 1:
             raise ValueError(
@@ -169,7 +170,8 @@ class Engine:
             return self.scheduler.unpin(handle)
 
     def close_session(self, session_id: str) -> bool:
-        """End a session: its pinned turn may be evicted again. False when there is no such session."""
+        """End a session: its pinned turn may be evicted again. False when there is no such
+        session."""
         with self._lock:
             return self.scheduler.close_session(session_id)
 

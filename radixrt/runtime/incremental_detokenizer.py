@@ -44,7 +44,8 @@ class IncrementalDetokenizer:
         self.stop_regex = [StopRegexSearch(p) for p in stop_regex]
         self.regex_fed = 0  # chars of self.text already fed to the stop_regex searches
         self.no_stop_trim = no_stop_trim
-        # passed only when off: True is every tokenizer's default, and some decode() signatures lack it
+        # passed only when off: True is every tokenizer's default, and some decode() signatures lack
+        # it
         self.decode_kwargs = (
             {} if spaces_between_special_tokens else {"spaces_between_special_tokens": False}
         )
@@ -97,7 +98,8 @@ class IncrementalDetokenizer:
                 self.pending_len = len(stable)
 
     def _stop_hold_len(self) -> int:
-        """Length of the longest unsent suffix of the text that is a proper prefix of a stop string."""
+        """Length of the longest unsent suffix of the text that is a proper prefix of a stop
+        string."""
         unsent = len(self.text) - self.num_sent
         best = 0
         for s in self.stop:
@@ -119,7 +121,8 @@ class IncrementalDetokenizer:
         self._absorb(flush=finished)
         if self.stop:
             # Earlier text never held a complete stop string (it would have been cut), and no unsent
-            # text can start one before num_sent (a stop prefix is always held), so search from there.
+            # text can start one before num_sent (a stop prefix is always held), so search from
+            # there.
             start = self.num_sent
             hits = [(self.text.find(s, start), -len(s), s) for s in self.stop]
             hits = [h for h in hits if h[0] >= 0]

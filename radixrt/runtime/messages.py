@@ -139,7 +139,8 @@ class FlushCacheOut:
 
 @message
 class ProfileReq:
-    """/start_profile and /stop_profile (SGLang's routes): torch.profiler around the scheduler's steps."""
+    """/start_profile and /stop_profile (SGLang's routes): torch.profiler around the scheduler's
+    steps."""
 
     action: str  # "start" | "stop"
     output_dir: str | None = None
@@ -164,7 +165,8 @@ class HealthCheckOut:
 
 @message
 class ProcessReady:
-    """A child process finished starting (scheduler: model loaded; info holds model_info and server_info)."""
+    """A child process finished starting (scheduler: model loaded; info holds model_info and
+    server_info)."""
 
     name: str
     info: dict[str, Any] = field(default_factory=dict)

@@ -2,9 +2,9 @@
 server's health.
 
 What every child process of `radixrt serve` shares (dying with the parent, stopping between loop
-iterations, the ready handshake), and what starts a server as a subprocess and waits for it (the DSL's
-Runtime, `--dp-size` replicas, tests and benchmarks). Below serving/, model/ and frontend/, so each may
-import it: it imports nothing of radixrt at module level, and never torch.
+iterations, the ready handshake), and what starts a server as a subprocess and waits for it (the
+DSL's Runtime, `--dp-size` replicas, tests and benchmarks). Below serving/, model/ and frontend/, so
+each may import it: it imports nothing of radixrt at module level, and never torch.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ def set_parent_death_signal() -> None:
 class StopFlag:
     """In a child: SIGINT is ignored (Ctrl-C reaches the whole process group; the parent stops us).
     SIGTERM kills at once while starting (a model load cannot be interrupted politely); once the
-    loop runs (`enter_loop`) it only sets a flag, so the loop ends between steps and closes its sockets."""
+    loop runs (`enter_loop`) it only sets a flag, so the loop ends between steps and closes its
+    sockets."""
 
     def __init__(self) -> None:
         self.stop = False
@@ -53,8 +54,8 @@ class StopFlag:
 
     @staticmethod
     def exit_now() -> None:
-        """Leave without interpreter teardown: garbage-collecting torch/transformers can take seconds
-        on a busy machine, and the sockets are already closed."""
+        """Leave without interpreter teardown: garbage-collecting torch/transformers can take
+        seconds on a busy machine, and the sockets are already closed."""
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)

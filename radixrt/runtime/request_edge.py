@@ -60,7 +60,7 @@ def check_prompt(
     logprob_start_len: int | None = None,
     top_logprobs_num: int = 0,
 ) -> int:
-    """Raise RequestError unless the prompt can run; returns the logprob start (-1: no prompt logprobs)."""
+    """RequestError unless the prompt can run; else the logprob start (-1: no prompt logprobs)."""
     if not isinstance(input_ids, list) or not input_ids:
         raise RequestError("the prompt is empty", param="prompt")
     n = len(input_ids)
@@ -126,7 +126,8 @@ def expand_n(
     pin_ttl_s: float | None = None,
     session_id: str | None = None,
 ) -> list[TokenizedGenerateReq]:
-    """One prompt -> sp.n scheduler requests: rid base (n = 1) or base-0..base-{n-1}, seeds seed+i."""
+    """One prompt -> sp.n scheduler requests: rid base (n = 1) or base-0..base-{n-1}, seeds
+    seed+i."""
     if session_id is not None:
         if not isinstance(session_id, str) or not 0 < len(session_id) <= MAX_SESSION_ID_CHARS:
             raise RequestError(
@@ -209,9 +210,9 @@ def generate_output(
     logprobs_from: int = 0,
 ) -> dict[str, Any]:
     """SGLang's /generate (and Engine.generate) result: text, output_ids, meta_info, logprobs as
-    (logprob, id, text or None) triples. logprobs_from: a stream chunk carries the output logprobs from
-    there on (those it adds, as SGLang's streams do); output_token_logprobs_length and completion_tokens
-    stay the totals so far."""
+    (logprob, id, text or None) triples. logprobs_from: a stream chunk carries the output logprobs
+    from there on (those it adds, as SGLang's streams do); output_token_logprobs_length and
+    completion_tokens stay the totals so far."""
     meta: dict[str, Any] = {
         "id": res.rid,
         "prompt_tokens": res.prompt_tokens,

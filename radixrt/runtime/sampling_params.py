@@ -78,8 +78,9 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
-    # SGLang's: the output stops once its text matches one of these (searched as it grows; the match stays
-    # in the text, finish reason {"type": "stop", "matched": pattern}); stop_regex.py runs them
+    # SGLang's: the output stops once its text matches one of these (searched as it grows; the match
+    # stays in the text, finish reason {"type": "stop", "matched": pattern}); stop_regex.py runs
+    # them
     stop_regex: list[str] = field(default_factory=list)
     ignore_eos: bool = False
     skip_special_tokens: bool = True
@@ -99,12 +100,14 @@ class SamplingParams:
     regex: str | None = None
     json_schema: str | None = None  # a JSON string, as SGLang takes it
     choices: list[str] | None = None
-    # radixrt's: tool calls in the fallback format (constrained/tool_call_regex.py); the OpenAI chat route
-    # sets it for tools with tool_choice required / a named function / auto once a call is opened
+    # radixrt's: tool calls in the fallback format (constrained/tool_call_regex.py); the OpenAI chat
+    # route sets it for tools with tool_choice required / a named function / auto once a call is
+    # opened
     tool_call_grammar: str | None = None
     # SGLang's: a context-free grammar (GBNF `root ::= ...`, or Lark); llguidance enforces it
     ebnf: str | None = None
-    # OpenAI's / SGLang's: token id (a decimal string, as JSON keys are) -> added to that token's logit
+    # OpenAI's / SGLang's: token id (a decimal string, as JSON keys are) -> added to that token's
+    # logit
     logit_bias: dict[str, float] | None = None
 
     @classmethod

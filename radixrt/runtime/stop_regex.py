@@ -1,12 +1,13 @@
 """stop_regex (SGLang's sampling parameter): stop once the output text matches a regex.
 
 SGLang runs `re.search` over the text's tail at every step. A backtracking search lets one request's
-pattern ((a+)+b over a long run of a's) stall the scheduler for everyone, so here each pattern becomes a
-character automaton (interegular, as the constrained decoders build theirs) and the text is fed to it as it
-grows: the state is the set of automaton states of every match started at an earlier character, so each new
-character costs one step over that set, whatever the pattern and however long the output. Patterns use
-Python's syntax; what the automaton cannot express (backreferences, lookarounds, anchors) and patterns that
-match the empty string (they would stop every request at once) are refused by name at the edge.
+pattern ((a+)+b over a long run of a's) stall the scheduler for everyone, so here each pattern
+becomes a character automaton (interegular, as the constrained decoders build theirs) and the text
+is fed to it as it grows: the state is the set of automaton states of every match started at an
+earlier character, so each new character costs one step over that set, whatever the pattern and
+however long the output. Patterns use Python's syntax; what the automaton cannot express
+(backreferences, lookarounds, anchors) and patterns that match the empty string (they would stop
+every request at once) are refused by name at the edge.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ from re import _parser as sre_parse
 
 import interegular
 
-MAX_STATES = 2048  # a pattern whose automaton is larger is refused (building and searching it would cost too much)
+MAX_STATES = 2048  # a pattern whose automaton is larger is refused (too costly to build and search)
 MAX_MEMO = 4096  # cached (state set, symbol) transitions per pattern
 
 
-# what an automaton over the text cannot mean as `re.search` does (interegular reads lookaheads as consuming)
+# what an automaton over the text cannot mean as `re.search` does (interegular reads lookaheads as
+# consuming)
 _REFUSED = {
     sre_constants.ASSERT: "lookarounds",
     sre_constants.ASSERT_NOT: "lookarounds",
@@ -96,7 +98,8 @@ class StopRegexSearch:
         self.memo: dict[tuple[frozenset[int], int], frozenset[int]] = {}
 
     def feed(self, text: str) -> int | None:
-        """Advance over text; the index just past the first character at which a match completes, or None."""
+        """Advance over text; the index just past the first character at which a match completes, or
+        None."""
         fsm, finals, initial = self.fsm, self.fsm.finals, self.fsm.initial
         for i, ch in enumerate(text):
             symbol = fsm.alphabet[ch]

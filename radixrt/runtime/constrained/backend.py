@@ -121,13 +121,15 @@ class GrammarBackend:
 
     # -- validation (the edge) ------------------------------------------------------------------
     def validate(self, kind: str, spec: Any) -> None:
-        """GrammarError unless the spec can be enforced; blocks the caller (call it off an event loop)."""
+        """GrammarError unless the spec can be enforced; blocks the caller (call it off an event
+        loop)."""
         key = grammar_key(kind, spec)
         with self._lock:
             if key in self._valid or key in self._cache:
                 return
         try:
-            # bounded wait: the pool settles every job by its deadline; the margin covers a worker's start
+            # bounded wait: the pool settles every job by its deadline; the margin covers a worker's
+            # start
             self.pool.submit("regex", key, self.compile_timeout).result(
                 timeout=self.compile_timeout + 30
             )
@@ -142,7 +144,8 @@ class GrammarBackend:
 
     # -- compile --------------------------------------------------------------------------------
     def _done(self, key: tuple, future: Future, job: Future) -> None:
-        """A pool job finished: unpickle the index, cache it (bounded in bytes), resolve the future."""
+        """A pool job finished: unpickle the index, cache it (bounded in bytes), resolve the
+        future."""
         try:
             _, blob, distances = job.result()
             result: CompiledGrammar | GrammarError = CompiledGrammar(
@@ -155,8 +158,9 @@ class GrammarBackend:
             result, size = GrammarError(f"{key[0]} grammar: {type(e).__name__}: {e}"), 0
         with self._lock:
             self._pending.pop(key, None)
-            # a verdict on the grammar is cached; "could not judge it now" (busy, timed out under load, a
-            # crashed worker) is not, or one bad moment would refuse that grammar until evicted
+            # a verdict on the grammar is cached; "could not judge it now" (busy, timed out under
+            # load, a crashed worker) is not, or one bad moment would refuse that grammar until
+            # evicted
             if size <= self.cache_bytes and not isinstance(result, TransientGrammarError):
                 self._cache[key] = (result, size)
                 self._cached_bytes += size

@@ -1,5 +1,5 @@
-"""Budget steering: a constrained request close to the end of its token budget is kept on a path that
-can still finish the grammar, so its output is a complete match whenever a complete match fits.
+"""Budget steering: a constrained request close to the end of its token budget is kept on a path
+that can still finish the grammar, so its output is a complete match whenever a complete match fits.
 
 On a token DFA (outlines-core's Index) the shortest way to finish is exact: `dist[s]` is the fewest
 tokens from state s to an accepting state (a reverse breadth-first search over the states' successor
@@ -7,11 +7,11 @@ sets, computed once per grammar in the compile worker, ~0.7 s per 10M transition
 `budget` tokens left (this one included) may take token t only if dist[next(s, t)] <= budget - 1;
 starting from dist[s] <= budget that keeps dist <= budget after every pick, so the budget ends on an
 accepting state. Steering engages only where it removes something: when some successor of s is
-farther than budget - 1 (`max_next[s] > budget - 1`). A token it removes leads where no complete match
-fits the budget any more, so output only changes where unsteered output would have been cut short;
-requests that finish well inside their budget decode exactly as before. When even dist[s] > budget
-nothing is steered (no valid ending fits) and the request ends with finish_reason length, marked
-incomplete.
+farther than budget - 1 (`max_next[s] > budget - 1`). A token it removes leads where no complete
+match fits the budget any more, so output only changes where unsteered output would have been cut
+short; requests that finish well inside their budget decode exactly as before. When even dist[s] >
+budget nothing is steered (no valid ending fits) and the request ends with finish_reason length,
+marked incomplete.
 
 Per state, the tokens and the distance after each are read from the index when steering first
 needs that state (~4 ms for a state allowing 49k tokens) and kept in a small LRU per grammar.
@@ -85,7 +85,8 @@ class Steering:
         return d <= budget and self.max_next.get(state, 0) > budget - 1
 
     def allowed_ids(self, state: int, budget: int) -> np.ndarray:
-        """The non-EOS tokens of `state` after which a complete match still fits in budget - 1 picks."""
+        """The non-EOS tokens of `state` after which a complete match still fits in budget - 1
+        picks."""
         ids, after = self._table(state)
         return ids[after <= budget - 1]
 
@@ -106,8 +107,8 @@ class Steering:
 
 
 class SteeredMask:
-    """The mask source of a pick under steering: only tokens that keep a complete match within the budget,
-    and EOS where the grammar accepts."""
+    """The mask source of a pick under steering: only tokens that keep a complete match within the
+    budget, and EOS where the grammar accepts."""
 
     ended = False
 

@@ -1,19 +1,22 @@
-"""A context-free grammar's nesting-bounded regular part, as a regex: the DFA that budget-steers `ebnf` requests.
+"""A context-free grammar's nesting-bounded regular part, as a regex: the DFA that budget-steers
+`ebnf` requests.
 
-Budget steering needs the fewest tokens from each state to the end of the grammar (budget.py), which only a
-DFA gives; llguidance's Earley parser, which enforces the grammar, offers none. A grammar nested at most a few
-levels deep is a regular language, a subset of the grammar's: outlines compiles it in the background and it
-follows the request as a shadow (fallback.py), exactly as it does for JSON schemas. While the output stays
-inside that subset (each rule nested in itself at most MAX_NESTING times), near the end of the budget the pick
-is llguidance's mask AND the shadow's steered tokens, so the output completes whenever a completion of the
-subset fits. Deeper output drops the shadow.
+Budget steering needs the fewest tokens from each state to the end of the grammar (budget.py), which
+only a DFA gives; llguidance's Earley parser, which enforces the grammar, offers none. A grammar
+nested at most a few levels deep is a regular language, a subset of the grammar's: outlines compiles
+it in the background and it follows the request as a shadow (fallback.py), exactly as it does for
+JSON schemas. While the output stays inside that subset (each rule nested in itself at most
+MAX_NESTING times), near the end of the budget the pick is llguidance's mask AND the shadow's
+steered tokens, so the output completes whenever a completion of the subset fits. Deeper output
+drops the shadow.
 
-The grammar (GBNF or Lark, as llguidance takes it) is converted to Lark by llguidance and read by the `lark`
-package: its rules come out with `?` expanded into alternatives and `*` / `+` as left-recursive helper rules
-(R: A | B | R A | R B), which are turned back into unbounded repetition here. %ignore'd terminals may appear
-before, between and after any terminals, as in llguidance. A grammar lark cannot read (llguidance's own
-extensions), a terminal outlines cannot compile, or a regex past MAX_REGEX_CHARS (or MAX_EXPANSIONS) at every
-nesting bound leaves the request unsteered (GrammarError here).
+The grammar (GBNF or Lark, as llguidance takes it) is converted to Lark by llguidance and read by
+the `lark` package: its rules come out with `?` expanded into alternatives and `*` / `+` as
+left-recursive helper rules (R: A | B | R A | R B), which are turned back into unbounded repetition
+here. %ignore'd terminals may appear before, between and after any terminals, as in llguidance. A
+grammar lark cannot read (llguidance's own extensions), a terminal outlines cannot compile, or a
+regex past MAX_REGEX_CHARS (or MAX_EXPANSIONS) at every nesting bound leaves the request unsteered
+(GrammarError here).
 """
 
 from __future__ import annotations
@@ -31,8 +34,9 @@ MAX_EXPANSIONS = 20_000
 
 
 def cfg_regex(spec: str) -> str:
-    """The regex of `spec`'s nesting-bounded subset (the deepest bound that fits MAX_REGEX_CHARS); GrammarError
-    when there is none. Cached per grammar: it runs on the scheduler's thread when a request's grammar arrives."""
+    """The regex of `spec`'s nesting-bounded subset (the deepest bound that fits MAX_REGEX_CHARS);
+    GrammarError when there is none. Cached per grammar: it runs on the scheduler's thread when a
+    request's grammar arrives."""
     out = _cached(spec)
     if isinstance(out, GrammarError):
         raise out
@@ -57,7 +61,8 @@ def _cached(spec: str) -> str | GrammarError:
         )
     except GrammarError as e:
         return e
-    except Exception as e:  # noqa: BLE001 - lark's and llguidance's many error types, a %declare'd terminal...
+    except Exception as e:  # noqa: BLE001
+        # lark's and llguidance's many error types, a %declare'd terminal...
         return GrammarError(f"no regular subset for steering: {type(e).__name__}: {str(e)[:200]}")
 
 
@@ -72,7 +77,8 @@ def _read(spec: str) -> tuple[dict[str, list[list[Any]]], dict[str, str], list[s
             if not line.lstrip().startswith("%llguidance")
         )
         parser = lark.Lark(text, start="start", keep_all_tokens=True)
-    except Exception as e:  # noqa: BLE001 - lark's and llguidance's many error types: no steering, nothing else
+    except Exception as e:  # noqa: BLE001
+        # lark's and llguidance's many error types: no steering, nothing else
         raise GrammarError(
             f"no regular subset for steering: {type(e).__name__}: {str(e)[:200]}"
         ) from None
@@ -94,7 +100,8 @@ class _Builder:
         self.size = self.expansions = 0
 
     def rule(self, name: str, stack: tuple[str, ...]) -> str | None:
-        """The regex of rule `name` inside the rules on `stack`; None where the nesting bound leaves nothing."""
+        """The regex of rule `name` inside the rules on `stack`; None where the nesting bound leaves
+        nothing."""
         if stack.count(name) >= self.nesting:
             return None
         self.expansions += 1
@@ -131,8 +138,8 @@ class _Builder:
 
 
 def _repeated(name: str, alternatives: list[list[Any]]) -> list[list[Any]] | None:
-    """The items of a left-recursive repetition rule `name: A | B | name A | name B` (lark's form of (A|B)+ and
-    of the non-empty part of (A|B)*), or None for any other rule."""
+    """The items of a left-recursive repetition rule `name: A | B | name A | name B` (lark's form of
+    (A|B)+ and of the non-empty part of (A|B)*), or None for any other rule."""
     recursive = [
         alt[1:] for alt in alternatives if alt and not alt[0].is_term and alt[0].name == name
     ]

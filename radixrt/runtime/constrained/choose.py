@@ -1,11 +1,12 @@
 """Which grammar backend serves a constraint: the configured one (--grammar-backend), except that a
-context-free grammar (ebnf) always goes to llguidance, the backend that can enforce it; without llguidance
-installed such a request is refused with an error naming the package. `auto` is llguidance with outlines
-behind it for what llguidance refuses, and outlines steering llguidance's requests near the end of their budget
-(fallback.py), for JSON schemas and json_object; for ebnf, llguidance alone steered by the DFA of the grammar's
-regular subset (cfg_regex.py); for regexes, choices and tool-call envelopes it is outlines first with llguidance
-behind it; without llguidance installed, outlines. `llguidance` serves every constraint with llguidance alone,
-steered by the same outlines shadow (so a budget that admits a valid ending gives one under every backend)."""
+context-free grammar (ebnf) always goes to llguidance, the backend that can enforce it; without
+llguidance installed such a request is refused with an error naming the package. `auto` is
+llguidance with outlines behind it for what llguidance refuses, and outlines steering llguidance's
+requests near the end of their budget (fallback.py), for JSON schemas and json_object; for ebnf,
+llguidance alone steered by the DFA of the grammar's regular subset (cfg_regex.py); for regexes,
+choices and tool-call envelopes it is outlines first with llguidance behind it; without llguidance
+installed, outlines. `llguidance` serves every constraint with llguidance alone, steered by the same
+outlines shadow (so a budget that admits a valid ending gives one under every backend)."""
 
 from __future__ import annotations
 
@@ -59,7 +60,8 @@ def backends_for(
 
 class BackendChooser:
     def __init__(self, configured: str, make: Callable[[str], Any]):
-        """make(name) builds the backend of that name ("outlines" or "llguidance"), called once each."""
+        """make(name) builds the backend of that name ("outlines" or "llguidance"), called once
+        each."""
         if configured not in ("auto", "outlines", "llguidance"):
             raise ValueError(
                 f"unknown grammar backend {configured!r}: auto, outlines or llguidance"
@@ -82,9 +84,10 @@ class BackendChooser:
                         f"{kind} needs the llguidance grammar backend: pip install llguidance"
                     )
                 return self._get("outlines")
-            # regexes, choices and tool-call envelopes are our own regexes: outlines first (its DFA is the
-            # language, steered directly); schemas and context-free grammars: llguidance first, with an outlines
-            # DFA as a steering shadow (for a grammar, of its regular subset; no fallback to outlines)
+            # regexes, choices and tool-call envelopes are our own regexes: outlines first (its DFA
+            # is the language, steered directly); schemas and context-free grammars: llguidance
+            # first, with an outlines DFA as a steering shadow (for a grammar, of its regular
+            # subset; no fallback to outlines)
             first = "outlines" if kind in REGEX_FIRST_KINDS else "llguidance"
             if first not in self._fallbacks:
                 second = "llguidance" if first == "outlines" else "outlines"
@@ -97,8 +100,9 @@ class BackendChooser:
                 f"{kind} needs the llguidance grammar backend: pip install llguidance"
             )
         if name == "llguidance":
-            # llguidance serves alone, but its parser gives no shortest completion: an outlines DFA of the same
-            # constraint (of a grammar's regular subset) steers it near the end of the budget, as under auto
+            # llguidance serves alone, but its parser gives no shortest completion: an outlines DFA
+            # of the same constraint (of a grammar's regular subset) steers it near the end of the
+            # budget, as under auto
             if "steered" not in self._fallbacks:
                 self._fallbacks["steered"] = FallbackBackend(
                     self._get("llguidance"), self._get("outlines"), shadow=True, fallback=False

@@ -59,8 +59,8 @@ class _Worker:
 
 
 class TransientGrammarError(GrammarError):
-    """The pool could not judge the grammar (busy, a worker died, shut down, out of time under load):
-    not a verdict on the grammar, so it is never cached."""
+    """The pool could not judge the grammar (busy, a worker died, shut down, out of time under
+    load): not a verdict on the grammar, so it is never cached."""
 
 
 def _settle(future: Future, exc: Exception | None = None, result: Any = None) -> None:
@@ -91,8 +91,8 @@ class CompilePool:
         self.num_killed = 0  # workers killed at a deadline (or dead of their own accord)
 
     def submit(self, job: str, key: tuple, timeout: float) -> Future:
-        """Future of the job's result; GrammarError when it fails, TransientGrammarError when the pool
-        could not judge it (timeout, too much pending, a crashed worker, shut down)."""
+        """Future of the job's result; GrammarError when it fails, TransientGrammarError when the
+        pool could not judge it (timeout, too much pending, a crashed worker, shut down)."""
         future: Future = Future()
         with self._lock:
             if self._closed:
@@ -101,7 +101,8 @@ class CompilePool:
             if len(self._pending) >= self.max_pending:
                 future.set_exception(
                     TransientGrammarError(
-                        f"too many grammars are compiling ({self.max_pending} waiting); try again later"
+                        f"too many grammars are compiling ({self.max_pending} waiting); "
+                        "try again later"
                     )
                 )
                 return future
@@ -112,7 +113,8 @@ class CompilePool:
         return future
 
     def _run(self) -> None:
-        """Never dies while the pool is open: whatever goes wrong fails the jobs it touched, not the thread."""
+        """Never dies while the pool is open: whatever goes wrong fails the jobs it touched, not the
+        thread."""
         while not self._closed:
             try:
                 self._step()

@@ -3,8 +3,8 @@ compile_pool.py. Frames on stdin/stdout are a 4-byte big-endian length and a pic
 child are the same program). The first frame sets it up: (token_map | None, fsm_eos, memory_bytes).
 
 A plain subprocess, not multiprocessing: spawning through multiprocessing re-imports the user's main
-module, which an Engine() script without an `if __name__ == "__main__"` guard cannot survive. Imports
-only the torch-free spec modules, budget.py and outlines-core.
+module, which an Engine() script without an `if __name__ == "__main__"` guard cannot survive.
+Imports only the torch-free spec modules, budget.py and outlines-core.
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ def _die_with_parent() -> None:
 
 
 def _distances(index: Any) -> Any:
-    """Budget steering's table (budget.py), or None when it does not fit in memory: the grammar is then
-    enforced unsteered rather than refused."""
+    """Budget steering's table (budget.py), or None when it does not fit in memory: the grammar is
+    then enforced unsteered rather than refused."""
     from radixrt.runtime.constrained.budget import completion_distances
 
     try:

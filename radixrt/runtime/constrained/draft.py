@@ -5,17 +5,17 @@ is no option) begins with the same byte b, the next byte of any valid output is 
 index by b's one-byte token and repeat until the text may branch or end: after `{"` in a
 closed object with one required key that is `name"`, after `"sunn` in an enum it is `y"`.
 
-Draft: the forced text's canonical tokenization (the tokenizer's own encode), kept while each
-token spells the next forced bytes and the index accepts it. The scheduler feeds the draft
-after the request's last token in one forward; the sampler picks a token at every position
-under the mask of the state the draft has reached there, and the draft is taken up to the first
-position whose pick differs, plus that pick (speculative decoding with the grammar as the draft
-model). So the output is the one decoding token by token would give: token for token under
-greedy, and in distribution under sampling (a fixed draft token d is kept with probability
-p(d); otherwise the pick is a draw from p restricted to tokens != d, which is exactly the
-residual of speculative sampling). A draft the model disagrees with costs compute, never output.
-"Exactly" is as exact as the arithmetic: a draft position's logits come from the extend path, not
-the decode path, so in bf16 on a GPU a near-tie can fall the other way (as with the cache on vs off).
+Draft: the forced text's canonical tokenization (the tokenizer's own encode), kept while each token
+spells the next forced bytes and the index accepts it. The scheduler feeds the draft after the
+request's last token in one forward; the sampler picks a token at every position under the mask of
+the state the draft has reached there, and the draft is taken up to the first position whose pick
+differs, plus that pick (speculative decoding with the grammar as the draft model). So the output is
+the one decoding token by token would give: token for token under greedy, and in distribution under
+sampling (a fixed draft token d is kept with probability p(d); otherwise the pick is a draw from p
+restricted to tokens != d, which is exactly the residual of speculative sampling). A draft the model
+disagrees with costs compute, never output. "Exactly" is as exact as the arithmetic: a draft
+position's logits come from the extend path, not the decode path, so in bf16 on a GPU a near-tie can
+fall the other way (as with the cache on vs off).
 """
 
 from __future__ import annotations
@@ -132,7 +132,8 @@ class Drafter:
 
 
 def _utf8_prefix(data: bytes) -> str:
-    """The longest prefix of data that is whole UTF-8 characters (forced text may stop mid-character)."""
+    """The longest prefix of data that is whole UTF-8 characters (forced text may stop
+    mid-character)."""
     for cut in range(len(data), max(len(data) - 4, 0) - 1, -1):
         try:
             return data[:cut].decode("utf-8")

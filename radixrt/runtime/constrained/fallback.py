@@ -1,19 +1,22 @@
-"""`--grammar-backend auto` (the default): llguidance first, outlines-core for what llguidance refuses, and
-outlines' DFA as a shadow that budget-steers the requests llguidance serves.
+"""`--grammar-backend auto` (the default): llguidance first, outlines-core for what llguidance
+refuses, and outlines' DFA as a shadow that budget-steers the requests llguidance serves.
 
-Why this order (benchmarks/bench_grammar.py, JSONSchemaBench sample): llguidance compiles in milliseconds
-and passes more schemas; outlines passes a different set (`not`, `oneOf` it proves disjoint), so a schema
-llguidance refuses goes to outlines, and the union passes more than either. Both are sound, so the union is.
+Why this order (benchmarks/bench_grammar.py, JSONSchemaBench sample): llguidance compiles in
+milliseconds and passes more schemas; outlines passes a different set (`not`, `oneOf` it proves
+disjoint), so a schema llguidance refuses goes to outlines, and the union passes more than either.
+Both are sound, so the union is.
 
-Budget steering needs the fewest tokens to finish from each state (budget.py), which only the DFA gives. So a
-regex-shaped constraint served by llguidance also gets its outlines grammar compiled in the background (the
-niced, bounded compile pool; cached), and the request waits for it as for its grammar (a shadow that arrived
-after the first tokens could find the budget already past the shortest completion); it then follows along. Near the end of the budget the pick is llguidance's mask AND the shadow's steered tokens. If the model
-leaves the shadow's language (outlines is stricter: declared key order, no undeclared keys), the shadow is
-dropped and the request goes on unsteered; an intersection that comes out empty keeps llguidance's mask.
-The choice of backend is remembered per grammar, so a later request does not ask llguidance again.
-A context-free grammar (ebnf) is llguidance's alone (no fallback); its shadow is the DFA of the grammar's
-nesting-bounded regular subset (cfg_regex.py).
+Budget steering needs the fewest tokens to finish from each state (budget.py), which only the DFA
+gives. So a regex-shaped constraint served by llguidance also gets its outlines grammar compiled in
+the background (the niced, bounded compile pool; cached), and the request waits for it as for its
+grammar (a shadow that arrived after the first tokens could find the budget already past the
+shortest completion); it then follows along. Near the end of the budget the pick is llguidance's
+mask AND the shadow's steered tokens. If the model leaves the shadow's language (outlines is
+stricter: declared key order, no undeclared keys), the shadow is dropped and the request goes on
+unsteered; an intersection that comes out empty keeps llguidance's mask. The choice of backend is
+remembered per grammar, so a later request does not ask llguidance again. A context-free grammar
+(ebnf) is llguidance's alone (no fallback); its shadow is the DFA of the grammar's nesting-bounded
+regular subset (cfg_regex.py).
 """
 
 from __future__ import annotations
@@ -38,8 +41,9 @@ class FallbackBackend:
     name = "auto"
 
     def __init__(self, primary: Any, secondary: Any, shadow: bool = False, fallback: bool = True):
-        """shadow: the secondary (outlines) also steers what the primary (llguidance) serves. fallback=False (the
-        configured --grammar-backend llguidance): the secondary only steers; the primary's refusal stands."""
+        """shadow: the secondary (outlines) also steers what the primary (llguidance) serves.
+        fallback=False (the configured --grammar-backend llguidance): the secondary only steers; the
+        primary's refusal stands."""
         self.primary, self.secondary, self.shadow, self.fallback = (
             primary,
             secondary,
@@ -97,8 +101,8 @@ class FallbackBackend:
         return FallbackFuture(self, kind, spec, self.primary.request(kind, spec), None)
 
     def shadow_for(self, kind: str, spec: Any) -> Any:
-        """The secondary's compile of the same constraint, to steer by (None when it has no DFA form); for a
-        context-free grammar, of its nesting-bounded regular subset (cfg_regex.py)."""
+        """The secondary's compile of the same constraint, to steer by (None when it has no DFA
+        form); for a context-free grammar, of its nesting-bounded regular subset (cfg_regex.py)."""
         if not self.shadow:
             return None
         if kind in CFG_KINDS:  # lark reads the grammar on a worker thread, not the scheduler's
@@ -116,7 +120,8 @@ class FallbackBackend:
 
 
 class FallbackFuture:
-    """The primary's compile; on its failure, the secondary's. Polled by the scheduler (done, then result)."""
+    """The primary's compile; on its failure, the secondary's. Polled by the scheduler (done, then
+    result)."""
 
     def __init__(self, backend: FallbackBackend, kind: str, spec: Any, first: Any, second: Any):
         self._backend, self._kind, self._spec = backend, kind, spec
@@ -126,9 +131,10 @@ class FallbackFuture:
         self._first_error: GrammarError | None = None
 
     def done(self) -> bool:
-        """Ready once the grammar AND its steering shadow are (or the shadow failed: then unsteered). A request
-        never decodes before its steering is known: a shadow that arrived late found the budget already spent
-        past the shortest completion (the budget-valid guarantee held only when the shadow's compile was quick)."""
+        """Ready once the grammar AND its steering shadow are (or the shadow failed: then
+        unsteered). A request never decodes before its steering is known: a shadow that arrived late
+        found the budget already spent past the shortest completion (the budget-valid guarantee held
+        only when the shadow's compile was quick)."""
         if self._state is not None:
             return self._shadow is None or self._shadow.done()
         if self._second is None:
@@ -136,7 +142,8 @@ class FallbackFuture:
                 return False
             try:
                 self._state = self._first.result()
-            except Exception as e:  # noqa: BLE001 - whatever the first backend raised, the second may serve it
+            except Exception as e:  # noqa: BLE001
+                # whatever the first backend raised, the second may serve it
                 self._first_error = (
                     e if isinstance(e, GrammarError) else GrammarError(f"{type(e).__name__}: {e}")
                 )
@@ -150,8 +157,9 @@ class FallbackFuture:
                 return self._second.done()
             self._shadow = self._backend.shadow_for(self._kind, self._spec)
             if self._shadow is not None:
-                # a grammar's shadow is only its nesting-bounded part: the output is kept inside it (confined), since
-                # output that nests deeper could no longer be steered to a valid close
+                # a grammar's shadow is only its nesting-bounded part: the output is kept inside it
+                # (confined), since output that nests deeper could no longer be steered to a valid
+                # close
                 self._state.follow(self._shadow, confine=self._kind in CFG_KINDS)
             return self._shadow is None or self._shadow.done()
         return self._second.done()
@@ -173,8 +181,9 @@ class FallbackFuture:
 
 
 class SubsetShadowFuture:
-    """The outlines compile of a grammar's regular subset: done once the regex is built (cfg_regex, on a worker
-    thread) and outlines has compiled it; a grammar with no regular subset gives GrammarError (unsteered)."""
+    """The outlines compile of a grammar's regular subset: done once the regex is built (cfg_regex,
+    on a worker thread) and outlines has compiled it; a grammar with no regular subset gives
+    GrammarError (unsteered)."""
 
     def __init__(self, secondary: Any, regex: Future):
         self._secondary, self._regex, self._compile = secondary, regex, None
@@ -195,8 +204,8 @@ class SubsetShadowFuture:
 
 
 class Shadow:
-    """An outlines GrammarState that follows a request served by llguidance, for budget steering only.
-    Before its compile arrives the tokens are kept, and replayed on it when it does."""
+    """An outlines GrammarState that follows a request served by llguidance, for budget steering
+    only. Before its compile arrives the tokens are kept, and replayed on it when it does."""
 
     def __init__(self, future: Any):
         self._future = future
@@ -213,7 +222,8 @@ class Shadow:
                 self.state = None
 
     def current(self) -> Any:
-        """The shadow state, caught up with every accepted token, or None (not compiled yet, or gone)."""
+        """The shadow state, caught up with every accepted token, or None (not compiled yet, or
+        gone)."""
         if self._pending is not None and self._future.done():
             tokens, self._pending = self._pending, None
             try:
@@ -226,7 +236,8 @@ class Shadow:
 
 
 class IntersectMask:
-    """llguidance's mask AND the shadow's steered tokens (llguidance's alone if that leaves nothing)."""
+    """llguidance's mask AND the shadow's steered tokens (llguidance's alone if that leaves
+    nothing)."""
 
     ended = False
 
@@ -241,7 +252,8 @@ class IntersectMask:
         self.steered.write_bits(steer)
         steer_np = steer.numpy()[: words.numel()]
         both = words.numpy() & steer_np
-        # steered to EOS alone (accepting, no token fits): then EOS is the only pick, not llguidance's mask
+        # steered to EOS alone (accepting, no token fits): then EOS is the only pick, not
+        # llguidance's mask
         only_eos = not steer_np.any() and self.steered.eos_open() and self.served.eos_open()
         if both.any() or only_eos:
             np.copyto(words.numpy(), both)

@@ -1,19 +1,20 @@
-"""The llguidance grammar backend (`--grammar-backend llguidance`; PyPI `llguidance`): the same interface as
-GrammarBackend (validate, request -> a future of a per-request state; states write mask rows, accept
-tokens, say when they end and draft forced tokens), on llguidance's Earley parser instead of a DFA.
+"""The llguidance grammar backend (`--grammar-backend llguidance`; PyPI `llguidance`): the same
+interface as GrammarBackend (validate, request -> a future of a per-request state; states write mask
+rows, accept tokens, say when they end and draft forced tokens), on llguidance's Earley parser
+instead of a DFA.
 
 Why a second backend: context-free grammars (`ebnf`, Lark), JSON of any depth for `json_object`, and
-llguidance's own JSON-schema compiler. Grammars are built lazily by llguidance, so a matcher is created
-in microseconds to milliseconds on a worker thread (a deadline as for outlines compiles); llguidance
-bounds its own work per token (its parser limits), so one grammar cannot stall the step.
+llguidance's own JSON-schema compiler. Grammars are built lazily by llguidance, so a matcher is
+created in microseconds to milliseconds on a worker thread (a deadline as for outlines compiles);
+llguidance bounds its own work per token (its parser limits), so one grammar cannot stall the step.
 
-Spec -> grammar: regex and choices -> its regex grammar (Rust regex syntax, as ours); json_schema with
-the whitespace outlines is given ("[ ]?" between tokens) and declared keys only where the schema is silent
-(json_schema/strict.py, as outlines and xgrammar's strict mode) and no format names outside JSON Schema's
-(json_schema/formats.py: annotations, which llguidance would refuse); json_object (the internal kind) -> any JSON object
-with bounded whitespace (the OpenAI routes send their own depth-bounded Lark grammar as ebnf instead);
-ebnf (GBNF, SGLang's parameter) and lark -> its Lark grammar; tool_call_grammar -> the regex of
-tool_call_regex.py.
+Spec -> grammar: regex and choices -> its regex grammar (Rust regex syntax, as ours); json_schema
+with the whitespace outlines is given ("[ ]?" between tokens) and declared keys only where the
+schema is silent (json_schema/strict.py, as outlines and xgrammar's strict mode) and no format names
+outside JSON Schema's (json_schema/formats.py: annotations, which llguidance would refuse);
+json_object (the internal kind) -> any JSON object with bounded whitespace (the OpenAI routes send
+their own depth-bounded Lark grammar as ebnf instead); ebnf (GBNF, SGLang's parameter) and lark ->
+its Lark grammar; tool_call_grammar -> the regex of tool_call_regex.py.
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ def available() -> bool:
 
 
 def grammar_for(key: tuple, strict: bool = True) -> str:
-    """The llguidance grammar (its serialized form) of a grammar key; GrammarError if it cannot be built.
-    strict: json_schema objects take only their declared keys where the schema is silent."""
+    """The llguidance grammar (its serialized form) of a grammar key; GrammarError if it cannot be
+    built. strict: json_schema objects take only their declared keys where the schema is silent."""
     from llguidance import LLMatcher
     from llguidance.gbnf_to_lark import any_to_lark
 
@@ -149,7 +150,8 @@ class LLGuidanceBackend:
 
 
 class _Position:
-    """The mask at a draft position (after some forced tokens), computed on a copy of the matcher."""
+    """The mask at a draft position (after some forced tokens), computed on a copy of the
+    matcher."""
 
     ended = False
 
@@ -229,9 +231,9 @@ class LLGState(EosGate):
         return position if steered is None else IntersectMask(position, steered)
 
     def for_budget(self, budget: int) -> Any:
-        """llguidance's Earley parser gives no shortest completion to steer by; under --grammar-backend auto
-        an outlines shadow of the same grammar steers (fallback.py), else an unfinished request ends
-        marked incomplete."""
+        """llguidance's Earley parser gives no shortest completion to steer by; under
+        --grammar-backend auto an outlines shadow of the same grammar steers (fallback.py), else an
+        unfinished request ends marked incomplete."""
         shadow = (
             self.shadow.current() if self.shadow is not None and not self._eos_accepted else None
         )
@@ -241,14 +243,16 @@ class LLGState(EosGate):
         return self if steered is shadow and not self.confine else IntersectMask(self, steered)
 
     def follow(self, shadow_future: Any, confine: bool = False) -> None:
-        """Steer by the outlines compile of the same grammar once it arrives (fallback.Shadow). confine: keep
-        every pick inside the shadow's language, not only near the end of the budget (a grammar's shadow is
-        its nesting-bounded subset: output nested deeper could not be steered to a close any more)."""
+        """Steer by the outlines compile of the same grammar once it arrives (fallback.Shadow).
+        confine: keep every pick inside the shadow's language, not only near the end of the budget
+        (a grammar's shadow is its nesting-bounded subset: output nested deeper could not be steered
+        to a close any more)."""
         self.shadow = Shadow(shadow_future)
         self.confine = confine
 
     def draft(self, max_tokens: int) -> tuple[list[int], list[_Position]]:
-        """The tokens the grammar forces from here (llguidance's fast-forward), and the mask after each."""
+        """The tokens the grammar forces from here (llguidance's fast-forward), and the mask after
+        each."""
         if (
             not self.jump_forward
             or self._eos_accepted

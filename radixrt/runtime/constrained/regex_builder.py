@@ -72,7 +72,8 @@ def _digits_fixed(lo: str, hi: str) -> str:
 
 
 def _nonneg_range(lo: int, hi: int | None) -> str | None:
-    """Canonical decimal spellings (no leading zeros) of the integers in [lo, hi]; hi None = unbounded."""
+    """Canonical decimal spellings (no leading zeros) of the integers in [lo, hi]; hi None =
+    unbounded."""
     assert lo >= 0
     if hi is not None and hi < lo:
         return None
@@ -90,7 +91,8 @@ def _nonneg_range(lo: int, hi: int | None) -> str | None:
 
 
 def integer_range_regex(lo: int | None, hi: int | None) -> str | None:
-    """JSON integers in [lo, hi] (either end may be None = unbounded); None if the range is empty."""
+    """JSON integers in [lo, hi] (either end may be None = unbounded); None if the range is
+    empty."""
     if lo is not None and hi is not None and lo > hi:
         return None
     parts = []
@@ -172,7 +174,8 @@ def _split(x: Decimal) -> tuple[int, str]:
 
 
 def _magnitude_range(lo: Decimal, hi: Decimal | None, k: int) -> str | None:
-    """Unsigned decimals (no exponent, <= k fraction digits) with lo <= value <= hi (hi None = unbounded)."""
+    """Unsigned decimals (no exponent, <= k fraction digits) with lo <= value <= hi (hi None =
+    unbounded)."""
     lo_int, lo_frac = _split(lo)
     any_frac = (True, f"[0-9]{{1,{k}}}")
     if hi is None:
@@ -246,11 +249,17 @@ _MONTH_DAY = (
 )
 _LEAP_DAY = "(?:[1-9][0-9](?:0[48]|[2468][048]|[13579][26])|(?:[2468][048]|[13579][26])00)-02-29"
 _DATE = f"(?:{_YEAR}-{_MONTH_DAY}|{_LEAP_DAY})"
-_TIME = "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]{1,6})?(?:Z|[+\\-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
+_TIME = (
+    "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]{1,6})?"
+    "(?:Z|[+\\-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
+)
 _LABEL = "[a-zA-Z0-9](?:[a-zA-Z0-9\\-]{0,61}[a-zA-Z0-9])?"
 _HOST = f"{_LABEL}(?:\\.{_LABEL}){{0,2}}"
 _PCHAR = "(?:[a-zA-Z0-9\\-._~!$&'()*+,;=:@]|%[0-9A-F]{2})"
-_URI = f"https?://{_HOST}(?::[1-9][0-9]{{0,3}})?(?:/{_PCHAR}*)*(?:\\?(?:{_PCHAR}|[/?])*)?(?:#(?:{_PCHAR}|[/?])*)?"
+_URI = (
+    f"https?://{_HOST}(?::[1-9][0-9]{{0,3}})?(?:/{_PCHAR}*)*"
+    f"(?:\\?(?:{_PCHAR}|[/?])*)?(?:#(?:{_PCHAR}|[/?])*)?"
+)
 _OCTET = "(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 _HEX = "[0-9a-f]"
 
@@ -258,7 +267,9 @@ FORMATS = {
     "date": _DATE,
     "time": _TIME,
     "date-time": f"{_DATE}T{_TIME}",
-    "email": f"[a-zA-Z0-9_%+\\-]+(?:\\.[a-zA-Z0-9_%+\\-]+)*@{_LABEL}(?:\\.{_LABEL})*\\.[a-zA-Z]{{2,6}}",
+    "email": (
+        f"[a-zA-Z0-9_%+\\-]+(?:\\.[a-zA-Z0-9_%+\\-]+)*@{_LABEL}(?:\\.{_LABEL})*\\.[a-zA-Z]{{2,6}}"
+    ),
     "hostname": _HOST,
     "ipv4": f"{_OCTET}(?:\\.{_OCTET}){{3}}",
     "ipv6": f"(?:{_HEX}{{1,4}}:){{7}}{_HEX}{{1,4}}",

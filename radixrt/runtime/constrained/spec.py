@@ -1,4 +1,5 @@
-"""A constraint as the grammar backend keys it, and its regex. No torch: compile workers import this.
+"""A constraint as the grammar backend keys it, and its regex. No torch: compile workers import
+this.
 
 The key is canonical (a JSON schema re-serialised), so equal specs share one compiled grammar.
 A schema is bounded before any normalisation runs: nesting depth and node count (a schema that
@@ -99,6 +100,7 @@ def spec_regex(key: tuple) -> str:
         return tool_call_regex(json.loads(spec))
     if kind in CFG_KINDS:
         raise GrammarError(
-            f"{kind} is a context-free grammar: it needs the llguidance backend (pip install llguidance)"
+            f"{kind} is a context-free grammar: it needs the llguidance backend "
+            "(pip install llguidance)"
         )
     return json_object_regex(JSON_OBJECT_DEPTH)

@@ -57,9 +57,10 @@ class CompiledGrammar:
         return f
 
     def write_state_bits(self, state: int, words: torch.Tensor) -> None:
-        """The mask of any state, built from the index (no Guide needs to stand there), for positions
-        along a jump-forward draft. Heavy states share the cached rows; a light state keeps only its
-        allowed ids (a few bytes each, where a row costs vocab/8), so caching every draft state stays small."""
+        """The mask of any state, built from the index (no Guide needs to stand there), for
+        positions along a jump-forward draft. Heavy states share the cached rows; a light state
+        keeps only its allowed ids (a few bytes each, where a row costs vocab/8), so caching every
+        draft state stays small."""
         if self.facts(state)[1] >= HEAVY_STATE_TOKENS:
             row = self._rows.get(state)
             if row is None:
@@ -93,9 +94,9 @@ class CompiledGrammar:
 
 
 class EosGate:
-    """What a per-request grammar state of any backend shares: the EOS ids are allowed exactly where the
-    grammar accepts, EOS is taken at most once, and after it nothing is allowed. A backend subclass gives
-    is_final, _write_allowed (its mask row) and _advance (one non-EOS token)."""
+    """What a per-request grammar state of any backend shares: the EOS ids are allowed exactly where
+    the grammar accepts, EOS is taken at most once, and after it nothing is allowed. A backend
+    subclass gives is_final, _write_allowed (its mask row) and _advance (one non-EOS token)."""
 
     description: str
     eos_token_ids: list[int]
@@ -194,15 +195,16 @@ class GrammarState(EosGate):
         return self.compiled.index.is_final_state(state) and not self.compiled.facts(state)[0]
 
     def draft(self, max_tokens: int) -> tuple[list[int], list[int]]:
-        """Forced tokens from here and the state after each (not accepted); ([], []) when off or none."""
+        """Forced tokens from here and the state after each (not accepted); ([], []) when off or
+        none."""
         if self.drafter is None or self._eos_accepted or max_tokens <= 0:
             return [], []
         ids, states = self.drafter.draft(self.compiled, self.guide.get_state())
         return ids[:max_tokens], states[:max_tokens]
 
     def at(self, state: int, budget: int) -> "StateMask | SteeredMask":
-        """The mask source of another state of this grammar (a position along a draft), `budget` picks
-        left there."""
+        """The mask source of another state of this grammar (a position along a draft), `budget`
+        picks left there."""
         steered = self.steered_at(state, budget)
         return (
             steered if steered is not None else StateMask(self.compiled, state, self.eos_token_ids)
@@ -217,7 +219,8 @@ class GrammarState(EosGate):
         return steered if steered is not None else self
 
     def steered_at(self, state: int, budget: int) -> SteeredMask | None:
-        """The steered mask at `state` with `budget` picks left, or None where steering removes nothing."""
+        """The steered mask at `state` with `budget` picks left, or None where steering removes
+        nothing."""
         steering = self.compiled.steering
         if steering is None or not steering.engages(state, budget):
             return None

@@ -1,11 +1,11 @@
 """SGLang's `structural_tag` sampling parameter: free text in which tagged segments follow a schema.
 
-SGLang's form: `{"type": "structural_tag", "structures": [{"begin": "<function=f>", "schema": {...}, "end":
-"</function>"}, ...], "triggers": ["<function="]}`. Text is free until a trigger appears; from there the segment
-must be one of the structures whose begin starts with that trigger: its begin, a JSON value of its schema, its
-end; then free text again. That is llguidance's StructTag (lazy lexemes): the spec becomes a Lark grammar that
-llguidance serves as an `ebnf` constraint. xgrammar's newer `{"type": "structural_tag", "format": ...}` form is
-refused by name.
+SGLang's form: `{"type": "structural_tag", "structures": [{"begin": "<function=f>", "schema": {...},
+"end": "</function>"}, ...], "triggers": ["<function="]}`. Text is free until a trigger appears;
+from there the segment must be one of the structures whose begin starts with that trigger: its
+begin, a JSON value of its schema, its end; then free text again. That is llguidance's StructTag
+(lazy lexemes): the spec becomes a Lark grammar that llguidance serves as an `ebnf` constraint.
+xgrammar's newer `{"type": "structural_tag", "format": ...}` form is refused by name.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from typing import Any
 # a request's spec is read at the edge, again by the scheduler, then served
 @functools.lru_cache(maxsize=256)
 def structural_tag_grammar(spec: str) -> str:
-    """The Lark grammar (llguidance's dialect) of a structural_tag spec; ValueError naming what is wrong."""
+    """The Lark grammar (llguidance's dialect) of a structural_tag spec; ValueError naming what is
+    wrong."""
 
     def bad(what: str) -> ValueError:
         return ValueError(f"sampling parameter structural_tag {what}")
@@ -31,7 +32,8 @@ def structural_tag_grammar(spec: str) -> str:
         raise bad("must be a JSON object")
     if "format" in tag:
         raise bad(
-            'in the {"format": ...} form is not supported; give {"structures": [...], "triggers": [...]}'
+            'in the {"format": ...} form is not supported; '
+            'give {"structures": [...], "triggers": [...]}'
         )
     structures, triggers = tag.get("structures"), tag.get("triggers")
     if not (

@@ -18,7 +18,8 @@ _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
 @functools.cache
 def unicode_to_byte() -> dict[str, int]:
-    """Inverse of GPT-2's bytes_to_unicode: printable bytes map to themselves, the rest to U+0100+."""
+    """Inverse of GPT-2's bytes_to_unicode: printable bytes map to themselves, the rest to
+    U+0100+."""
     printable = (
         list(range(ord("!"), ord("~") + 1))
         + list(range(ord("¡"), ord("¬") + 1))

@@ -35,7 +35,8 @@ req's KV up to `target` positions, its table row written from write_start, after
 
 @dataclass
 class PrefixMatch:
-    """A waiting request's cached prefix: pool pages ending at `node`, then nodes only in the tier."""
+    """A waiting request's cached prefix: pool pages ending at `node`, then nodes only in the
+    tier."""
 
     pages: list[int]
     node: TreeNode
@@ -49,13 +50,14 @@ class PrefixMatch:
 
 
 def fork_donor(req: Req, running: list[Req], cached: int, page_size: int) -> Req | None:
-    """A running request with the same prompt whose KV covers all of it but the last token, when the tree
-    supplied every whole page of that (cached) and a partial page remains: req then copies the donor's
-    partial page instead of recomputing its tokens, and computes only the last prompt token (for its own
-    logits and seed). This is how the `n` samples of one prompt (request_edge.expand_n) share its prefill:
-    the first one computes the prompt, the others wait for it (shares_inflight_prefix) and fork. The copy
-    is made in the step that admits req, before its first write into that page, so no page is ever written
-    by two requests and pages need no reference count."""
+    """A running request with the same prompt whose KV covers all of it but the last token, when the
+    tree supplied every whole page of that (cached) and a partial page remains: req then copies the
+    donor's partial page instead of recomputing its tokens, and computes only the last prompt token
+    (for its own logits and seed). This is how the `n` samples of one prompt (request_edge.expand_n)
+    share its prefill: the first one computes the prompt, the others wait for it
+    (shares_inflight_prefix) and fork. The copy is made in the step that admits req, before its
+    first write into that page, so no page is ever written by two requests and pages need no
+    reference count."""
     prompt = req.origin_input_ids
     last = len(prompt) - 1
     if (
@@ -79,8 +81,9 @@ def fork_donor(req: Req, running: list[Req], cached: int, page_size: int) -> Req
 
 
 def waits_to_fork(req: Req, inflight: list[list[int]], page_size: int) -> bool:
-    """The same prompt is being prefilled this step: wait one step and fork from it (fork_donor), whatever
-    the length of the part still uncached (shares_inflight_prefix waits only for long ones)."""
+    """The same prompt is being prefilled this step: wait one step and fork from it (fork_donor),
+    whatever the length of the part still uncached (shares_inflight_prefix waits only for long
+    ones)."""
     return page_size > 1 and not req.admitted and req.fill_ids in inflight
 
 
@@ -222,8 +225,8 @@ class Admission:
     def _take(
         self, req: Req, match: PrefixMatch, target: int, donor: Req | None
     ) -> tuple[tuple[int, int], ...]:
-        """req borrows the (locked) match and gets pages up to target, and a row; forking from donor,
-        it copies the donor's partial page. Returns the page copies."""
+        """req borrows the (locked) match and gets pages up to target, and a row; forking from
+        donor, it copies the donor's partial page. Returns the page copies."""
         self.memory.take(req, match.pages, match.node)
         if wants_prompt_logprobs(req):
             req.input_logprobs = req.input_top_logprobs = None  # a resumed prefill scores them anew
@@ -245,8 +248,8 @@ class Admission:
 
     @staticmethod
     def collect_grammars(waiting: list[Req], check_fault: Callable, fail: Callable) -> None:
-        """Waiting requests whose grammar compile finished get it (then they can be admitted), or fail
-        alone: 400 when the grammar was refused (a ValueError), 500 for anything else."""
+        """Waiting requests whose grammar compile finished get it (then they can be admitted), or
+        fail alone: 400 when the grammar was refused (a ValueError), 500 for anything else."""
         for req in list(waiting):
             fut = req.grammar_future
             if fut is None or not fut.done():

@@ -19,9 +19,9 @@ from radixrt.runtime.core.scheduler_stats import SchedulerStats
 
 
 def next_draft(req: Req, config: ServerConfig) -> tuple[list[int], list[int]]:
-    """(draft ids, grammar states after each) to verify next step: the text the grammar forces, else a
-    prompt-lookup guess when --speculative-algorithm ngram. output_ids + draft + one pick stay within
-    max_new_tokens."""
+    """(draft ids, grammar states after each) to verify next step: the text the grammar forces, else
+    a prompt-lookup guess when --speculative-algorithm ngram. output_ids + draft + one pick stay
+    within max_new_tokens."""
     room = req.sampling.max_new_tokens - len(req.output_ids) - 1
     if req.grammar is not None:
         return req.grammar.draft(room)

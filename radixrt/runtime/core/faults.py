@@ -1,8 +1,9 @@
-"""Fault injection, for the isolation tests: raise inside a chosen stage of the scheduler for a chosen
-request, as a bug in that stage would.
+"""Fault injection, for the isolation tests: raise inside a chosen stage of the scheduler for a
+chosen request, as a bug in that stage would.
 
-Off unless the environment names faults: RADIXRT_FAULT_INJECTION="stage:token_id[,stage:token_id...]".
-A request whose prompt contains token_id raises InjectedFault in that stage. Stages:
+Off unless the environment names faults:
+RADIXRT_FAULT_INJECTION="stage:token_id[,stage:token_id...]". A request whose prompt contains
+token_id raises InjectedFault in that stage. Stages:
   intake   while the scheduler takes the request in
   grammar  while its compiled grammar is collected
   plan     while its decode item is planned (drafts, sampling rows)

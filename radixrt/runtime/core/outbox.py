@@ -12,7 +12,8 @@ class Outbox:
         self._outs: list[TokenOut] = []
 
     def emit(self, req: Req) -> None:
-        """Queue req's delta: the output ids not yet sent, its finish reason and error if it ended."""
+        """Queue req's delta: the output ids not yet sent, its finish reason and error if it
+        ended."""
         new_ids = req.output_ids[req.num_sent :]
         first = req.num_sent
         req.num_sent = len(req.output_ids)

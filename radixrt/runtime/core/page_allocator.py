@@ -19,9 +19,9 @@ class PageAllocator:
             )
         self.num_pages = num_pages
         self.page_size = page_size
-        # a min-heap: the lowest free ids go first, in ascending order, so a request's pages tend to be
-        # consecutive even after the pool has churned, and the CPU attention reads such a run in place
-        # (a shared prefix needs no gather; attention_torch_plan.py). O(log n) per page.
+        # a min-heap: the lowest free ids go first, in ascending order, so a request's pages tend to
+        # be consecutive even after the pool has churned, and the CPU attention reads such a run in
+        # place (a shared prefix needs no gather; attention_torch_plan.py). O(log n) per page.
         self._free: list[int] = list(range(num_pages))
         self._is_free = bytearray(b"\x01") * num_pages
 

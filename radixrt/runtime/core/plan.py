@@ -79,22 +79,25 @@ class ItemResult:
     # logprobs of fill_ids[p] for the prompt positions p this step scored, in order
     prompt_logprobs: list[tuple[float | None, int]] | None = None
     prompt_top_logprobs: list[list[tuple[float, int]]] | None = None
-    # a draft item: the picks at the positions after each draft token (next_id above is the first pick)
+    # a draft item: the picks at the positions after each draft token (next_id above is the first
+    # pick)
     draft_results: list["ItemResult"] | None = None
 
 
 class PlanItemError(RuntimeError):
-    """A step failed because of particular items (their indices in the plan): only their requests fail;
-    the step's other requests simply run it again."""
+    """A step failed because of particular items (their indices in the plan): only their requests
+    fail; the step's other requests simply run it again."""
 
     def __init__(self, indices: list[int], message: str, status: int = 500):
         super().__init__(message)
         self.indices = list(indices)
-        self.status = status  # 4xx: the requests asked for something impossible (their fault, not the server's)
+        # 4xx: the requests asked for something impossible (their fault, not the server's)
+        self.status = status
 
 
 class Runner(Protocol):
-    """What the scheduler needs from a model runner (model/model_runner.ModelRunner, or a test's fake)."""
+    """What the scheduler needs from a model runner (model/model_runner.ModelRunner, or a test's
+    fake)."""
 
     tokenizer: Any
     model_path: str
@@ -110,8 +113,8 @@ class Runner(Protocol):
     exit_on_rank_loss: bool  # a lost tensor parallel rank ends the process (the scheduler process)
 
     def run(self, plan: list[PlanItem], mask_sources: list[Any]) -> list[ItemResult]:
-        """One forward over the plan and its picks; mask_sources[k] fills the mask of rows with mask k.
-        Raises PlanItemError naming the items at fault."""
+        """One forward over the plan and its picks; mask_sources[k] fills the mask of rows with mask
+        k. Raises PlanItemError naming the items at fault."""
         ...
 
     def make_kv_tier(self, config: Any) -> Any:

@@ -33,7 +33,8 @@ class PromptLookup:
         self._backoff = 1
 
     def propose(self, tokens: list[int], limit: int) -> list[int]:
-        """Up to min(num_draft, limit) tokens to try after `tokens` (the request's prompt + output)."""
+        """Up to min(num_draft, limit) tokens to try after `tokens` (the request's prompt +
+        output)."""
         n_tok = len(tokens)
         self._index(
             tokens, n_tok - 1
@@ -53,7 +54,8 @@ class PromptLookup:
         return []
 
     def record(self, num_drafted: int, num_accepted: int) -> None:
-        """The verdict on the last draft: a draft that missed at its first token doubles the wait."""
+        """The verdict on the last draft: a draft that missed at its first token doubles the
+        wait."""
         if num_accepted == 0 and num_drafted:
             self._wait = self._backoff
             self._backoff = min(self._backoff * 2, MAX_BACKOFF_STEPS)

@@ -1,12 +1,12 @@
 """Token-keyed radix tree over KV pages: match, insert, lock, LRU leaf eviction.
 
-An edge is a run of token ids whose length is a multiple of page_size; its node holds
-the page ids of that run (one per page), so the tree only ever shares whole pages: a
-partially filled page is private to the request that writes it. Requests borrow a path
-read-only and pin it with a lock; only unlocked leaves are evicted, least recently used
-first. No tensors here: ints and lists only, so this is tested without a model. With a second cache tier
-(tiered_cache.py, a subclass) a node may hold its KV only there (`value` None): match_prefix stops before
-such a node, insert gives it the caller's pages, eviction calls the _evict_node / _evicted hooks.
+An edge is a run of token ids whose length is a multiple of page_size; its node holds the page ids
+of that run (one per page), so the tree only ever shares whole pages: a partially filled page is
+private to the request that writes it. Requests borrow a path read-only and pin it with a lock; only
+unlocked leaves are evicted, least recently used first. No tensors here: ints and lists only, so
+this is tested without a model. With a second cache tier (tiered_cache.py, a subclass) a node may
+hold its KV only there (`value` None): match_prefix stops before such a node, insert gives it the
+caller's pages, eviction calls the _evict_node / _evicted hooks.
 """
 
 from __future__ import annotations
@@ -87,9 +87,9 @@ class RadixCache:
         enter: Callable[[TreeNode], bool],
     ) -> Iterator[TreeNode]:
         """The one descent of match_prefix, match_tier and insert: follow token_ids[pos:end] (whole
-        pages) down from node, `pos` tokens deep. Each child that `enter(child)` accepts has its edge
-        split where the match ends inside it (so the node yielded ends exactly at the match), is
-        stamped for LRU, and is yielded; the walk stops before a missing or refused child. The
+        pages) down from node, `pos` tokens deep. Each child that `enter(child)` accepts has its
+        edge split where the match ends inside it (so the node yielded ends exactly at the match),
+        is stamped for LRU, and is yielded; the walk stops before a missing or refused child. The
         caller counts positions: each yielded node covers len(node.key) tokens."""
         self._clock += 1
         self._now = time.time()
@@ -173,8 +173,9 @@ class RadixCache:
         return self._insert(token_ids, page_ids)[0]
 
     def record_hit(self, node: TreeNode) -> None:
-        """A request was admitted with the cached prefix ending at node: count it on every node of that
-        path (O(matched nodes); match_prefix split the last edge, so the path covers whole edges)."""
+        """A request was admitted with the cached prefix ending at node: count it on every node of
+        that path (O(matched nodes); match_prefix split the last edge, so the path covers whole
+        edges)."""
         while node is not None and node is not self.root:
             node.hits += 1
             node = node.parent
@@ -234,7 +235,8 @@ class RadixCache:
         self.allocator.free(node.value)
 
     def _evicted(self) -> None:
-        """Called once an eviction is over (the second tier writes what it demoted then, in one batch)."""
+        """Called once an eviction is over (the second tier writes what it demoted then, in one
+        batch)."""
 
     # ---- whole-tree operations -----------------------------------------------------
 
@@ -266,7 +268,8 @@ class RadixCache:
 
     def pretty_print(self) -> str:
         lines = [
-            f"{'  ' * (depth - 1)}{n.key} pages={n.value} host={n.host_value} lock={n.lock_ref} t={n.last_access}"
+            f"{'  ' * (depth - 1)}{n.key} pages={n.value} host={n.host_value} "
+            f"lock={n.lock_ref} t={n.last_access}"
             for n, depth in self._walk_sorted(self.root, 0)
         ]
         return "\n".join(

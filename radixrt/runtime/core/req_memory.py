@@ -1,4 +1,5 @@
-"""The memory of running requests: their pages, their table rows, and the radix tree they borrow from.
+"""The memory of running requests: their pages, their table rows, and the radix tree they borrow
+from.
 
 A running request's first `cached_len` tokens are pages of the tree (locked through `last_node`);
 the pages after them it owns. Everything that moves pages between the allocator, the tree and a
@@ -22,13 +23,15 @@ class ReqMemory:
         self.page_size = allocator.page_size
 
     def take(self, req: Req, pages: list[int], node: object) -> None:
-        """Admission: req borrows `pages` (locked through node, already locked) and gets a table row."""
+        """Admission: req borrows `pages` (locked through node, already locked) and gets a table
+        row."""
         req.page_ids, req.last_node = list(pages), node
         req.cached_len = req.kv_len = len(pages) * self.page_size
         req.table_row = self.rows.alloc()
 
     def grow(self, req: Req, num_tokens: int, evict: bool = True) -> bool:
-        """Make req's pages cover num_tokens positions, evicting from the tree if needed (and allowed)."""
+        """Make req's pages cover num_tokens positions, evicting from the tree if needed (and
+        allowed)."""
         need = self.allocator.pages_for(num_tokens) - len(req.page_ids)
         if need <= 0:
             return True
@@ -46,15 +49,17 @@ class ReqMemory:
         req.kv_len = kv_len
 
     def trim(self, req: Req) -> None:
-        """Give back pages grown for positions past the request's tokens (a draft that was not taken)."""
+        """Give back pages grown for positions past the request's tokens (a draft that was not
+        taken)."""
         keep = self.allocator.pages_for(req.seq_len)
         if len(req.page_ids) > keep:
             self.allocator.free(req.page_ids[keep:])
             del req.page_ids[keep:]
 
     def fork(self, req: Req, donor: Req) -> tuple[int, int]:
-        """req forks from donor (admission.fork_donor): it copies the donor's partial last prompt page,
-        and the positions before its last prompt token count as computed. (donor's page, req's page)."""
+        """req forks from donor (admission.fork_donor): it copies the donor's partial last prompt
+        page, and the positions before its last prompt token count as computed. (donor's page, req's
+        page)."""
         req.kv_len = req.seq_len - 1
         page = req.kv_len // self.page_size
         return donor.page_ids[page], req.page_ids[page]
@@ -71,7 +76,8 @@ class ReqMemory:
 
     def cache_unfinished(self, req: Req, token_ids: list[int]) -> None:
         """share, given req's computed tokens: its whole pages go into the tree and it now borrows
-        them, its duplicates of pages already there swapped for the tree's (its row is then stale)."""
+        them, its duplicates of pages already there swapped for the tree's (its row is then
+        stale)."""
         if self.tree.disable:
             return
         aligned_len = self._insert(req, token_ids)
@@ -87,8 +93,8 @@ class ReqMemory:
         req.cached_len, req.last_node = aligned_len, new_last
 
     def cache_finished(self, req: Req, token_ids: list[int]) -> None:
-        """release's memory part, given req's computed tokens: its KV goes into the tree, the rest of
-        its pages back to the allocator; req ends with no pages and no lock."""
+        """release's memory part, given req's computed tokens: its KV goes into the tree, the rest
+        of its pages back to the allocator; req ends with no pages and no lock."""
         if self.tree.disable:
             assert req.cached_len == 0
             self.allocator.free(req.page_ids)
@@ -119,8 +125,9 @@ class ReqMemory:
 
     @staticmethod
     def table_write_start(req: Req) -> int:
-        """First position whose slot goes into the req's table row this step: all of them when the row
-        is stale (a new row, pages swapped for the tree's, a failed step), else the new positions."""
+        """First position whose slot goes into the req's table row this step: all of them when the
+        row is stale (a new row, pages swapped for the tree's, a failed step), else the new
+        positions."""
         return 0 if req.table_stale else req.kv_len
 
     @staticmethod

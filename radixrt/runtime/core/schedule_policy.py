@@ -21,13 +21,14 @@ NEW_TOKEN_RESERVE_RATIO = 0.3
 # Jump-forward draft tokens fed in one step, over all requests: each one costs a logits row and a
 # sampled pick, so a wide batch of drafts must not turn one step into a long prefill.
 MAX_DRAFT_TOKENS_PER_STEP = 256
-# Tokens copied back from the second cache tier that cost the step's prefill budget one token: a copy is
-# far cheaper than computing them (benchmarks/bench_hicache.py measures both), but not free.
+# Tokens copied back from the second cache tier that cost the step's prefill budget one token: a
+# copy is far cheaper than computing them (benchmarks/bench_hicache.py measures both), but not free.
 TIER_LOAD_TOKENS_PER_BUDGET_TOKEN = 16
 
 
 def order_waiting(waiting: list[Req], match_len: dict[int, int], policy: str) -> list[Req]:
-    """Longest cached prefix first ('lpm'), else arrival order. match_len: id(req) -> cached tokens."""
+    """Longest cached prefix first ('lpm'), else arrival order. match_len: id(req) -> cached
+    tokens."""
     if policy == "lpm" and len(waiting) <= LPM_MAX_QUEUE:
         # stable sort: ties keep arrival order, and a program's requests stay adjacent by program_id
         return sorted(

@@ -95,7 +95,7 @@ class Scheduler(SchedulerAdmin):
             return [refusal(msg, e)]
 
     def get_grammar_backend(self, kind: str = "regex") -> Any:
-        """The grammar backend that serves constraints of `kind` (--grammar-backend; ebnf: llguidance)."""
+        """The grammar backend for constraints of `kind` (--grammar-backend; ebnf: llguidance)."""
         if self.grammar_backends is None:
             raise ValueError("this scheduler was built without grammar backends: no constraints")
         return self.grammar_backends.for_kind(kind)
@@ -149,9 +149,9 @@ class Scheduler(SchedulerAdmin):
         return self.outbox.drain()
 
     def _recover(self, plan: list[tuple[Req, PlanItem]], error: Exception) -> None:
-        """A forward or sampling failed: its culprits (the whole step when it cannot tell) fail; the others
-        run the step again. Nothing was applied, so each request holds the KV it had, but its table row
-        may or may not have been written: rewrite it in full. A broken invariant after this propagates."""
+        """A forward or sampling failed: its culprits (the whole step if it cannot tell) fail; the
+        others rerun it. Nothing was applied, so each request holds its KV, but its table row may or
+        may not have been written: rewrite it in full. A broken invariant after this propagates."""
         culprits = set(error.indices) if isinstance(error, PlanItemError) else set(range(len(plan)))
         status = error.status if isinstance(error, PlanItemError) else 500
         if status >= 500:
@@ -187,8 +187,8 @@ class Scheduler(SchedulerAdmin):
         if not decodes and not extends:
             stuck = self.running or any(r.grammar_future is None for r in self.waiting)
             if stuck and len(self.pins):
-                # nothing can run for want of memory: pinned prefixes are a cache hint, and they yield
-                # (oldest first) to requests that could otherwise never run; the next step retries
+                # nothing can run for want of memory: pinned prefixes (a cache hint) yield, oldest
+                # first, to requests that could otherwise never run; the next step retries
                 log.info("memory is short for the next request: releasing the oldest pinned prefix")
                 self.pins.drop_oldest()
                 self.sessions.expire()

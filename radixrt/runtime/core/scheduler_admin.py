@@ -1,5 +1,5 @@
-"""The Scheduler's admin calls (pins, sessions, flush, the cache view, live figures, integrity): they
-read or release state between steps and never plan a forward."""
+"""The Scheduler's admin calls (pins, sessions, flush, the cache view, live figures, integrity):
+they read or release state between steps and never plan a forward."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ class SchedulerAdmin:
         return self.sessions.close(session_id)
 
     def flush_cache(self) -> bool:
-        """Empty the tree; sessions are a cache hint and end with it, a program's explicit pins refuse it."""
+        """Empty the tree; sessions are a cache hint and end with it, a program's explicit pins
+        refuse it."""
         if self.running:
             return False
         self.sessions.clear()
@@ -103,8 +104,8 @@ class SchedulerAdmin:
         assert (
             len(free) + len(tree_pages) + len(owned) == self.allocator.num_pages == len(all_pages)
         ), (
-            f"pages leaked or shared: free {len(free)} + tree {len(tree_pages)} + owned {len(owned)} "
-            f"!= {self.allocator.num_pages} (distinct {len(all_pages)})"
+            f"pages leaked or shared: free {len(free)} + tree {len(tree_pages)} "
+            f"+ owned {len(owned)} != {self.allocator.num_pages} (distinct {len(all_pages)})"
         )
         if not self.running and not len(self.pins):
             assert self.tree.protected_pages == 0, "locks remain with nothing running or pinned"

@@ -1,11 +1,12 @@
 """Sessions: a multi-turn conversation keeps its last turn pinned in the radix tree.
 
 A request may carry a session_id. When it finishes, its prompt + output (what has KV) is pinned
-(pins.py: within the pool's pin caps) and the session's previous pin is let go, in that order, so the
-part the two turns share never looks free. The next turn, whose prompt extends that text, is then a
-cache hit for all of it even when other traffic has filled the pool. A session ends when it is closed,
-when its pin's ttl passes without a new turn, or when MAX_SESSIONS newer sessions push it out. Per
-session the table counts turns and prompt / cached tokens (its hit rate) for /get_server_info.
+(pins.py: within the pool's pin caps) and the session's previous pin is let go, in that order, so
+the part the two turns share never looks free. The next turn, whose prompt extends that text, is
+then a cache hit for all of it even when other traffic has filled the pool. A session ends when it
+is closed, when its pin's ttl passes without a new turn, or when MAX_SESSIONS newer sessions push it
+out. Per session the table counts turns and prompt / cached tokens (its hit rate) for
+/get_server_info.
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ class SessionTable:
             self._unpin(s)
             s.handle = handle
             s.pinned_tokens = len(token_ids) if handle is not None else 0
-        # refused (over the caps) with an older pin alive: the older turn stays pinned; it is still a
-        # prefix of what comes next
+        # refused (over the caps) with an older pin alive: the older turn stays pinned; it is still
+        # a prefix of what comes next
 
     def close(self, session_id: str) -> bool:
         s = self._sessions.pop(session_id, None)
@@ -65,8 +66,8 @@ class SessionTable:
         return True
 
     def expire(self) -> None:
-        """Forget sessions whose pin is gone (lapsed, or let go for memory); the scheduler calls this only
-        when pins went away, so it is not per-step work."""
+        """Forget sessions whose pin is gone (lapsed, or let go for memory); the scheduler calls
+        this only when pins went away, so it is not per-step work."""
         for sid in [
             sid
             for sid, s in self._sessions.items()

@@ -1,28 +1,31 @@
-"""The second cache tier (--enable-hierarchical-cache, SGLang's HiCache): KV the pool evicts moves to host
-memory or a file instead of being dropped, and a later match copies it back instead of recomputing it.
+"""The second cache tier (--enable-hierarchical-cache, SGLang's HiCache): KV the pool evicts moves
+to host memory or a file instead of being dropped, and a later match copies it back instead of
+recomputing it.
 
-Every node's KV is in the pool (`value`), in the tier (`host_value`), or both. Pool residency is prefix-closed
-(a node in the pool has its parent in the pool), so a match is pool nodes (`match_prefix`) then tier-only
-nodes (`match_tier`), which admission loads back (`load_back`, one batched copy) before the request's extend.
-Eviction from the pool takes the least recently used unlocked node with no child in the pool and demotes it:
-written to the tier unless already there, then its pool pages are free. The tier has its own LRU: for room it
-drops the tier copy of a node still in the pool, or a tier-only leaf, least recently used first; never a node
-being loaded or one whose write is pending.
+Every node's KV is in the pool (`value`), in the tier (`host_value`), or both. Pool residency is
+prefix-closed (a node in the pool has its parent in the pool), so a match is pool nodes
+(`match_prefix`) then tier-only nodes (`match_tier`), which admission loads back (`load_back`, one
+batched copy) before the request's extend. Eviction from the pool takes the least recently used
+unlocked node with no child in the pool and demotes it: written to the tier unless already there,
+then its pool pages are free. The tier has its own LRU: for room it drops the tier copy of a node
+still in the pool, or a tier-only leaf, least recently used first; never a node being loaded or one
+whose write is pending.
 
-Write policies (--hicache-write-policy, SGLang's names): write_back (default) writes a node when the pool
-evicts it, so KV the pool never gives up is never copied; write_through writes a node when it enters the tree
-(eviction is then free, every prefill pays a copy); write_through_selective writes it when a second request
-reuses it.
+Write policies (--hicache-write-policy, SGLang's names): write_back (default) writes a node when the
+pool evicts it, so KV the pool never gives up is never copied; write_through writes a node when it
+enters the tree (eviction is then free, every prefill pays a copy); write_through_selective writes
+it when a second request reuses it.
 
-Swap or recompute: a node of fewer than `min_tokens` tokens is dropped, not written, unless it has tier-only
-children (they are reached through it). A preempted request's KV goes into the tree like a finished one's
-(scheduler._preempt), so it is swapped out when the pool evicts it and loaded back when the request resumes.
+Swap or recompute: a node of fewer than `min_tokens` tokens is dropped, not written, unless it has
+tier-only children (they are reached through it). A preempted request's KV goes into the tree like a
+finished one's (scheduler._preempt), so it is swapped out when the pool evicts it and loaded back
+when the request resumes.
 
 The copies are the store's (model/kv_tier.py; tests use a fake): write(pool_pages, tier_pages) and
-read(tier_pages, pool_pages) -> the index of the first page whose checksum failed, or None. Pages from there
-on are not copied, and their nodes are dropped: corrupt KV is recomputed, never used. Both calls are
-synchronous and the writes an eviction demotes go out in one batch before the evicted pool pages can be
-reused, so no tier page is read while a write to it is in flight.
+read(tier_pages, pool_pages) -> the index of the first page whose checksum failed, or None. Pages
+from there on are not copied, and their nodes are dropped: corrupt KV is recomputed, never used.
+Both calls are synchronous and the writes an eviction demotes go out in one batch before the evicted
+pool pages can be reused, so no tier page is read while a write to it is in flight.
 """
 
 from __future__ import annotations
@@ -90,7 +93,7 @@ class TieredRadixCache(RadixCache):
         # (node, its pool pages) to write in one batch
         self._pending: list[tuple[TreeNode, list[int]]] = []
 
-    # ---- matching into the tier and loading back ---------------------------------------------------
+    # ---- matching into the tier and loading back -------------------------------------------------
 
     def match_tier(self, token_ids: list[int], node: TreeNode, pos: int) -> list[TreeNode]:
         """The tier-only nodes continuing a pool match that ended at `node`, `pos` tokens in (whole
@@ -99,9 +102,9 @@ class TieredRadixCache(RadixCache):
         return list(self._walk(token_ids, aligned_len, node, pos, _tier_only))
 
     def load_back(self, nodes: list[TreeNode]) -> tuple[list[int], TreeNode | None]:
-        """Copy match_tier's nodes into pool pages (evicting others for room; the caller has locked the pool
-        path above them). Returns the pool pages loaded and the last node loaded (None: nothing). A corrupt
-        page ends the load: its node and everything below it are dropped."""
+        """Copy match_tier's nodes into pool pages (evicting others for room; the caller has locked
+        the pool path above them). Returns the pool pages loaded and the last node loaded (None:
+        nothing). A corrupt page ends the load: its node and everything below it are dropped."""
         num_pages = sum(len(n.host_value) for n in nodes)
         for n in nodes:
             n.loading = True
@@ -117,7 +120,7 @@ class TieredRadixCache(RadixCache):
         t0 = time.perf_counter()
         try:
             bad = self.store.read([p for n in nodes for p in n.host_value], pool)
-        except Exception:  # noqa: BLE001 - an unreadable tier (a deleted file, say): recompute, never fail the step
+        except Exception:  # noqa: BLE001 - an unreadable tier (a deleted file): never fail the step
             log.exception("second cache tier: loading %d pages failed; recomputing them", num_pages)
             bad = 0
         elapsed = time.perf_counter() - t0
@@ -141,7 +144,7 @@ class TieredRadixCache(RadixCache):
         st.load_latencies.append(elapsed)
         return pool[:taken], (loaded[-1] if loaded else None)
 
-    # ---- writing to the tier -----------------------------------------------------------------------
+    # ---- writing to the tier ---------------------------------------------------------------------
 
     def _evict_node(self, node: TreeNode) -> None:
         pages, node.value = node.value, None
@@ -194,7 +197,7 @@ class TieredRadixCache(RadixCache):
         return node.host_value is not None
 
     def _make_room(self, num_pages: int) -> None:
-        """Free tier pages, least recently used first: tier copies of pool nodes, then whole tier-only leaves."""
+        """Free tier pages, LRU first: tier copies of pool nodes, then whole tier-only leaves."""
         pending = {id(n) for n, _ in self._pending}
         heap = [
             (n.last_access, n.node_id, n) for n in self._nodes() if self._tier_droppable(n, pending)
@@ -212,7 +215,7 @@ class TieredRadixCache(RadixCache):
                 continue
             parent = node.parent
             self._drop_subtree(node)
-            # a parent only in the tier is a leaf now; one also in the pool was in the heap from the start
+            # a parent only in the tier is now a leaf; one also in the pool was in the heap already
             if (
                 parent is not self.root
                 and parent.value is None
@@ -230,7 +233,7 @@ class TieredRadixCache(RadixCache):
         )
 
     def _drop_subtree(self, node: TreeNode) -> None:
-        """Remove a node whose pool pages are already gone, and everything below it (only in the tier)."""
+        """Remove a node whose pool pages are gone, and everything below it (only in the tier)."""
         del node.parent.children[self._child_key(node.key)]
         stack = [node]
         while stack:
@@ -244,7 +247,7 @@ class TieredRadixCache(RadixCache):
         if self._pending:  # a demoted node whose write was pending went with it: nothing to write
             self._pending = [(n, pages) for n, pages in self._pending if n.host_value is not None]
 
-    # ---- whole-tree operations ---------------------------------------------------------------------
+    # ---- whole-tree operations -------------------------------------------------------------------
 
     def reset(self) -> bool:
         """Flush both tiers (refused while any node is locked)."""
@@ -297,13 +300,13 @@ class TieredRadixCache(RadixCache):
         }
 
 
-# Runs shorter than this are recomputed rather than swapped: at the default page size a whole step's demotions
-# go out in one batched copy, whose fixed cost is about that of computing a few tokens (bench_hicache.py).
+# Shorter runs are recomputed, not swapped: at the default page size a whole step's demotions go out
+# in one batched copy, whose fixed cost is about that of computing a few tokens (bench_hicache.py).
 MIN_SWAP_TOKENS = 4
 
 
 def make_tree(config: Any, allocator: PageAllocator, runner: Any) -> RadixCache:
-    """The scheduler's radix tree: with --enable-hierarchical-cache, over the runner's second tier."""
+    """The scheduler's radix tree: with --enable-hierarchical-cache, on the runner's second tier."""
     if not config.enable_hierarchical_cache:
         return RadixCache(allocator, config.page_size, disable=config.disable_radix_cache)
     return TieredRadixCache(

@@ -1,4 +1,5 @@
-"""A node of the radix tree (radix_cache.py): the edge's token ids, where their KV lives, locks and LRU age."""
+"""A node of the radix tree (radix_cache.py): the edge's token ids, where their KV lives, locks and
+LRU age."""
 
 from __future__ import annotations
 
@@ -28,6 +29,6 @@ class TreeNode:
 
     def __repr__(self) -> str:
         return (
-            f"TreeNode(#{self.node_id}, tokens={len(self.key)}, pages={self.value}, host={self.host_value}, "
-            f"lock={self.lock_ref})"
+            f"TreeNode(#{self.node_id}, tokens={len(self.key)}, pages={self.value}, "
+            f"host={self.host_value}, lock={self.lock_ref})"
         )

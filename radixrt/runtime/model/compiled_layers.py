@@ -1,23 +1,26 @@
 """The layer math as Inductor-compiled graphs: the CPU's analogue of CUDA graphs.
 
-What is compiled: the three pure functions of models/llama_layer.py (the first layer's attention inputs, the
-seam between two attentions, the last layer's tail), with the weights as graph inputs, so one graph serves
-every layer. Attention reads the paged pool with per-step Python metadata and stays outside the graphs, as
-do the embedding and the lm_head. Inside a graph the norms, RoPE, SiLU and the residual adds are fused C++
-loops around the matmuls (torch.ops.radixrt.linear: oneDNN's packed bf16 GEMM or the 4-bit kernel).
+What is compiled: the three pure functions of models/llama_layer.py (the first layer's attention
+inputs, the seam between two attentions, the last layer's tail), with the weights as graph inputs,
+so one graph serves every layer. Attention reads the paged pool with per-step Python metadata and
+stays outside the graphs, as do the embedding and the lm_head. Inside a graph the norms, RoPE, SiLU
+and the residual adds are fused C++ loops around the matmuls (torch.ops.radixrt.linear: oneDNN's
+packed bf16 GEMM or the 4-bit kernel).
 
-How: each function is traced once per bucket to an FX graph (make_fx; symbolic in the token count T for the
-ranges) and compiled by torch._inductor.standalone_compile. The result is called directly, without dynamo:
-dynamo's guard check and frame handling cost ~80 us a call on a small CPU, as much as the fused kernels
-save, and there are 31 calls a step. Inductor's generated wrapper still checks each input's size and stride.
+How: each function is traced once per bucket to an FX graph (make_fx; symbolic in the token count T
+for the ranges) and compiled by torch._inductor.standalone_compile. The result is called directly,
+without dynamo: dynamo's guard check and frame handling cost ~80 us a call on a small CPU, as much
+as the fused kernels save, and there are 31 calls a step. Inductor's generated wrapper still checks
+each input's size and stride.
 
 Buckets of the step's token count T, each compiled once (at start-up, warm_up) and never again:
   one token         T = 1 (a single decode: static shapes)
   small batches     2 <= T <= --torch-compile-max-bs (decode batches; T symbolic, sized for them)
   large steps       T > --torch-compile-max-bs (prefill chunks and mixed steps; T symbolic)
-The compiled graphs are saved under $RADIXRT_CACHE_DIR/compiled (keyed by torch's version, the layer code and
-the shapes) and Inductor's own caches under $RADIXRT_CACHE_DIR/inductor, so a later start loads them. Without a
-C++ compiler (Inductor's CPU code generation needs one) the engine runs eager and says so once.
+The compiled graphs are saved under $RADIXRT_CACHE_DIR/compiled (keyed by torch's version, the layer
+code and the shapes) and Inductor's own caches under $RADIXRT_CACHE_DIR/inductor, so a later start
+loads them. Without a C++ compiler (Inductor's CPU code generation needs one) the engine runs eager
+and says so once.
 """
 
 from __future__ import annotations
@@ -64,7 +67,8 @@ def buckets(max_bs: int) -> list[Bucket]:
 
 
 def compiler_missing(device: torch.device) -> str | None:
-    """Why Inductor cannot compile here, or None. On a CPU its generated code is C++: it needs a compiler."""
+    """Why Inductor cannot compile here, or None. On a CPU its generated code is C++: it needs a
+    compiler."""
     if device.type != "cpu":
         return None
     cxx = os.environ.get("CXX", "g++")
@@ -74,9 +78,10 @@ def compiler_missing(device: torch.device) -> str | None:
 
 
 def why_eager(config: Any, device: torch.device, tensor_parallel: bool) -> str | None:
-    """Why this engine runs its layers eager, or None to compile them. On by default on a CPU with a C++
-    compiler; --enable-torch-compile elsewhere (CUDA); --disable-torch-compile or
-    RADIXRT_DISABLE_TORCH_COMPILE=1 (the test suite's default: compiling per test engine costs minutes) off."""
+    """Why this engine runs its layers eager, or None to compile them. On by default on a CPU with a
+    C++ compiler; --enable-torch-compile elsewhere (CUDA); --disable-torch-compile or
+    RADIXRT_DISABLE_TORCH_COMPILE=1 (the test suite's default: compiling per test engine costs
+    minutes) off."""
     if config.disable_torch_compile:
         return "--disable-torch-compile"
     if os.environ.get("RADIXRT_DISABLE_TORCH_COMPILE") == "1" and not config.enable_torch_compile:
@@ -89,7 +94,8 @@ def why_eager(config: Any, device: torch.device, tensor_parallel: bool) -> str |
 
 
 def tensors_of(args: tuple) -> list[torch.Tensor]:
-    """The tensors of (possibly tuple-nested) args, in flatten's order: the per-call half of flatten."""
+    """The tensors of (possibly tuple-nested) args, in flatten's order: the per-call half of
+    flatten."""
     out: list[torch.Tensor] = []
     for a in args:
         if isinstance(a, torch.Tensor):
@@ -100,8 +106,9 @@ def tensors_of(args: tuple) -> list[torch.Tensor]:
 
 
 def flatten(args: tuple) -> tuple[list[torch.Tensor], Callable[[list[torch.Tensor]], tuple]]:
-    """Tensors of (possibly tuple-nested) args, and how to rebuild args from them: the graph's inputs are the
-    tensors; None and ints (absent biases, out_features) are constants of the graph."""
+    """Tensors of (possibly tuple-nested) args, and how to rebuild args from them: the graph's
+    inputs are the tensors; None and ints (absent biases, out_features) are constants of the
+    graph."""
     tensors: list[torch.Tensor] = []
 
     def skeleton(a):
@@ -141,9 +148,9 @@ def activations(name: str, args: tuple) -> set[int]:
 def trace(
     fn: Callable, flat: list[torch.Tensor], t_ids: set[int], static: bool
 ) -> torch.fx.GraphModule:
-    """fn's FX graph over fake copies of flat: only dim 0 of the activations symbolic (or nothing, static).
-    make_fx's own symbolic mode would make every dim symbolic and unify equal sizes: a T of 2 traced that way
-    becomes the same symbol as the 2 of a weight's shape."""
+    """fn's FX graph over fake copies of flat: only dim 0 of the activations symbolic (or nothing,
+    static). make_fx's own symbolic mode would make every dim symbolic and unify equal sizes: a T of
+    2 traced that way becomes the same symbol as the 2 of a weight's shape."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
@@ -162,9 +169,10 @@ def trace(
 
 
 def example_inputs(flat: list[torch.Tensor], t_ids: set[int], bucket: Bucket) -> list[torch.Tensor]:
-    """flat with the activations at a token count no input has as another dimension: Inductor binds the graph's
-    symbolic T to an input dimension of the example's value, and a T of 2 bound to a 4-bit scale table's last
-    dimension (2), or of 9 to the 9 heads of o, would size every later call by that dimension."""
+    """flat with the activations at a token count no input has as another dimension: Inductor binds
+    the graph's symbolic T to an input dimension of the example's value, and a T of 2 bound to a
+    4-bit scale table's last dimension (2), or of 9 to the 9 heads of o, would size every later call
+    by that dimension."""
     taken = {n for t in flat for j, n in enumerate(t.shape) if j or id(t) not in t_ids}
     num_tokens = next(n for n in range(bucket.min_tokens, bucket.max_tokens + 1) if n not in taken)
     return [
@@ -176,7 +184,8 @@ def example_inputs(flat: list[torch.Tensor], t_ids: set[int], bucket: Bucket) ->
 
 
 class CompiledLayers:
-    """The compiled layer functions by bucket; model.forward calls attention_inputs / seam / final."""
+    """The compiled layer functions by bucket; model.forward calls attention_inputs / seam /
+    final."""
 
     def __init__(self, dims: LayerDims, max_bs: int, cache_dir: pathlib.Path):
         self.buckets = buckets(max_bs)
@@ -241,8 +250,8 @@ class CompiledLayers:
         return artifact
 
     def _key(self, name: str, bucket: Bucket, flat: list[torch.Tensor], rebuild: Callable) -> str:
-        """What the compiled graph depends on: torch, the layer code, the dims, each input's dtype and shape
-        (the token dim as the bucket), the constants (absent biases, out_features)."""
+        """What the compiled graph depends on: torch, the layer code, the dims, each input's dtype
+        and shape (the token dim as the bucket), the constants (absent biases, out_features)."""
         code = inspect.getsource(llama_layer) + inspect.getsource(linear)
         num_tokens = flat[0].shape[0]
         shapes = [
@@ -281,16 +290,16 @@ class CompiledLayers:
 
 
 def use_inductor_cache(cache_dir: str) -> None:
-    """Inductor's on-disk caches (generated code, compiled kernels) under the engine's cache dir, unless the
-    user pointed TORCHINDUCTOR_CACHE_DIR elsewhere."""
+    """Inductor's on-disk caches (generated code, compiled kernels) under the engine's cache dir,
+    unless the user pointed TORCHINDUCTOR_CACHE_DIR elsewhere."""
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(cache_dir, "inductor"))
     _thread_lock_for_progress_bars()
 
 
 def _thread_lock_for_progress_bars() -> None:
-    """Inductor's compile progress bar (tqdm) would create a multiprocessing lock, a named semaphore that
-    the scheduler process never releases, so every stop ended with a "leaked semaphore" warning: a plain
-    thread lock does the same job in one process."""
+    """Inductor's compile progress bar (tqdm) would create a multiprocessing lock, a named semaphore
+    that the scheduler process never releases, so every stop ended with a "leaked semaphore"
+    warning: a plain thread lock does the same job in one process."""
     import threading
 
     try:

@@ -89,7 +89,8 @@ def build_forward_batch(
 
 
 def write_table_rows(items: list[PlanItem], req_to_slot: torch.Tensor, t) -> None:
-    """Each item's slots of positions [write_start, prefix_len + len(new_ids)) into its table row."""
+    """Each item's slots of positions [write_start, prefix_len + len(new_ids)) into its table
+    row."""
     rows = [it.row for it in items for _ in it.slots]
     cols = [pos for it in items for pos in range(it.write_start, it.write_start + len(it.slots))]
     req_to_slot[t(rows), t(cols)] = t([slot for it in items for slot in it.slots])

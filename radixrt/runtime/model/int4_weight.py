@@ -17,8 +17,9 @@ from __future__ import annotations
 import torch
 
 GROUP = 32
-MAX_ROWS = 4  # int4 beats the bf16 GEMM up to here (one step's matmuls: 4.0 / 5.1 / 7.2 ms at 1 / 2 / 4 rows
-# vs ~13 ms bf16; 4x slower than bf16 at 16 rows in cache)
+# int4 beats the bf16 GEMM up to here (one step's matmuls: 4.0 / 5.1 / 7.2 ms at 1 / 2 / 4 rows vs
+# ~13 ms bf16; 4x slower than bf16 at 16 rows in cache)
+MAX_ROWS = 4
 
 
 def available() -> bool:
@@ -71,5 +72,6 @@ class Int4Weight:
 
 
 def matmul(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor) -> torch.Tensor:
-    """x [T, K] bf16 times a 4-bit weight's packed codes and [K / GROUP, N, 2] scales -> [T, N] bf16."""
+    """x [T, K] bf16 times a 4-bit weight's packed codes and [K / GROUP, N, 2] scales -> [T, N]
+    bf16."""
     return torch._weight_int4pack_mm_for_cpu(x.contiguous(), packed, GROUP, scales_and_zeros)

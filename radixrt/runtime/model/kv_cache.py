@@ -23,8 +23,8 @@ class ReqToSlotTable:
 
 
 class KVCache:
-    """K and V per layer: [num_slots, num_kv_heads, head_dim] each; with an int8 / fp8 dtype also a float32
-    scale per token per KV head, [num_slots, num_kv_heads] (kernels/kv_quant.py)."""
+    """K and V per layer: [num_slots, num_kv_heads, head_dim] each; with an int8 / fp8 dtype also a
+    float32 scale per token per KV head, [num_slots, num_kv_heads] (kernels/kv_quant.py)."""
 
     def __init__(
         self,
@@ -50,7 +50,8 @@ class KVCache:
         self.dtype = dtype
 
     def tensors(self) -> list[torch.Tensor]:
-        """Every per-slot tensor of the pool: each layer's K, then V, then (quantised) their scales."""
+        """Every per-slot tensor of the pool: each layer's K, then V, then (quantised) their
+        scales."""
         return [
             t for group in (self.k, self.v, self.k_scale or [], self.v_scale or []) for t in group
         ]

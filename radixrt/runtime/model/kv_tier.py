@@ -1,15 +1,18 @@
-"""The second cache tier's storage (--enable-hierarchical-cache): pages of the KV pool copied to host memory,
-or to a memory-mapped file (--hicache-storage-backend file), and back. The tree side is core/tiered_cache.py.
+"""The second cache tier's storage (--enable-hierarchical-cache): pages of the KV pool copied to
+host memory, or to a memory-mapped file (--hicache-storage-backend file), and back. The tree side is
+core/tiered_cache.py.
 
-A tier page is one contiguous record: for every layer, its page_size tokens of K, then V (then the int8/fp8
-scales), as raw bytes, so any KV dtype is copied alike and a page is checksummed in one call. A write or a
-read is one batched copy per pool tensor (index_select / index_copy_ over all pages of the call).
+A tier page is one contiguous record: for every layer, its page_size tokens of K, then V (then the
+int8/fp8 scales), as raw bytes, so any KV dtype is copied alike and a page is checksummed in one
+call. A write or a read is one batched copy per pool tensor (index_select / index_copy_ over all
+pages of the call).
 
-The file tier: a header (magic, format version, and the fingerprint of what the bytes mean: model, dtypes,
-page size, layer and head counts, record size), a crc32 per page, then the records. Each process creates its
-own file (its pid and a random suffix in the name; the disk space reserved at start) and deletes it at close: the tier does not survive a restart, because the tree
-that indexes it lives in the process; so KV written by another model or dtype can never be served. A page
-whose checksum fails on a load is reported to the tree, which drops it and recomputes.
+The file tier: a header (magic, format version, and the fingerprint of what the bytes mean: model,
+dtypes, page size, layer and head counts, record size), a crc32 per page, then the records. Each
+process creates its own file (its pid and a random suffix in the name; the disk space reserved at
+start) and deletes it at close: the tier does not survive a restart, because the tree that indexes
+it lives in the process; so KV written by another model or dtype can never be served. A page whose
+checksum fails on a load is reported to the tree, which drops it and recomputes.
 """
 
 from __future__ import annotations
@@ -94,7 +97,8 @@ class KVTierStore:
                 f"{free / 2**30:.2f} GiB free (lower --hicache-size or --hicache-ratio)"
             )
         _remove_stale_files(directory)
-        # pid plus random: two processes sharing the directory (other PID namespaces too) never share a file
+        # pid plus random: two processes sharing the directory (other PID namespaces too) never
+        # share a file
         self.path = os.path.join(
             directory, f"{FILE_PREFIX}{os.getpid()}-{secrets.token_hex(4)}.bin"
         )
@@ -149,8 +153,8 @@ class KVTierStore:
                 self.checksums[p] = zlib.crc32(records[p])
 
     def read(self, tier_pages: list[int], pool_pages: list[int]) -> int | None:
-        """Copy tier pages back into pool pages; the index of the first page whose checksum failed (it and
-        the pages after it are not copied), or None when all were good."""
+        """Copy tier pages back into pool pages; the index of the first page whose checksum failed
+        (it and the pages after it are not copied), or None when all were good."""
         bad = None
         if self.checksums is not None:
             try:
@@ -187,8 +191,8 @@ class KVTierStore:
 
 
 def _reserve(path: str, size: int) -> None:
-    """Create the file with its disk space taken now: a full disk is an error at start, not a SIGBUS when a
-    page of a sparse file is first written."""
+    """Create the file with its disk space taken now: a full disk is an error at start, not a SIGBUS
+    when a page of a sparse file is first written."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         try:
@@ -205,8 +209,9 @@ def _reserve(path: str, size: int) -> None:
 
 
 def _remove_stale_files(directory: str) -> None:
-    """Tier files of processes that died without closing them (SIGKILL): nothing can read them again. (A file
-    of a live process in another PID namespace may go too: its mapping stays valid, only its name goes.)"""
+    """Tier files of processes that died without closing them (SIGKILL): nothing can read them
+    again. (A file of a live process in another PID namespace may go too: its mapping stays valid,
+    only its name goes.)"""
     for name in os.listdir(directory):
         pid = name.removeprefix(FILE_PREFIX).split("-")[0]
         if name.startswith(FILE_PREFIX) and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):

@@ -16,15 +16,16 @@ import torch.nn.functional as F
 from radixrt.runtime.model import int4_weight
 from radixrt.runtime.model.int4_weight import Int4Weight
 
-# The matmul as one operator that torch.compile'd graphs call (compiled_layers.py): Inductor lowers oneDNN's
-# packed linear only for frozen constants, and a graph whose weights are constants is one graph per layer
-# (minutes to compile on a small CPU). Behind this operator the weights are graph inputs, so one graph serves
-# every layer; the kernel it runs is the eager path's own (Linear.__call__). A torch.library operator costs
-# ~5 us a call; torch.library.custom_op's wrapper ~40 us, which is why it is not one.
+# The matmul as one operator that torch.compile'd graphs call (compiled_layers.py): Inductor lowers
+# oneDNN's packed linear only for frozen constants, and a graph whose weights are constants is one
+# graph per layer (minutes to compile on a small CPU). Behind this operator the weights are graph
+# inputs, so one graph serves every layer; the kernel it runs is the eager path's own
+# (Linear.__call__). A torch.library operator costs ~5 us a call; torch.library.custom_op's wrapper
+# ~40 us, which is why it is not one.
 _LIB = torch.library.Library("radixrt", "DEF")
 _LIB.define(
-    "linear(Tensor x, Tensor w, Tensor? bias, Tensor? int4_packed, Tensor? int4_scales, int out_features)"
-    " -> Tensor"
+    "linear(Tensor x, Tensor w, Tensor? bias, Tensor? int4_packed, Tensor? int4_scales, "
+    "int out_features) -> Tensor"
 )
 
 
@@ -49,8 +50,8 @@ PACK_BATCH_HINT = 16
 
 
 def can_prepack(weight: torch.Tensor) -> bool:
-    """oneDNN's bf16 path, where this CPU and torch build have it (an explicit --dtype bfloat16 on a CPU
-    without avx512 bf16 support runs plain F.linear)."""
+    """oneDNN's bf16 path, where this CPU and torch build have it (an explicit --dtype bfloat16 on a
+    CPU without avx512 bf16 support runs plain F.linear)."""
     if not (
         weight.device.type == "cpu"
         and weight.dtype == torch.bfloat16
@@ -92,8 +93,8 @@ class Linear:
         return linear_kernel(x, *self.op_args())
 
     def op_args(self) -> tuple:
-        """What torch.ops.radixrt.linear takes after x: plain tensors, so a compiled graph can take them as
-        inputs (the same graph for every layer)."""
+        """What torch.ops.radixrt.linear takes after x: plain tensors, so a compiled graph can take
+        them as inputs (the same graph for every layer)."""
         int4 = self.int4
         return (
             self.weight,

@@ -37,9 +37,10 @@ class ModelRunner:
         init_method: str | None = None,
         fill_masks: MaskFiller | None = None,
     ):
-        """tp_rank/init_method: a tensor parallel worker rank (tp_worker.run_worker); rank 0 (the scheduler's
-        runner) starts this node's workers itself. fill_masks: turns the plan's mask sources into
-        the allowed-token mask (constrained/state.py's; handed in: model/ never imports grammars)."""
+        """tp_rank/init_method: a tensor parallel worker rank (tp_worker.run_worker); rank 0 (the
+        scheduler's runner) starts this node's workers itself. fill_masks: turns the plan's mask
+        sources into the allowed-token mask (constrained/state.py's; handed in: model/ never imports
+        grammars)."""
         self.fill_masks = fill_masks
         self.device = setup_device(config, tp_rank)
         self.exit_on_rank_loss = False  # the scheduler process sets it: a lost rank ends it
@@ -157,8 +158,8 @@ class ModelRunner:
         )
 
     def _compile_layers(self, config: ServerConfig) -> None:
-        """The layers as compiled graphs (compiled_layers.py), compiled or loaded now; self.graphs stays None
-        (eager) when why_eager says so."""
+        """The layers as compiled graphs (compiled_layers.py), compiled or loaded now; self.graphs
+        stays None (eager) when why_eager says so."""
         why_eager = compiled_layers.why_eager(config, self.device, self.tp is not None)
         if why_eager:
             log.info("torch.compile off: %s; the model runs eager", why_eager)
@@ -171,7 +172,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _warm_up_forward(self, num_tokens: int) -> None:
-        """One forward of num_tokens throwaway tokens (table row 0, pool slots from 0: nothing is cached yet)."""
+        """One forward of num_tokens throwaway tokens (table row 0, pool slots from 0: nothing is
+        cached yet)."""
         slots = [i % (self.num_pages * self.page_size) for i in range(num_tokens)]
         self._forward(
             [PlanItem(row=0, new_ids=[0] * num_tokens, prefix_len=0, slots=slots, write_start=0)]
@@ -222,7 +224,8 @@ class ModelRunner:
             os._exit(1)
 
     def make_kv_tier(self, config: ServerConfig) -> kv_tier.KVTierStore:
-        """The second cache tier's storage (--enable-hierarchical-cache), made once, by the scheduler."""
+        """The second cache tier's storage (--enable-hierarchical-cache), made once, by the
+        scheduler."""
         fingerprint = {
             "model": self.model_path,
             "dtype": str(self.dtype),

@@ -34,9 +34,10 @@ def make_attention_backend(
         return TritonAttentionBackend(num_q_heads, num_kv_heads, head_dim)
     from radixrt.kernels.attention_torch import TorchAttentionBackend
 
-    # prompts attend in bf16 only where that is faster: with AMX, oneDNN's bf16 flash kernel takes 8 ms a layer
-    # at 2,048 tokens against 20 in float32; with avx512_bf16 alone it is no faster (3.44 s vs 3.33 s for the
-    # 2,048-token prefill on a 2-core EPYC), and float32 keeps 0.17 points of agreement (attention_torch.py)
+    # prompts attend in bf16 only where that is faster: with AMX, oneDNN's bf16 flash kernel takes 8
+    # ms a layer at 2,048 tokens against 20 in float32; with avx512_bf16 alone it is no faster (3.44
+    # s vs 3.33 s for the 2,048-token prefill on a 2-core EPYC), and float32 keeps 0.17 points of
+    # agreement (attention_torch.py)
     return TorchAttentionBackend(
         num_q_heads, num_kv_heads, head_dim, prompt_fp32="amx_bf16" not in cpu_flags()
     )
@@ -62,8 +63,8 @@ def _generation_config(model_dir):
 
 
 def available_memory_bytes(device: torch.device) -> int:
-    """Memory free for the KV pool now: free device memory on CUDA; on a CPU the kernel's MemAvailable less
-    CPU_HEADROOM_BYTES (activations, the tokenizer, the grammar workers)."""
+    """Memory free for the KV pool now: free device memory on CUDA; on a CPU the kernel's
+    MemAvailable less CPU_HEADROOM_BYTES (activations, the tokenizer, the grammar workers)."""
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
     try:
@@ -77,14 +78,16 @@ def available_memory_bytes(device: torch.device) -> int:
 
 
 def pool_tokens(config: Any, bytes_per_token: int, device: torch.device) -> int:
-    """--max-total-tokens when given; else --mem-fraction-static of the free memory; else the default."""
+    """--max-total-tokens when given; else --mem-fraction-static of the free memory; else the
+    default."""
     if config.max_total_tokens:
         return config.max_total_tokens
     if config.mem_fraction_static is not None:
         tokens = int(available_memory_bytes(device) * config.mem_fraction_static) // bytes_per_token
         if tokens < config.page_size:
             raise ValueError(
-                f"mem_fraction_static {config.mem_fraction_static} leaves room for {tokens} KV tokens"
+                f"mem_fraction_static {config.mem_fraction_static} leaves room for "
+                f"{tokens} KV tokens"
             )
         return tokens
     return DEFAULT_MAX_TOTAL_TOKENS

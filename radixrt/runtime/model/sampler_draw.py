@@ -1,7 +1,7 @@
 """Drawing one token per row from truncated probabilities, exactly, with per-row seeds.
 
-The exponential race argmax(p / Exp(1)) on a GPU (one kernel per op) and a two-level inverse CDF on a
-CPU (a CPU makes exponential noise slowly); same distribution. A seeded row draws from a generator
+The exponential race argmax(p / Exp(1)) on a GPU (one kernel per op) and a two-level inverse CDF on
+a CPU (a CPU makes exponential noise slowly); same distribution. A seeded row draws from a generator
 seeded by (seed, step), so its token depends neither on the batch nor on the global RNG.
 """
 

@@ -1,15 +1,17 @@
-"""Tensor parallelism on torch.distributed (gloo on CPU, NCCL on CUDA): the process group, the collectives the
-model needs, the plan broadcast, and the worker ranks.
+"""Tensor parallelism on torch.distributed (gloo on CPU, NCCL on CUDA): the process group, the
+collectives the model needs, the plan broadcast, and the worker ranks.
 
-One scheduler, on rank 0. Each step rank 0 broadcasts the forward's inputs as plain data (orjson bytes through
-a torch.distributed broadcast: a length, then the bytes; never pickle); every rank builds the same forward batch
-(so its req->slot table stays identical), runs its shard of the model (models/llama.py: Megatron sharding), and
-the logits are gathered to rank 0, which samples. Workers hold no scheduler state, so ranks cannot drift apart.
+One scheduler, on rank 0. Each step rank 0 broadcasts the forward's inputs as plain data (orjson
+bytes through a torch.distributed broadcast: a length, then the bytes; never pickle); every rank
+builds the same forward batch (so its req->slot table stays identical), runs its shard of the model
+(models/llama.py: Megatron sharding), and the logits are gathered to rank 0, which samples. Workers
+hold no scheduler state, so ranks cannot drift apart.
 
-Failure: a rank that dies, or a collective that fails, leaves the ranks out of step for good, so it is never
-a request's error: `TPFailure` (a BaseException, so no per-request recovery catches it) ends the scheduler,
-and the server's watchdog fails the in-flight requests and exits non-zero. Rank 0 also watches its local
-workers, so a killed worker is noticed within a poll interval even while rank 0 waits in a collective.
+Failure: a rank that dies, or a collective that fails, leaves the ranks out of step for good, so it
+is never a request's error: `TPFailure` (a BaseException, so no per-request recovery catches it)
+ends the scheduler, and the server's watchdog fails the in-flight requests and exits non-zero. Rank
+0 also watches its local workers, so a killed worker is noticed within a poll interval even while
+rank 0 waits in a collective.
 """
 
 from __future__ import annotations
@@ -58,8 +60,8 @@ class TPGroup:
             world_size=size,
             timeout=datetime.timedelta(seconds=timeout_s),
         )
-        # the plan broadcast waits as long as the server is idle: its own gloo group (host tensors) without a
-        # practical deadline; the forward's collectives keep timeout_s
+        # the plan broadcast waits as long as the server is idle: its own gloo group (host tensors)
+        # without a practical deadline; the forward's collectives keep timeout_s
         self.plan_group = dist.new_group(backend="gloo", timeout=PLAN_WAIT)
         self.rank, self.size, self.device = rank, size, device
 
@@ -80,14 +82,16 @@ class TPGroup:
         return int(t.item())
 
     def gather_last_dim(self, local: torch.Tensor) -> torch.Tensor | None:
-        """Rank 0: the ranks' slices concatenated along the last dim (vocab-parallel logits); others None."""
+        """Rank 0: the ranks' slices concatenated along the last dim (vocab-parallel logits); others
+        None."""
         local = local.contiguous()
         parts = [torch.empty_like(local) for _ in range(self.size)] if self.rank == 0 else None
         self._call("gather", lambda: dist.gather(local, parts, dst=0))
         return torch.cat(parts, dim=-1) if parts is not None else None
 
     def broadcast_obj(self, obj: Any = None) -> Any:
-        """Rank 0 sends obj (orjson-serialisable; None = STOP); every rank returns it (None on STOP)."""
+        """Rank 0 sends obj (orjson-serialisable; None = STOP); every rank returns it (None on
+        STOP)."""
         if self.rank == 0:
             data = orjson.dumps(obj) if obj is not None else b""
             length = torch.tensor([len(data) if obj is not None else STOP], dtype=torch.int64)
@@ -124,9 +128,10 @@ def init_method_of(config: Any) -> str:
 
 
 def start_workers(config: Any, init_method: str) -> list[subprocess.Popen]:
-    """Start this node's worker ranks (they load the model and wait for rank 0's plans). Plain subprocesses of
-    `python -m radixrt.runtime.model.tp_worker`, not multiprocessing: spawning re-imports the user's main module, which
-    an Engine(tp_size=2) script without an `if __name__ == "__main__"` guard cannot survive."""
+    """Start this node's worker ranks (they load the model and wait for rank 0's plans). Plain
+    subprocesses of `python -m radixrt.runtime.model.tp_worker`, not multiprocessing: spawning
+    re-imports the user's main module, which an Engine(tp_size=2) script without an
+    `if __name__ == "__main__"` guard cannot survive."""
     import dataclasses
 
     procs = []
@@ -146,7 +151,8 @@ def start_workers(config: Any, init_method: str) -> list[subprocess.Popen]:
 def watch_workers(
     procs: list[subprocess.Popen], on_death: Callable[[str], None]
 ) -> Callable[[], None]:
-    """A thread that calls on_death(reason) when a worker exits; returns a function that stops watching."""
+    """A thread that calls on_death(reason) when a worker exits; returns a function that stops
+    watching."""
     stopped = threading.Event()
 
     def loop() -> None:
@@ -176,7 +182,8 @@ def stop_workers(group: TPGroup | None, procs: list[Any], timeout: float = 10.0)
 
 
 def run_headless_node(config: Any) -> int:
-    """`radixrt serve --nnodes N --node-rank k` (k > 0): this node's ranks, no HTTP; exits when they do."""
+    """`radixrt serve --nnodes N --node-rank k` (k > 0): this node's ranks, no HTTP; exits when they
+    do."""
     procs = start_workers(config, init_method_of(config))
     try:
         return max(p.wait() for p in procs)

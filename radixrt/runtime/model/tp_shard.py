@@ -1,14 +1,14 @@
-"""Megatron sharding of a Llama-family checkpoint for one tensor parallel rank, done on HF names before the
-model fuses q/k/v and gate/up (so each rank fuses its own slices).
+"""Megatron sharding of a Llama-family checkpoint for one tensor parallel rank, done on HF names
+before the model fuses q/k/v and gate/up (so each rank fuses its own slices).
 
-- q, k, v and gate, up: column parallel (this rank's output rows: its query heads, its KV heads, its slice of
-  the intermediate size); Qwen2's q/k/v biases follow their rows.
-- o_proj and down_proj: row parallel (this rank's input columns); the model sums the ranks' outputs with one
-  all-reduce each, so a bias (Llama's attention_bias) is added by rank 0 only.
-- KV heads are split across ranks when they divide evenly, else (fewer KV heads than ranks) each KV head is
-  replicated on the tp_size / num_kv_heads ranks whose query heads use it.
-- embed_tokens and lm_head: vocab parallel (rows of this rank's vocabulary slice; the model masks the
-  embedding lookup and gathers the logits). Qwen3's q/k norms are per head_dim and stay whole.
+- q, k, v and gate, up: column parallel (this rank's output rows: its query heads, its KV heads, its
+  slice of the intermediate size); Qwen2's q/k/v biases follow their rows.
+- o_proj and down_proj: row parallel (this rank's input columns); the model sums the ranks' outputs
+  with one all-reduce each, so a bias (Llama's attention_bias) is added by rank 0 only.
+- KV heads are split across ranks when they divide evenly, else (fewer KV heads than ranks) each KV
+  head is replicated on the tp_size / num_kv_heads ranks whose query heads use it.
+- embed_tokens and lm_head: vocab parallel (rows of this rank's vocabulary slice; the model masks
+  the embedding lookup and gathers the logits). Qwen3's q/k norms are per head_dim and stay whole.
 """
 
 from __future__ import annotations
@@ -65,7 +65,8 @@ def plan_shard(hf_config, rank: int, size: int) -> Shard:
 def shard_state_dict(
     sd: dict[str, torch.Tensor], hf_config, shard: Shard
 ) -> dict[str, torch.Tensor]:
-    """This rank's slices of an HF state dict (names kept; the model's shape checks use the local sizes)."""
+    """This rank's slices of an HF state dict (names kept; the model's shape checks use the local
+    sizes)."""
     d = (
         getattr(hf_config, "head_dim", None)
         or hf_config.hidden_size // hf_config.num_attention_heads

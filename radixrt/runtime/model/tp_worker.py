@@ -1,5 +1,6 @@
-"""A tensor parallel worker rank (`python -m radixrt.runtime.model.tp_worker RANK INIT_METHOD CONFIG_JSON`,
-started by tp.start_workers): load this rank's shard, then run every forward rank 0 broadcasts, until STOP."""
+"""A tensor parallel worker rank (`python -m radixrt.runtime.model.tp_worker RANK INIT_METHOD
+CONFIG_JSON`, started by tp.start_workers): load this rank's shard, then run every forward rank 0
+broadcasts, until STOP."""
 
 from __future__ import annotations
 

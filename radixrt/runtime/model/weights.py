@@ -102,7 +102,8 @@ def _cache_name(gguf: pathlib.Path) -> str:
 
 @contextlib.contextmanager
 def _file_lock(path: pathlib.Path):
-    # flock is dropped by the kernel if the holder dies, so a killed conversion never wedges later starts.
+    # flock is dropped by the kernel if the holder dies, so a killed conversion never wedges later
+    # starts.
     with open(path, "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
@@ -143,7 +144,8 @@ def _convert_gguf(gguf: pathlib.Path, out_dir: pathlib.Path) -> None:
     started = time.perf_counter()
     with tqdm(total=3, desc=f"radixrt: converting {gguf.name}", unit="step") as bar:
         kwargs = dict(gguf_file=gguf.name, local_files_only=True)
-        # dequantize=True: a plain dense float32 model (packed GGUF modules cannot be saved as safetensors).
+        # dequantize=True: a plain dense float32 model (packed GGUF modules cannot be saved as
+        # safetensors).
         model = AutoModelForCausalLM.from_pretrained(
             str(gguf.parent),
             dtype=torch.float32,

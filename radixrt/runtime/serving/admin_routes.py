@@ -1,5 +1,5 @@
-"""What an operator or SGLang's frontend asks the server to do: POST /flush_cache, /start_profile and
-/stop_profile (these two also answer GET, as SGLang's do), and POST /concate_and_append_request
+"""What an operator or SGLang's frontend asks the server to do: POST /flush_cache, /start_profile
+and /stop_profile (these two also answer GET, as SGLang's do), and POST /concate_and_append_request
 (SGLang's fork join, checked and acknowledged)."""
 
 from __future__ import annotations
@@ -30,10 +30,11 @@ def add_admin_routes(app: FastAPI, tm: TokenizerManager) -> None:
 
     @app.post("/concate_and_append_request")
     async def concate_and_append_request(request: Request) -> JSONResponse:
-        """SGLang's frontend calls this when a fork joins with mode="concate_and_append" (parallel encoding),
-        then sends the joined text with its next /generate. SGLang's old server spliced the forks' KV into one
-        sequence; here that next request finds the forks' shared prefix in the radix tree and computes the
-        rest exactly, so the route checks the body and acknowledges."""
+        """SGLang's frontend calls this when a fork joins with mode="concate_and_append" (parallel
+        encoding), then sends the joined text with its next /generate. SGLang's old server spliced
+        the forks' KV into one sequence; here that next request finds the forks' shared prefix in
+        the radix tree and computes the rest exactly, so the route checks the body and
+        acknowledges."""
         body = parse_body(
             ConcatAndAppendRequest, await read_body(request, config.max_request_body_bytes)
         )

@@ -49,9 +49,10 @@ class BrowserGuard:
         return host_name(host_header) in self.hosts
 
     def origin_ok(self, origin: str | None, host_header: str | None = None) -> bool:
-        """No Origin (not a browser, or a same-origin GET), an allowed one, or same-origin: the Origin
-        names exactly the host:port the request was sent to (its Host header), which is itself allowed.
-        A wildcard Host rule (0.0.0.0 binds) therefore never lets a foreign Origin through."""
+        """No Origin (not a browser, or a same-origin GET), an allowed one, or same-origin: the
+        Origin names exactly the host:port the request was sent to (its Host header), which is
+        itself allowed. A wildcard Host rule (0.0.0.0 binds) therefore never lets a foreign Origin
+        through."""
         if origin is None:
             return True
         origin = origin.strip().lower()
@@ -67,9 +68,9 @@ class BrowserGuard:
 
     @staticmethod
     def content_type_ok(method: str, content_type: str | None, has_body: bool = True) -> bool:
-        """A POST with a body must declare it JSON (application/json, any parameters). A bodiless POST
-        (SGLang clients call /flush_cache so) carries nothing to smuggle; a browser's cross-site one
-        has an Origin and is refused for that."""
+        """A POST with a body must declare it JSON (application/json, any parameters). A bodiless
+        POST (SGLang clients call /flush_cache so) carries nothing to smuggle; a browser's
+        cross-site one has an Origin and is refused for that."""
         if method != "POST" or not has_body:
             return True
         return (

@@ -1,4 +1,5 @@
-"""GET /cache_tree (the radix tree as JSON) and GET /dashboard (one page that draws it, with live figures).
+"""GET /cache_tree (the radix tree as JSON) and GET /dashboard (one page that draws it, with live
+figures).
 
 The dashboard is static files from this package plus plotly's own bundled `plotly.min.js`, served
 from the installed plotly package: no build step, and nothing is fetched from the network. The page

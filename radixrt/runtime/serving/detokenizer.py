@@ -1,4 +1,5 @@
-"""The detokenizer process: token id deltas in, text deltas out, one IncrementalDetokenizer per request."""
+"""The detokenizer process: token id deltas in, text deltas out, one IncrementalDetokenizer per
+request."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ logger = logging.getLogger(__name__)
 
 
 class DetokenizerManager:
-    """Holds one IncrementalDetokenizer per live request and turns BatchTokenOut into BatchTextOut."""
+    """Holds one IncrementalDetokenizer per live request and turns BatchTokenOut into
+    BatchTextOut."""
 
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer

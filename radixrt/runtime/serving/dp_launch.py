@@ -1,15 +1,15 @@
-"""`radixrt serve --dp-size N`: N replicas behind sglang-router (`pip install sglang-router`, the `[router]`
-extra), the router on the user's port with the cache-aware policy (`--router-policy`, default cache_aware):
-requests that share a prefix go to the replica that already holds it.
+"""`radixrt serve --dp-size N`: N replicas behind sglang-router (`pip install sglang-router`, the
+`[router]` extra), the router on the user's port with the cache-aware policy (`--router-policy`,
+default cache_aware): requests that share a prefix go to the replica that already holds it.
 
-Each replica is a plain `radixrt serve` subprocess on a free local port with its share of the CPU threads;
-the router is `python -m sglang_router.launch_router` on --host/--port with --worker-urls. The replicas
-answer what the router asks of a worker (/health, /get_model_info, /get_server_info, /v1/models). A
-replica or the router that dies is reported; the router routes around a dead replica (its health checks),
-and the whole server exits non-zero when the router dies or every replica is gone. SIGTERM / Ctrl-C stop
-everything. Replicas on other machines: start `radixrt serve` there and run the router yourself with
-their URLs (`python -m sglang_router.launch_router --worker-urls http://a:30000 http://b:30000 --policy
-cache_aware`).
+Each replica is a plain `radixrt serve` subprocess on a free local port with its share of the CPU
+threads; the router is `python -m sglang_router.launch_router` on --host/--port with --worker-urls.
+The replicas answer what the router asks of a worker (/health, /get_model_info, /get_server_info,
+/v1/models). A replica or the router that dies is reported; the router routes around a dead replica
+(its health checks), and the whole server exits non-zero when the router dies or every replica is
+gone. SIGTERM / Ctrl-C stop everything. Replicas on other machines: start `radixrt serve` there and
+run the router yourself with their URLs (`python -m sglang_router.launch_router --worker-urls
+http://a:30000 http://b:30000 --policy cache_aware`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ def router_available() -> bool:
 
 
 def replica_args(config: Any, port: int) -> list[str]:
-    """The `radixrt serve` command line of one replica: the same config, dp_size 1, on localhost:port."""
+    """The `radixrt serve` command line of one replica: the same config, dp_size 1, on
+    localhost:port."""
     from radixrt.runtime.config import ServerConfig
 
     args = [sys.executable, "-m", "radixrt.cli", "serve"]

@@ -1,6 +1,7 @@
-"""POST /generate, SGLang's native route: one prompt or a batch (text or input_ids), sampling params and
-logprob options per prompt, n copies of each prompt one after another (SGLang's order). The answer is
-one output or a list of them, whole or streamed (each event holds a sequence's output so far)."""
+"""POST /generate, SGLang's native route: one prompt or a batch (text or input_ids), sampling params
+and logprob options per prompt, n copies of each prompt one after another (SGLang's order). The
+answer is one output or a list of them, whole or streamed (each event holds a sequence's output so
+far)."""
 
 from __future__ import annotations
 
@@ -118,8 +119,9 @@ def _per_prompt(value: Any, num: int, name: str) -> list[Any]:
 async def _stream_generate(
     handle: RequestHandle, results: list[SequenceResult], output: Any, intervals: list[int]
 ) -> AsyncIterator[bytes]:
-    """SGLang streaming: each event holds the cumulative text/output_ids of one sequence and the output
-    logprobs added since its previous event; a sequence sends an event every stream_interval tokens."""
+    """SGLang streaming: each event holds the cumulative text/output_ids of one sequence and the
+    output logprobs added since its previous event; a sequence sends an event every stream_interval
+    tokens."""
     sent_ids = [0] * len(results)
     sent_logprobs = [0] * len(results)
     try:

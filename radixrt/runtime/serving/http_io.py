@@ -76,7 +76,8 @@ def raise_error(res: SequenceResult) -> None:
 
 
 def error_event(res: SequenceResult) -> bytes | None:
-    """The SSE event a stream ends with when this sequence failed (the body raise_error answers with)."""
+    """The SSE event a stream ends with when this sequence failed (the body raise_error answers
+    with)."""
     try:
         raise_error(res)
     except APIError as e:
@@ -98,7 +99,8 @@ async def accumulate(
 
 
 async def collect_results(request: Any, handle: Any, results: list["SequenceResult"]) -> None:
-    """Accumulate a non-streamed request's deltas until every sequence finished (or the client left)."""
+    """Accumulate a non-streamed request's deltas until every sequence finished (or the client
+    left)."""
 
     async def collect() -> None:
         async for idx, out in handle:

@@ -132,7 +132,8 @@ def launch_server(config: Any, scheduler_class: str | None = None) -> int:
         logger.error("%s", e)
         return 1
     finally:
-        # a second signal (Ctrl-C pressed again, a SIGTERM to the process group) must not break the cleanup
+        # a second signal (Ctrl-C pressed again, a SIGTERM to the process group) must not break the
+        # cleanup
         previous_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         logger.info("stopping")
@@ -184,8 +185,9 @@ async def _watchdog(tm: Any, procs: dict[str, Any], server: Any, failed: list[st
         dead = [(n, p) for n, p in procs.items() if not p.is_alive()]
         reason = None
         if dead and (server.should_exit or dead[0][1].exitcode == 0):
-            # exit code 0: a child stops so only on a signal (Ctrl-C or a SIGTERM sent to the whole process
-            # group reaches it with us): a stop, not a failure; the requests still in flight are told
+            # exit code 0: a child stops so only on a signal (Ctrl-C or a SIGTERM sent to the whole
+            # process group reaches it with us): a stop, not a failure; the requests still in flight
+            # are told
             logger.info("the %s process was stopped; stopping", dead[0][0])
             tm.fail_all("the server is stopping")
             server.should_exit = True

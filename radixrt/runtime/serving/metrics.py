@@ -45,7 +45,8 @@ _LATENCY_BUCKETS = (
 )
 _E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0)
 
-# the second cache tier's figures (--enable-hierarchical-cache), copied from server_info like the pool's
+# the second cache tier's figures (--enable-hierarchical-cache), copied from server_info like the
+# pool's
 HICACHE_GAUGES = {
     "hicache_hits": "Matches that loaded KV back from the second tier (a counter's value)",
     "hicache_tokens_loaded": "Tokens of KV copied back from the second tier (a counter's value)",

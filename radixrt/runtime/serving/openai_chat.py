@@ -39,7 +39,8 @@ RESERVED_TEMPLATE_KWARGS = frozenset(
 
 class ChatRoute:
     def __init__(self, routes: Any):
-        self.routes = routes  # OpenAIRoutes: model check, request preparation, usage, logprobs, finish reasons
+        # OpenAIRoutes: model check, request preparation, usage, logprobs, finish reasons
+        self.routes = routes
         self.tm = routes.tm
 
     async def prompt_ids(
@@ -143,7 +144,8 @@ class ChatRoute:
         results: list[SequenceResult],
         prompt_tokens: int,
     ) -> StreamingResponse:
-        """A plain answer as chunks: each choice opens with the assistant role, then one chunk per delta."""
+        """A plain answer as chunks: each choice opens with the assistant role, then one chunk per
+        delta."""
         first = [
             sse(
                 {

@@ -1,11 +1,11 @@
-"""/v1/chat/completions with tools (tool_calls.py plans them): the phases of one answer, the calls the
-incremental parser (tool_call_parser.py) reads from the text, and those calls as OpenAI's message or
-stream chunks.
+"""/v1/chat/completions with tools (tool_calls.py plans them): the phases of one answer, the calls
+the incremental parser (tool_call_parser.py) reads from the text, and those calls as OpenAI's
+message or stream chunks.
 
-With tool_choice `required` or a named function, every choice is grammar-constrained to calls from its
-first token. With `auto` (one choice) the answer runs unconstrained with `<tool_call>` as an extra stop
-string; if the model opens a call, a second phase continues from the same prefix (a radix cache hit)
-constrained to calls. Stream and non-stream read calls with the same parser.
+With tool_choice `required` or a named function, every choice is grammar-constrained to calls from
+its first token. With `auto` (one choice) the answer runs unconstrained with `<tool_call>` as an
+extra stop string; if the model opens a call, a second phase continues from the same prefix (a radix
+cache hit) constrained to calls. Stream and non-stream read calls with the same parser.
 """
 
 from __future__ import annotations
@@ -124,8 +124,8 @@ class ToolRun:
     async def start(self) -> None:
         """Phase 1 (refusals are a 400 before anything is sent)."""
         if self.plan.mode == "auto":
-            # the call grammar of phase 2 is checked now, so a tool schema that cannot be enforced is a 400
-            # before any text is sent
+            # the call grammar of phase 2 is checked now, so a tool schema that cannot be enforced
+            # is a 400 before any text is sent
             await self.chat.tm.validate_sampling(
                 {"tool_call_grammar": self.plan.grammar(opened=True)}
             )
@@ -193,7 +193,8 @@ class ToolRun:
     async def _phase_events(
         self, may_open: bool
     ) -> AsyncIterator[tuple[int, list, SequenceResult | None]]:
-        """The current phase's (choice, events, the result that stopped at an opening tag or None)."""
+        """The current phase's (choice, events, the result that stopped at an opening tag or
+        None)."""
         results = self.phase_results[-1]
         async for idx, out, failed in accumulate(self.handle, results):
             if failed is not None:
@@ -274,7 +275,7 @@ class ToolRun:
                             {"tool_calls": [{"index": e.index, "function": {"arguments": e.text}}]},
                         )
                     elif isinstance(e, CallEnd):
-                        pass  # OpenAI has no event for it; the finish reason comes with the last chunk
+                        pass  # OpenAI has no event for it: the last chunk carries the finish reason
                 if self.finish[idx] is not None:
                     yield chunk(idx, {}, self.finish[idx])
             if opts is not None and opts.include_usage:

@@ -1,6 +1,6 @@
-"""POST /v1/completions: OpenAI's legacy text completions. The prompt is a text, a list of texts, token
-ids or a list of token id lists; each choice is one sequence (index = prompt index * n + copy), with
-the prompt echoed in front when asked and logprobs in the completions shape."""
+"""POST /v1/completions: OpenAI's legacy text completions. The prompt is a text, a list of texts,
+token ids or a list of token id lists; each choice is one sequence (index = prompt index * n +
+copy), with the prompt echoed in front when asked and logprobs in the completions shape."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from radixrt.runtime.serving.protocol import APIError, CompletionRequest, parse_
 
 class CompletionRoute:
     def __init__(self, routes: Any):
-        self.routes = routes  # OpenAIRoutes: model check, request preparation, usage, logprobs, finish reasons
+        # OpenAIRoutes: model check, request preparation, usage, logprobs, finish reasons
+        self.routes = routes
         self.tm = routes.tm
 
     async def __call__(self, request: Request) -> Any:

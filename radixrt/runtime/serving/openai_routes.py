@@ -1,5 +1,5 @@
-"""OpenAI-compatible routes: GET /v1/models, and what POST /v1/completions (openai_completions.py) and
-/v1/chat/completions (openai_chat.py) share: the model check, the ignored-fields header, request
+"""OpenAI-compatible routes: GET /v1/models, and what POST /v1/completions (openai_completions.py)
+and /v1/chat/completions (openai_chat.py) share: the model check, the ignored-fields header, request
 preparation, usage, logprobs in OpenAI's two shapes, finish reasons, and the SSE stream of chunks.
 
 Each choice is one scheduler request (n is expanded into rid-i by the tokenizer manager);
@@ -50,7 +50,8 @@ class OpenAIRoutes:
         return (res.finished_reason or {}).get("matched")
 
     def reply(self, req: Any, answer: Any) -> Any:
-        """The route's answer, with the top-level fields it ignored named in a header (and logged once)."""
+        """The route's answer, with the top-level fields it ignored named in a header (and logged
+        once)."""
         # safe in a header
         ignored = [name for name in req.ignored_fields() if _FIELD_NAME.fullmatch(name)]
         if not ignored:
@@ -79,7 +80,7 @@ class OpenAIRoutes:
     def token_str(self, tid: int) -> str:
         return self.tm.tokenizer.decode([tid])
 
-    # ---------------------------------------------------------------- logprobs in OpenAI's two shapes
+    # -------------------------------------------------------------- logprobs in OpenAI's two shapes
     def completion_logprobs(
         self, lps: list, tops: list, start: int, num_top: int
     ) -> dict[str, Any]:
@@ -112,7 +113,7 @@ class OpenAIRoutes:
             "refusal": None,
         }
 
-    # ---------------------------------------------------------------- shared request flow
+    # -------------------------------------------------------------- shared request flow
     async def prepare(
         self,
         req: Any,
@@ -122,7 +123,8 @@ class OpenAIRoutes:
         top_logprobs: int,
         extra: dict[str, Any] | None = None,
     ) -> tuple[RequestHandle, list[SequenceResult], int]:
-        """Validate and submit: one scheduler request per prompt and copy; extra overrides sampling fields."""
+        """Validate and submit: one scheduler request per prompt and copy; extra overrides sampling
+        fields."""
         if getattr(req, "session_id", None) is not None and len(prompts) > 1:
             raise APIError(
                 "session_id needs a single prompt (a session continues one conversation)",
@@ -166,8 +168,8 @@ class OpenAIRoutes:
     def usage_options(
         self, req: Any, base: dict[str, Any], results: list[SequenceResult], prompt_tokens: int
     ) -> tuple[Any, Any]:
-        """stream_options -> (the final usage chunk's builder or None, the per-chunk usage builder or None:
-        continuous_usage_stats puts the usage so far into every chunk)."""
+        """stream_options -> (the final usage chunk's builder or None, the per-chunk usage builder
+        or None: continuous_usage_stats puts the usage so far into every chunk)."""
         opts = req.stream_options
         usage = lambda: self.usage(results, prompt_tokens)  # noqa: E731
         final = (
@@ -186,8 +188,9 @@ class OpenAIRoutes:
         usage_chunk: Any,
         usage_now: Any = None,
     ) -> AsyncIterator[bytes]:
-        """SSE: the opening chunks, one chunk per delta, finish chunks, usage, [DONE]. Errors become an
-        error event; a client that goes away cancels this generator and `close` aborts the rest."""
+        """SSE: the opening chunks, one chunk per delta, finish chunks, usage, [DONE]. Errors become
+        an error event; a client that goes away cancels this generator and `close` aborts the
+        rest."""
         lp_sent = [0] * len(results)  # logprobs already sent per choice (held-back text sends none)
         try:
             for b in first:

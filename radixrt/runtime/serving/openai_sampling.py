@@ -1,5 +1,5 @@
-"""The OpenAI routes' sampling fields as SGLang sampling parameters: names mapped, constraints (regex,
-json_schema, ebnf, response_format) turned into one constraint parameter."""
+"""The OpenAI routes' sampling fields as SGLang sampling parameters: names mapped, constraints
+(regex, json_schema, ebnf, response_format) turned into one constraint parameter."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ JSON_OBJECT_WHITESPACE = {"whitespace_flexible": False, "whitespace_pattern": "[
 
 
 def json_object_grammar(max_depth: int) -> str:
-    """json_object as real JSON: any object whose values nest at most max_depth levels (the object itself is
-    level 1), with the whitespace JSON allows (bounded per gap, so it cannot loop). A Lark grammar over a JSON
-    schema llguidance enforces; the levels are $defs, each referring to the one below, so the grammar grows
-    linearly with the depth."""
+    """json_object as real JSON: any object whose values nest at most max_depth levels (the object
+    itself is level 1), with the whitespace JSON allows (bounded per gap, so it cannot loop). A Lark
+    grammar over a JSON schema llguidance enforces; the levels are $defs, each referring to the one
+    below, so the grammar grows linearly with the depth."""
     scalar = {"type": ["string", "number", "boolean", "null"]}
     defs = {"level1": scalar}  # levelK: a value whose containers nest at most K - 1 deep
     for k in range(2, max_depth + 1):
@@ -41,7 +41,8 @@ JSON_OBJECT_LARK = json_object_grammar(16)  # the default --json-object-max-dept
 
 
 def constraint_from_request(req: _SamplingFields, json_object_depth: int = 16) -> dict[str, str]:
-    """regex / json_schema / ebnf / response_format -> the sampling-param form (json_schema as a JSON string)."""
+    """regex / json_schema / ebnf / response_format -> the sampling-param form (json_schema as a
+    JSON string)."""
     out: dict[str, str] = {}
     if req.regex is not None:
         out["regex"] = req.regex
@@ -80,7 +81,8 @@ def constraint_from_request(req: _SamplingFields, json_object_depth: int = 16) -
 def sampling_dict(
     req: _SamplingFields, max_new_tokens: int, json_object_depth: int = 16
 ) -> dict[str, Any]:
-    """The OpenAI fields as a SamplingParams dict (not yet validated: SamplingParams.from_dict does that)."""
+    """The OpenAI fields as a SamplingParams dict (not yet validated: SamplingParams.from_dict does
+    that)."""
     d: dict[str, Any] = {"max_new_tokens": max_new_tokens, "n": req.n}
     pairs = {
         "temperature": req.temperature,

@@ -41,7 +41,8 @@ def error_body(
 
 
 def from_value_error(e: ValueError) -> APIError:
-    """SamplingParams and friends raise ValueError naming the parameter: keep the name as `param`."""
+    """SamplingParams and friends raise ValueError naming the parameter: keep the name as
+    `param`."""
     if isinstance(e, RequestError):
         return APIError(str(e), 400, param=e.param, code=e.code)
     m = re.search(r"sampling parameters? (\w+)", str(e))
@@ -83,8 +84,9 @@ def _is_union_tag(x: Any) -> bool:
 
 # ----------------------------------------------------------------- SGLang-native /generate
 class GenerateRequest(_Strict):
-    # unknown top-level fields are ignored: sglang-router forwards SGLang's whole request shape (model,
-    # log_metrics, lora_path, ... at their defaults); sampling_params and every known field stay strict
+    # unknown top-level fields are ignored: sglang-router forwards SGLang's whole request shape
+    # (model, log_metrics, lora_path, ... at their defaults); sampling_params and every known field
+    # stay strict
     model_config = ConfigDict(extra="allow", strict=True)
     text: Union[str, list[str], None] = None
     input_ids: Union[list[int], list[list[int]], None] = None
@@ -144,9 +146,9 @@ class ResponseFormat(_Strict):
 
 
 class _SamplingFields(_Strict):
-    """Sampling fields shared by both OpenAI routes (with SGLang's extras). Unknown top-level fields are
-    accepted and ignored (clients send metadata, user, reasoning_effort, ...): `ignored_fields` names them
-    for the route's warning header and log."""
+    """Sampling fields shared by both OpenAI routes (with SGLang's extras). Unknown top-level fields
+    are accepted and ignored (clients send metadata, user, reasoning_effort, ...): `ignored_fields`
+    names them for the route's warning header and log."""
 
     model_config = ConfigDict(extra="allow", strict=True)
     model: str | None = None
@@ -209,7 +211,8 @@ class ChatMessage(_Strict):
         return "".join(p.text for p in self.content)
 
     def as_dict(self) -> dict[str, Any]:
-        """The message as a chat template takes it: OpenAI's `developer` role is `system` to a template."""
+        """The message as a chat template takes it: OpenAI's `developer` role is `system` to a
+        template."""
         d: dict[str, Any] = {
             "role": "system" if self.role == "developer" else self.role,
             "content": self.text(),

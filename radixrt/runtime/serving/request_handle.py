@@ -63,7 +63,8 @@ class RequestHandle:
         return index, out
 
     def close(self) -> None:
-        """Abort every unfinished sequence (pages go back at once). Never awaits: safe while cancelled."""
+        """Abort every unfinished sequence (pages go back at once). Never awaits: safe while
+        cancelled."""
         for rid in self.unfinished:
             self.tm.abort(rid)
         self.unfinished.clear()

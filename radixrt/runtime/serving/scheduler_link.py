@@ -1,6 +1,6 @@
 """The main process's link to the scheduler: the sockets, each text delta routed to its request's
-queue, the heartbeat the watchdog (launch.py) reads, admin round trips (answers of one type come back
-in order) and health probes, and failing every request at once when a child process died.
+queue, the heartbeat the watchdog (launch.py) reads, admin round trips (answers of one type come
+back in order) and health probes, and failing every request at once when a child process died.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ HEARTBEAT_PROBE_ID = -1  # health probes of /health count up from 0
 
 
 class SchedulerLink:
-    """The sockets to the scheduler and what travels on them; TokenizerManager adds the tokenizer and
-    the checks that make requests."""
+    """The sockets to the scheduler and what travels on them; TokenizerManager adds the tokenizer
+    and the checks that make requests."""
 
     def __init__(
         self,
@@ -72,7 +72,7 @@ class SchedulerLink:
 
     # ------------------------------------------------------------------ lifecycle
     async def connect(self, procs: dict[str, Any], timeout: float) -> None:
-        """Open the sockets and wait until every child process reported ready (model load: 10-40 s)."""
+        """Open the sockets and wait until every child process is ready (model load: 10-40 s)."""
         self._actx = zmq.asyncio.Context()
         self._pull = self._actx.socket(zmq.PULL)
         self._pull.bind(self.tokenizer_path)
@@ -128,8 +128,9 @@ class SchedulerLink:
                 logger.warning("unexpected message %s", type(msg).__name__)
 
     async def _heartbeat_loop(self) -> None:
-        """Probe the scheduler loop every HEARTBEAT_INTERVAL_S; it answers between steps. The watchdog
-        (launch.py) reads last_heartbeat: a loop that stops answering is a hung scheduler."""
+        """Probe the scheduler loop every HEARTBEAT_INTERVAL_S; it answers between steps. The
+        watchdog (launch.py) reads last_heartbeat: a loop that stops answering is a hung
+        scheduler."""
         while True:
             await asyncio.sleep(HEARTBEAT_INTERVAL_S)
             if self.dead_reason is None:

@@ -49,7 +49,8 @@ IDLE_POLL_MS = 100  # how long an idle loop sleeps on the socket before checking
 
 
 def load_class(path: str) -> type:
-    """ "module:name" -> a class or factory taking the config (tests substitute a fake scheduler this way)."""
+    """ "module:name" -> a class or factory taking the config (tests substitute a fake scheduler
+    this way)."""
     module, _, name = path.partition(":")
     if not name:
         raise ValueError(f"scheduler class must look like 'package.module:Class', got {path!r}")
@@ -74,7 +75,8 @@ class SchedulerLoop:
     def handle(self, msg: Any) -> None:
         s = self.scheduler
         if isinstance(msg, TokenizedGenerateReq):
-            # Registered on the same socket as the outputs, so it always reaches the detokenizer first.
+            # Registered on the same socket as the outputs, so it always reaches the detokenizer
+            # first.
             text_keys = (
                 "stop",
                 "stop_regex",
@@ -98,7 +100,8 @@ class SchedulerLoop:
         elif isinstance(msg, HealthCheckReq):
             self.to_tokenizer.send(messages.encode(HealthCheckOut(probe_id=msg.probe_id)))
         elif isinstance(msg, GetServerInfoReq):
-            # the integrity walk only when idle: a scrape (/metrics, /get_server_info) never costs a step
+            # the integrity walk only when idle: a scrape (/metrics, /get_server_info) never costs a
+            # step
             info = s.server_info(walk=not s.has_work())
             self.to_tokenizer.send(messages.encode(SchedulerInfo(info=info)))
         elif isinstance(msg, GetCacheTreeReq):
@@ -160,7 +163,8 @@ class SchedulerLoop:
             if not s.has_work():
                 self.drain(IDLE_POLL_MS)
                 continue
-            # Requests whose grammar is still compiling are work without a forward: back off a little.
+            # Requests whose grammar is still compiling are work without a forward: back off a
+            # little.
             self.drain(1 if idle_steps else 0)
             ran = s.step()
             outs = s.take_outputs()

@@ -1,6 +1,6 @@
-"""What the server reports about itself: GET /health, /get_model_info (/model_info), /get_server_info
-(/server_info) and the Prometheus /metrics. The replicas behind sglang-router answer the router's
-questions with these."""
+"""What the server reports about itself: GET /health, /get_model_info (/model_info),
+/get_server_info (/server_info) and the Prometheus /metrics. The replicas behind sglang-router
+answer the router's questions with these."""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ def add_status_routes(
     @app.get("/get_model_info")
     @app.get("/model_info")  # SGLang serves both names
     async def get_model_info() -> dict[str, Any]:
-        # the chat template travels too, so a client (the DSL over HTTP or sgl.OpenAI) renders roles as we do
+        # the chat template travels too, so a client (the DSL over HTTP or sgl.OpenAI) renders roles
+        # as we do
         tok = tm.tokenizer
         return {
             **tm.model_info,

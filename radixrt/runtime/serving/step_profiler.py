@@ -1,8 +1,9 @@
-"""/start_profile and /stop_profile: torch.profiler around the scheduler process's steps, as SGLang's routes.
+"""/start_profile and /stop_profile: torch.profiler around the scheduler process's steps, as
+SGLang's routes.
 
 The trace is written on stop (or after num_steps forward steps) as a Chrome trace,
-`<output_dir>/radixrt-<unix time>.trace.json`; output_dir defaults to $SGLANG_TORCH_PROFILER_DIR (SGLang's
-variable), else the system's temporary directory.
+`<output_dir>/radixrt-<unix time>.trace.json`; output_dir defaults to $SGLANG_TORCH_PROFILER_DIR
+(SGLang's variable), else the system's temporary directory.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""POST /tokenize and /detokenize (SGLang's and vLLM's routes): the server's own tokenizer over HTTP, so a
-client (the DSL's RuntimeEndpoint among them) counts and splits text exactly as the server will."""
+"""POST /tokenize and /detokenize (SGLang's and vLLM's routes): the server's own tokenizer over
+HTTP, so a client (the DSL's RuntimeEndpoint among them) counts and splits text exactly as the
+server will."""
 
 from __future__ import annotations
 

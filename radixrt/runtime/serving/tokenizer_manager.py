@@ -49,8 +49,8 @@ class TokenizerManager(SchedulerLink):
         self._grammar = None
 
     async def start(self, procs: dict[str, Any], timeout: float = 600.0) -> None:
-        """Open the sockets, wait until every child process reported ready (model load: 10-40 s), build
-        the constraint check, then route what the scheduler sends."""
+        """Open the sockets, wait until every child process reported ready (model load: 10-40 s),
+        build the constraint check, then route what the scheduler sends."""
         await self.connect(procs, timeout)
         # ~0.5 s: walks the vocabulary
         self._grammar = await asyncio.to_thread(self._make_grammar_backend)
@@ -77,10 +77,10 @@ class TokenizerManager(SchedulerLink):
         return f"{self._rid_prefix}-{next(self._rid_counter)}"
 
     async def encode(self, texts: list[str], add_special_tokens: bool = False) -> list[list[int]]:
-        """Token ids of each text. Raw prompts (/generate, /v1/completions) pass add_special_tokens=True:
-        the BOS token exactly when the tokenizer's config says to add one, as transformers does; a chat
-        template's text already carries its own. Long inputs are tokenized on a worker thread so one
-        huge prompt does not stall every other stream."""
+        """Token ids of each text. Raw prompts (/generate, /v1/completions) pass
+        add_special_tokens=True: the BOS token exactly when the tokenizer's config says to add one,
+        as transformers does; a chat template's text already carries its own. Long inputs are
+        tokenized on a worker thread so one huge prompt does not stall every other stream."""
 
         def run() -> list[list[int]]:
             return [self.tokenizer.encode(t, add_special_tokens=add_special_tokens) for t in texts]
@@ -112,8 +112,9 @@ class TokenizerManager(SchedulerLink):
         return chooser
 
     async def _validate_constraint(self, kind: str, spec: Any) -> None:
-        """Schema normalisation can be slow or explosive: it runs in the grammar workers (killed at the
-        compile timeout), awaited on a thread, so the event loop (/health, every stream) never waits."""
+        """Schema normalisation can be slow or explosive: it runs in the grammar workers (killed at
+        the compile timeout), awaited on a thread, so the event loop (/health, every stream) never
+        waits."""
         if self._grammar is None:
             return
         try:
@@ -195,7 +196,8 @@ class TokenizerManager(SchedulerLink):
     async def cache_tree(
         self, max_depth: int, max_nodes: int, timeout: float = 30.0
     ) -> dict[str, Any]:
-        """The scheduler's cache view with text previews (decoded here: the scheduler has no tokenizer)."""
+        """The scheduler's cache view with text previews (decoded here: the scheduler has no
+        tokenizer)."""
         view = (
             await self._ask(
                 GetCacheTreeReq(max_depth=max_depth, max_nodes=max_nodes), CacheTreeOut, timeout

@@ -1,12 +1,13 @@
 """Tool calls out of generated text, incrementally: one parser for streamed and whole outputs.
 
 The text is content with calls in the fallback (Hermes-style) format of tool_calls.py:
-`<tool_call>\n{"name": "NAME", "arguments": {...}}\n</tool_call>`. Feeding the text in any split yields
-the same events in the same order (only how content and arguments are cut into fragments differs):
-content fragments, then per call `CallStart(index, name)`, argument fragments that concatenate to the
-arguments' exact JSON text as generated, and `CallEnd(index)`. A non-streamed response feeds the whole
-text at once; a stream feeds each delta. Text is held back only while it may still turn out to be the
-start of a tag or a call's closing brace, so a stream never sends a fragment it has to take back.
+`<tool_call>\n{"name": "NAME", "arguments": {...}}\n</tool_call>`. Feeding the text in any split
+yields the same events in the same order (only how content and arguments are cut into fragments
+differs): content fragments, then per call `CallStart(index, name)`, argument fragments that
+concatenate to the arguments' exact JSON text as generated, and `CallEnd(index)`. A non-streamed
+response feeds the whole text at once; a stream feeds each delta. Text is held back only while it
+may still turn out to be the start of a tag or a call's closing brace, so a stream never sends a
+fragment it has to take back.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
 # the value has begun
 _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*(?=\S)')
-# what may still be the end of a call: whitespace, the wrapper's closing brace, whitespace, part of CLOSE
+# what may still be the end of a call: whitespace, the wrapper's closing brace, whitespace, part of
+# CLOSE
 _TAIL = re.compile(r"\s*(?:\}\s*)?(?:<[/a-z_]*)?\Z")
 
 
@@ -76,8 +78,8 @@ class ToolCallParser:
 
     def finish(self) -> list[Event]:
         """End of output: held-back content goes out (but whitespace after the last call, which only
-        separates calls). A call the output cut short (finish_reason "length") keeps the start and arguments
-        already sent, and gets no CallEnd."""
+        separates calls). A call the output cut short (finish_reason "length") keeps the start and
+        arguments already sent, and gets no CallEnd."""
         keep = not self.in_call and self.buf and not (self.num_calls and not self.buf.strip())
         events: list[Event] = [Content(self.buf)] if keep else []
         self.buf = ""
@@ -125,8 +127,9 @@ class ToolCallParser:
         return events
 
     def _call_end(self) -> int:
-        """Where the call's CLOSE tag is: the first one after which the text before it is whole JSON arguments
-        and the wrapper's brace (a string argument may itself contain "</tool_call>"); -1 while none is."""
+        """Where the call's CLOSE tag is: the first one after which the text before it is whole JSON
+        arguments and the wrapper's brace (a string argument may itself contain "</tool_call>"); -1
+        while none is."""
         at = self.buf.find(CLOSE, self._args_at)
         while at >= 0:
             body = self.buf[self._args_at : at].rstrip()

@@ -1,13 +1,14 @@
-"""OpenAI tool calling on the chat route: the request's tools checked, rendered into the prompt, and the
-grammar that makes a call impossible to break.
+"""OpenAI tool calling on the chat route: the request's tools checked, rendered into the prompt, and
+the grammar that makes a call impossible to break.
 
 Format: when the model's chat template renders `tools` itself, it gets them (and the messages as
-OpenAI sends them); otherwise (SmolLM2's template has no tools) the fallback, Hermes-style: the tools
-as JSON inside `<tools></tools>` in the system message, calls as `<tool_call>\n{"name": ..., "arguments":
-...}\n</tool_call>`, tool results as `<tool_response>` messages. Either way the model's calls are
-read in that call format (tool_call_parser.py) and constrained by it (constrained/tool_call_regex.py):
-with tool_choice `required` or a named function from the first token, with `auto` from the moment the
-model opens `<tool_call>` (openai_chat.py runs that as a second phase over the cached prefix).
+OpenAI sends them); otherwise (SmolLM2's template has no tools) the fallback, Hermes-style: the
+tools as JSON inside `<tools></tools>` in the system message, calls as `<tool_call>\n{"name": ...,
+"arguments": ...}\n</tool_call>`, tool results as `<tool_response>` messages. Either way the model's
+calls are read in that call format (tool_call_parser.py) and constrained by it
+(constrained/tool_call_regex.py): with tool_choice `required` or a named function from the first
+token, with `auto` from the moment the model opens `<tool_call>` (openai_chat.py runs that as a
+second phase over the cached prefix).
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ MAX_TOOLS = 128
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for function names
 FALLBACK_INSTRUCTIONS = (
     "You may call one or more functions to assist with the user query. The functions are described "
-    "inside <tools></tools>:\n<tools>\n{tools}\n</tools>\nTo call a function, answer with its name and "
-    "arguments as a JSON object inside <tool_call></tool_call> tags:\n"
+    "inside <tools></tools>:\n<tools>\n{tools}\n</tools>\nTo call a function, answer with its name "
+    "and arguments as a JSON object inside <tool_call></tool_call> tags:\n"
     + OPEN
     + '\n{{"name": <function-name>, "arguments": <args-json-object>}}\n'
     + CLOSE
@@ -50,7 +51,8 @@ class ToolPlan:
 def plan_tools(
     tools: list[dict[str, Any]] | None, tool_choice: Any, parallel: bool | None
 ) -> ToolPlan | None:
-    """Check tools / tool_choice / parallel_tool_calls (a 400 naming the field); None without tools."""
+    """Check tools / tool_choice / parallel_tool_calls (a 400 naming the field); None without
+    tools."""
     if not tools:
         if tool_choice not in (None, "none"):
             raise APIError("tool_choice needs tools", param="tool_choice")
@@ -116,14 +118,18 @@ def _call_text(call: dict[str, Any]) -> str:
         raise APIError(
             "an assistant message's tool_calls[].function.arguments is not JSON", param="messages"
         ) from None
-    return f"{OPEN}\n{json.dumps({'name': fn.get('name'), 'arguments': args_obj}, ensure_ascii=False)}\n{CLOSE}"
+    return (
+        f"{OPEN}\n"
+        f"{json.dumps({'name': fn.get('name'), 'arguments': args_obj}, ensure_ascii=False)}\n"
+        f"{CLOSE}"
+    )
 
 
 def fallback_messages(
     messages: list[dict[str, Any]], plan: ToolPlan | None
 ) -> list[dict[str, Any]]:
-    """OpenAI messages (role, content, tool_calls, tool_call_id, name) -> plain role/content messages in the
-    fallback format, the tools described in the system message."""
+    """OpenAI messages (role, content, tool_calls, tool_call_id, name) -> plain role/content
+    messages in the fallback format, the tools described in the system message."""
     out = []
     for m in messages:
         role, content = m["role"], m.get("content") or ""

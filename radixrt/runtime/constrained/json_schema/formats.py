@@ -1,13 +1,15 @@
-"""Formats outside JSON Schema's vocabulary are annotations: removed before llguidance sees a schema.
+"""Formats outside JSON Schema's vocabulary are annotations: removed before llguidance sees a
+schema.
 
-JSON Schema defines a fixed set of `format` names; any other name (OpenAPI's "byte", "int32", "password",
-tools' "color", "textarea", "mongoId"...) must be ignored by a validator, so the value is any string.
-llguidance refuses the whole schema at an unknown name ("Unknown format: byte"), which sent schemas such as
-the MCP spec's to the slow outlines fallback or refused them. Standard names llguidance does not implement
-(uri-template, regex, json-pointer...) stay: dropping those would admit strings a format-asserting validator
-rejects, so llguidance keeps refusing them.
+JSON Schema defines a fixed set of `format` names; any other name (OpenAPI's "byte", "int32",
+"password", tools' "color", "textarea", "mongoId"...) must be ignored by a validator, so the value
+is any string. llguidance refuses the whole schema at an unknown name ("Unknown format: byte"),
+which sent schemas such as the MCP spec's to the slow outlines fallback or refused them. Standard
+names llguidance does not implement (uri-template, regex, json-pointer...) stay: dropping those
+would admit strings a format-asserting validator rejects, so llguidance keeps refusing them.
 
-Only schema positions are walked (a `const`, `enum` or `default` value holding a "format" key is data).
+Only schema positions are walked (a `const`, `enum` or `default` value holding a "format" key is
+data).
 """
 
 from __future__ import annotations

@@ -1,13 +1,14 @@
-"""Declared keys only: the object language a generating model is held to, as xgrammar's strict mode (SGLang's
-default) and our outlines path (objects.py) do.
+"""Declared keys only: the object language a generating model is held to, as xgrammar's strict mode
+(SGLang's default) and our outlines path (objects.py) do.
 
-JSON Schema lets an object carry any undeclared key unless `additionalProperties` says otherwise; a small model
-given that freedom rambles (`"type":"object","properties":{...` pasted back from its prompt until the budget
-runs out). For llguidance, which follows the standard, `additionalProperties: false` is written into every
-object schema that declares `properties` and says nothing about other keys. Not where it would change which
-values are valid beyond dropping undeclared keys: a schema using allOf / if-then / dependentSchemas /
-unevaluatedProperties (which combine an object's keys across subschemas), or declaring keys beside an
-anyOf / oneOf / $ref / not on the same object, is left as it is.
+JSON Schema lets an object carry any undeclared key unless `additionalProperties` says otherwise; a
+small model given that freedom rambles (`"type":"object","properties":{...` pasted back from its
+prompt until the budget runs out). For llguidance, which follows the standard,
+`additionalProperties: false` is written into every object schema that declares `properties` and
+says nothing about other keys. Not where it would change which values are valid beyond dropping
+undeclared keys: a schema using allOf / if-then / dependentSchemas / unevaluatedProperties (which
+combine an object's keys across subschemas), or declaring keys beside an anyOf / oneOf / $ref / not
+on the same object, is left as it is.
 """
 
 from __future__ import annotations
@@ -45,9 +46,9 @@ def declared_keys_only(schema: Any) -> Any:
 
 
 def _mixes(s: Any) -> bool:
-    """Some subschema declares keys and also has an applicator beside them (`{"properties": .., "oneOf": ..}`,
-    `{"$ref": .., "properties": ..}`): the keys of one instance are then declared in two places, and closing
-    either would refuse the other's."""
+    """Some subschema declares keys and also has an applicator beside them
+    (`{"properties": .., "oneOf": ..}`, `{"$ref": .., "properties": ..}`): the keys of one instance
+    are then declared in two places, and closing either would refuse the other's."""
     if isinstance(s, dict):
         if any(k in s for k in OBJECT_KEYWORDS) and any(k in s for k in SIBLING_APPLICATORS):
             return True
@@ -82,8 +83,8 @@ def _strict(s: Any) -> Any:
 
 
 def _uses(s: Any, keys: tuple[str, ...]) -> bool:
-    """Whether any subschema (found by walking every dict and list) has one of `keys` as a keyword. A property
-    named like a keyword also counts: it only makes us leave the schema alone."""
+    """Whether any subschema (found by walking every dict and list) has one of `keys` as a keyword.
+    A property named like a keyword also counts: it only makes us leave the schema alone."""
     if isinstance(s, dict):
         return any(k in s for k in keys) or any(_uses(v, keys) for v in s.values())
     if isinstance(s, list):

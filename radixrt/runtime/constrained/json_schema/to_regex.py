@@ -13,8 +13,7 @@ It never claims success for output the schema would reject. Subsets it chooses:
 - untyped values (`{}`) are generic JSON nested at most `generic_depth` levels.
 Rejected: not (beyond types), if/then/else, contains, uniqueItems, dependentSchemas,
 multipleOf that is not enumerable, min/maxProperties it cannot count, overlapping oneOf
-branches, formats we cannot generate (see grammar_regex.FORMATS), pattern with lookaround.
-"""
+branches, formats we cannot generate (see grammar_regex.FORMATS), pattern with lookaround."""
 
 from __future__ import annotations
 
@@ -80,7 +79,7 @@ class SchemaCompiler:
             )
         return rx
 
-    # -- helpers shared with grammar_schema_objects -------------------------------------------------
+    # -- helpers shared with grammar_schema_objects ------------------------------------------------
     def check_literal(self, value: Any, schema: Any) -> bool:
         if self._check is None:
             self._check = make_literal_checker(self.root) or False
@@ -97,7 +96,10 @@ class SchemaCompiler:
             else:
                 inner, ws = self.generic(depth - 1), self.ws
                 arr = f"\\[{ws}(?:{inner}(?:{ws},{ws}{inner})*)?{ws}\\]"
-                obj = f"\\{{{ws}(?:{R.STRING}{ws}:{ws}{inner}(?:{ws},{ws}{R.STRING}{ws}:{ws}{inner})*)?{ws}\\}}"
+                obj = (
+                    f"\\{{{ws}(?:{R.STRING}{ws}:{ws}{inner}"
+                    f"(?:{ws},{ws}{R.STRING}{ws}:{ws}{inner})*)?{ws}\\}}"
+                )
                 self._generic[depth] = alt([prim, arr, obj])
         return self._generic[depth]
 
@@ -267,7 +269,7 @@ class SchemaCompiler:
 
 
 def _tighter(incl, excl, lower: bool) -> tuple[float | None, bool]:
-    """The binding bound of minimum/exclusiveMinimum (or maximum/exclusiveMaximum): (value, exclusive)."""
+    """The binding bound of minimum/exclusiveMinimum (or of the maxima): (value, exclusive)."""
     if excl is None:
         return incl, False
     if incl is None or (excl >= incl if lower else excl <= incl):

@@ -1,15 +1,15 @@
-"""The dense math of one Llama-family layer, as pure functions of tensors: the same code runs eager and
-inside torch.compile'd graphs (model/compiled_layers.py).
+"""The dense math of one Llama-family layer, as pure functions of tensors: the same code runs eager
+and inside torch.compile'd graphs (model/compiled_layers.py).
 
 A layer is split at attention, which reads the paged pool and stays outside any graph:
 
-    attention_inputs(h)            norm -> qkv -> (q/k norm) -> RoPE          -> q, k, v
-    attention(q, k, v)             the attention backend (kernels/)
-    feed_forward(h, o)             o_proj -> residual -> norm -> gate_up -> silu*up -> down -> residual -> h
+    attention_inputs(h)  norm -> qkv -> (q/k norm) -> RoPE          -> q, k, v
+    attention(q, k, v)   the attention backend (kernels/)
+    feed_forward(h, o)   o_proj -> residual -> norm -> gate_up -> silu*up -> down -> residual -> h
 
-`seam` is feed_forward of layer i followed by attention_inputs of layer i+1: one graph per call between two
-attentions. Weights arrive as tuples of plain tensors (Linear.op_args), never as objects, so a compiled
-graph takes them as inputs and one graph serves every layer.
+`seam` is feed_forward of layer i followed by attention_inputs of layer i+1: one graph per call
+between two attentions. Weights arrive as tuples of plain tensors (Linear.op_args), never as
+objects, so a compiled graph takes them as inputs and one graph serves every layer.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def norm(d: LayerDims, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """RMSNorm of the float32 residual stream with a float32 weight, rounded once to the model dtype."""
+    """RMSNorm of the float32 residual stream with a float32 weight, rounded once to the model
+    dtype."""
     return F.rms_norm(h, weight.shape, weight, d.eps).to(d.dtype)
 
 
@@ -72,8 +73,8 @@ def attention_inputs(
     cos: torch.Tensor,
     sin: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """h [T, H] float32 -> q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D] in attn_dtype. cos/sin [T, 1, D]
-    (sin signed: rotate_half(x) * sin == cat(x2, x1) * cat(-sin, sin))."""
+    """h [T, H] float32 -> q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D] in attn_dtype. cos/sin
+    [T, 1, D] (sin signed: rotate_half(x) * sin == cat(x2, x1) * cat(-sin, sin))."""
     T, D, Hq, Hkv = h.shape[0], d.head_dim, d.num_q_heads, d.num_kv_heads
     out = linear(d, norm(d, h, input_norm), qkv)  # [T, (Hq + 2 Hkv) * D]
     qk = out[:, : (Hq + Hkv) * D].reshape(T, Hq + Hkv, D)
@@ -99,8 +100,8 @@ def feed_forward(
     down: tuple,
     reduce: Reduce | None = None,
 ) -> torch.Tensor:
-    """The rest of the layer after attention: o [T, Hq, D] -> the new residual stream [T, H] float32.
-    reduce: tensor parallelism's all-reduce of a row-parallel output (eager only)."""
+    """The rest of the layer after attention: o [T, Hq, D] -> the new residual stream [T, H]
+    float32. reduce: tensor parallelism's all-reduce of a row-parallel output (eager only)."""
     T, I = h.shape[0], d.intermediate_size
     attn_out = linear(d, o.reshape(T, d.num_q_heads * d.head_dim).to(d.dtype), o_proj)
     h = h + (reduce(attn_out) if reduce else attn_out)
