@@ -174,9 +174,9 @@ def n_samples(fork: bool) -> dict:
         sched, stats = engine.scheduler, engine.scheduler.stats
         peak, run = [0], sched.runner.run
 
-        def counting(plan):
+        def counting(plan, mask_sources=()):
             peak[0] = max(peak[0], sched.allocator.num_pages - sched.allocator.num_free)
-            return run(plan)
+            return run(plan, mask_sources)
 
         sched.runner.run = counting
         prompt_before, cached_before = stats.prompt_tokens, stats.cached_tokens

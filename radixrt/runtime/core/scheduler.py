@@ -102,10 +102,11 @@ class Scheduler(SchedulerAdmin):
 
     def close(self) -> None:
         """Stop the grammar compile workers and what the runner started; the scheduler is done."""
-        if self.grammar_backends is not None:
-            for backend in self.grammar_backends.built():
+        try:
+            for backend in self.grammar_backends.built() if self.grammar_backends else []:
                 backend.shutdown()
-        self.runner.close()
+        finally:  # the runner's workers and tier file go even when a grammar backend fails
+            self.runner.close()
 
     def abort(self, rid: str) -> list[TokenOut]:
         for req in self.waiting:

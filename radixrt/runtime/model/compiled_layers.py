@@ -293,18 +293,3 @@ def use_inductor_cache(cache_dir: str) -> None:
     """Inductor's on-disk caches (generated code, compiled kernels) under the engine's cache dir,
     unless the user pointed TORCHINDUCTOR_CACHE_DIR elsewhere."""
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(cache_dir, "inductor"))
-    _thread_lock_for_progress_bars()
-
-
-def _thread_lock_for_progress_bars() -> None:
-    """Inductor's compile progress bar (tqdm) would create a multiprocessing lock, a named semaphore
-    that the scheduler process never releases, so every stop ended with a "leaked semaphore"
-    warning: a plain thread lock does the same job in one process."""
-    import threading
-
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return
-    if getattr(tqdm, "_lock", None) is None:
-        tqdm.set_lock(threading.RLock())

@@ -18,6 +18,7 @@ import pathlib
 import shutil
 import signal
 import tempfile
+import threading
 from typing import Any
 
 logger = logging.getLogger("radixrt.server")
@@ -74,11 +75,19 @@ def _stop_resource_tracker() -> None:
     from multiprocessing import resource_tracker
 
     stop = getattr(resource_tracker._resource_tracker, "_stop", None)  # private, present since 3.8
-    if stop is not None:
+    if stop is None:
+        return
+
+    def stop_quietly() -> None:
         try:
             stop()
         except (OSError, ChildProcessError):
             pass
+
+    # it waits for the tracker, which waits for every holder of its pipe: never hang the stop on it
+    waiter = threading.Thread(target=stop_quietly, name="stop-resource-tracker", daemon=True)
+    waiter.start()
+    waiter.join(STOP_TIMEOUT_S)
 
 
 def _interrupt(signum: int, frame: Any) -> None:

@@ -183,6 +183,7 @@ def run_scheduler_process(
 ) -> None:
     """Entry point of the scheduler process (spawned): load the model, report ready, loop."""
     set_parent_death_signal()
+    _thread_lock_for_progress_bars()
     flag = StopFlag()
     config = ServerConfig(**config_dict)
     logging.basicConfig(
@@ -223,3 +224,15 @@ def run_scheduler_process(
         ctx.term()
     logger.info("stopped")
     flag.exit_now()
+
+
+def _thread_lock_for_progress_bars() -> None:
+    """Inductor's compile progress bar (tqdm) would create a multiprocessing lock, a named semaphore
+    this process never releases, so every stop ended with a "leaked semaphore" warning: in this
+    process (it starts no others through tqdm) a thread lock does the same job."""
+    import threading
+
+    from tqdm import tqdm
+
+    if getattr(tqdm, "_lock", None) is None:
+        tqdm.set_lock(threading.RLock())
