@@ -141,7 +141,7 @@ class Scheduler(SchedulerAdmin):
             self._recover(plan, e)
             return True
         finally:
-            self.items.start_step()  # live grammar states: not kept past the step
+            mask_sources.clear()  # live grammar states: not kept past the step
         self._apply(plan, results)
         return True
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -180,12 +180,12 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def run(self, plan: list[PlanItem], mask_sources: list[Any] = ()) -> list[ItemResult]:
+    def run(self, plan: list[PlanItem], mask_sources: Sequence[Any] = ()) -> list[ItemResult]:
         if self.tp is None:
             logits = self._forward(plan)
         else:
             logits = self._tp_forward(plan)
-        return step_results(plan, logits, list(mask_sources), self.fill_masks, self.vocab_size)
+        return step_results(plan, logits, mask_sources, self.fill_masks, self.vocab_size)
 
     def _tp_forward(self, plan: list[PlanItem]) -> torch.Tensor:
         """Rank 0: send the forward's part of the plan to the other ranks, then run it with them."""

@@ -3,7 +3,7 @@ sampling, and the prompt logprobs an item asked for."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -43,7 +43,7 @@ def pick_positions(plan: list[PlanItem], logits: torch.Tensor, results: list[Ite
 def step_results(
     plan: list[PlanItem],
     logits: torch.Tensor,
-    mask_sources: list[Any],
+    mask_sources: Sequence[Any],
     fill_masks: MaskFiller | None,
     vocab_size: int,
 ) -> list[ItemResult]:
@@ -71,7 +71,9 @@ def step_results(
         if out.top_logprobs is not None:
             res.top_logprobs = out.top_logprobs[k]
         if j:
-            results[i].draft_results = (results[i].draft_results or []) + [res]
+            if results[i].draft_results is None:
+                results[i].draft_results = []
+            results[i].draft_results.append(res)
     return results
 
 
