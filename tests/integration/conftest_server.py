@@ -7,22 +7,15 @@ from __future__ import annotations
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 
 import psutil
 
-from radixrt.runtime.processes import wait_until_healthy
+from radixrt.runtime.processes import free_port, wait_until_healthy  # noqa: F401 (tests import free_port here)
 
 STARTUP_TIMEOUT_S = 420  # model load is 10-40 s alone; several parallel test sessions slow it a lot
 HERE = pathlib.Path(__file__).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServerProcess:
