@@ -17,48 +17,16 @@ from radixrt.runtime.cache_tree_text import add_previews, check_view_limits
 from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.core.cache_view import DEFAULT_MAX_DEPTH, DEFAULT_MAX_NODES
 from radixrt.runtime.core.pins import MAX_PIN_TTL_S
-from radixrt.runtime.incremental_detokenizer import IncrementalDetokenizer
+from radixrt.runtime.engine_sequence import Sequence
 from radixrt.runtime.messages import TokenizedGenerateReq, TokenOut
 from radixrt.runtime.request_edge import (
-    SequenceResult,
     check_prompt,
     constraint_of,
     expand_n,
-    generate_output,
 )
 from radixrt.runtime.sampling_params import SamplingParams
 
 _CONFIG_FIELDS = {f.name for f in dataclasses.fields(ServerConfig)}
-
-
-class _Sequence:
-    """One scheduler request of a generate call: its result so far and its text stream."""
-
-    def __init__(self, msg: TokenizedGenerateReq, tokenizer: Any, text_in_logprobs: bool = False):
-        sp = msg.sampling_params
-        self.msg = msg
-        self.tokenizer = tokenizer
-        # logprob entries carry the token's text (SGLang's option)
-        self.text_in_logprobs = text_in_logprobs
-        self.result = SequenceResult(msg.rid)
-        self.text = IncrementalDetokenizer.for_request(tokenizer, sp)
-        self.shown = ""  # text released to a stream so far
-
-    def add(self, out: TokenOut) -> None:
-        finished = out.finished_reason is not None
-        self.result.add({**vars(out), "text": self.text.feed(out.new_ids, finished=finished)})
-
-    @property
-    def finished(self) -> bool:
-        return self.result.finished
-
-    def output(self, logprobs_from: int = 0) -> dict:
-        token_text = (
-            (lambda t: self.tokenizer.decode([t])) if self.text_in_logprobs else (lambda t: None)
-        )
-        return generate_output(
-            self.result, self.msg.return_logprob, token_text, logprobs_from=logprobs_from
-        )
 
 
 class Engine:
@@ -74,7 +42,7 @@ class Engine:
         self.scheduler = create_scheduler(self.config)
         self.tokenizer = self.scheduler.tokenizer
         self._lock = threading.Lock()
-        self._sequences: dict[str, _Sequence] = {}
+        self._sequences: dict[str, Sequence] = {}
         self._ids = itertools.count()
         self._prefix = uuid.uuid4().hex[:8]
 
@@ -125,9 +93,37 @@ class Engine:
         seqs = self._run(flat)
         for seq in seqs.values():
             seq.text_in_logprobs = return_text_in_logprobs
-        results = [[seqs[m.rid].output() for m in copies] for copies in msgs]
+        results = [[o for m in copies for o in seqs[m.rid].outputs()] for copies in msgs]
         out = [r[0] if len(r) == 1 else r for r in results]
         return out[0] if single else out
+
+    def beam_search(
+        self,
+        prompts: str | list[str] | None = None,
+        beam_width: int = 4,
+        max_new_tokens: int = 16,
+        length_penalty: float = 1.0,
+        early_stopping: bool | str = False,
+        num_return: int | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        sampling_params: dict | None = None,
+    ) -> list[dict] | list[list[dict]]:
+        """Beam search (vLLM's LLM.beam_search; transformers' num_beams): for each prompt its
+        num_return (default beam_width) best beams, best first; each a /generate result whose
+        meta_info holds cumulative_logprob and beam_score (sum of logprobs / length **
+        length_penalty). sampling_params: more of them (a constraint, min_new_tokens, ...)."""
+        params = {
+            **(sampling_params or {}),
+            "beam_width": beam_width,
+            "n": beam_width if num_return is None else num_return,
+            "max_new_tokens": max_new_tokens,
+            "length_penalty": length_penalty,
+            "early_stopping": early_stopping,
+        }
+        single, ids_list = self._tokenize(prompts, input_ids)
+        out = self.generate(input_ids=ids_list, sampling_params=params)
+        beams = [[r] if isinstance(r, dict) else r for r in out]  # a dict: one beam returned
+        return beams[0] if single else beams
 
     def _messages(
         self, ids: list[int], params: dict | None, logprob_start_len: int | None, options: dict
@@ -142,6 +138,7 @@ class Engine:
             return_logprob=options["return_logprob"],
             logprob_start_len=logprob_start_len,
             top_logprobs_num=options["top_logprobs_num"],
+            stream=options["stream"],
         )
         return expand_n(self._new_rid(), ids, sp, logprob_start_len=start, **options)
 
@@ -236,8 +233,8 @@ class Engine:
             # thread-safe; outside the lock so other callers' steps go on
             grammar.validate(*constraint)
 
-    def _submit(self, msgs: list[TokenizedGenerateReq]) -> dict[str, _Sequence]:
-        seqs = {m.rid: _Sequence(m, self.tokenizer) for m in msgs}
+    def _submit(self, msgs: list[TokenizedGenerateReq]) -> dict[str, Sequence]:
+        seqs = {m.rid: Sequence(m, self.tokenizer) for m in msgs}
         with self._lock:
             self._sequences.update(seqs)
             for m in msgs:
@@ -262,7 +259,7 @@ class Engine:
             if not ran:
                 time.sleep(0.001)  # only grammar compilations (or other threads' work) pending
 
-    def _run(self, msgs: list[TokenizedGenerateReq]) -> dict[str, _Sequence]:
+    def _run(self, msgs: list[TokenizedGenerateReq]) -> dict[str, Sequence]:
         seqs = self._submit(msgs)
         self._step_until(lambda: all(s.finished for s in seqs.values()))
         return seqs

@@ -74,6 +74,13 @@ class IncrementalDetokenizer:
     def finished(self) -> bool:
         return self.matched_stop is not None
 
+    @classmethod
+    def add_beam_texts(cls, tokenizer: Any, sp: Any, beams: list[dict[str, Any]]) -> None:
+        """A finished beam search's beams (TokenOut.beams) each get their "text", decoded as a
+        request's output with sampling parameters sp would be."""
+        for beam in beams:
+            beam["text"] = cls.for_request(tokenizer, sp).feed(beam["output_ids"], finished=True)
+
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(
             ids, skip_special_tokens=self.skip_special_tokens, **self.decode_kwargs

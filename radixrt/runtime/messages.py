@@ -99,6 +99,9 @@ class TokenOut:
     error: str | None = None
     # with error: 400 the request was refused as given, 500 it failed inside the server
     error_status: int = 400
+    # a finished beam search: the returned beams, best first, each {"output_ids",
+    # "cumulative_logprob", "score", "finish_reason", "peak_pages"} (the detokenizer adds "text")
+    beams: list[dict[str, Any]] | None = None
 
 
 @message

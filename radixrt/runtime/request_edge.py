@@ -36,6 +36,8 @@ class EdgeLimits:
     vocab_size: int
     context_len: int
     pool_tokens: int
+    max_running: int = 2**31 - 1  # requests running at once (a beam search runs beam_width)
+    page_size: int = 1
 
 
 def constraint_of(sp: SamplingParams) -> tuple[str, Any] | None:
@@ -59,6 +61,7 @@ def check_prompt(
     return_logprob: bool = False,
     logprob_start_len: int | None = None,
     top_logprobs_num: int = 0,
+    stream: bool = False,
 ) -> int:
     """RequestError unless the prompt can run; else the logprob start (-1: no prompt logprobs)."""
     if not isinstance(input_ids, list) or not input_ids:
@@ -100,6 +103,8 @@ def check_prompt(
             param="max_tokens",
             code="context_length_exceeded",
         )
+    if sp.is_beam:
+        check_beam_request(n, sp, limits, stream=stream, return_logprob=return_logprob)
     start = -1 if not return_logprob or logprob_start_len is None else logprob_start_len
     if return_logprob and not (isinstance(start, int) and -1 <= start < n):
         raise RequestError(
@@ -111,6 +116,40 @@ def check_prompt(
             param="top_logprobs",
         )
     return start
+
+
+def check_beam_request(
+    prompt_len: int, sp: SamplingParams, limits: EdgeLimits, *, stream: bool, return_logprob: bool
+) -> None:
+    """A beam search (beam_width > 1) is answered whole, with each beam's cumulative logprob, and
+    must fit the batch and the pool even if its beams shared nothing after the prompt."""
+    if stream:
+        raise RequestError(
+            "beam search (beam_width > 1) cannot stream: its beams are known only at the end",
+            param="stream",
+        )
+    if return_logprob:
+        raise RequestError(
+            "beam search (beam_width > 1) returns each beam's cumulative_logprob, not per-token "
+            "logprobs: leave return_logprob off",
+            param="return_logprob",
+        )
+    width = sp.beam_width
+    if width > limits.max_running:
+        raise RequestError(
+            f"beam_width {width} exceeds the {limits.max_running} requests this server runs at "
+            "once (--max-running-requests)",
+            param="beam_width",
+        )
+    new = min(sp.max_new_tokens, limits.context_len - prompt_len)
+    need = prompt_len + width * (new + limits.page_size)
+    if need > limits.pool_tokens:
+        raise RequestError(
+            f"a beam search of width {width} may need {need} tokens of KV (prompt {prompt_len} + "
+            f"{width} beams x (max_new_tokens + a page)) but the KV pool holds "
+            f"{limits.pool_tokens}; it can never run",
+            param="beam_width",
+        )
 
 
 def expand_n(
@@ -127,25 +166,28 @@ def expand_n(
     session_id: str | None = None,
 ) -> list[TokenizedGenerateReq]:
     """One prompt -> sp.n scheduler requests: rid base (n = 1) or base-0..base-{n-1}, seeds
-    seed+i."""
+    seed+i. A beam search is one request whatever n (its n is the beams it returns)."""
     if session_id is not None:
         if not isinstance(session_id, str) or not 0 < len(session_id) <= MAX_SESSION_ID_CHARS:
             raise RequestError(
                 f"session_id must be a string of 1 to {MAX_SESSION_ID_CHARS} characters",
                 param="session_id",
             )
-        if sp.n != 1:
+        if sp.n != 1 or sp.is_beam:
             raise RequestError(
-                "session_id needs n = 1 (a session continues one conversation)", param="session_id"
+                "session_id needs n = 1 and no beam search (a session continues one conversation)",
+                param="session_id",
             )
+    copies = 1 if sp.is_beam else sp.n
     reqs = []
-    for i in range(sp.n):
+    for i in range(copies):
         seed = None if sp.seed is None else sp.seed + i
+        params = sp if sp.is_beam else dataclasses.replace(sp, n=1, seed=seed)
         reqs.append(
             TokenizedGenerateReq(
-                rid=base_rid if sp.n == 1 else f"{base_rid}-{i}",
+                rid=base_rid if copies == 1 else f"{base_rid}-{i}",
                 input_ids=list(input_ids),
-                sampling_params=dataclasses.replace(sp, n=1, seed=seed).to_dict(),
+                sampling_params=params.to_dict(),
                 return_logprob=return_logprob,
                 logprob_start_len=logprob_start_len,
                 top_logprobs_num=top_logprobs_num,
@@ -176,6 +218,8 @@ class SequenceResult:
         self.error: str | None = None
         self.error_status = 400
         self.server_error = False
+        self.beams: list[dict[str, Any]] | None = None  # a finished beam search's (TokenOut.beams)
+        self.beam_meta: dict[str, Any] | None = None  # one beam's (expand_beams)
 
     def add(self, out: dict[str, Any]) -> None:
         self.rid = out.get("rid", self.rid)
@@ -191,6 +235,8 @@ class SequenceResult:
         for key in ("prompt_tokens", "completion_tokens", "cached_tokens"):
             if out.get(key):
                 setattr(self, key, out[key])
+        if out.get("beams") is not None:
+            self.beams = out["beams"]
         if out.get("finished_reason") is not None:
             self.finished_reason = out["finished_reason"]
             self.error = out.get("error")
@@ -200,6 +246,27 @@ class SequenceResult:
     @property
     def finished(self) -> bool:
         return self.finished_reason is not None
+
+
+def expand_beams(res: SequenceResult) -> list[SequenceResult]:
+    """A sequence's results as a client sees them: itself, or each beam of a finished beam search
+    as a sequence of its own (text, ids, finish reason; its cumulative logprob and score)."""
+    if res.beams is None:
+        return [res]
+    out = []
+    for beam in res.beams:
+        one = SequenceResult(res.rid)
+        one.text, one.output_ids = beam.get("text", ""), list(beam["output_ids"])
+        one.finished_reason = beam["finish_reason"]
+        one.prompt_tokens, one.cached_tokens = res.prompt_tokens, res.cached_tokens
+        one.completion_tokens = len(one.output_ids)
+        one.beam_meta = {
+            "cumulative_logprob": beam["cumulative_logprob"],
+            "beam_score": beam["score"],
+            "beam_peak_pages": beam["peak_pages"],
+        }
+        out.append(one)
+    return out
 
 
 def generate_output(
@@ -222,6 +289,8 @@ def generate_output(
     }
     if res.error:
         meta["error"] = res.error
+    if res.beam_meta is not None:
+        meta.update(res.beam_meta)
     if res.finished_reason and res.finished_reason.get("incomplete"):
         # a constrained output cut by its budget before the grammar completed
         meta["incomplete"] = True

@@ -14,6 +14,7 @@ from typing import Any
 from radixrt.runtime.sampling_param_names import CONSTRAINT_FIELDS, NOT_YET
 
 MAX_N = 16
+MAX_BEAM_WIDTH = 16
 # Bounds a single request cannot exceed (each refusal names the parameter). Large enough for any
 # real use, small enough that no value costs the scheduler more than a request's own work.
 MAX_INT = 2**31 - 1  # counts and ids: beyond this nothing is meaningful (and orjson stays safe)
@@ -151,19 +152,48 @@ def check_output_options(p: Any) -> None:
 
 
 def check_not_yet_supported(p: Any) -> None:
-    """The NOT_YET parameters: well-formed, and at their "off" value ("" / None / beam_width 1)."""
-    need(
-        p,
-        p.beam_width is None or (is_int(p.beam_width) and p.beam_width >= 1),
-        "beam_width",
-        "must be an int >= 1",
-    )
+    """The NOT_YET parameters: at their "off" value ("" / None)."""
     for name, feature in NOT_YET.items():
-        value = getattr(p, name)
-        if value and not (name == "beam_width" and value == 1):
+        if getattr(p, name):
             raise ValueError(
                 f"sampling parameter {name}: {feature} is not supported by radixrt yet"
             )
+
+
+# what beam search does not combine with: it scores beams by the model's own log-probabilities
+# (transformers' do_sample=False beam search), and its beams are not text-checked as they grow
+NOT_WITH_BEAMS = ("frequency_penalty", "presence_penalty", "logit_bias", "stop", "stop_regex")
+
+
+def check_beam_search(p: Any) -> None:
+    """beam_width, length_penalty, early_stopping; with beam_width > 1, n (the beams returned) at
+    most beam_width and nothing that would change the beams' scores."""
+    need(
+        p,
+        p.beam_width is None or (is_int(p.beam_width) and 1 <= p.beam_width <= MAX_BEAM_WIDTH),
+        "beam_width",
+        f"must be an int in [1, {MAX_BEAM_WIDTH}]",
+    )
+    need(
+        p,
+        is_num(p.length_penalty) and -10 <= p.length_penalty <= 10,
+        "length_penalty",
+        "must be a number in [-10, 10]",
+    )
+    ok = isinstance(p.early_stopping, bool) or p.early_stopping == "never"
+    need(p, ok, "early_stopping", 'must be true, false or "never"')
+    if not p.is_beam:
+        return
+    need(p, p.n <= p.beam_width, "n", f"must be at most beam_width ({p.beam_width})")
+    need(p, p.max_new_tokens >= 1, "max_new_tokens", "must be >= 1 for beam search")
+    changed = [name for name in NOT_WITH_BEAMS if getattr(p, name)]
+    if p.repetition_penalty != 1.0:
+        changed.append("repetition_penalty")
+    if changed:
+        raise ValueError(
+            f"sampling parameter {changed[0]} cannot be combined with beam search (beam_width > "
+            "1): beams are scored by the model's own log-probabilities"
+        )
 
 
 def check_seed_and_n(p: Any) -> None:
@@ -267,6 +297,7 @@ CHECKS = (
     check_output_options,
     check_not_yet_supported,
     check_seed_and_n,
+    check_beam_search,
     check_constraint_specs,
     check_logit_bias,
     check_structural_tag,

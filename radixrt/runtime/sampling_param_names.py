@@ -35,11 +35,17 @@ SGLANG_SAMPLING_PARAMS = (
     "custom_params",
     "watermark",
 )
-# radixrt's own (and OpenAI's `seed`), beside SGLang's
-RADIXRT_SAMPLING_PARAMS = ("seed", "choices", "tool_call_grammar")
+# radixrt's own (and OpenAI's `seed`; transformers' beam search options), beside SGLang's
+RADIXRT_SAMPLING_PARAMS = (
+    "seed",
+    "choices",
+    "tool_call_grammar",
+    "length_penalty",
+    "early_stopping",
+)
 # SGLang parameters whose feature radixrt lacks: accepted at their "off" value, refused by name
 # otherwise
-NOT_YET = {"beam_width": "beam search", "watermark": "watermarking"}
+NOT_YET = {"watermark": "watermarking"}
 # constrained decoding, at most one per request; a structural_tag is served as the ebnf grammar it
 # becomes (constrained/structural_tag.py)
 CONSTRAINT_FIELDS = (

@@ -92,8 +92,10 @@ class SamplingParams:
     # SGLang's input to a custom logit processor; radixrt has none
     custom_params: dict[str, Any] | None = None
     seed: int | None = None  # SGLang calls it sampling_seed (accepted as that too)
-    n: int = 1
-    beam_width: int | None = None
+    n: int = 1  # with beam_width > 1: the beams returned (by default all of them)
+    beam_width: int | None = None  # > 1: beam search (core/beam_search.py), not sampling
+    length_penalty: float = 1.0  # beam search: score = sum of logprobs / length ** length_penalty
+    early_stopping: bool | str = False  # beam search: True, False or "never", as transformers'
     structural_tag: str | None = None
     watermark: Any = None
     # constrained decoding: at most one of these
@@ -135,6 +137,8 @@ class SamplingParams:
                 str(k) if isinstance(k, int) and not isinstance(k, bool) else k: v
                 for k, v in d["logit_bias"].items()
             }
+        if d.get("beam_width") not in (None, 1) and d.get("n") is None:
+            d["n"] = d["beam_width"]  # a beam search returns all its beams unless n says fewer
         p = cls(**d)
         p.validate()
         return p
@@ -144,6 +148,11 @@ class SamplingParams:
 
     def logit_bias_pairs(self) -> list[tuple[int, float]]:
         return [(int(k), float(v)) for k, v in (self.logit_bias or {}).items()]
+
+    @property
+    def is_beam(self) -> bool:
+        """Beam search (validated: beam_width is an int)."""
+        return self.beam_width is not None and self.beam_width > 1
 
     @property
     def is_greedy(self) -> bool:

@@ -221,6 +221,17 @@ class Shadow:
             except GrammarError:  # the model left the stricter DFA language: no more steering
                 self.state = None
 
+    def fork(self, tokens: list[int]) -> "Shadow":
+        """The same shadow for a forked request: tokens still pending are copied, a compiled state
+        is forked (tokens: every token accepted so far)."""
+        twin = Shadow(self._future)
+        if self._pending is not None:
+            twin._pending = list(self._pending)
+        else:
+            twin._pending = None
+            twin.state = None if self.state is None else self.state.fork(tokens)
+        return twin
+
     def current(self) -> Any:
         """The shadow state, caught up with every accepted token, or None (not compiled yet, or
         gone)."""

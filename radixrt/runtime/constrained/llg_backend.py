@@ -199,6 +199,20 @@ class LLGState(EosGate):
     def is_final(self) -> bool:
         return self.matcher.is_accepting()
 
+    def fork(self, tokens: list[int]) -> "LLGState":
+        """The matcher deep-copied; the outlines shadow (if any) forked along."""
+        twin = LLGState(
+            self.matcher.deep_copy(),
+            self.description,
+            self.eos_token_ids,
+            self.num_words,
+            self.jump_forward,
+        )
+        twin.confine, twin._eos_accepted = self.confine, self._eos_accepted
+        if self.shadow is not None:
+            twin.shadow = self.shadow.fork(tokens)
+        return twin
+
     def _fill(self, matcher: Any, words: torch.Tensor) -> None:
         from llguidance.torch import fill_next_token_bitmask
 

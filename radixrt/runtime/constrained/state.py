@@ -131,6 +131,11 @@ class EosGate:
             return
         self._write_allowed(words)
 
+    def fork(self, tokens: list[int]) -> "EosGate":
+        """A state of its own at the same place, for a beam that splits off (beam_group.py);
+        tokens: every token this state accepted, in order (a backend may replay them)."""
+        raise NotImplementedError
+
     def accept(self, token_id: int) -> None:
         if self._eos_accepted:
             raise GrammarError(f"token {token_id} after the grammar already ended")
@@ -166,6 +171,16 @@ class GrammarState(EosGate):
     def is_final(self) -> bool:
         """The text so far is a complete match: EOS is allowed now."""
         return self.guide.is_finished()
+
+    def fork(self, tokens: list[int]) -> "GrammarState":
+        """outlines-core's Guide cannot be set to a state: a fresh one replays the tokens (a
+        DFA walk, microseconds per token)."""
+        twin = GrammarState(
+            self.compiled, self.eos_token_ids, self.vocab_size, self.num_words, self.drafter
+        )
+        for token_id in tokens:
+            twin.accept(token_id)
+        return twin
 
     def _write_allowed(self, words: torch.Tensor) -> None:
         self.compiled.write_bits(self.guide.get_state(), self.guide, words)

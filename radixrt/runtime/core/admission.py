@@ -87,6 +87,12 @@ def waits_to_fork(req: Req, inflight: list[list[int]], page_size: int) -> bool:
     return page_size > 1 and not req.admitted and req.fill_ids in inflight
 
 
+def rows_held(running: list[Req]) -> int:
+    """Table rows the running requests hold or are promised: one each, a beam search its width."""
+    groups = {id(r.beam): r.beam.width for r in running if r.beam is not None}
+    return sum(r.beam is None for r in running) + sum(groups.values())
+
+
 def wants_prompt_logprobs(req: Req) -> bool:
     return req.logprob_start_len >= 0 and not req.output_ids
 
@@ -137,7 +143,7 @@ class Admission:
         reserve = policy.decode_reserve_tokens(running)
         items: list[tuple[Req, PlanItem]] = []
         for req in self._order(ready):
-            if budget <= 0 or not self._room_to_run(running):
+            if budget <= 0 or not self._room_to_run(running, req):
                 break
             match = self._match(req)
             if self._must_wait(req, match.cached, inflight):
@@ -173,9 +179,15 @@ class Admission:
                 match_len[id(r)] = len(pages) * self.memory.page_size
         return policy.order_waiting(ready, match_len, self.config.schedule_policy)
 
-    def _room_to_run(self, running: list[Req]) -> bool:
-        """A table row is free and the running batch is below --max-running-requests."""
-        return bool(self.memory.rows.num_free) and len(running) < self.config.max_running_requests
+    def _room_to_run(self, running: list[Req], req: Req) -> bool:
+        """Table rows are free for req (a beam search: for all its beams) and the running batch
+        stays within --max-running-requests, counting every running beam search at its full width
+        (the rows its beams will fork into are kept for them)."""
+        width = req.sampling.beam_width if req.sampling.is_beam else 1
+        held = rows_held(running)
+        promised = held - len(running)  # rows running beam searches have yet to fork into
+        rows_free = self.memory.rows.num_free - promised
+        return rows_free >= width and held + width <= self.config.max_running_requests
 
     def _match(self, req: Req) -> PrefixMatch:
         """req's cached prefix: in the pool, then in the second tier (none without one)."""

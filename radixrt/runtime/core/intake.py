@@ -38,6 +38,7 @@ def new_req(
         return_logprob=msg.return_logprob,
         logprob_start_len=msg.logprob_start_len,
         top_logprobs_num=msg.top_logprobs_num,
+        stream=msg.stream,
     )
     check_fault("intake", msg.input_ids)
     # the output may not run past the context

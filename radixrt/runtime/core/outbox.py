@@ -38,6 +38,10 @@ class Outbox:
                 req.input_logprobs_sent = True
         self._outs.append(out)
 
+    def put(self, out: TokenOut) -> None:
+        """Queue a TokenOut built elsewhere (a finished beam search's)."""
+        self._outs.append(out)
+
     def drain(self) -> list[TokenOut]:
         out, self._outs = self._outs, []
         return out

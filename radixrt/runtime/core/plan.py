@@ -26,6 +26,8 @@ class SampleRow:
     blocked_ids: list[int] | None = None  # must not be picked (EOS before min_new_tokens, ...)
     # constrained decoding: index into the step's mask sources (Runner.run), None: unconstrained
     mask: int | None = None
+    # beam search: return this many best (logprob, id) continuations (ItemResult.beam_offers)
+    beam_candidates: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,7 +49,8 @@ class PlanItem:
     output_ids: list[int] = field(default_factory=list)  # fill_ids = prompt_ids + output_ids
     top_logprobs_num: int = 0  # top-n prompt logprobs per scored position
     # (source page, destination page): KV the runner copies before the forward (a forked sample's
-    # first page of its own, filled from its donor's partial last prompt page: admission.py)
+    # first page of its own, filled from its donor's partial last prompt page: admission.py; a
+    # forked beam's own pages, filled from its parent's: beam_group.py)
     page_copies: tuple[tuple[int, int], ...] = ()
 
     @property
@@ -82,6 +85,9 @@ class ItemResult:
     # a draft item: the picks at the positions after each draft token (next_id above is the first
     # pick)
     draft_results: list["ItemResult"] | None = None
+    # a beam's pick: its best (logprob, id) continuations, best first: log_softmax of the raw
+    # logits, masked ids left out (SampleRow.beam_candidates of them at most)
+    beam_offers: list[tuple[float, int]] | None = None
 
 
 class PlanItemError(RuntimeError):

@@ -47,6 +47,7 @@ class ItemBuilder:
             num_draft=num_draft,
             prompt_ids=req.origin_input_ids,
             output_ids=req.output_ids,
+            page_copies=tuple(req.pending_copies),
         )
         return item, num_draft
 

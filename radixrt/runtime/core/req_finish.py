@@ -88,6 +88,7 @@ def sample_rows(
                 top_logprobs_num=req.top_logprobs_num,
                 blocked_ids=blocked_ids(req, len(output_ids), eos_ids),
                 mask=mask,
+                beam_candidates=0 if req.beam is None else req.beam.num_candidates,
             )
         )
     return tuple(rows)

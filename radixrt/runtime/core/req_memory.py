@@ -64,6 +64,37 @@ class ReqMemory:
         page = req.kv_len // self.page_size
         return donor.page_ids[page], req.page_ids[page]
 
+    def fork_beam(self, child: Req, parent: Req) -> bool:
+        """A beam search's child continues from parent, which computed all its tokens and put its
+        whole pages into the tree (share): child borrows them (locked again on its behalf), gets a
+        row and pages of its own for the rest, filled from parent's by the copies it keeps in
+        pending_copies until its first forward (only the partial last page, or every page without
+        a tree). False, child holding nothing, when the pool has no room for them."""
+        borrowed = parent.cached_len // self.page_size
+        child.page_ids, child.last_node = parent.page_ids[:borrowed], parent.last_node
+        child.cached_len, child.kv_len = parent.cached_len, parent.kv_len
+        if not self.tree.disable:
+            self.tree.inc_lock_ref(parent.last_node)
+        if not self.grow(child, child.kv_len):
+            self.drop(child)
+            return False
+        own = range(borrowed, len(child.page_ids))
+        child.pending_copies = [(parent.page_ids[i], child.page_ids[i]) for i in own]
+        child.table_row, child.table_stale = self.rows.alloc(), True
+        return True
+
+    def drop(self, req: Req) -> None:
+        """req's KV is not wanted any more (a pruned beam): its own pages go back to the allocator
+        uncached, its borrowed ones are unlocked, its row is freed."""
+        self.allocator.free(req.page_ids[req.cached_len // self.page_size :])
+        if not self.tree.disable:
+            self.tree.dec_lock_ref(req.last_node)
+        req.page_ids, req.kv_len, req.cached_len, req.last_node = [], 0, 0, None
+        req.pending_copies = []
+        if req.table_row is not None:
+            self.rows.free(req.table_row)
+            req.table_row = None
+
     def share(self, req: Req) -> None:
         """Put req's computed whole pages into the tree so waiting requests can match them."""
         self.cache_unfinished(req, req.fill_ids[: req.kv_len])

@@ -22,7 +22,7 @@ from radixrt.runtime.core.intake import GrammarBackends, new_req, refusal
 from radixrt.runtime.core.outbox import Outbox
 from radixrt.runtime.core.page_allocator import PageAllocator, TableRows
 from radixrt.runtime.core.pins import PinTable
-from radixrt.runtime.core.plan import ItemResult, PlanItem, PlanItemError, Runner
+from radixrt.runtime.core.plan import ItemResult, PlanItem, Runner
 from radixrt.runtime.core.plan_items import ItemBuilder
 from radixrt.runtime.core.req import Req
 from radixrt.runtime.core.req_finish import (
@@ -31,8 +31,10 @@ from radixrt.runtime.core.req_finish import (
 )
 from radixrt.runtime.core.req_memory import ReqMemory
 from radixrt.runtime.core.scheduler_admin import SchedulerAdmin
+from radixrt.runtime.core.scheduler_beams import SchedulerBeams
 from radixrt.runtime.core.scheduler_stats import SchedulerStats
 from radixrt.runtime.core.sessions import SessionTable
+from radixrt.runtime.core.step_recovery import StepRecovery
 from radixrt.runtime.core.tiered_cache import make_tree
 from radixrt.runtime.messages import TokenizedGenerateReq, TokenOut
 from radixrt.runtime.request_edge import EdgeLimits, constraint_of
@@ -40,7 +42,7 @@ from radixrt.runtime.request_edge import EdgeLimits, constraint_of
 log = logging.getLogger(__name__)
 
 
-class Scheduler(SchedulerAdmin):
+class Scheduler(SchedulerAdmin, SchedulerBeams, StepRecovery):
     def __init__(
         self, config: ServerConfig, runner: Runner, grammar_backends: GrammarBackends | None = None
     ):
@@ -55,11 +57,18 @@ class Scheduler(SchedulerAdmin):
         self.memory = ReqMemory(self.allocator, self.tree, TableRows(runner.max_rows))
         self.context_len = runner.context_length
         self.pool_tokens = runner.num_pages * self.page_size
-        self.limits = EdgeLimits(runner.vocab_size, self.context_len, self.pool_tokens)
+        self.limits = EdgeLimits(
+            runner.vocab_size,
+            self.context_len,
+            self.pool_tokens,
+            min(config.max_running_requests, runner.max_rows),
+            self.page_size,
+        )
         self.eos_ids = set(runner.eos_token_ids)
         self._eos_list = sorted(self.eos_ids)
         self.waiting: list[Req] = []
         self.running: list[Req] = []
+        self.beam_groups = {}
         self.outbox = Outbox()
         self.pins = PinTable(self.tree, self.pool_tokens)
         self.sessions = SessionTable(self.pins, config.session_ttl)
@@ -86,12 +95,15 @@ class Scheduler(SchedulerAdmin):
             constraint = constraint_of(req.sampling)
             if constraint is not None:
                 req.grammar_future = self.get_grammar_backend(constraint[0]).request(*constraint)
+            if req.sampling.is_beam:
+                self._start_beam_group(req)
             self.waiting.append(req)
             return self.outbox.drain()
         except Exception as e:  # ValueError: refused; anything else: our bug, still only this one's
             if not isinstance(e, (ValueError, TypeError)):
                 log.exception("intake of %s failed", msg.rid)
             self.waiting = [r for r in self.waiting if r.rid != msg.rid]
+            self.beam_groups.pop(msg.rid, None)
             return [refusal(msg, e)]
 
     def get_grammar_backend(self, kind: str = "regex") -> Any:
@@ -109,6 +121,8 @@ class Scheduler(SchedulerAdmin):
             self.runner.close()
 
     def abort(self, rid: str) -> list[TokenOut]:
+        if rid in self.beam_groups:
+            self._end_beam_group(self.beam_groups[rid], FinishReason.abort("aborted by the client"))
         for req in self.waiting:
             if req.rid == rid:
                 self.waiting.remove(req)
@@ -149,39 +163,6 @@ class Scheduler(SchedulerAdmin):
         """The deltas and finishes produced since the last call."""
         return self.outbox.drain()
 
-    def _recover(self, plan: list[tuple[Req, PlanItem]], error: Exception) -> None:
-        """A forward or sampling failed: its culprits (the whole step if it cannot tell) fail; the
-        others rerun it. Nothing was applied, so each request holds its KV, but its table row may or
-        may not have been written: rewrite it in full. A broken invariant after this propagates."""
-        culprits = set(error.indices) if isinstance(error, PlanItemError) else set(range(len(plan)))
-        status = error.status if isinstance(error, PlanItemError) else 500
-        if status >= 500:
-            log.error(
-                "step failed (%s: %s); failing %d of its %d requests",
-                type(error).__name__,
-                error,
-                len(culprits),
-                len(plan),
-                exc_info=not isinstance(error, PlanItemError),
-            )
-            self.stats.num_step_failures += 1
-        else:
-            log.warning("%d request(s) cannot go on: %s", len(culprits), error)
-        for i, (req, _) in enumerate(plan):
-            req.table_stale = True
-            req.draft_ids, req.draft_states = [], []
-            if i in culprits and not req.finished:
-                self._fail(
-                    req,
-                    str(error)
-                    if status < 500
-                    else f"internal error: {type(error).__name__}: {error}",
-                    status,
-                )
-            elif req.table_row is not None:
-                self.memory.trim(req)  # pages grown for a draft that will not run
-        self.check_integrity()
-
     def _plan(self) -> list[tuple[Req, PlanItem]]:
         decodes = self._plan_decodes()
         extends = self._plan_extends()
@@ -206,9 +187,8 @@ class Scheduler(SchedulerAdmin):
             if req.table_row is None:
                 continue  # preempted as a victim earlier in this loop
             while not self.memory.grow(req, req.seq_len):
-                victim = self._newest_running()
-                self._preempt(victim)
-                if victim is req:
+                self._preempt(self._newest_running())
+                if req.table_row is None:  # req itself, or a beam of the preempted group
                     break
             else:
                 ready.append(req)
@@ -249,6 +229,8 @@ class Scheduler(SchedulerAdmin):
     # ---------------------------------------------------------------- results
     def _apply(self, plan: list[tuple[Req, PlanItem]], results: list[ItemResult]) -> None:
         for (req, item), res in zip(plan, results):
+            if req.finished:  # a beam whose group ended earlier in this loop
+                continue
             try:
                 self.faults.check("apply", req.origin_input_ids)
                 self._apply_item(req, item, res)
@@ -256,6 +238,7 @@ class Scheduler(SchedulerAdmin):
                 log.exception("applying the step to %s failed", req.rid)
                 if not req.finished:
                     self._fail(req, f"internal error: {type(e).__name__}: {e}", 500)
+        self._advance_beams()
 
     def _apply_item(self, req: Req, item: PlanItem, res: ItemResult) -> None:
         if item.num_draft:
@@ -263,11 +246,15 @@ class Scheduler(SchedulerAdmin):
             self._after_tokens(req, reason)
             return
         self.memory.computed(req, item.prefix_len + len(item.new_ids))
+        req.pending_copies = []  # made by this step's forward
         if item.logits_start is not None:
             apply_prompt_logprobs(req, item.prefix_len, res)
         if res.next_id is None or not req.output_ids:
             self.memory.share(req)  # a finished chunk, or the whole prompt
         if res.next_id is None:
+            return
+        if req.beam is not None:  # the group advances once all its beams offered
+            req.beam.offer(req, res.beam_offers or [])
             return
         if req.sampling.max_new_tokens == 0:  # prefill only (cache warm-up, prompt scoring)
             self._finish(req, FinishReason.length_limit(0))
@@ -283,6 +270,9 @@ class Scheduler(SchedulerAdmin):
             self.outbox.emit(req)
 
     def _finish(self, req: Req, reason: FinishReason) -> None:
+        if req.beam is not None:  # a beam's abort or failure ends its whole search
+            self._end_beam_group(req.beam, reason, req.error, req.error_status)
+            return
         req.draft_ids, req.draft_states = [], []
         pinned = req.pin_ttl_s is not None or req.session_id is not None
         keep = pinned and req.table_row is not None
@@ -312,6 +302,9 @@ class Scheduler(SchedulerAdmin):
 
     def _preempt(self, req: Req) -> None:
         """Give req's memory back (its KV goes into the tree, so resuming is mostly a cache hit)."""
+        if req.beam is not None:
+            self._restart_beam_group(req.beam)
+            return
         log.debug("preempting %s", req)
         self._release(req)
         req.num_preemptions += 1

@@ -8,6 +8,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from radixrt.runtime.core.plan import ItemResult, PlanItem, PlanItemError
+from radixrt.runtime.model.beam_offers import beam_offers
 from radixrt.runtime.model.sampler import NoAllowedTokenError, sample
 
 # fill_masks(sources, vocab_size, device) -> [len(sources), vocab] bool (constrained/state.py's)
@@ -63,6 +64,10 @@ def step_results(
         out = sample(last, rows, mask)
     except NoAllowedTokenError as e:  # only the requests of those rows fail, as bad requests
         raise no_token_error(e, rows, picks) from None
+    beam_rows = [k for k, r in enumerate(rows) if r.beam_candidates]
+    if beam_rows:  # a beam has no draft: its pick is its item's first
+        for k, offers in zip(beam_rows, beam_offers(last, rows, beam_rows, mask)):
+            results[picks[k][0]].beam_offers = offers
     for k, (i, j) in enumerate(picks):
         res = results[i] if j == 0 else ItemResult()
         res.next_id = out.next_ids[k]

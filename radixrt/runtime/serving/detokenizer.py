@@ -28,6 +28,7 @@ class DetokenizerManager:
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
         self.states: dict[str, IncrementalDetokenizer] = {}
+        self.params: dict[str, dict[str, Any]] = {}  # each live request's text options
         # stop string seen here before the scheduler finished the request
         self.done_early: set[str] = set()
 
@@ -35,6 +36,7 @@ class DetokenizerManager:
         self.states[req.rid] = IncrementalDetokenizer.for_request(
             self.tokenizer, req.sampling_params
         )
+        self.params[req.rid] = req.sampling_params
 
     def handle(self, batch: BatchTokenOut) -> BatchTextOut:
         outputs = []
@@ -46,6 +48,7 @@ class DetokenizerManager:
                 logger.exception("detokenizing %s failed", out.get("rid"))
                 rid = out["rid"]
                 self.states.pop(rid, None)
+                self.params.pop(rid, None)
                 if out.get("finished_reason") is None:
                     self.done_early.add(rid)
                 message = f"internal error: detokenizing failed: {type(e).__name__}: {e}"
@@ -75,6 +78,10 @@ class DetokenizerManager:
             state = IncrementalDetokenizer(self.tokenizer)
         out = dict(out)
         out["text"] = state.feed(out["new_ids"], finished=finished)
+        if out.get("beams"):
+            IncrementalDetokenizer.add_beam_texts(
+                self.tokenizer, self.params.get(rid, {}), out["beams"]
+            )
         reason = out.get("finished_reason")
         if state.finished and (reason is None or reason.get("type") != "abort"):
             # The text was cut at a stop string: report that stop whatever the scheduler saw.
@@ -83,6 +90,7 @@ class DetokenizerManager:
                 self.done_early.add(rid)
         if out.get("finished_reason") is not None:
             self.states.pop(rid, None)
+            self.params.pop(rid, None)
         outputs.append(out)
 
 

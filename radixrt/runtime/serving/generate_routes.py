@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
 from radixrt.runtime.messages import TokenizedGenerateReq
-from radixrt.runtime.request_edge import SequenceResult, generate_output
+from radixrt.runtime.request_edge import SequenceResult, expand_beams, generate_output
 from radixrt.runtime.serving.http_io import (
     SSE_DONE,
     SSE_HEADERS,
@@ -56,7 +56,13 @@ def add_generate_routes(app: FastAPI, tm: TokenizerManager) -> None:
             )
 
         await collect_results(request, handle, results)
-        outs = [output(i) for i in range(len(results))]
+        # a beam search's sequence is its returned beams, each an output of its own
+        flat = [(i, one) for i, res in enumerate(results) for one in expand_beams(res)]
+        many = many or len(flat) > 1
+        outs = [
+            generate_output(one, flat_logprob[i], token_text, k if many else None)
+            for k, (i, one) in enumerate(flat)
+        ]
         return outs if many else outs[0]
 
 

@@ -97,6 +97,10 @@ class ChatRoute:
             req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         )
         if plan is not None and plan.mode != "none":
+            if req.use_beam_search:
+                raise APIError(
+                    "use_beam_search cannot be combined with tools", param="use_beam_search"
+                )
             return await answer_with_tools(self, request, req, plan, prompt, max_tokens)
         handle, results, prompt_tokens = await self.routes.prepare(
             req, [prompt], max_tokens, req.logprobs, req.top_logprobs or 0

@@ -64,8 +64,6 @@ class CompletionRoute:
 
     async def answer(self, request: Request, req: CompletionRequest) -> Any:
         self.routes.check_model(req.model)
-        if req.best_of not in (None, req.n):
-            raise APIError("best_of other than n is not supported", param="best_of")
         if req.suffix:
             raise APIError("suffix is not supported", param="suffix")
         if req.echo and req.logprobs is not None:

@@ -15,7 +15,7 @@ from typing import Any, AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from radixrt.runtime.request_edge import SequenceResult
+from radixrt.runtime.request_edge import SequenceResult, expand_beams
 from radixrt.runtime.serving.http_io import SSE_DONE, accumulate, collect_results, sse
 from radixrt.runtime.serving.openai_chat import ChatRoute
 from radixrt.runtime.serving.openai_completions import CompletionRoute
@@ -163,7 +163,10 @@ class OpenAIRoutes:
     async def run(
         self, request: Request, handle: RequestHandle, results: list[SequenceResult]
     ) -> None:
+        """Collect the whole answer; a beam search's sequence becomes its returned beams (each a
+        choice)."""
         await collect_results(request, handle, results)
+        results[:] = [one for res in results for one in expand_beams(res)]
 
     def usage_options(
         self, req: Any, base: dict[str, Any], results: list[SequenceResult], prompt_tokens: int

@@ -102,4 +102,29 @@ def sampling_dict(
     }
     d.update({k: v for k, v in pairs.items() if v is not None})
     d.update(constraint_from_request(req, json_object_depth))
+    d.update(beam_search_fields(req))
     return d
+
+
+def beam_search_fields(req: _SamplingFields) -> dict[str, Any]:
+    """use_beam_search (vLLM's): best_of beams wide (n when best_of is not given), n returned."""
+    if not req.use_beam_search:
+        if req.best_of not in (None, req.n):
+            raise APIError(
+                "best_of other than n needs use_beam_search (radixrt does not sample best_of "
+                "candidates to keep n)",
+                param="best_of",
+            )
+        return {}
+    width = req.best_of if req.best_of is not None else req.n
+    if width < 2:
+        raise APIError(
+            "use_beam_search needs a beam width above 1: best_of, or n when best_of is not given",
+            param="best_of",
+        )
+    out: dict[str, Any] = {"beam_width": width}
+    if req.length_penalty is not None:
+        out["length_penalty"] = req.length_penalty
+    if req.early_stopping is not None:
+        out["early_stopping"] = req.early_stopping
+    return out

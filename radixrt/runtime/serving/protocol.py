@@ -177,6 +177,11 @@ class _SamplingFields(_Strict):
     ebnf: str | None = None  # SGLang's: a context-free grammar (GBNF or Lark)
     # radixrt's: keep this conversation's turns cached (core/sessions.py)
     session_id: str | None = None
+    # vLLM's beam search: best_of (or n) beams wide, n returned
+    use_beam_search: bool = False
+    best_of: int | None = None
+    length_penalty: float | None = None
+    early_stopping: Union[bool, str, None] = None
 
     def ignored_fields(self) -> list[str]:
         return sorted(self.model_extra or {})
@@ -187,7 +192,6 @@ class CompletionRequest(_SamplingFields):
     max_tokens: int | None = 16  # OpenAI's default for legacy completions
     logprobs: int | None = None
     echo: bool = False
-    best_of: int | None = None
     suffix: str | None = None
 
 

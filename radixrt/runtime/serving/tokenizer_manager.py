@@ -124,7 +124,13 @@ class TokenizerManager(SchedulerLink):
 
     @property
     def limits(self) -> EdgeLimits:
-        return EdgeLimits(int(self.model_info["vocab_size"]), self.context_len, self.pool_tokens)
+        return EdgeLimits(
+            int(self.model_info["vocab_size"]),
+            self.context_len,
+            self.pool_tokens,
+            self.config.max_running_requests,
+            int(self.startup_server_info.get("page_size", 1)),
+        )
 
     def make_requests(
         self,
@@ -148,6 +154,7 @@ class TokenizerManager(SchedulerLink):
                 return_logprob=return_logprob,
                 logprob_start_len=logprob_start_len,
                 top_logprobs_num=top_logprobs_num,
+                stream=stream,
             )
             return expand_n(
                 self.new_rid(),
