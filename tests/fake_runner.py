@@ -19,6 +19,18 @@ def next_token(seq: list[int], vocab: int) -> int:
     return (h + len(seq)) % vocab
 
 
+def beam_offers(seq: list[int], vocab: int, num: int) -> list[tuple[float, int]]:
+    """A beam's best `num` (logprob, token) continuations of seq: a pure function of the tokens
+    (distinct values, so the search has no ties), best first."""
+    h = 0
+    for t in seq[-8:]:
+        h = (h * 1_000_003 + t + 11) % 2_147_483_647
+    scores = [
+        -(((h + 7919 * t) * 2_654_435_761) % 1_000_003) / 100_000 - t * 1e-7 for t in range(vocab)
+    ]
+    return sorted(((lp, t) for t, lp in enumerate(scores)), reverse=True)[:num]
+
+
 def reference_output(
     prompt: list[int], max_new_tokens: int, vocab: int, eos: int | None
 ) -> list[int]:
@@ -136,6 +148,9 @@ class FakeRunner:
                     for j in range(it.num_draft + 1)
                 ]
                 res.next_id, res.logprob = picks[0], -1.0
+                if it.picks[0].beam_candidates:
+                    own = seq[: it.prefix_len + num_own]
+                    res.beam_offers = beam_offers(own, self.vocab_size, it.picks[0].beam_candidates)
                 if it.num_draft:
                     res.draft_results = [ItemResult(next_id=t, logprob=-1.0) for t in picks[1:]]
             results.append(res)

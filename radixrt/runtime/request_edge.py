@@ -83,18 +83,7 @@ def check_prompt(
             param="max_tokens",
             code="context_length_exceeded",
         )
-    bad_bias = [t for t, _ in sp.logit_bias_pairs() if t >= vocab]
-    if bad_bias:
-        raise RequestError(
-            f"logit_bias keys must be token ids in [0, {vocab}), got {bad_bias[:3]}",
-            param="logit_bias",
-        )
-    bad_stop = [t for t in sp.stop_token_ids if t >= vocab]
-    if bad_stop:
-        raise RequestError(
-            f"stop_token_ids must be token ids in [0, {vocab}), got {bad_stop[:3]}",
-            param="stop_token_ids",
-        )
+    _check_token_ids(sp, vocab)
     need = n + min(sp.max_new_tokens, limits.context_len - n)  # the scheduler clamps at the context
     if need > limits.pool_tokens:
         raise RequestError(
@@ -116,6 +105,22 @@ def check_prompt(
             param="top_logprobs",
         )
     return start
+
+
+def _check_token_ids(sp: SamplingParams, vocab: int) -> None:
+    """logit_bias keys and stop_token_ids are ids of this vocabulary."""
+    bad_bias = [t for t, _ in sp.logit_bias_pairs() if t >= vocab]
+    if bad_bias:
+        raise RequestError(
+            f"logit_bias keys must be token ids in [0, {vocab}), got {bad_bias[:3]}",
+            param="logit_bias",
+        )
+    bad_stop = [t for t in sp.stop_token_ids if t >= vocab]
+    if bad_stop:
+        raise RequestError(
+            f"stop_token_ids must be token ids in [0, {vocab}), got {bad_stop[:3]}",
+            param="stop_token_ids",
+        )
 
 
 def check_beam_request(

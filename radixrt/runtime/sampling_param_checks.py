@@ -184,7 +184,8 @@ def check_beam_search(p: Any) -> None:
     need(p, ok, "early_stopping", 'must be true, false or "never"')
     if not p.is_beam:
         return
-    need(p, p.n <= p.beam_width, "n", f"must be at most beam_width ({p.beam_width})")
+    ok = is_int(p.n) and 1 <= p.n <= p.beam_width
+    need(p, ok, "n", f"must be an int in [1, beam_width = {p.beam_width}] (the beams returned)")
     need(p, p.max_new_tokens >= 1, "max_new_tokens", "must be >= 1 for beam search")
     changed = [name for name in NOT_WITH_BEAMS if getattr(p, name)]
     if p.repetition_penalty != 1.0:
@@ -296,8 +297,8 @@ CHECKS = (
     check_stop_conditions,
     check_output_options,
     check_not_yet_supported,
-    check_seed_and_n,
     check_beam_search,
+    check_seed_and_n,
     check_constraint_specs,
     check_logit_bias,
     check_structural_tag,

@@ -272,7 +272,7 @@ def test_concate_and_append_request(server):
 @pytest.mark.parametrize(
     "params, field",
     [
-        ({"beam_width": 3}, "beam_width"),
+        ({"beam_width": 3, "stop": "x"}, "stop"),
         ({"stop_regex": "(?=x)"}, "stop_regex"),
         ({"no_such_param": 1}, "no_such_param"),
         ({"regex": "", "min_new_tokens": 1}, "min_new_tokens"),  # #35: a 400

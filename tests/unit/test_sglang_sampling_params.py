@@ -65,7 +65,7 @@ def test_every_sglang_parameter_is_accepted_and_listed_once():
     "params, field",
     [
         ({"top_logprobs": 3}, "top_logprobs"),  # an OpenAI name, not a /generate sampling parameter
-        ({"beam_width": 4}, "beam_width"),
+        ({"beam_width": 17}, "beam_width"),
         ({"structural_tag": '{"structures": []}'}, "structural_tag"),
         ({"structural_tag": '{"type": "structural_tag", "format": {}}'}, "structural_tag"),
         ({"structural_tag": "{}", "regex": "a"}, "structural_tag"),  # one constraint per request

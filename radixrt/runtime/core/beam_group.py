@@ -85,12 +85,15 @@ class BeamGroup:
             [b.output_ids for b in self.beams], [b.beam_logprob for b in self.beams], offers
         )
         moves = BeamMoves()
+        kept = {c.parent for c in chosen}
+        for b, beam in enumerate(self.beams):  # pruned beams first: their rows serve the forks
+            if b not in kept:
+                memory.drop(beam)
+                moves.removed.append(beam)
         taken: dict[Continuation, Req] = {}
         for b, beam in enumerate(self.beams):
             mine = [c for c in chosen if c.parent == b]
             if not mine:
-                memory.drop(beam)
-                moves.removed.append(beam)
                 continue
             if len(mine) > 1:
                 memory.share(beam)
@@ -101,11 +104,15 @@ class BeamGroup:
                     break
                 moves.added.append(child)
                 taken[c] = child
+            if moves.out_of_memory:
+                break
             taken[mine[0]] = beam
-        if not moves.out_of_memory:
-            for c, beam in taken.items():
-                self._extend(beam, c)
-        self.beams = [taken[c] for c in chosen if c in taken]
+        if moves.out_of_memory:  # everything still holding memory, for restart's drop
+            self.beams = [b for i, b in enumerate(self.beams) if i in kept] + moves.added
+            return moves
+        for c, beam in taken.items():
+            self._extend(beam, c)
+        self.beams = [taken[c] for c in chosen]
         return moves
 
     def _child(self, parent: Req) -> Req:

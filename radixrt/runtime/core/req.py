@@ -49,13 +49,10 @@ class Req:
         self.cached_len = 0
         self.last_node: Any = None  # radix node locked on our behalf
         self.table_row: int | None = None  # row of the req->slot table while running
-        # page_ids changed under the row (shared with the tree): rewrite it
-        self.table_stale = False
-        # (source page, own page): KV copied in before this request's next forward (a forked beam)
-        self.pending_copies: list[tuple[int, int]] = []
-        # beam search: the BeamGroup this request is a beam of, and the beam's cumulative logprob
-        self.beam: Any = None
-        self.beam_logprob = 0.0
+        self.table_stale = False  # page_ids changed under the row (shared with the tree): rewrite
+        self.beam: Any = None  # the BeamGroup (beam_group.py) this request is a beam of
+        self.beam_logprob = 0.0  # that beam's cumulative logprob
+        self.pending_copies: list[tuple[int, int]] = []  # (page, own page) before its next forward
 
         # progress and results
         self.prefix_hit_len = 0  # cached tokens on first admission (reported as cached_tokens)

@@ -75,12 +75,12 @@ class ReqMemory:
         child.cached_len, child.kv_len = parent.cached_len, parent.kv_len
         if not self.tree.disable:
             self.tree.inc_lock_ref(parent.last_node)
+        child.table_row, child.table_stale = self.rows.alloc(), True
         if not self.grow(child, child.kv_len):
             self.drop(child)
             return False
         own = range(borrowed, len(child.page_ids))
         child.pending_copies = [(parent.page_ids[i], child.page_ids[i]) for i in own]
-        child.table_row, child.table_stale = self.rows.alloc(), True
         return True
 
     def drop(self, req: Req) -> None:
