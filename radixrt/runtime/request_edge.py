@@ -150,8 +150,8 @@ def check_beam_request(
     need = prompt_len + width * (new + limits.page_size)
     if need > limits.pool_tokens:
         raise RequestError(
-            f"a beam search of width {width} may need {need} tokens of KV (prompt {prompt_len} + "
-            f"{width} beams x (max_new_tokens + a page)) but the KV pool holds "
+            f"a beam search (beam_width {width}) may need {need} tokens of KV (prompt "
+            f"{prompt_len} + {width} beams x (max_new_tokens + a page)) but the KV pool holds "
             f"{limits.pool_tokens}; it can never run",
             param="beam_width",
         )

@@ -15,6 +15,7 @@ import time
 import httpx
 import openai
 import pytest
+import torch
 from conftest_server import ServerProcess, sse_events
 
 KEY = "test-key-123"
@@ -323,6 +324,67 @@ def bad_requests(server) -> list[tuple[str, str, object]]:
         ("POST", "/generate", [1, 2, 3]),
         ("GET", "/no/such/route", None),
     ]
+
+
+def test_beam_search_over_generate_and_openai(server, client, hf_model):
+    """/generate with beam_width and the OpenAI routes with use_beam_search return transformers'
+    beams (float32 server), best first; streaming a beam search is a 400 naming stream."""
+    ids = [504, 3575, 282, 4649, 314]  # "The capital of France is"
+    res = post(
+        server,
+        "/generate",
+        {"input_ids": ids, "sampling_params": {"beam_width": 3, "max_new_tokens": 8}},
+    )
+    assert res.status_code == 200, res.text
+    beams = res.json()
+    with torch.no_grad():
+        hf = hf_model.generate(
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            num_beams=3,
+            num_return_sequences=3,
+            do_sample=False,
+            max_new_tokens=8,
+            eos_token_id=2,
+            pad_token_id=1,
+            return_dict_in_generate=True,
+            output_scores=True,
+        )
+    assert [b["index"] for b in beams] == [0, 1, 2]
+    for beam, row, score in zip(beams, hf.sequences[:, len(ids) :].tolist(), hf.sequences_scores):
+        assert beam["output_ids"] == row[: len(beam["output_ids"])]
+        assert beam["meta_info"]["beam_score"] == pytest.approx(float(score), rel=2e-4, abs=1e-4)
+    completion = client.completions.create(
+        model="default",
+        prompt=ids,
+        max_tokens=8,
+        n=2,
+        extra_body={"use_beam_search": True, "best_of": 3},
+    )
+    assert [c.text for c in completion.choices] == [b["text"] for b in beams[:2]]
+    assert completion.usage.completion_tokens == sum(len(b["output_ids"]) for b in beams[:2])
+    chat = post(
+        server,
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "Hi"}], "n": 2, "use_beam_search": True},
+    )
+    assert chat.status_code == 200 and len(chat.json()["choices"]) == 2, chat.text
+    for body, path in (
+        ({"input_ids": ids, "stream": True, "sampling_params": {"beam_width": 2}}, "/generate"),
+        (
+            {
+                "messages": [{"role": "user", "content": "Hi"}],
+                "n": 2,
+                "use_beam_search": True,
+                "stream": True,
+            },
+            "/v1/chat/completions",
+        ),
+    ):
+        refused = post(server, path, body)
+        assert refused.status_code == 400 and "stream" in refused.text, refused.text
+    narrow = post(server, "/v1/completions", {"prompt": "Hi", "use_beam_search": True})
+    assert narrow.status_code == 400 and "best_of" in narrow.text
 
 
 def test_unknown_openai_fields_are_ignored_and_named(server):

@@ -19,7 +19,7 @@ from radixrt.runtime.request_edge import SequenceResult, expand_beams
 from radixrt.runtime.serving.http_io import SSE_DONE, accumulate, collect_results, sse
 from radixrt.runtime.serving.openai_chat import ChatRoute
 from radixrt.runtime.serving.openai_completions import CompletionRoute
-from radixrt.runtime.serving.openai_sampling import sampling_dict
+from radixrt.runtime.serving.openai_sampling import beam_search_fields, sampling_dict
 from radixrt.runtime.serving.protocol import APIError
 from radixrt.runtime.serving.request_handle import RequestHandle
 from radixrt.runtime.serving.tokenizer_manager import TokenizerManager
@@ -74,8 +74,14 @@ class OpenAIRoutes:
                 code="model_not_found",
             )
 
-    def default_max_tokens(self, prompt_len: int) -> int:
-        return max(0, min(self.tm.context_len, self.tm.pool_tokens) - prompt_len)
+    def default_max_tokens(self, prompt_len: int, beam_width: int = 1) -> int:
+        """What the rest of the context allows; a beam search: what its beams may all hold in
+        the pool even unshared (request_edge.check_beam_request)."""
+        room = max(0, min(self.tm.context_len, self.tm.pool_tokens) - prompt_len)
+        if beam_width > 1:
+            page = self.tm.limits.page_size
+            room = min(room, max(1, (self.tm.pool_tokens - prompt_len) // beam_width - page))
+        return room
 
     def token_str(self, tid: int) -> str:
         return self.tm.tokenizer.decode([tid])
@@ -132,7 +138,8 @@ class OpenAIRoutes:
             )
         reqs = []
         for ids in prompts:
-            max_new = self.default_max_tokens(len(ids)) if max_tokens is None else max_tokens
+            width = beam_search_fields(req).get("beam_width", 1)
+            max_new = self.default_max_tokens(len(ids), width) if max_tokens is None else max_tokens
             sp = await self.tm.validate_sampling(
                 {
                     **sampling_dict(req, max_new, self.tm.config.json_object_max_depth),
