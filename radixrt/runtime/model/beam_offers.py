@@ -31,5 +31,6 @@ def beam_offers(
     offers = []
     for j, (v_row, i_row) in enumerate(zip(vals.tolist(), ids.tolist())):
         n = rows[beam_rows[j]].beam_candidates
-        offers.append([(v, i) for v, i in zip(v_row[:n], i_row[:n]) if v != float("-inf")])
+        # left out: masked ids (-inf) and a broken row's NaNs (a beam with no offer ends)
+        offers.append([(v, i) for v, i in zip(v_row[:n], i_row[:n]) if v > float("-inf")])
     return offers
