@@ -76,7 +76,11 @@ def run_radixrt(engine: Engine, prompts: list[str], width: int, new_tokens: int)
         outs = [[o] for o in engine.generate(prompts, params)]
     else:
         outs = engine.beam_search(
-            prompts, beam_width=width, max_new_tokens=new_tokens, num_return=1, sampling_params=params
+            prompts,
+            beam_width=width,
+            max_new_tokens=new_tokens,
+            num_return=1,
+            sampling_params=params,
         )
     return time.perf_counter() - t0, outs
 
@@ -97,7 +101,9 @@ def main() -> None:
     dtype = getattr(torch, engine.scheduler.model_info["dtype"])
     page_size = engine.config.page_size
     hf = Transformers(str(resolve_model(None)), dtype, engine.scheduler._eos_list)
-    print(f"dtype {dtype}, {len(prompts)} prompts, {args.new_tokens} new tokens, page size {page_size}")
+    print(
+        f"dtype {dtype}, {len(prompts)} prompts, {args.new_tokens} new tokens, page size {page_size}"
+    )
     rows = []
     for width in args.widths:
         run_radixrt(engine, prompts, width, args.new_tokens)  # warm-up (compiles new batch shapes)

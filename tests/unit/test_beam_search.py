@@ -116,9 +116,7 @@ def test_the_search_equals_transformers_beam_search(case, seed):
         return_dict_in_generate=True,
         output_scores=True,
     )
-    ours = search_on_table(
-        cfg, prompt, width, max_new, eos, length_penalty, early_stopping, width
-    )
+    ours = search_on_table(cfg, prompt, width, max_new, eos, length_penalty, early_stopping, width)
     assert len(ours) == width
     for hyp, row, score in zip(ours, hf.sequences[:, len(prompt) :].tolist(), hf.sequences_scores):
         n = len(hyp.output_ids)
@@ -179,7 +177,9 @@ def test_beams_equal_the_search_and_share_their_pages(page_size):
     peak = last.beams[0]["peak_pages"]
     assert one_sequence < peak < 4 * one_sequence * 0.6, (peak, one_sequence)
     assert s.runner.num_page_copies > 0 if page_size > 1 else s.runner.num_page_copies == 0
-    assert [b["score"] for b in last.beams] == sorted((b["score"] for b in last.beams), reverse=True)
+    assert [b["score"] for b in last.beams] == sorted(
+        (b["score"] for b in last.beams), reverse=True
+    )
     assert_all_pages_back(s)
 
 
