@@ -90,6 +90,15 @@ class FakeRunner:
     def close(self) -> None:
         pass
 
+    def lora_names(self) -> list[str]:
+        return []
+
+    def load_lora(self, name: str, path: str) -> None:
+        raise ValueError("the fake runner serves no LoRA adapters")
+
+    def unload_lora(self, name: str) -> None:
+        raise ValueError(f"no LoRA adapter named {name!r} is loaded")
+
     def run(self, plan: list[PlanItem], mask_sources: list = ()) -> list[ItemResult]:
         self.num_forwards += 1
         for it in plan:  # a constrained pick names its mask source in this step's list

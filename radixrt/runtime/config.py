@@ -10,6 +10,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixrt.runtime import config_checks
+
 
 def _opt(default: Any, help: str, choices: tuple | None = None) -> Any:
     return field(default=default, metadata={"help": help, "choices": choices})
@@ -200,90 +202,32 @@ class ServerConfig:
         "--nnodes > 1; default a free local port)",
     )
     dist_timeout: float = _opt(600.0, "seconds a tensor parallel collective may wait for a rank")
+    lora_paths: tuple[str, ...] | None = _opt(
+        None, "LoRA adapters (PEFT format) to serve: name=path or path (named after it), several"
+    )
+    max_loras_per_batch: int = _opt(
+        8, "adapter slots: distinct adapters one step may use (a request needing another waits)"
+    )
+    max_lora_rank: int | None = _opt(
+        None, "largest adapter rank served (default: the largest among --lora-paths, else 16)"
+    )
+    lora_target_modules: tuple[str, ...] | None = _opt(
+        None, "projections adapters may target (default all: q_proj k_proj v_proj o_proj "
+        "gate_proj up_proj down_proj)"
+    )  # fmt: skip
+
+    @property
+    def lora_enabled(self) -> bool:
+        """Adapters can be served: some at start, or a rank set for ones loaded later."""
+        return bool(self.lora_paths) or self.max_lora_rank is not None
 
     def __post_init__(self) -> None:
         """Refuse an out-of-range or contradictory setting, naming it (the first one found)."""
-        self._check_sizes()
-        self._check_parallelism()
-        self._check_compile_and_speculation()
-        self._check_hierarchical_cache()
-        self._check_choices()
-
-    def _check_sizes(self) -> None:
-        """The KV pool's and a batch's sizes, and the JSON-schema depth bound."""
-        if self.page_size < 1:
-            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
-        if self.chunked_prefill_size < self.page_size:
-            raise ValueError("chunked_prefill_size must be >= page_size")
-        if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static < 1:
-            raise ValueError(
-                f"mem_fraction_static must be in (0, 1), got {self.mem_fraction_static}"
-            )
-        if self.max_total_tokens is not None and self.max_total_tokens < self.page_size:
-            raise ValueError(f"max_total_tokens must be >= page_size, got {self.max_total_tokens}")
-        if self.max_running_requests < 1:
-            raise ValueError("max_running_requests must be >= 1")
-        if not 1 <= self.json_object_max_depth <= 64:
-            raise ValueError(
-                f"json_object_max_depth must be in [1, 64], got {self.json_object_max_depth}"
-            )
-
-    def _check_parallelism(self) -> None:
-        """Data and tensor parallelism, across nodes."""
-        if self.dp_size < 1:
-            raise ValueError(f"dp_size must be >= 1, got {self.dp_size}")
-        if self.tp_size < 1 or self.nnodes < 1 or self.tp_size % self.nnodes:
-            raise ValueError(
-                f"tp_size ({self.tp_size}) must be a positive multiple of nnodes ({self.nnodes})"
-            )
-        if not 0 <= self.node_rank < self.nnodes:
-            raise ValueError(f"node_rank must be in [0, nnodes), got {self.node_rank}")
-        if self.nnodes > 1 and not self.dist_init_addr:
-            raise ValueError("--nnodes > 1 needs --dist-init-addr host:port (node 0's address)")
-
-    def _check_compile_and_speculation(self) -> None:
-        """torch.compile's flags and speculative decoding's draft length."""
-        if self.torch_compile_max_bs < 2:
-            raise ValueError(f"torch_compile_max_bs must be >= 2, got {self.torch_compile_max_bs}")
-        if self.enable_torch_compile and self.disable_torch_compile:
-            raise ValueError(
-                "--enable-torch-compile and --disable-torch-compile contradict each other"
-            )
-        if not 1 <= self.speculative_num_draft_tokens <= 64:
-            raise ValueError(
-                f"speculative_num_draft_tokens must be in [1, 64], got "
-                f"{self.speculative_num_draft_tokens}"
-            )
-
-    def _check_hierarchical_cache(self) -> None:
-        """The host-memory tier behind the radix cache."""
-        if self.enable_hierarchical_cache and (self.disable_radix_cache or self.tp_size > 1):
-            raise ValueError("--enable-hierarchical-cache needs the radix cache and --tp-size 1")
-        if self.hicache_ratio <= 0 or self.hicache_size < 0:
-            raise ValueError(
-                f"hicache_ratio must be > 0 and hicache_size >= 0, got {self.hicache_ratio}, "
-                f"{self.hicache_size}"
-            )
-
-    def _check_choices(self) -> None:
-        """Each field with a fixed set of values holds one of them (None: unset)."""
-        for name in (
-            "dtype",
-            "attention_backend",
-            "schedule_policy",
-            "log_level",
-            "speculative_algorithm",
-            "quantization",
-            "grammar_backend",
-            "router_policy",
-            "kv_cache_dtype",
-            "hicache_write_policy",
-            "hicache_storage_backend",
-        ):
-            choices = self.__dataclass_fields__[name].metadata["choices"]
-            value = getattr(self, name)
-            if value is not None and choices and value not in choices:
-                raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+        for f in dataclasses.fields(self):  # several values given as a list (Engine, the CLI)
+            if isinstance(getattr(self, f.name), list):
+                object.__setattr__(self, f.name, tuple(getattr(self, f.name)))
+        for check in config_checks.CHECKS:
+            check(self)
 
     def replace(self, **changes: Any) -> "ServerConfig":
         return dataclasses.replace(self, **changes)
@@ -297,6 +241,9 @@ class ServerConfig:
                 parser.add_argument(
                     flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text
                 )
+                continue
+            if str(f.type).startswith("tuple["):  # several values: --lora-paths a=x b=y
+                parser.add_argument(flag, nargs="+", default=f.default, help=help_text)
                 continue
             kind = {"int": int, "float": float}.get(str(f.type).split(" |")[0], str)
             choices = f.metadata.get("choices")

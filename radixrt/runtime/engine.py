@@ -59,10 +59,11 @@ class Engine:
         program_id: str | None = None,
         session_id: str | None = None,
         return_text_in_logprobs: bool = False,
+        lora_path: str | None = None,
     ) -> dict | list[dict] | Iterator[dict]:
         """session_id: this is a turn of that conversation; when it finishes its text stays pinned
         in the cache until the session's next turn, close_session, or the session ttl
-        (core/sessions.py)."""
+        (core/sessions.py). lora_path: the LoRA adapter (by name) every prompt runs with."""
         single, ids_list = self._tokenize(prompt, input_ids)
         if session_id is not None and len(ids_list) != 1:
             raise ValueError(
@@ -81,6 +82,7 @@ class Engine:
             top_logprobs_num=top_logprobs_num,
             program_id=program_id,
             session_id=session_id,
+            lora_path=lora_path,
         )
         msgs = [
             self._messages(ids, p, logprob_start_len, options) for ids, p in zip(ids_list, params)
@@ -161,6 +163,15 @@ class Engine:
         )[0]
         reason = self._run([msg])[msg.rid].result.finished_reason or {}
         return reason.get("pin_handle")
+
+    def load_lora_adapter(self, lora_name: str, lora_path: str) -> None:
+        """Serve the PEFT adapter at lora_path as lora_name (ValueError: why it cannot be)."""
+        with self._lock:
+            self.scheduler.load_lora(lora_name, lora_path)
+
+    def unload_lora_adapter(self, lora_name: str) -> None:
+        with self._lock:
+            self.scheduler.unload_lora(lora_name)
 
     def unpin(self, handle: str) -> bool:
         with self._lock:

@@ -52,6 +52,7 @@ class TokenizedGenerateReq:
     pin_ttl_s: float | None = None
     # a turn of this session: pinned when finished, until the next turn (sessions.py)
     session_id: str | None = None
+    lora_path: str | None = None  # the LoRA adapter's name (SGLang's field; None: the base model)
 
 
 @message

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from radixrt.runtime.core.cache_view import pretty_print
 from radixrt.runtime.core.page_allocator import PageAllocator, TableRows
 from radixrt.runtime.core.radix_cache import RadixCache
 from radixrt.runtime.core.req import Req
@@ -270,7 +271,7 @@ def test_reset_keeps_root_and_pretty_print():
     alloc, cache = make(page_size=2)
     put(alloc, cache, [1, 2, 3, 4])
     root = cache.root
-    assert "[1, 2, 3, 4]" in cache.pretty_print()
+    assert "[1, 2, 3, 4]" in pretty_print(cache)
     assert cache.reset() and cache.root is root and alloc.num_free == alloc.num_pages
     cache.check_integrity()
 

@@ -18,6 +18,7 @@ from typing import Callable
 
 from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.core import schedule_policy as policy
+from radixrt.runtime.core.lora_slots import LoraSlots
 from radixrt.runtime.core.plan import PlanItem
 from radixrt.runtime.core.radix_cache import RadixCache
 from radixrt.runtime.core.req import Req
@@ -72,6 +73,7 @@ def fork_donor(req: Req, running: list[Req], cached: int, page_size: int) -> Req
     for d in running:
         if (
             d.kv_len >= last
+            and d.key_offset == req.key_offset  # the same adapter's KV only
             and len(d.origin_input_ids) == len(prompt)
             and d.origin_input_ids == prompt
             and len(d.page_ids) > last // page_size
@@ -84,7 +86,7 @@ def waits_to_fork(req: Req, inflight: list[list[int]], page_size: int) -> bool:
     """The same prompt is being prefilled this step: wait one step and fork from it (fork_donor),
     whatever the length of the part still uncached (shares_inflight_prefix waits only for long
     ones)."""
-    return page_size > 1 and not req.admitted and req.fill_ids in inflight
+    return page_size > 1 and not req.admitted and req.tree_ids(req.fill_ids) in inflight
 
 
 def rows_held(running: list[Req]) -> int:
@@ -103,7 +105,7 @@ def match_ids(req: Req) -> list[int]:
     ids = req.fill_ids[:-1]
     if wants_prompt_logprobs(req):
         ids = ids[: max(req.logprob_start_len - 1, 0)]
-    return ids
+    return req.tree_ids(ids)
 
 
 class Admission:
@@ -116,6 +118,7 @@ class Admission:
         sessions: SessionTable,
         *,
         fork_samples: bool = True,
+        lora_slots: LoraSlots | None = None,
     ):
         """fork_samples: a request whose prompt a running request has already computed forks from it
         (fork_donor) instead of computing its partial last page again."""
@@ -125,6 +128,7 @@ class Admission:
         self.stats = stats
         self.sessions = sessions
         self.fork_samples = fork_samples
+        self.lora_slots = lora_slots
 
     def admit(
         self,
@@ -143,7 +147,11 @@ class Admission:
         reserve = policy.decode_reserve_tokens(running)
         items: list[tuple[Req, PlanItem]] = []
         for req in self._order(ready):
-            if budget <= 0 or not self._room_to_run(running, req):
+            if (
+                budget <= 0
+                or not self._room_to_run(running, req)
+                or not self._lora_slot(req, running)
+            ):
                 break
             match = self._match(req)
             if self._must_wait(req, match.cached, inflight):
@@ -164,7 +172,7 @@ class Admission:
             running.append(req)
             items.append((req, extend_item(req, target, 0, copies)))
             if donor is None:  # a fork computes one token: its siblings fork too, not wait
-                inflight.append(req.fill_ids)
+                inflight.append(req.tree_ids(req.fill_ids))
             budget -= target - cached
             reserve += int(req.sampling.max_new_tokens * policy.NEW_TOKEN_RESERVE_RATIO)
         return items
@@ -189,6 +197,13 @@ class Admission:
         rows_free = self.memory.rows.num_free - promised
         return rows_free >= width and held + width <= self.config.max_running_requests
 
+    def _lora_slot(self, req: Req, running: list[Req]) -> bool:
+        """A request of an adapter gets the adapter's slot, or waits (False) when all are held."""
+        if req.lora is None:
+            return True
+        req.lora_slot = self.lora_slots.take(req.lora, running)
+        return req.lora_slot is not None
+
     def _match(self, req: Req) -> PrefixMatch:
         """req's cached prefix: in the pool, then in the second tier (none without one)."""
         ids = match_ids(req)
@@ -199,7 +214,7 @@ class Admission:
     def _must_wait(self, req: Req, cached: int, inflight: list[list[int]]) -> bool:
         """A prefill in flight this step computes req's uncached prefix (then req matches its pages)
         or its whole prompt (then req forks from it): req waits one step."""
-        if policy.shares_inflight_prefix(req.fill_ids, cached, inflight):
+        if policy.shares_inflight_prefix(req.tree_ids(req.fill_ids), cached, inflight):
             return True
         return self.fork_samples and waits_to_fork(req, inflight, self.memory.page_size)
 

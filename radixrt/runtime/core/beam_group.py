@@ -128,6 +128,7 @@ class BeamGroup:
         child.output_ids = list(parent.output_ids)
         child.beam, child.beam_logprob = self, parent.beam_logprob
         child.admitted, child.prefix_hit_len = True, root.prefix_hit_len
+        child.lora, child.lora_slot, child.key_offset = root.lora, root.lora_slot, root.key_offset
         if parent.grammar is not None:
             child.grammar = parent.grammar.fork(parent.output_ids)
         return child

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from radixrt.runtime.core.lora_slots import KEY_STRIDE
 from radixrt.runtime.core.radix_cache import RadixCache, TreeNode
 
 DEFAULT_MAX_DEPTH = 16
@@ -110,7 +111,9 @@ class _Describer:
         return {
             "id": node.node_id,
             "num_tokens": n,
-            "preview_ids": node.key[: self.preview_tokens],
+            # token ids (an adapter's keys carry its namespace offset: core/lora_slots.py)
+            "preview_ids": [t % KEY_STRIDE for t in node.key[: self.preview_tokens]],
+            "lora_key": (node.key[0] // KEY_STRIDE if node.key else 0) or None,
             "hits": node.hits,
             "tokens_served": node.hits * n,
             "prefix_len": prefix_len + n,
@@ -168,3 +171,20 @@ def _omitted(rest: list[tuple[int, int, int]]) -> dict[str, int]:
         "tokens": sum(r[1] for r in rest),
         "hits": sum(r[2] for r in rest),
     }
+
+
+def pretty_print(tree: Any) -> str:
+    """The whole tree, one node per line, children in key order (for debugging and tests)."""
+
+    def walk(node: Any, depth: int):
+        if node is not tree.root:
+            yield node, depth
+        for child in sorted(node.children.values(), key=lambda n: n.key):
+            yield from walk(child, depth + 1)
+
+    lines = [
+        f"{'  ' * (depth - 1)}{n.key} pages={n.value} host={n.host_value} "
+        f"lock={n.lock_ref} t={n.last_access}"
+        for n, depth in walk(tree.root, 0)
+    ]
+    return "\n".join(lines + [f"evictable={tree.evictable_pages} protected={tree.protected_pages}"])

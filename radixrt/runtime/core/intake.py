@@ -57,6 +57,7 @@ def new_req(
     )
     req.pin_ttl_s = msg.pin_ttl_s
     req.session_id = msg.session_id
+    req.lora = msg.lora_path
     if sampling.stop or sampling.stop_regex:
         req.stop_matcher = IncrementalDetokenizer.for_request(tokenizer, sampling)
     return req

@@ -52,6 +52,10 @@ class PlanItem:
     # first page of its own, filled from its donor's partial last prompt page: admission.py; a
     # forked beam's own pages, filled from its parent's: beam_group.py)
     page_copies: tuple[tuple[int, int], ...] = ()
+    # the LoRA adapter of the request (None: the base model) and the slot the scheduler put it in
+    # (core/lora_slots.py); the runner copies it there first when the slot held another
+    lora_name: str | None = None
+    lora_slot: int | None = None
 
     @property
     def logits_from(self) -> int | None:
@@ -121,6 +125,18 @@ class Runner(Protocol):
     def run(self, plan: list[PlanItem], mask_sources: list[Any]) -> list[ItemResult]:
         """One forward over the plan and its picks; mask_sources[k] fills the mask of rows with mask
         k. Raises PlanItemError naming the items at fault."""
+        ...
+
+    def lora_names(self) -> list[str]:
+        """The LoRA adapters loaded (by name)."""
+        ...
+
+    def load_lora(self, name: str, path: str) -> None:
+        """Load the PEFT adapter at path as name (ValueError: why it cannot be served)."""
+        ...
+
+    def unload_lora(self, name: str) -> None:
+        """Forget adapter name (ValueError: none of that name)."""
         ...
 
     def make_kv_tier(self, config: Any) -> Any:

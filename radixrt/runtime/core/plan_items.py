@@ -48,6 +48,8 @@ class ItemBuilder:
             prompt_ids=req.origin_input_ids,
             output_ids=req.output_ids,
             page_copies=tuple(req.pending_copies),
+            lora_name=req.lora,
+            lora_slot=req.lora_slot,
         )
         return item, num_draft
 
@@ -74,6 +76,8 @@ class ItemBuilder:
             output_ids=req.output_ids,
             top_logprobs_num=req.top_logprobs_num,
             page_copies=tuple(page_copies),
+            lora_name=req.lora,
+            lora_slot=req.lora_slot,
         )
 
     def _claim_row(self, req: Req) -> int:

@@ -206,7 +206,17 @@ class RadixCache:
         """
         if self.disable or num_pages <= 0:
             return 0
-        heap = [(n.last_access, n.node_id, n) for n in self._nodes() if self._pool_leaf(n)]
+        return self._evict_leaves(self._nodes(), num_pages)
+
+    def evict_subtrees(self, first_token: Callable[[int], bool]) -> int:
+        """Evict every unlocked pool page under the root's children whose first token passes
+        first_token (an unloaded LoRA adapter's entries: core/lora_slots.py); pages freed."""
+        tops = [c for c in self.root.children.values() if first_token(c.key[0])]
+        return self._evict_leaves([n for top in tops for n in self._nodes(top)], 1 << 62)
+
+    def _evict_leaves(self, nodes: list[TreeNode], num_pages: int) -> int:
+        """evict's loop over the pool leaves among nodes (and the parents they leave bare)."""
+        heap = [(n.last_access, n.node_id, n) for n in nodes if self._pool_leaf(n)]
         heapq.heapify(heap)
         num_freed = 0
         while heap and num_freed < num_pages:
@@ -250,9 +260,9 @@ class RadixCache:
         self.evictable_pages = 0
         return True
 
-    def _nodes(self) -> list[TreeNode]:
-        """Every non-root node, parents before children."""
-        out, stack = [], list(self.root.children.values())
+    def _nodes(self, top: TreeNode | None = None) -> list[TreeNode]:
+        """Every non-root node (or top and those under it), parents before children."""
+        out, stack = [], [top] if top is not None else list(self.root.children.values())
         while stack:
             node = stack.pop()
             out.append(node)
@@ -265,22 +275,6 @@ class RadixCache:
     def all_page_ids(self) -> list[int]:
         """The pool pages the tree holds."""
         return [p for node in self._nodes() if node.value is not None for p in node.value]
-
-    def pretty_print(self) -> str:
-        lines = [
-            f"{'  ' * (depth - 1)}{n.key} pages={n.value} host={n.host_value} "
-            f"lock={n.lock_ref} t={n.last_access}"
-            for n, depth in self._walk_sorted(self.root, 0)
-        ]
-        return "\n".join(
-            lines + [f"evictable={self.evictable_pages} protected={self.protected_pages}"]
-        )
-
-    def _walk_sorted(self, node: TreeNode, depth: int):
-        if node is not self.root:
-            yield node, depth
-        for child in sorted(node.children.values(), key=lambda n: n.key):
-            yield from self._walk_sorted(child, depth + 1)
 
     def check_integrity(self) -> None:
         assert self.root.parent is None and not self.root.key and not self.root.value

@@ -45,14 +45,16 @@ class Req:
 
         # memory
         self.page_ids: list[int] = []
-        self.kv_len = 0
-        self.cached_len = 0
+        self.kv_len = self.cached_len = 0
         self.last_node: Any = None  # radix node locked on our behalf
         self.table_row: int | None = None  # row of the req->slot table while running
         self.table_stale = False  # page_ids changed under the row (shared with the tree): rewrite
         self.beam: Any = None  # the BeamGroup (beam_group.py) this request is a beam of
         self.beam_logprob = 0.0  # that beam's cumulative logprob
         self.pending_copies: list[tuple[int, int]] = []  # (page, own page) before its next forward
+        self.lora: str | None = None  # its LoRA adapter (None: the base model)
+        self.lora_slot: int | None = None  # the adapter's slot while running (lora_slots.py)
+        self.key_offset = 0  # its adapter's namespace in the radix tree (lora_slots.py)
 
         # progress and results
         self.prefix_hit_len = 0  # cached tokens on first admission (reported as cached_tokens)
@@ -61,15 +63,12 @@ class Req:
         self.finished_reason: FinishReason | None = None
         self.num_sent = 0  # output ids already sent out as deltas
         self.grammar: Any = None  # GrammarState while constrained
-        # the grammar's compile in flight (a Future): the request waits until it is done
-        self.grammar_future: Any = None
-        # an IncrementalDetokenizer over output_ids when the request has stop strings
-        self.stop_matcher: Any = None
+        self.grammar_future: Any = None  # its grammar's compile in flight (a Future): it waits
+        self.stop_matcher: Any = None  # an IncrementalDetokenizer over output_ids (stop strings)
         # jump-forward: tokens the grammar forces after output_ids, fed for verification next decode
         self.draft_ids: list[int] = []
         self.draft_states: list[int] = []  # the grammar state after each draft token
-        # PromptLookup (n-gram drafts) once the request decodes unconstrained
-        self.lookup: Any = None
+        self.lookup: Any = None  # PromptLookup (n-gram drafts) once it decodes unconstrained
         self.error: str | None = None  # why it failed, for the client
         self.error_status = 400  # 400: refused as given; 500: failed inside the server
         self.output_logprobs: list[list[Any]] = []
@@ -81,6 +80,11 @@ class Req:
     @property
     def fill_ids(self) -> list[int]:
         return self.origin_input_ids + self.output_ids
+
+    def tree_ids(self, ids: list[int]) -> list[int]:
+        """ids as the radix tree keys them: in the namespace of the request's adapter, so KV is
+        never shared across adapters (the base model's keys are the token ids)."""
+        return [t + self.key_offset for t in ids] if self.key_offset else ids
 
     @property
     def seq_len(self) -> int:

@@ -97,11 +97,11 @@ class ReqMemory:
 
     def share(self, req: Req) -> None:
         """Put req's computed whole pages into the tree so waiting requests can match them."""
-        self.cache_unfinished(req, req.fill_ids[: req.kv_len])
+        self.cache_unfinished(req, req.tree_ids(req.fill_ids[: req.kv_len]))
 
     def release(self, req: Req) -> None:
         """req stops running (finished or preempted): its KV goes into the tree, its row back."""
-        self.cache_finished(req, req.fill_ids[: req.kv_len])
+        self.cache_finished(req, req.tree_ids(req.fill_ids[: req.kv_len]))
         self.rows.free(req.table_row)
         req.table_row = None
 

@@ -19,6 +19,7 @@ from radixrt.runtime.core.drafts import next_draft, take_draft
 from radixrt.runtime.core.faults import FaultInjector
 from radixrt.runtime.core.finish_reason import FinishReason
 from radixrt.runtime.core.intake import GrammarBackends, new_req, refusal
+from radixrt.runtime.core.lora_slots import LoraSlots
 from radixrt.runtime.core.outbox import Outbox
 from radixrt.runtime.core.page_allocator import PageAllocator, TableRows
 from radixrt.runtime.core.pins import PinTable
@@ -74,7 +75,10 @@ class Scheduler(SchedulerAdmin, SchedulerBeams, StepRecovery):
         self.sessions = SessionTable(self.pins, config.session_ttl)
         self.stats = SchedulerStats()
         self.faults = FaultInjector()
-        self.admission = Admission(config, self.tree, self.memory, self.stats, self.sessions)
+        self.lora_slots = LoraSlots(config.max_loras_per_batch)
+        self.admission = Admission(
+            config, self.tree, self.memory, self.stats, self.sessions, lora_slots=self.lora_slots
+        )
         self.grammar_backends = grammar_backends
         # (faults looked up at each call: a test swaps the injector)
         self.items = ItemBuilder(self.memory, self._eos_list, lambda *a: self.faults.check(*a))
@@ -92,6 +96,9 @@ class Scheduler(SchedulerAdmin, SchedulerBeams, StepRecovery):
         """Queue a request; anything wrong with it (or any failure taking it in) ends it alone."""
         try:
             req = new_req(msg, self.limits, self.tokenizer, self.faults.check)
+            if req.lora is not None:
+                self._check_lora(req.lora)
+                req.key_offset = self.lora_slots.key_offset(req.lora)
             constraint = constraint_of(req.sampling)
             if constraint is not None:
                 req.grammar_future = self.get_grammar_backend(constraint[0]).request(*constraint)
@@ -219,7 +226,7 @@ class Scheduler(SchedulerAdmin, SchedulerBeams, StepRecovery):
             if self.memory.grow(req, target):
                 items.append((req, self.items.extend(req, target)))
                 budget -= target - req.kv_len
-                inflight.append(req.fill_ids)
+                inflight.append(req.tree_ids(req.fill_ids))
         if budget > 0 and self.waiting:
             items += self.admission.admit(
                 self.waiting, self.running, budget, inflight, self.items.extend
@@ -276,7 +283,7 @@ class Scheduler(SchedulerAdmin, SchedulerBeams, StepRecovery):
         req.draft_ids, req.draft_states = [], []
         pinned = req.pin_ttl_s is not None or req.session_id is not None
         keep = pinned and req.table_row is not None
-        pin_ids = req.fill_ids[: req.kv_len] if keep else None
+        pin_ids = req.tree_ids(req.fill_ids[: req.kv_len]) if keep else None
         if req.table_row is not None:
             self._release(req)
         if pin_ids is not None and not reason.is_abort:

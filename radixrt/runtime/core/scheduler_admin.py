@@ -1,11 +1,12 @@
-"""The Scheduler's admin calls (pins, sessions, flush, the cache view, live figures, integrity):
-they read or release state between steps and never plan a forward."""
+"""The Scheduler's admin calls (pins, sessions, flush, the cache view, LoRA adapters, live figures,
+integrity): they read or release state between steps and never plan a forward."""
 
 from __future__ import annotations
 
 import time
 
 from radixrt.runtime.core import cache_view
+from radixrt.runtime.core.lora_slots import KEY_STRIDE
 
 
 class SchedulerAdmin:
@@ -78,6 +79,31 @@ class SchedulerAdmin:
             "num_step_failures": st.num_step_failures,
             **self.tree.tier_info(),  # the second tier's figures (tiered_cache.py)
         }
+
+    def _check_lora(self, name: str) -> None:
+        """A request's adapter must be loaded (ValueError naming it: a 400)."""
+        if not isinstance(name, str) or name not in self.runner.lora_names():
+            loaded = ", ".join(self.runner.lora_names()) or "none"
+            raise ValueError(f"lora_path: LoRA adapter {name!r} is not loaded (loaded: {loaded})")
+
+    def load_lora(self, name: str, path: str) -> None:
+        """Serve the PEFT adapter at path as name (ValueError: why it cannot be)."""
+        if not isinstance(name, str) or not name or ":" in name:
+            raise ValueError(f"lora_name must be a non-empty name without ':', got {name!r}")
+        self.runner.load_lora(name, path)
+
+    def unload_lora(self, name: str) -> None:
+        """Stop serving adapter name: its slot and its radix tree entries go. Refused (ValueError)
+        while requests of it are queued or running."""
+        busy = sum(r.lora == name for r in self.waiting + self.running)
+        if busy:
+            raise ValueError(
+                f"LoRA adapter {name!r} has {busy} requests in flight; unload it later"
+            )
+        self.runner.unload_lora(name)
+        offset = self.lora_slots.retire(name)
+        if offset is not None:
+            self.tree.evict_subtrees(lambda t: offset <= t < offset + KEY_STRIDE)
 
     def check_integrity(self) -> None:
         """Every page is exactly one of: free, held by the tree, owned by a running request; every

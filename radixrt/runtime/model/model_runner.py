@@ -15,6 +15,7 @@ from radixrt.runtime.model import compiled_layers, int4_weight, kv_tier, tp
 from radixrt.runtime.model.dtype_choice import pick_dtype
 from radixrt.runtime.model.forward_batch import build_forward_batch
 from radixrt.runtime.model.kv_cache import KVCache, ReqToSlotTable
+from radixrt.runtime.model.lora_registry import LoraRegistry
 from radixrt.runtime.model.runner_setup import (
     available_memory_bytes,
     eos_token_ids,
@@ -49,6 +50,7 @@ class ModelRunner:
         self.dtype_name = str(self.dtype).removeprefix("torch.")
         log.info("%s", dtype_reason)
         self._load_model(config)
+        self.lora = LoraRegistry(config, self.model, self.device) if config.lora_enabled else None
         self.page_size = config.page_size
         self._make_pool(config)
         self.graphs: compiled_layers.CompiledLayers | None = None  # eager until compiled
@@ -207,7 +209,22 @@ class ModelRunner:
         self.kv.copy_pages([pair for it in plan for pair in it.page_copies], self.page_size)
         fb = build_forward_batch(plan, self.table.table, self.device)
         self.attn.init_forward_metadata(fb)
-        return self.model.forward(fb, self.kv, self.attn, self.graphs)
+        lora = self.lora.step(plan) if self.lora is not None else None
+        return self.model.forward(fb, self.kv, self.attn, self.graphs, lora)
+
+    def lora_names(self) -> list[str]:
+        return [] if self.lora is None else sorted(self.lora.adapters)
+
+    def load_lora(self, name: str, path: str) -> None:
+        if self.lora is None:
+            raise ValueError("this server serves no LoRA adapters (start it with --lora-paths "
+                             "or --max-lora-rank)")  # fmt: skip
+        self.lora.load(name, path)
+
+    def unload_lora(self, name: str) -> None:
+        if self.lora is None:
+            raise ValueError(f"no LoRA adapter named {name!r} is loaded")
+        self.lora.unload(name)
 
     @torch.inference_mode()
     def serve_worker(self) -> None:

@@ -81,6 +81,8 @@ def layer_windows(hf_config, num_layers: int) -> list[int | None]:
 
 
 class LlamaForCausalLM:
+    _lora: Any = None  # the forward in progress's LoRA updates (forward's lora)
+
     def __init__(
         self,
         hf_config,
@@ -178,10 +180,15 @@ class LlamaForCausalLM:
             compiled,
         )
 
-    def forward(self, fb: ForwardBatch, kv: KVCache, attn, graphs: Any = None) -> torch.Tensor:
+    def forward(
+        self, fb: ForwardBatch, kv: KVCache, attn, graphs: Any = None, lora: Any = None
+    ) -> torch.Tensor:
         """Logits [R, vocab] float32 for rows fb.logits_rows of the flat token axis. graphs: the
         compiled layer functions for this step's token count (compiled_layers.py), or None for
-        eager."""
+        eager. lora: the step's LoRA updates (model/lora_pool.LoraStep); such a step runs eager."""
+        if lora is not None:
+            graphs = None
+        self._lora = lora
         assert self.embed is not None, "load_weights first"
         if fb.attn_meta is None:
             attn.init_forward_metadata(fb)
@@ -204,7 +211,10 @@ class LlamaForCausalLM:
         attentions one seam (feed-forward, then the next layer's q/k/v) runs, compiled or eager."""
         d = self.eager_dims
         first, last = self.layers[0], self.layers[-1]
-        head = graphs.attention_inputs if graphs else partial(llama_layer.attention_inputs, d)
+        if graphs:
+            head = graphs.attention_inputs
+        else:
+            head = partial(llama_layer.attention_inputs, d, lora=self._layer_lora(0))
         q, k, v = head(h, first.input_norm, first.qkv.op_args(), first.qk_norm, cos, sin)
         for i, layer in enumerate(self.layers):
             o = attn.forward(
@@ -228,11 +238,15 @@ class LlamaForCausalLM:
             if layer is last:
                 break
             nxt = self.layers[i + 1]
-            if graphs is None and self.tp is not None:  # tensor parallel: all-reduces between
-                h = llama_layer.feed_forward(d, h, *tail, reduce=self._reduce)
-                q, k, v = llama_layer.attention_inputs(
-                    d, h, nxt.input_norm, nxt.qkv.op_args(), nxt.qk_norm, cos, sin
+            if graphs is None and (self.tp is not None or self._lora is not None):
+                # layer by layer: tensor parallelism's all-reduces, LoRA's updates
+                h = llama_layer.feed_forward(
+                    d, h, *tail, reduce=self._reduce, lora=self._layer_lora(i)
                 )
+                q, k, v = llama_layer.attention_inputs(
+                    d, h, nxt.input_norm, nxt.qkv.op_args(), nxt.qk_norm, cos, sin,
+                    lora=self._layer_lora(i + 1),
+                )  # fmt: skip
                 continue
             step = graphs.seam if graphs else partial(llama_layer.seam, d)
             h, q, k, v = step(h, *tail, nxt.input_norm, nxt.qkv.op_args(), nxt.qk_norm, cos, sin)
@@ -242,10 +256,10 @@ class LlamaForCausalLM:
         """The last layer's feed-forward, the final norm and the logits of rows fb.logits_rows
         (under vocab parallelism rank 0 gets every rank's slice, the others None)."""
         d = self.eager_dims
-        if self.tp is not None:
-            x = llama_layer.norm(
-                d, llama_layer.feed_forward(d, h, *tail, reduce=self._reduce), self.final_norm
-            )
+        if self.tp is not None or self._lora is not None:
+            last = self._layer_lora(self.num_layers - 1)
+            h = llama_layer.feed_forward(d, h, *tail, reduce=self._reduce, lora=last)
+            x = llama_layer.norm(d, h, self.final_norm)
         else:
             x = (graphs.final if graphs else partial(llama_layer.final, d))(
                 h, *tail, self.final_norm
@@ -256,6 +270,10 @@ class LlamaForCausalLM:
         if self.tp is not None:
             return self.tp.gather_last_dim(logits)
         return logits
+
+    def _layer_lora(self, index: int) -> Any:
+        """Layer index's LoRA updates this forward (None: no adapter in the step)."""
+        return None if self._lora is None else self._lora.layer(index)
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp is None:

@@ -23,6 +23,9 @@ import torch.nn.functional as F
 from radixrt.runtime.model.linear import linear_kernel
 
 Reduce = Callable[[torch.Tensor], torch.Tensor]
+# LoRA (model/lora_pool.LayerLora): lora(target, x, out) adds the adapters' updates of projection
+# `target` (q_proj, ..., down_proj) with input x to its output columns out, in place (eager only)
+Lora = Callable[[str, torch.Tensor, torch.Tensor], None]
 
 
 @dataclass(frozen=True)
@@ -72,11 +75,18 @@ def attention_inputs(
     qk_norm: torch.Tensor | None,
     cos: torch.Tensor,
     sin: torch.Tensor,
+    lora: Lora | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """h [T, H] float32 -> q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D] in attn_dtype. cos/sin
     [T, 1, D] (sin signed: rotate_half(x) * sin == cat(x2, x1) * cat(-sin, sin))."""
     T, D, Hq, Hkv = h.shape[0], d.head_dim, d.num_q_heads, d.num_kv_heads
-    out = linear(d, norm(d, h, input_norm), qkv)  # [T, (Hq + 2 Hkv) * D]
+    x = norm(d, h, input_norm)
+    out = linear(d, x, qkv)  # [T, (Hq + 2 Hkv) * D]
+    if lora is not None:
+        q_end, k_end = Hq * D, (Hq + Hkv) * D
+        lora("q_proj", x, out[:, :q_end])
+        lora("k_proj", x, out[:, q_end:k_end])
+        lora("v_proj", x, out[:, k_end:])
     qk = out[:, : (Hq + Hkv) * D].reshape(T, Hq + Hkv, D)
     if qk_norm is not None:
         qk = rms_norm(qk, qk_norm, d.eps)
@@ -99,14 +109,25 @@ def feed_forward(
     gate_up: tuple,
     down: tuple,
     reduce: Reduce | None = None,
+    lora: Lora | None = None,
 ) -> torch.Tensor:
     """The rest of the layer after attention: o [T, Hq, D] -> the new residual stream [T, H]
     float32. reduce: tensor parallelism's all-reduce of a row-parallel output (eager only)."""
     T, I = h.shape[0], d.intermediate_size
-    attn_out = linear(d, o.reshape(T, d.num_q_heads * d.head_dim).to(d.dtype), o_proj)
+    o_in = o.reshape(T, d.num_q_heads * d.head_dim).to(d.dtype)
+    attn_out = linear(d, o_in, o_proj)
+    if lora is not None:
+        lora("o_proj", o_in, attn_out)
     h = h + (reduce(attn_out) if reduce else attn_out)
-    gu = linear(d, norm(d, h, post_norm), gate_up)  # [T, 2I]
-    mlp_out = linear(d, F.silu(gu[:, :I]) * gu[:, I:], down)
+    x = norm(d, h, post_norm)
+    gu = linear(d, x, gate_up)  # [T, 2I]
+    if lora is not None:
+        lora("gate_proj", x, gu[:, :I])
+        lora("up_proj", x, gu[:, I:])
+    act = F.silu(gu[:, :I]) * gu[:, I:]
+    mlp_out = linear(d, act, down)
+    if lora is not None:
+        lora("down_proj", act, mlp_out)
     return h + (reduce(mlp_out) if reduce else mlp_out)
 
 

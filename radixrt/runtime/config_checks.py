@@ -1,0 +1,106 @@
+"""ServerConfig's checks: each refuses an out-of-range or contradictory setting, naming it. Run in
+order by ServerConfig.__post_init__ (the first one found is named)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# the projections a LoRA adapter may target (model/lora_adapter.py), in a Llama-family layer
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def check_sizes(c: Any) -> None:
+    """The KV pool's and a batch's sizes, and the JSON-schema depth bound."""
+    if c.page_size < 1:
+        raise ValueError(f"page_size must be >= 1, got {c.page_size}")
+    if c.chunked_prefill_size < c.page_size:
+        raise ValueError("chunked_prefill_size must be >= page_size")
+    if c.mem_fraction_static is not None and not 0 < c.mem_fraction_static < 1:
+        raise ValueError(f"mem_fraction_static must be in (0, 1), got {c.mem_fraction_static}")
+    if c.max_total_tokens is not None and c.max_total_tokens < c.page_size:
+        raise ValueError(f"max_total_tokens must be >= page_size, got {c.max_total_tokens}")
+    if c.max_running_requests < 1:
+        raise ValueError("max_running_requests must be >= 1")
+    if not 1 <= c.json_object_max_depth <= 64:
+        raise ValueError(f"json_object_max_depth must be in [1, 64], got {c.json_object_max_depth}")
+
+
+def check_parallelism(c: Any) -> None:
+    """Data and tensor parallelism, across nodes."""
+    if c.dp_size < 1:
+        raise ValueError(f"dp_size must be >= 1, got {c.dp_size}")
+    if c.tp_size < 1 or c.nnodes < 1 or c.tp_size % c.nnodes:
+        raise ValueError(
+            f"tp_size ({c.tp_size}) must be a positive multiple of nnodes ({c.nnodes})"
+        )
+    if not 0 <= c.node_rank < c.nnodes:
+        raise ValueError(f"node_rank must be in [0, nnodes), got {c.node_rank}")
+    if c.nnodes > 1 and not c.dist_init_addr:
+        raise ValueError("--nnodes > 1 needs --dist-init-addr host:port (node 0's address)")
+
+
+def check_compile_and_speculation(c: Any) -> None:
+    """torch.compile's flags and speculative decoding's draft length."""
+    if c.torch_compile_max_bs < 2:
+        raise ValueError(f"torch_compile_max_bs must be >= 2, got {c.torch_compile_max_bs}")
+    if c.enable_torch_compile and c.disable_torch_compile:
+        raise ValueError("--enable-torch-compile and --disable-torch-compile contradict each other")
+    if not 1 <= c.speculative_num_draft_tokens <= 64:
+        raise ValueError(
+            f"speculative_num_draft_tokens must be in [1, 64], got {c.speculative_num_draft_tokens}"
+        )
+
+
+def check_hierarchical_cache(c: Any) -> None:
+    """The host-memory tier behind the radix cache."""
+    if c.enable_hierarchical_cache and (c.disable_radix_cache or c.tp_size > 1):
+        raise ValueError("--enable-hierarchical-cache needs the radix cache and --tp-size 1")
+    if c.hicache_ratio <= 0 or c.hicache_size < 0:
+        raise ValueError(
+            f"hicache_ratio must be > 0 and hicache_size >= 0, got {c.hicache_ratio}, "
+            f"{c.hicache_size}"
+        )
+
+
+def check_choices(c: Any) -> None:
+    """Each field with a fixed set of values holds one of them (None: unset)."""
+    for name in (
+        "dtype",
+        "attention_backend",
+        "schedule_policy",
+        "log_level",
+        "speculative_algorithm",
+        "quantization",
+        "grammar_backend",
+        "router_policy",
+        "kv_cache_dtype",
+        "hicache_write_policy",
+        "hicache_storage_backend",
+    ):
+        choices = c.__dataclass_fields__[name].metadata["choices"]
+        value = getattr(c, name)
+        if value is not None and choices and value not in choices:
+            raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+
+
+def check_lora(c: Any) -> None:
+    """LoRA's slots, rank and targets; adapters are served on one rank only."""
+    if c.max_loras_per_batch < 1:
+        raise ValueError(f"max_loras_per_batch must be >= 1, got {c.max_loras_per_batch}")
+    if c.max_lora_rank is not None and not 1 <= c.max_lora_rank <= 1024:
+        raise ValueError(f"max_lora_rank must be in [1, 1024], got {c.max_lora_rank}")
+    bad = [t for t in c.lora_target_modules or () if t not in LORA_TARGETS]
+    if bad:
+        raise ValueError(f"lora_target_modules: {bad[0]!r} is not one of {', '.join(LORA_TARGETS)}")
+    if c.lora_enabled and c.tp_size > 1:
+        raise ValueError("LoRA adapters (--lora-paths, --max-lora-rank) need --tp-size 1")
+
+
+CHECKS = (
+    check_sizes,
+    check_parallelism,
+    check_compile_and_speculation,
+    check_hierarchical_cache,
+    check_lora,
+    check_choices,
+)

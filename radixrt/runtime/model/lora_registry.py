@@ -1,0 +1,86 @@
+"""The runner's adapters: every loaded adapter's weights in host memory (by name), the slot pool a
+forward reads (lora_pool.py), and per forward the slots its items name, filled first when a slot
+held another adapter."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from radixrt.runtime.config import ServerConfig
+from radixrt.runtime.config_checks import LORA_TARGETS
+from radixrt.runtime.core.plan import PlanItem
+from radixrt.runtime.model.lora_adapter import (
+    LoraAdapter,
+    LoraError,
+    TargetDims,
+    load_adapter,
+    parse_lora_path,
+)
+from radixrt.runtime.model.lora_pool import LoraPool, LoraStep
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_RANK = 16
+
+
+class LoraRegistry:
+    def __init__(self, config: ServerConfig, model, device: torch.device):
+        m = model
+        self.dims = TargetDims.llama(
+            m.hidden_size,
+            m.num_q_heads * m.head_dim,
+            m.num_kv_heads * m.head_dim,
+            m.intermediate_size,
+            m.num_layers,
+        )
+        self.targets = tuple(config.lora_target_modules or LORA_TARGETS)
+        self.adapters: dict[str, LoraAdapter] = {}
+        specs = [parse_lora_path(p) for p in config.lora_paths or ()]
+        # read first at any rank, so the default max rank is the largest of them
+        first = [load_adapter(n, p, self.dims, 1 << 20, self.targets) for n, p in specs]
+        self.max_rank = config.max_lora_rank or max(
+            [a.rank for a in first], default=DEFAULT_MAX_RANK
+        )
+        for adapter in first:
+            self._add(adapter)
+        self.pool = LoraPool(
+            self.dims, config.max_loras_per_batch, self.max_rank, model.dtype, device
+        )
+        self.device = device
+
+    def _add(self, adapter: LoraAdapter) -> None:
+        if adapter.rank > self.max_rank:
+            raise LoraError(
+                f"LoRA adapter {adapter.name!r} has rank {adapter.rank}, above --max-lora-rank "
+                f"{self.max_rank}"
+            )
+        if adapter.name in self.adapters:
+            raise LoraError(f"a LoRA adapter named {adapter.name!r} is already loaded")
+        self.adapters[adapter.name] = adapter
+        log.info(
+            "LoRA adapter %s: rank %d, %s", adapter.name, adapter.rank, sorted(adapter.targets)
+        )
+
+    def load(self, name: str, path: str) -> None:
+        """Read and check the adapter at path, served as name from now on (LoraError: why not)."""
+        if name in self.adapters:
+            raise LoraError(f"a LoRA adapter named {name!r} is already loaded")
+        self._add(load_adapter(name, path, self.dims, self.max_rank, self.targets))
+
+    def unload(self, name: str) -> None:
+        if self.adapters.pop(name, None) is None:
+            raise LoraError(f"no LoRA adapter named {name!r} is loaded")
+        self.pool.clear(name)
+
+    def step(self, plan: list[PlanItem]) -> LoraStep | None:
+        """The forward's LoRA rows, each named slot holding its adapter (copied in if not)."""
+        slots = [it.lora_slot for it in plan]
+        if all(s is None for s in slots):
+            return None
+        for it in plan:
+            if it.lora_slot is not None and self.pool.names[it.lora_slot] != it.lora_name:
+                self.pool.load(it.lora_slot, self.adapters[it.lora_name])
+        lengths = [len(it.new_ids) for it in plan]
+        return LoraStep.for_items(self.pool, slots, lengths, self.device)
