@@ -63,6 +63,7 @@ class FakeRunner:
         eos: int | None = 0,
         context_length: int = 4096,
         max_rows: int = 16,
+        loras: tuple[str, ...] = (),
     ):
         self.num_pages = num_pages
         self.page_size = page_size
@@ -75,6 +76,8 @@ class FakeRunner:
         self.dtype_name = "fake"
         self.kv_bytes_per_token = self.kv_pool_bytes = self.kv_cache_dtype = None  # no real pool
         self.exit_on_rank_loss = False
+        self.loras = list(loras)  # LoRA adapters it "serves" (outputs ignore them)
+        self.lora_steps: list[dict[int, str]] = []  # each forward's slot -> adapter
         self.kv: dict[int, tuple[int, int]] = {}  # slot -> (position, token)
         self.table: dict[int, dict[int, int]] = {}  # row -> position -> slot
         self.num_forwards = 0
@@ -91,13 +94,15 @@ class FakeRunner:
         pass
 
     def lora_names(self) -> list[str]:
-        return []
+        return list(self.loras)
 
     def load_lora(self, name: str, path: str) -> None:
-        raise ValueError("the fake runner serves no LoRA adapters")
+        self.loras.append(name)
 
     def unload_lora(self, name: str) -> None:
-        raise ValueError(f"no LoRA adapter named {name!r} is loaded")
+        if name not in self.loras:
+            raise ValueError(f"no LoRA adapter named {name!r} is loaded")
+        self.loras.remove(name)
 
     def run(self, plan: list[PlanItem], mask_sources: list = ()) -> list[ItemResult]:
         self.num_forwards += 1
@@ -105,6 +110,12 @@ class FakeRunner:
             assert all(p.mask is None or 0 <= p.mask < len(mask_sources) for p in it.picks)
         rows = [it.row for it in plan]
         assert len(set(rows)) == len(rows), "a table row twice in one batch"
+        slots: dict[int, str] = {}
+        for it in plan:  # one adapter per slot in a step, and a slot for every adapter's item
+            assert (it.lora_name is None) == (it.lora_slot is None)
+            if it.lora_slot is not None:
+                assert slots.setdefault(it.lora_slot, it.lora_name) == it.lora_name
+        self.lora_steps.append(slots)
         written: set[int] = set()
         results = []
         self.num_copy_steps += any(it.page_copies for it in plan)

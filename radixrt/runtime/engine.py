@@ -59,11 +59,12 @@ class Engine:
         program_id: str | None = None,
         session_id: str | None = None,
         return_text_in_logprobs: bool = False,
-        lora_path: str | None = None,
+        lora_path: str | list[str | None] | None = None,
     ) -> dict | list[dict] | Iterator[dict]:
         """session_id: this is a turn of that conversation; when it finishes its text stays pinned
         in the cache until the session's next turn, close_session, or the session ttl
-        (core/sessions.py). lora_path: the LoRA adapter (by name) every prompt runs with."""
+        (core/sessions.py). lora_path: the LoRA adapter (by name) the prompts run with, or one per
+        prompt (None: the base model)."""
         single, ids_list = self._tokenize(prompt, input_ids)
         if session_id is not None and len(ids_list) != 1:
             raise ValueError(
@@ -74,18 +75,22 @@ class Engine:
             if isinstance(sampling_params, list)
             else [sampling_params] * len(ids_list)
         )
-        if len(params) != len(ids_list):
-            raise ValueError(f"got {len(params)} sampling_params for {len(ids_list)} prompts")
+        loras = lora_path if isinstance(lora_path, list) else [lora_path] * len(ids_list)
+        if len(params) != len(ids_list) or len(loras) != len(ids_list):
+            raise ValueError(
+                f"got {len(params)} sampling_params and {len(loras)} lora_path for "
+                f"{len(ids_list)} prompts"
+            )
         options = dict(
             stream=stream,
             return_logprob=return_logprob,
             top_logprobs_num=top_logprobs_num,
             program_id=program_id,
             session_id=session_id,
-            lora_path=lora_path,
         )
         msgs = [
-            self._messages(ids, p, logprob_start_len, options) for ids, p in zip(ids_list, params)
+            self._messages(ids, p, logprob_start_len, {**options, "lora_path": lora})
+            for ids, p, lora in zip(ids_list, params, loras)
         ]
         flat = [m for copies in msgs for m in copies]
         if stream:
@@ -142,6 +147,9 @@ class Engine:
             top_logprobs_num=options["top_logprobs_num"],
             stream=options["stream"],
         )
+        if options.get("lora_path") is not None:
+            with self._lock:
+                self.scheduler.check_lora(options["lora_path"])
         return expand_n(self._new_rid(), ids, sp, logprob_start_len=start, **options)
 
     def pin_prefix(

@@ -97,7 +97,7 @@ class Scheduler(SchedulerAdmin, SchedulerBeams, StepRecovery):
         try:
             req = new_req(msg, self.limits, self.tokenizer, self.faults.check)
             if req.lora is not None:
-                self._check_lora(req.lora)
+                self.check_lora(req.lora)
                 req.key_offset = self.lora_slots.key_offset(req.lora)
             constraint = constraint_of(req.sampling)
             if constraint is not None:

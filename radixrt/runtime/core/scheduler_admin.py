@@ -80,7 +80,7 @@ class SchedulerAdmin:
             **self.tree.tier_info(),  # the second tier's figures (tiered_cache.py)
         }
 
-    def _check_lora(self, name: str) -> None:
+    def check_lora(self, name: str) -> None:
         """A request's adapter must be loaded (ValueError naming it: a 400)."""
         if not isinstance(name, str) or name not in self.runner.lora_names():
             loaded = ", ".join(self.runner.lora_names()) or "none"
