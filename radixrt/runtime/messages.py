@@ -158,6 +158,23 @@ class ProfileOut:
 
 
 @message
+class LoraAdapterReq:
+    """POST /load_lora_adapter (action "load": lora_name served from lora_path) and
+    /unload_lora_adapter (action "unload")."""
+
+    action: str
+    lora_name: str
+    lora_path: str | None = None
+
+
+@message
+class LoraAdapterOut:
+    success: bool
+    message: str
+    adapters: list[str] = field(default_factory=list)  # loaded after the call
+
+
+@message
 class HealthCheckReq:
     probe_id: int
 

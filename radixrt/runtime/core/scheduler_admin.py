@@ -57,6 +57,8 @@ class SchedulerAdmin:
             "kv_pages_evictable": self.tree.evictable_pages,
             "kv_pages_cached": self.tree.total_pages(),
             "page_size": self.page_size,
+            "lora_adapters": self.runner.lora_names(),
+            "max_loras_per_batch": self.config.max_loras_per_batch,
             "max_total_tokens": self.pool_tokens,
             "kv_bytes_per_token": self.runner.kv_bytes_per_token,
             "kv_pool_bytes": self.runner.kv_pool_bytes,

@@ -91,6 +91,7 @@ async def _scheduler_requests(
     return_logprob = _per_prompt(req.return_logprob, num, "return_logprob")
     starts = _per_prompt(req.logprob_start_len, num, "logprob_start_len")
     tops = _per_prompt(req.top_logprobs_num, num, "top_logprobs_num")
+    loras = _per_prompt(req.lora_path, num, "lora_path")
     reqs, flat_logprob = [], []
     for i, ids in enumerate(prompts):
         sp = await tm.validate_sampling(params[i])
@@ -108,6 +109,7 @@ async def _scheduler_requests(
             top_logprobs_num=tops[i],
             program_id=req.program_id,
             session_id=req.session(),
+            lora_path=loras[i],
         )
         reqs += copies
         flat_logprob += [return_logprob[i]] * len(copies)

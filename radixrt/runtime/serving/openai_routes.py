@@ -64,15 +64,22 @@ class OpenAIRoutes:
         answer.headers[IGNORED_FIELDS_HEADER] = ",".join(ignored)[:1000]
         return answer
 
-    def check_model(self, name: str | None) -> None:
+    def check_model(self, name: str | None) -> str | None:
+        """The request's LoRA adapter (vLLM's and SGLang's ways: the adapter's name as the model,
+        or "base:adapter"), None for the base model; a 404 for anything else."""
         accepted = {None, "default", self.model_name, self.tm.config.model_path}
-        if name not in accepted:
-            raise APIError(
-                f"the model {name!r} does not exist; this server serves {self.model_name!r}",
-                404,
-                param="model",
-                code="model_not_found",
-            )
+        if name in accepted:
+            return None
+        base, _, adapter = name.rpartition(":")
+        if adapter in self.tm.lora_adapters and base in accepted | {""}:
+            return adapter
+        served = ", ".join([self.model_name, *self.tm.lora_adapters])
+        raise APIError(
+            f"the model {name!r} does not exist; this server serves {served}",
+            404,
+            param="model",
+            code="model_not_found",
+        )
 
     def default_max_tokens(self, prompt_len: int, beam_width: int = 1) -> int:
         """What the rest of the context allows; a beam search: what its beams may all hold in
@@ -153,6 +160,7 @@ class OpenAIRoutes:
                 return_logprob=return_logprob,
                 top_logprobs_num=top_logprobs,
                 session_id=req.session_id,
+                lora_path=self.check_model(req.model),
             )
         handle = self.tm.generate(reqs)
         return handle, [SequenceResult(r.rid) for r in reqs], sum(len(p) for p in prompts)
@@ -226,20 +234,22 @@ class OpenAIRoutes:
         yield SSE_DONE
 
     def models(self) -> dict[str, Any]:
-        # owned_by "sglang": what SGLang-aware tools and routers look for
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": self.model_name,
-                    "object": "model",
-                    "created": 0,
-                    "owned_by": "sglang",
-                    "root": self.tm.config.model_path,
-                    "max_model_len": self.tm.context_len,
-                }
-            ],
+        # owned_by "sglang": what SGLang-aware tools and routers look for; each LoRA adapter is a
+        # model of its own whose parent is the base (vLLM's listing)
+        base = {
+            "id": self.model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "sglang",
+            "root": self.tm.config.model_path,
+            "parent": None,
+            "max_model_len": self.tm.context_len,
         }
+        adapters = [
+            {**base, "id": name, "root": name, "parent": self.model_name}
+            for name in self.tm.lora_adapters
+        ]
+        return {"object": "list", "data": [base, *adapters]}
 
 
 def _lp(x: Any) -> float:

@@ -102,6 +102,8 @@ class GenerateRequest(_Strict):
     # radixrt's: keep this conversation's turns cached (core/sessions.py)
     session_id: str | None = None
     session_params: dict[str, Any] | None = None  # SGLang's shape of the same: {"id": ...}
+    # SGLang's: the LoRA adapter (by name) of every prompt, or one per prompt (None: the base)
+    lora_path: Union[str, list[Union[str, None]], None] = None
 
     def session(self) -> str | None:
         """session_id, or SGLang's session_params.id."""
@@ -111,6 +113,13 @@ class GenerateRequest(_Strict):
         if sid is not None and not isinstance(sid, str):
             raise APIError("session_params.id must be a string", param="session_params")
         return sid
+
+
+class LoraAdapterRequest(_Strict):
+    """POST /load_lora_adapter (both fields) and /unload_lora_adapter (lora_name)."""
+
+    lora_name: str = Field(min_length=1)
+    lora_path: str | None = None
 
 
 class ConcatAndAppendRequest(_Strict):

@@ -26,6 +26,8 @@ from radixrt.runtime.messages import (
     GetServerInfoReq,
     HealthCheckOut,
     HealthCheckReq,
+    LoraAdapterOut,
+    LoraAdapterReq,
     ProfileOut,
     ProfileReq,
     SchedulerInfo,
@@ -58,11 +60,13 @@ class SchedulerLink:
         self.metrics = metrics or ServerMetrics()
         self.model_info: dict[str, Any] = {}
         self.startup_server_info: dict[str, Any] = {}
+        self.lora_adapters: list[str] = []  # the LoRA adapters served (kept by lora_adapter)
         self.states: dict[str, ReqState] = {}
         self.dead_reason: str | None = None  # set by the watchdog when a child process died
         # admin round trips, by the type of their answer (answers of one type come back in order)
         self._waiters: dict[type, collections.deque[asyncio.Future]] = {
-            t: collections.deque() for t in (SchedulerInfo, FlushCacheOut, CacheTreeOut, ProfileOut)
+            t: collections.deque()
+            for t in (SchedulerInfo, FlushCacheOut, CacheTreeOut, ProfileOut, LoraAdapterOut)
         }
         self._health_waiters: dict[int, asyncio.Future] = {}
         self._probe_ids = itertools.count()
@@ -84,6 +88,7 @@ class SchedulerLink:
         info = await wait_for_children(self._pull, procs, timeout)
         self.model_info = info["scheduler"]["model_info"]
         self.startup_server_info = info["scheduler"]["server_info"]
+        self.lora_adapters = list(self.startup_server_info.get("lora_adapters", []))
 
     def start_loops(self) -> None:
         """From now on, route what the scheduler sends and probe its loop every heartbeat."""
@@ -213,6 +218,12 @@ class SchedulerLink:
 
     async def profile(self, req: ProfileReq, timeout: float = 60.0) -> ProfileOut:
         return await self._ask(req, ProfileOut, timeout)
+
+    async def lora_adapter(self, req: LoraAdapterReq, timeout: float = 120.0) -> LoraAdapterOut:
+        """Load or unload an adapter in the scheduler; the adapters served afterwards are kept."""
+        out = await self._ask(req, LoraAdapterOut, timeout)
+        self.lora_adapters = list(out.adapters)
+        return out
 
     async def health_probe(self, timeout: float = 20.0) -> bool:
         """True when the scheduler answers a probe in time (one scheduler step at most)."""

@@ -30,6 +30,8 @@ from radixrt.runtime.messages import (
     GetServerInfoReq,
     HealthCheckOut,
     HealthCheckReq,
+    LoraAdapterOut,
+    LoraAdapterReq,
     ProcessFailed,
     ProcessReady,
     ProfileOut,
@@ -114,6 +116,8 @@ class SchedulerLoop:
             s.close_session(msg.session_id)
         elif isinstance(msg, FlushCacheReq):
             self.to_tokenizer.send(messages.encode(FlushCacheOut(success=bool(s.flush_cache()))))
+        elif isinstance(msg, LoraAdapterReq):
+            self.to_tokenizer.send(messages.encode(self._lora_adapter(msg)))
         elif isinstance(msg, ProfileReq):
             if msg.action == "start":
                 ok, text = self.profiler.start(msg.output_dir, msg.num_steps)
@@ -122,6 +126,21 @@ class SchedulerLoop:
             self.to_tokenizer.send(messages.encode(ProfileOut(success=ok, message=text)))
         else:
             logger.warning("unexpected message %s", type(msg).__name__)
+
+    def _lora_adapter(self, msg: LoraAdapterReq) -> LoraAdapterOut:
+        """Load or unload an adapter; a refusal (ValueError) is the answer's message."""
+        s = self.scheduler
+        try:
+            if msg.action == "load":
+                s.load_lora(msg.lora_name, msg.lora_path)
+            else:
+                s.unload_lora(msg.lora_name)
+        except ValueError as e:
+            return LoraAdapterOut(success=False, message=str(e), adapters=s.runner.lora_names())
+        done = "loaded" if msg.action == "load" else "unloaded"
+        return LoraAdapterOut(
+            success=True, message=f"{done} {msg.lora_name}", adapters=s.runner.lora_names()
+        )
 
     def drain(self, timeout_ms: int) -> None:
         """Handle every waiting message; wait up to timeout_ms for the first one."""
@@ -149,6 +168,9 @@ class SchedulerLoop:
                     self.to_tokenizer.send(
                         messages.encode(CacheTreeOut(view={"error": f"{type(e).__name__}: {e}"}))
                     )
+                elif isinstance(msg, LoraAdapterReq):
+                    out = LoraAdapterOut(success=False, message=f"{type(e).__name__}: {e}")
+                    self.to_tokenizer.send(messages.encode(out))
                 elif isinstance(msg, ProfileReq):
                     self.to_tokenizer.send(
                         messages.encode(

@@ -144,8 +144,14 @@ class TokenizerManager(SchedulerLink):
         program_id: str | None = None,
         pin_ttl_s: float | None = None,
         session_id: str | None = None,
+        lora_path: str | None = None,
     ) -> list[TokenizedGenerateReq]:
         """One prompt -> sp.n scheduler requests (seeds seed+i), after checking it can ever run."""
+        if lora_path is not None and lora_path not in self.lora_adapters:
+            loaded = ", ".join(self.lora_adapters) or "none"
+            raise APIError(
+                f"LoRA adapter {lora_path!r} is not loaded (loaded: {loaded})", param="lora_path"
+            )
         try:
             start = check_prompt(
                 input_ids,
@@ -167,6 +173,7 @@ class TokenizerManager(SchedulerLink):
                 program_id=program_id,
                 pin_ttl_s=pin_ttl_s,
                 session_id=session_id,
+                lora_path=lora_path,
             )
         except RequestError as e:
             raise from_value_error(e) from None
