@@ -89,6 +89,7 @@ def _defaults(
     logprob_start_len: int | None = None,
     top_logprobs_num: int | None = None,
     return_text_in_logprobs: bool | None = None,
+    lora_path: str | None = None,
 ) -> ir.GenParams:
     """run()'s sampling defaults (SGLang's): every gen inherits what it does not set."""
     return ir.GenParams(
@@ -109,6 +110,7 @@ def _defaults(
         logprob_start_len=logprob_start_len,
         top_logprobs_num=top_logprobs_num,
         return_text_in_logprobs=return_text_in_logprobs,
+        lora_path=lora_path,
     )
 
 

@@ -74,9 +74,11 @@ class GenParams:
     logprob_start_len: int | None = None
     top_logprobs_num: int | None = None
     return_text_in_logprobs: bool | None = None
+    lora_path: str | None = None  # the LoRA adapter this gen runs with (None: the base model)
 
     def resolve(self, defaults: "GenParams") -> tuple[dict[str, Any], dict[str, Any]]:
-        """Merge over `defaults`; returns (sampling_params for the runtime, logprob options)."""
+        """Merge over `defaults`; returns (sampling_params for the runtime, the request's other
+        options: logprobs, lora_path)."""
         merged = {
             f.name: getattr(self, f.name)
             if getattr(self, f.name) is not None
@@ -109,6 +111,7 @@ class GenParams:
                 "logprob_start_len",
                 "top_logprobs_num",
                 "return_text_in_logprobs",
+                "lora_path",
             )
             if merged[k] is not None
         }

@@ -163,6 +163,10 @@ class OpenAI(Backend):
             raise NotImplementedError(
                 "return_logprob / top_logprobs_num are not available on sgl.OpenAI"
             )
+        if options.get("lora_path"):
+            raise NotImplementedError(
+                "lora_path is not available on sgl.OpenAI: name the adapter as its model"
+            )
 
     def generate(
         self,

@@ -77,6 +77,7 @@ def gen(
     seed: int | None = None,
     n: int | None = None,
     stop_regex: str | list[str] | None = None,
+    lora_path: str | None = None,
 ) -> ir.Expr:
     """Generate text into variable `name`. With `choices`, this is select(name, choices)."""
     if choices:
@@ -105,6 +106,7 @@ def gen(
         logprob_start_len=logprob_start_len,
         top_logprobs_num=top_logprobs_num,
         return_text_in_logprobs=return_text_in_logprobs,
+        lora_path=lora_path,
     )
     if dtype is not None:
         params.resolve(ir.GenParams())  # reject a bad dtype here, at the program's line

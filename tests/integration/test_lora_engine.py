@@ -166,3 +166,24 @@ def test_bad_adapters_are_refused_naming_the_problem(engine, adapters, model_dir
         engine.generate("Hi", GREEDY, lora_path="nope")
     assert "big" not in engine.scheduler.runner.lora_names()
     engine.check_integrity()
+
+
+def test_the_dsl_passes_lora_path_through_gen_and_run(engine):
+    import radixrt as sgl
+
+    @sgl.function
+    def two(s, prompt):
+        s += prompt
+        s += sgl.gen("first", max_tokens=6, temperature=0, lora_path="qv4")
+        s += sgl.gen("second", max_tokens=6, temperature=0)
+
+    backend = sgl.EngineBackend(engine)
+    state = two.run(prompt=PROMPTS[0], backend=backend, lora_path="mlp8")
+    want_first = engine.generate(
+        PROMPTS[0], {"temperature": 0, "max_new_tokens": 6}, lora_path="qv4"
+    )
+    assert state["first"] == want_first["text"]
+    text = PROMPTS[0] + state["first"]
+    want_second = engine.generate(text, {"temperature": 0, "max_new_tokens": 6}, lora_path="mlp8")
+    assert state["second"] == want_second["text"]
+    engine.check_integrity()
