@@ -62,9 +62,17 @@ class LoraPool:
 class LoraStep:
     """One forward's LoRA rows: for each slot in use, the token rows of the items naming it."""
 
-    def __init__(self, pool: LoraPool, groups: list[tuple[int, torch.Tensor]]):
+    def __init__(
+        self, pool: LoraPool, groups: list[tuple[int, torch.Tensor]], row_slots: list[int]
+    ):
         self.pool = pool
         self.groups = groups
+        device = groups[0][1].device
+        # the GPU kernel's view: every row's slot (-1: the base model) and the slots' scalings
+        self.on_gpu = device.type == "cuda"
+        if self.on_gpu:
+            self.row_slots = torch.tensor(row_slots, dtype=torch.int32, device=device)
+            self.scalings = torch.tensor(pool.scalings, dtype=torch.float32, device=device)
 
     @classmethod
     def for_items(
@@ -73,15 +81,17 @@ class LoraStep:
         """slots[i]: item i's slot (None: the base model), lengths[i]: its tokens, in the flat
         token order of the forward (items one after another). None when no item uses an adapter."""
         rows: dict[int, list[int]] = {}
+        row_slots: list[int] = []
         start = 0
         for slot, n in zip(slots, lengths):
             if slot is not None:
                 rows.setdefault(slot, []).extend(range(start, start + n))
+            row_slots += [-1 if slot is None else slot] * n
             start += n
         if not rows:
             return None
         groups = [(s, torch.tensor(r, dtype=torch.long, device=device)) for s, r in rows.items()]
-        return cls(pool, groups)
+        return cls(pool, groups, row_slots)
 
     def layer(self, index: int) -> "LayerLora":
         return LayerLora(self, index)
@@ -94,7 +104,13 @@ class LayerLora:
         self.step, self.index = step, layer
 
     def __call__(self, target: str, x: torch.Tensor, out: torch.Tensor) -> None:
-        pool = self.step.pool
+        pool, step = self.step.pool, self.step
+        if step.on_gpu:  # one launch pair for every row, each reading its own slot's weights
+            from radixrt.kernels.lora_triton import lora_apply
+
+            a, b = pool.a[target][self.index], pool.b[target][self.index]
+            lora_apply(x.contiguous(), a, b, step.row_slots, step.scalings, out)
+            return
         for slot, rows in self.step.groups:
             if (self.index, target) not in pool.present[slot]:
                 continue
