@@ -187,3 +187,46 @@ def test_the_dsl_passes_lora_path_through_gen_and_run(engine):
     want_second = engine.generate(text, {"temperature": 0, "max_new_tokens": 6}, lora_path="mlp8")
     assert state["second"] == want_second["text"]
     engine.check_integrity()
+
+
+def test_adapters_on_a_tiny_random_model_equal_peft(model_dir, tmp_path):
+    """A tiny random Llama (saved with transformers, the default model's tokenizer beside it) and
+    two adapters of different ranks and targets on it, in one batch with its base model."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        initializer_range=0.3,  # peaked logits: greedy picks far from ties
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    tiny_dir = tmp_path / "tiny"
+    LlamaForCausalLM(config).save_pretrained(tiny_dir)
+    tok.save_pretrained(tiny_dir)
+    specs = {"t4": (4, ["q_proj", "k_proj", "up_proj"], 21), "t8": (8, ["v_proj", "o_proj"], 22)}
+    models = {
+        name: make_adapter(tiny_dir, str(tmp_path / name), r, targets, seed)
+        for name, (r, targets, seed) in specs.items()
+    }
+    base = LlamaForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+    paths = [f"{n}={tmp_path / n}" for n in specs]
+    eng = Engine(model_path=str(tiny_dir), dtype="float32", lora_paths=paths, max_total_tokens=2048)
+    try:
+        loras = ["t4", None, "t8", "t4"]
+        outs = eng.generate(PROMPTS, GREEDY, lora_path=loras)
+        for prompt, lora, out in zip(PROMPTS, loras, outs):
+            model = base if lora is None else models[lora]
+            want = peft_greedy(model, eng.tokenizer, prompt, GREEDY["max_new_tokens"])
+            assert out["output_ids"] == want[: len(out["output_ids"])], (lora, prompt)
+        eng.check_integrity()
+    finally:
+        eng.shutdown()
