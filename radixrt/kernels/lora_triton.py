@@ -62,10 +62,10 @@ def lora_apply(
     """Add every row's adapter update to out in place. x [T, IN] (rows contiguous), a [S, R, IN],
     b [S, OUT, R] (a slot's unused rank columns are zero), row_slots [T] int32 (-1: none),
     scalings [S] float32, out [T, OUT] with contiguous rows (a column slice of a fused output
-    is fine)."""
+    is fine); b's rank columns contiguous (a view into a stacked block is fine)."""
     num_tokens, fan_in = x.shape
     rank, fan_out = a.shape[1], b.shape[1]
-    assert x.stride(1) == 1 and out.stride(1) == 1 and a.is_contiguous() and b.is_contiguous()
+    assert x.stride(1) == 1 and out.stride(1) == 1 and a.is_contiguous() and b.stride(2) == 1
     tmp = torch.empty(num_tokens, rank, dtype=torch.float32, device=x.device)
     block_r = triton.next_power_of_2(rank)
     _shrink[(num_tokens,)](

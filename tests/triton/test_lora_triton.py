@@ -1,20 +1,20 @@
-"""The GPU LoRA kernels (kernels/lora_triton.py) under the Triton interpreter against the torch
-path (model/lora_pool.py's grouped matmuls): batches mixing slots of different ranks and rows of
-the base model, into a fused output's column slice, in float32 and bfloat16."""
+"""The GPU LoRA kernels (kernels/lora_triton.py, through LayerLora's GPU path) under the Triton
+interpreter against the CPU path (model/lora_pool.py: every slot's shrink, the row's own slot kept,
+one expand): batches mixing slots of different ranks and rows of the base model, into the fused
+outputs of q/k/v and of down, in float32 and bfloat16; and both against a plain per-row reference."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from radixrt.kernels.lora_triton import lora_apply
 from radixrt.runtime.model.lora_adapter import LoraAdapter, TargetDims
 from radixrt.runtime.model.lora_pool import LoraPool, LoraStep
 
 
-def random_adapter(name, rank, dims, layer, gen):
+def random_adapter(name, rank, dims, layer, targets, gen):
     weights = {}
-    for target in ("q_proj", "down_proj"):
+    for target in targets:
         fan_in, fan_out = dims.dims[target]
         a = torch.randn(rank, fan_in, generator=gen) * 0.1
         b = torch.randn(fan_out, rank, generator=gen) * 0.1
@@ -22,34 +22,54 @@ def random_adapter(name, rank, dims, layer, gen):
     return LoraAdapter(name, "", rank, 2.0 / rank, weights)
 
 
+def reference(adapters, row_names, targets, layer, x, out, dims):
+    """Row by row: out[t, target's columns] += scaling * B @ (A @ x[t])."""
+    out = out.clone().float()
+    offset = 0
+    for target in targets:
+        width = dims.dims[target][1]
+        for t, name in enumerate(row_names):
+            ad = adapters.get(name)
+            if ad is None or (layer, target) not in ad.weights:
+                continue
+            a, b = ad.weights[(layer, target)]
+            out[t, offset : offset + width] += ad.scaling * (b @ (a @ x[t].float()))
+        offset += width
+    return out
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_kernels_equal_the_grouped_torch_path(dtype):
+def test_gpu_and_cpu_paths_equal_the_per_row_reference(dtype):
     gen = torch.Generator().manual_seed(0)
     dims = TargetDims.llama(hidden=48, q_out=48, kv_out=16, inter=80, layers=2)
     pool = LoraPool(dims, num_slots=3, max_rank=8, dtype=dtype, device=torch.device("cpu"))
-    pool.load(0, random_adapter("r4", 4, dims, 1, gen))
-    pool.load(2, random_adapter("r8", 8, dims, 1, gen))
-    slots = [2, None, 0, 2, 0]
-    lengths = [3, 2, 1, 4, 1]
+    adapters = {
+        "r4": random_adapter("r4", 4, dims, 1, ("q_proj", "v_proj", "down_proj"), gen),
+        "r8": random_adapter("r8", 8, dims, 1, ("k_proj", "down_proj"), gen),
+    }
+    pool.load(0, adapters["r4"])
+    pool.load(2, adapters["r8"])
+    slots, lengths = [2, None, 0, 2, 0], [3, 2, 1, 4, 1]
     step = LoraStep.for_items(pool, slots, lengths, torch.device("cpu"))
+    names = {0: "r4", 2: "r8"}
+    row_names = [names.get(s) for s, n in zip(slots, lengths) for _ in range(n)]
     num_tokens = sum(lengths)
-    row_slots = torch.tensor(
-        [-1 if s is None else s for s, n in zip(slots, lengths) for _ in range(n)],
-        dtype=torch.int32,
-    )
-    scalings = torch.tensor(pool.scalings, dtype=torch.float32)
-    for target in ("q_proj", "down_proj"):
-        fan_in, fan_out = dims.dims[target]
-        x = torch.randn(num_tokens, fan_in, generator=gen).to(dtype)
-        fused = torch.randn(num_tokens, fan_out + 16, generator=gen).to(dtype)
-        want = fused.clone()
-        step.layer(1)(target, x, want[:, :fan_out])
-        got = fused.clone()
-        a, b = pool.a[target][1], pool.b[target][1]
-        lora_apply(x, a, b, row_slots, scalings, got[:, :fan_out])
-        tol = 1e-5 if dtype == torch.float32 else 2e-2
-        torch.testing.assert_close(got, want, rtol=tol, atol=tol)
-        assert torch.equal(got[:, fan_out:], fused[:, fan_out:]), "wrote past its columns"
-        base_rows = row_slots < 0
-        assert torch.equal(got[base_rows], fused[base_rows]), "changed a base-model row"
-        assert not torch.equal(got, fused)
+    for group, targets, fan_in in (
+        ("qkv", ("q_proj", "k_proj", "v_proj"), 48),
+        ("down", ("down_proj",), 80),
+    ):
+        width = sum(dims.dims[t][1] for t in targets)
+        x = (torch.randn(num_tokens, fan_in, generator=gen) * 0.5).to(dtype)
+        base = torch.randn(num_tokens, width, generator=gen).to(dtype)
+        want = reference(adapters, row_names, targets, 1, x, base, dims)
+        cpu = base.clone()
+        step.layer(1)(group, x, cpu)
+        gpu = base.clone()
+        step.layer(1)._gpu(pool.groups[group], x, gpu)
+        tol = 1e-5 if dtype == torch.float32 else 3e-2
+        torch.testing.assert_close(cpu.float(), want, rtol=tol, atol=tol)
+        torch.testing.assert_close(gpu.float(), want, rtol=tol, atol=tol)
+        base_rows = torch.tensor([n is None for n in row_names])
+        assert torch.equal(gpu[base_rows], base[base_rows]), "changed a base-model row"
+        assert torch.equal(cpu[base_rows], base[base_rows]), "changed a base-model row"
+        assert not torch.equal(gpu, base)

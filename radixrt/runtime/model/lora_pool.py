@@ -1,19 +1,45 @@
 """The adapters a forward can use: --max-loras-per-batch slots of stacked LoRA weights, and one
 forward's application of them (LoraStep).
 
-A slot holds one adapter's A and B per (layer, target), zero-padded to --max-lora-rank, so every
-slot's tensors have one shape. Which adapter sits in which slot is the scheduler's decision
-(core/lora_slots.py: least recently used among slots no running request holds); the plan names it
-per item (PlanItem.lora_slot / lora_name) and the runner copies an adapter in when its slot held
-another. A forward's rows are grouped by slot; each group's update is one pair of matmuls per
-target, (x_g @ A^T) @ B^T * scaling, added to the base projection's output (no weights merged).
+Which adapter sits in which slot is the scheduler's decision (core/lora_slots.py: least recently
+used among slots no running request holds); the plan names it per item (PlanItem.lora_slot /
+lora_name) and the runner copies an adapter in when its slot held another (lora_registry.py).
+
+Weights are stacked per group of targets that read the same input (q/k/v, o, gate/up, down), every
+slot's rank padded to --max-lora-rank with zeros: A [n*S*R, in] (target i, slot s, rank r in rows
+i*S*R + s*R + r) and B [out, n*S*R] block diagonal (target i's rows, target i's columns). On a CPU
+one forward's update of a group is then three ops whatever the mix of adapters in the batch: the
+shrink x @ A^T for every slot at once, a per-row scale that keeps only the row's own slot's columns
+(times its scaling; zero for the base model's rows), and the expand into the group's fused output:
+the grouped (segmented) GEMM without a per-adapter loop, at the price of a shrink over every slot,
+tiny next to the base projection (rank columns, not output columns). On a GPU the Triton kernels
+(kernels/lora_triton.py) read each row's own slot instead.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from radixrt.runtime.model.lora_adapter import LoraAdapter, TargetDims
+
+# targets that read the same input, in the order of the fused projection's output columns
+GROUPS = {
+    "qkv": ("q_proj", "k_proj", "v_proj"),
+    "o": ("o_proj",),
+    "gate_up": ("gate_proj", "up_proj"),
+    "down": ("down_proj",),
+}
+
+
+@dataclass
+class GroupWeights:
+    targets: tuple[str, ...]
+    a: torch.Tensor  # [L, n*S*R, in]
+    b: torch.Tensor  # [L, out, n*S*R], target i's block at rows offsets[i], columns i*S*R
+    offsets: list[int]  # each target's first output column
+    widths: list[int]  # each target's output columns
 
 
 class LoraPool:
@@ -26,53 +52,64 @@ class LoraPool:
         device: torch.device,
     ):
         L, S, R = dims.num_layers, num_slots, max_rank
-        self.a = {
-            t: torch.zeros(L, S, R, i, dtype=dtype, device=device)
-            for t, (i, _) in dims.dims.items()
-        }
-        self.b = {
-            t: torch.zeros(L, S, o, R, dtype=dtype, device=device)
-            for t, (_, o) in dims.dims.items()
-        }
+        self.num_slots, self.max_rank = S, R
+        self.groups: dict[str, GroupWeights] = {}
+        for name, targets in GROUPS.items():
+            fan_in = dims.dims[targets[0]][0]
+            widths = [dims.dims[t][1] for t in targets]
+            offsets = [sum(widths[:i]) for i in range(len(widths))]
+            n = len(targets)
+            a = torch.zeros(L, n * S * R, fan_in, dtype=dtype, device=device)
+            b = torch.zeros(L, sum(widths), n * S * R, dtype=dtype, device=device)
+            self.groups[name] = GroupWeights(targets, a, b, offsets, widths)
+        self.where = {t: (g, i) for g, gw in self.groups.items() for i, t in enumerate(gw.targets)}
         self.names: list[str | None] = [None] * S
-        self.ranks = [0] * S
         self.scalings = [0.0] * S
-        self.present: list[set[tuple[int, str]]] = [set() for _ in range(S)]
+
+    def _columns(self, index: int, slot: int) -> slice:
+        """Target index's rank columns of slot, inside its group."""
+        start = (index * self.num_slots + slot) * self.max_rank
+        return slice(start, start + self.max_rank)
 
     def load(self, slot: int, adapter: LoraAdapter) -> None:
         """Copy adapter into slot (what was there is overwritten)."""
-        for target in self.a:
-            self.a[target][:, slot].zero_()
-            self.b[target][:, slot].zero_()
+        for gw in self.groups.values():
+            for i in range(len(gw.targets)):
+                gw.a[:, self._columns(i, slot)].zero_()
+                gw.b[:, :, self._columns(i, slot)].zero_()
         for (layer, target), (a, b) in adapter.weights.items():
-            r = a.shape[0]
-            self.a[target][layer, slot, :r].copy_(a)
-            self.b[target][layer, slot, :, :r].copy_(b)
-        self.names[slot], self.ranks[slot] = adapter.name, adapter.rank
-        self.scalings[slot] = adapter.scaling
-        self.present[slot] = set(adapter.weights)
+            group, i = self.where[target]
+            gw = self.groups[group]
+            cols, r = self._columns(i, slot), a.shape[0]
+            rows = slice(gw.offsets[i], gw.offsets[i] + gw.widths[i])
+            gw.a[layer, cols.start : cols.start + r].copy_(a)
+            gw.b[layer, rows, cols.start : cols.start + r].copy_(b)
+        self.names[slot], self.scalings[slot] = adapter.name, adapter.scaling
 
     def clear(self, name: str) -> None:
         """An unloaded adapter leaves its slot (the slot's weights stay until overwritten)."""
         for slot, held in enumerate(self.names):
             if held == name:
-                self.names[slot], self.present[slot] = None, set()
+                self.names[slot] = None
 
 
 class LoraStep:
-    """One forward's LoRA rows: for each slot in use, the token rows of the items naming it."""
+    """One forward's LoRA rows: each token row's slot (-1: the base model)."""
 
-    def __init__(
-        self, pool: LoraPool, groups: list[tuple[int, torch.Tensor]], row_slots: list[int]
-    ):
+    def __init__(self, pool: LoraPool, row_slots: list[int], device: torch.device):
         self.pool = pool
-        self.groups = groups
-        device = groups[0][1].device
-        # the GPU kernel's view: every row's slot (-1: the base model) and the slots' scalings
+        S, R = pool.num_slots, pool.max_rank
         self.on_gpu = device.type == "cuda"
-        if self.on_gpu:
-            self.row_slots = torch.tensor(row_slots, dtype=torch.int32, device=device)
-            self.scalings = torch.tensor(pool.scalings, dtype=torch.float32, device=device)
+        # the kernels' view: every row's slot and the slots' scalings
+        self.row_slots = torch.tensor(row_slots, dtype=torch.int32, device=device)
+        self.scalings = torch.tensor(pool.scalings, dtype=torch.float32, device=device)
+        # the CPU's: [T, S*R]: the row's slot's scaling on its rank columns, zero elsewhere
+        scale = torch.zeros(len(row_slots), S, R, dtype=pool.groups["o"].a.dtype)
+        for t, s in enumerate(row_slots):
+            if s >= 0:
+                scale[t, s] = pool.scalings[s]
+        self.row_scale = scale.reshape(len(row_slots), S * R).to(device)
+        self._tiled: dict[int, torch.Tensor] = {}
 
     @classmethod
     def for_items(
@@ -80,43 +117,46 @@ class LoraStep:
     ) -> LoraStep | None:
         """slots[i]: item i's slot (None: the base model), lengths[i]: its tokens, in the flat
         token order of the forward (items one after another). None when no item uses an adapter."""
-        rows: dict[int, list[int]] = {}
-        row_slots: list[int] = []
-        start = 0
-        for slot, n in zip(slots, lengths):
-            if slot is not None:
-                rows.setdefault(slot, []).extend(range(start, start + n))
-            row_slots += [-1 if slot is None else slot] * n
-            start += n
-        if not rows:
+        if all(s is None for s in slots):
             return None
-        groups = [(s, torch.tensor(r, dtype=torch.long, device=device)) for s, r in rows.items()]
-        return cls(pool, groups, row_slots)
+        row_slots = [-1 if s is None else s for s, n in zip(slots, lengths) for _ in range(n)]
+        return cls(pool, row_slots, device)
+
+    def scale(self, n: int) -> torch.Tensor:
+        """row_scale repeated for a group of n targets: [T, n*S*R]."""
+        if n not in self._tiled:
+            self._tiled[n] = self.row_scale.repeat(1, n)
+        return self._tiled[n]
 
     def layer(self, index: int) -> "LayerLora":
         return LayerLora(self, index)
 
 
 class LayerLora:
-    """The LoRA updates of one layer: __call__(target, x, out) adds them to out's rows in place."""
+    """The LoRA updates of one layer: __call__(group, x, out) adds them to the group's fused output
+    out ([T, sum of its targets' widths]) in place."""
 
     def __init__(self, step: LoraStep, layer: int):
         self.step, self.index = step, layer
 
-    def __call__(self, target: str, x: torch.Tensor, out: torch.Tensor) -> None:
-        pool, step = self.step.pool, self.step
-        if step.on_gpu:  # one launch pair for every row, each reading its own slot's weights
-            from radixrt.kernels.lora_triton import lora_apply
-
-            a, b = pool.a[target][self.index], pool.b[target][self.index]
-            lora_apply(x.contiguous(), a, b, step.row_slots, step.scalings, out)
+    def __call__(self, group: str, x: torch.Tensor, out: torch.Tensor) -> None:
+        gw = self.step.pool.groups[group]
+        if self.step.on_gpu:
+            self._gpu(gw, x, out)
             return
-        for slot, rows in self.step.groups:
-            if (self.index, target) not in pool.present[slot]:
-                continue
-            r = pool.ranks[slot]
-            a = pool.a[target][self.index, slot, :r]  # [r, in]
-            b = pool.b[target][self.index, slot, :, :r]  # [out, r]
-            xs = x.index_select(0, rows).to(a.dtype)
-            delta = (xs @ a.T) @ b.T * pool.scalings[slot]
-            out[rows] += delta.to(out.dtype)
+        a, b = gw.a[self.index], gw.b[self.index]
+        tmp = (x.to(a.dtype) @ a.T) * self.step.scale(len(gw.targets))
+        out += (tmp @ b.T).to(out.dtype)
+
+    def _gpu(self, gw: GroupWeights, x: torch.Tensor, out: torch.Tensor) -> None:
+        """Per target of the group: the Triton kernels, every row reading its own slot."""
+        from radixrt.kernels.lora_triton import lora_apply
+
+        pool, step = self.step.pool, self.step
+        S, R = pool.num_slots, pool.max_rank
+        x = x.contiguous()
+        for i, (off, width) in enumerate(zip(gw.offsets, gw.widths)):
+            cols = slice(i * S * R, (i + 1) * S * R)
+            a = gw.a[self.index, cols].view(S, R, -1)
+            b = gw.b[self.index, off : off + width, cols].view(width, S, R).permute(1, 0, 2)
+            lora_apply(x, a, b, step.row_slots, step.scalings, out[:, off : off + width])

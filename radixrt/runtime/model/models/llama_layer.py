@@ -23,8 +23,9 @@ import torch.nn.functional as F
 from radixrt.runtime.model.linear import linear_kernel
 
 Reduce = Callable[[torch.Tensor], torch.Tensor]
-# LoRA (model/lora_pool.LayerLora): lora(target, x, out) adds the adapters' updates of projection
-# `target` (q_proj, ..., down_proj) with input x to its output columns out, in place (eager only)
+# LoRA (model/lora_pool.LayerLora): lora(group, x, out) adds the adapters' updates of a group of
+# projections reading input x ("qkv", "o", "gate_up", "down") to their fused output, in place
+# (eager only)
 Lora = Callable[[str, torch.Tensor, torch.Tensor], None]
 
 
@@ -83,10 +84,7 @@ def attention_inputs(
     x = norm(d, h, input_norm)
     out = linear(d, x, qkv)  # [T, (Hq + 2 Hkv) * D]
     if lora is not None:
-        q_end, k_end = Hq * D, (Hq + Hkv) * D
-        lora("q_proj", x, out[:, :q_end])
-        lora("k_proj", x, out[:, q_end:k_end])
-        lora("v_proj", x, out[:, k_end:])
+        lora("qkv", x, out)
     qk = out[:, : (Hq + Hkv) * D].reshape(T, Hq + Hkv, D)
     if qk_norm is not None:
         qk = rms_norm(qk, qk_norm, d.eps)
@@ -117,17 +115,16 @@ def feed_forward(
     o_in = o.reshape(T, d.num_q_heads * d.head_dim).to(d.dtype)
     attn_out = linear(d, o_in, o_proj)
     if lora is not None:
-        lora("o_proj", o_in, attn_out)
+        lora("o", o_in, attn_out)
     h = h + (reduce(attn_out) if reduce else attn_out)
     x = norm(d, h, post_norm)
     gu = linear(d, x, gate_up)  # [T, 2I]
     if lora is not None:
-        lora("gate_proj", x, gu[:, :I])
-        lora("up_proj", x, gu[:, I:])
+        lora("gate_up", x, gu)
     act = F.silu(gu[:, :I]) * gu[:, I:]
     mlp_out = linear(d, act, down)
     if lora is not None:
-        lora("down_proj", act, mlp_out)
+        lora("down", act, mlp_out)
     return h + (reduce(mlp_out) if reduce else mlp_out)
 
 
