@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared device check for the Triton attention kernels: the GPU correctness tests, then the
+# One prepared device check for the Triton kernels (attention, LoRA): the GPU correctness tests, then the
 # kernel benchmark. Run from the repo root on a CUDA machine (radixrt need not be installed:
 # the repo root goes on PYTHONPATH). Logs also land in $OUT when it is set.
 #   bash benchmarks/gpu_check.sh        # ~3-5 min, most of it compiling kernel variants once

@@ -7,35 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from lora_cases import random_adapter, reference
 
-from radixrt.runtime.model.lora_adapter import LoraAdapter, TargetDims
+from radixrt.runtime.model.lora_adapter import TargetDims
 from radixrt.runtime.model.lora_pool import LoraPool, LoraStep
-
-
-def random_adapter(name, rank, dims, layer, targets, gen):
-    weights = {}
-    for target in targets:
-        fan_in, fan_out = dims.dims[target]
-        a = torch.randn(rank, fan_in, generator=gen) * 0.1
-        b = torch.randn(fan_out, rank, generator=gen) * 0.1
-        weights[(layer, target)] = (a, b)
-    return LoraAdapter(name, "", rank, 2.0 / rank, weights)
-
-
-def reference(adapters, row_names, targets, layer, x, out, dims):
-    """Row by row: out[t, target's columns] += scaling * B @ (A @ x[t])."""
-    out = out.clone().float()
-    offset = 0
-    for target in targets:
-        width = dims.dims[target][1]
-        for t, name in enumerate(row_names):
-            ad = adapters.get(name)
-            if ad is None or (layer, target) not in ad.weights:
-                continue
-            a, b = ad.weights[(layer, target)]
-            out[t, offset : offset + width] += ad.scaling * (b @ (a @ x[t].float()))
-        offset += width
-    return out
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
