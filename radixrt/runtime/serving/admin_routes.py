@@ -7,12 +7,10 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from radixrt.runtime.messages import LoraAdapterOut, LoraAdapterReq, ProfileReq
+from radixrt.runtime.messages import ProfileReq
 from radixrt.runtime.serving.http_io import read_body
 from radixrt.runtime.serving.protocol import (
-    APIError,
     ConcatAndAppendRequest,
-    LoraAdapterRequest,
     ProfileRequest,
     error_body,
     parse_body,
@@ -41,32 +39,6 @@ def add_admin_routes(app: FastAPI, tm: TokenizerManager) -> None:
             ConcatAndAppendRequest, await read_body(request, config.max_request_body_bytes)
         )
         return JSONResponse({"success": True, "src_rids": body.src_rids, "dst_rid": body.dst_rid})
-
-    @app.post("/load_lora_adapter")
-    async def load_lora_adapter(request: Request) -> JSONResponse:
-        """SGLang's: serve the PEFT adapter at lora_path as lora_name."""
-        body = parse_body(
-            LoraAdapterRequest, await read_body(request, config.max_request_body_bytes)
-        )
-        if not body.lora_path:
-            raise APIError("lora_path is required to load an adapter", param="lora_path")
-        return _lora_answer(
-            await tm.lora_adapter(LoraAdapterReq("load", body.lora_name, body.lora_path))
-        )
-
-    @app.post("/unload_lora_adapter")
-    async def unload_lora_adapter(request: Request) -> JSONResponse:
-        body = parse_body(
-            LoraAdapterRequest, await read_body(request, config.max_request_body_bytes)
-        )
-        return _lora_answer(await tm.lora_adapter(LoraAdapterReq("unload", body.lora_name)))
-
-    def _lora_answer(out: LoraAdapterOut) -> JSONResponse:
-        if out.success:
-            return JSONResponse(
-                {"success": True, "message": out.message, "loaded_adapters": out.adapters}
-            )
-        return JSONResponse(error_body(out.message, param="lora_name", code=400), 400)
 
     @app.api_route("/start_profile", methods=["GET", "POST"])
     async def start_profile(request: Request) -> JSONResponse:

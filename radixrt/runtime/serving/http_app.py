@@ -23,6 +23,7 @@ from radixrt.runtime.serving.browser_guard import BrowserGuard
 from radixrt.runtime.serving.cache_routes import PUBLIC_PATHS, add_cache_routes
 from radixrt.runtime.serving.generate_routes import add_generate_routes
 from radixrt.runtime.serving.http_io import ClientGone
+from radixrt.runtime.serving.lora_routes import add_lora_routes
 from radixrt.runtime.serving.metrics import ServerMetrics
 from radixrt.runtime.serving.openai_routes import add_openai_routes
 from radixrt.runtime.serving.pin_routes import add_pin_routes
@@ -148,6 +149,7 @@ def create_app(
     add_generate_routes(app, tm)
     add_status_routes(app, tm, served_model_name, metrics)
     add_admin_routes(app, tm)
+    add_lora_routes(app, tm)
     add_openai_routes(app, tm, served_model_name)
     add_pin_routes(app, tm)
     add_cache_routes(app, tm)
