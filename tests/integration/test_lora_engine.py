@@ -17,6 +17,7 @@ import os
 import pytest
 import torch
 
+from radixrt.runtime.core.lora_slots import KEY_STRIDE
 from radixrt.runtime.engine import Engine
 
 PROMPTS = [
@@ -125,11 +126,16 @@ def test_load_use_unload(engine, adapters, model_dir, tmp_path):
     engine.load_lora_adapter("late", path)
     out = engine.generate(PROMPTS[0], GREEDY, lora_path="late")
     assert out["output_ids"] == peft_greedy(late, engine.tokenizer, PROMPTS[0], 10)[:10]
+
+    def keys():
+        return {c["lora_key"] for c in engine.get_cache_tree(max_depth=1)["root"]["children"]}
+
+    late_key = engine.scheduler.lora_slots.key_offset("late") // KEY_STRIDE
+    assert late_key in keys()
     engine.unload_lora_adapter("late")
     with pytest.raises(ValueError, match="'late' is not loaded"):
         engine.generate(PROMPTS[0], GREEDY, lora_path="late")
-    view = engine.get_cache_tree(max_depth=1)
-    assert len({c["lora_key"] for c in view["root"]["children"]}) <= 4  # late's entries gone
+    assert late_key not in keys(), "the unloaded adapter's cache entries stayed"
     with pytest.raises(ValueError, match="already loaded"):
         engine.load_lora_adapter("qv4", adapters["qv4"][0])
     engine.check_integrity()
@@ -189,26 +195,18 @@ def test_the_dsl_passes_lora_path_through_gen_and_run(engine):
     engine.check_integrity()
 
 
-def test_adapters_on_a_tiny_random_model_equal_peft(model_dir, tmp_path):
-    """A tiny random Llama (saved with transformers, the default model's tokenizer beside it) and
-    two adapters of different ranks and targets on it, in one batch with its base model."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+def test_adapters_on_a_tiny_random_model_equal_peft(model_dir, tmp_path, tiny_llama_config):
+    """A tiny random Llama (conftest's config with the default model's vocabulary, saved with
+    transformers, that tokenizer beside it) and two adapters of different ranks and targets on it,
+    in one batch with its base model."""
+    from transformers import AutoTokenizer, LlamaForCausalLM
 
     torch.manual_seed(0)
     tok = AutoTokenizer.from_pretrained(str(model_dir))
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        initializer_range=0.3,  # peaked logits: greedy picks far from ties
-        tie_word_embeddings=False,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
+    config = tiny_llama_config
+    config.vocab_size = len(tok)
+    config.max_position_embeddings = 512
+    config.initializer_range = 0.3  # peaked logits: greedy picks far from ties
     tiny_dir = tmp_path / "tiny"
     LlamaForCausalLM(config).save_pretrained(tiny_dir)
     tok.save_pretrained(tiny_dir)

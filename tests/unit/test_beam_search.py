@@ -22,7 +22,15 @@ import torch
 from fake_runner import beam_offers, reference_output
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_scheduler import VOCAB, assert_all_pages_back, drain, ids, make, submit
+from test_scheduler import (
+    VOCAB,
+    assert_all_pages_back,
+    drain,
+    drain_aborting,
+    ids,
+    make,
+    submit,
+)
 from transformers import GenerationConfig, GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutput
 
@@ -62,7 +70,8 @@ class TableLM(PreTrainedModel, GenerationMixin):
         return CausalLMOutput(logits=logits)
 
 
-def search_on_table(cfg, prompt, width, max_new, eos, length_penalty, early_stopping, num_return):
+def run_search(offer, width, max_new, eos, length_penalty, early_stopping, num_return):
+    """BeamSearch driven to its end; offer(output_ids, n): a beam's best n (logprob, token)."""
     search = BeamSearch(
         width,
         max_new_tokens=max_new,
@@ -72,14 +81,18 @@ def search_on_table(cfg, prompt, width, max_new, eos, length_penalty, early_stop
     )
     beams = [([], 0.0)]
     while not search.done:
-        offers = []
-        for out, _ in beams:
-            lp = torch.log_softmax(table_logits(prompt + out, cfg), dim=-1)
-            vals, toks = lp.topk(search.num_candidates)
-            offers.append(list(zip(vals.tolist(), toks.tolist())))
+        offers = [offer(out, search.num_candidates) for out, _ in beams]
         chosen = search.step([o for o, _ in beams], [t for _, t in beams], offers)
         beams = [(beams[c.parent][0] + [c.token], c.total) for c in chosen]
     return search.results(num_return)
+
+
+def search_on_table(cfg, prompt, width, max_new, eos, length_penalty, early_stopping, num_return):
+    def offer(out, n):
+        vals, toks = torch.log_softmax(table_logits(prompt + out, cfg), dim=-1).topk(n)
+        return list(zip(vals.tolist(), toks.tolist()))
+
+    return run_search(offer, width, max_new, eos, length_penalty, early_stopping, num_return)
 
 
 CASES = [
@@ -144,20 +157,18 @@ def test_eos_inside_the_budget_is_exercised():
 # ------------------------------------------------------------------ beams in the scheduler
 
 
-def reference_beams(prompt, width, max_new, num_return, eos=(0,), length_penalty=1.0, es=False):
-    search = BeamSearch(
+def reference_beams(prompt, width, max_new, num_return, eos=(0,)):
+    """The search run directly on the fake runner's offers: what the scheduler's beams must give."""
+    hyps = run_search(
+        lambda out, n: beam_offers(prompt + out, VOCAB, n),
         width,
-        max_new_tokens=max_new,
-        stop_ids=frozenset(eos),
-        length_penalty=length_penalty,
-        early_stopping=es,
+        max_new,
+        eos,
+        1.0,
+        False,
+        num_return,
     )
-    beams = [([], 0.0)]
-    while not search.done:
-        offers = [beam_offers(prompt + out, VOCAB, search.num_candidates) for out, _ in beams]
-        chosen = search.step([o for o, _ in beams], [t for _, t in beams], offers)
-        beams = [(beams[c.parent][0] + [c.token], c.total) for c in chosen]
-    return [list(h.output_ids) for h in search.results(num_return)]
+    return [list(h.output_ids) for h in hyps]
 
 
 def beam_ids(outs, rid):
@@ -193,7 +204,7 @@ def test_beams_equal_the_search_and_share_their_pages(page_size):
 def test_beams_and_ordinary_requests_under_preemption_and_aborts(seed, page_size, pool, num_abort):
     rng = random.Random(seed)
     s = make(page_size, pool, chunk=rng.choice([16, 64]), max_running=12)
-    expected, outs, aborted = {}, {}, set()
+    expected = {}
     for i in range(6):
         prompt = [rng.randrange(1, VOCAB) for _ in range(rng.randrange(3, 30))]
         max_new = rng.randrange(1, 14)
@@ -204,19 +215,7 @@ def test_beams_and_ordinary_requests_under_preemption_and_aborts(seed, page_size
         else:
             submit(s, str(i), prompt, max_new_tokens=max_new)
             expected[str(i)] = ("ids", reference_output(prompt, max_new, VOCAB, 0))
-    steps = 0
-    while s.has_work():
-        s.step()
-        for o in s.take_outputs():
-            outs.setdefault(o.rid, []).append(o)
-        s.check_integrity()
-        steps += 1
-        if steps == 4 and num_abort:
-            for rid in rng.sample(sorted(expected), num_abort):
-                aborted.add(rid)
-                for o in s.abort(rid):
-                    outs.setdefault(o.rid, []).append(o)
-        assert steps < 5000
+    outs, aborted = drain_aborting(s, rng, expected, num_abort, at_step=4)
     for rid, (kind, want) in expected.items():
         reason = outs[rid][-1].finished_reason
         assert reason is not None, f"{rid} lost"

@@ -13,7 +13,15 @@ import pytest
 from fake_runner import reference_output
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_scheduler import VOCAB, assert_all_pages_back, drain, ids, make, submit
+from test_scheduler import (
+    VOCAB,
+    assert_all_pages_back,
+    drain,
+    drain_aborting,
+    ids,
+    make,
+    submit,
+)
 
 from radixrt.runtime.core.admission import Admission
 
@@ -81,20 +89,7 @@ def test_forked_samples_under_aborts_and_preemption(seed, page_size, pool, num_a
         prompts[str(i)] = rng.choice(bases)  # many duplicates: forks whenever a donor is running
         submit(s, str(i), prompts[str(i)], max_new_tokens=rng.randrange(1, 30))
     max_new = {r.rid: r.sampling.max_new_tokens for r in s.waiting}
-    outs, aborted = {}, set()
-    steps = 0
-    while s.has_work():
-        s.step()
-        for o in s.take_outputs():
-            outs.setdefault(o.rid, []).append(o)
-        s.check_integrity()
-        steps += 1
-        if steps == 3 and num_abort:
-            for rid in rng.sample(sorted(prompts), num_abort):
-                aborted.add(rid)
-                for o in s.abort(rid):
-                    outs.setdefault(o.rid, []).append(o)
-        assert steps < 5000
+    outs, aborted = drain_aborting(s, rng, prompts, num_abort, at_step=3)
     for rid, p in prompts.items():
         assert outs[rid][-1].finished_reason is not None, f"{rid} lost"
         if rid not in aborted and outs[rid][-1].finished_reason["type"] != "abort":

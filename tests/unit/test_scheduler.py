@@ -54,6 +54,24 @@ def drain(s, outs=None, max_steps=10_000):
     raise AssertionError("scheduler did not finish")
 
 
+def drain_aborting(s, rng, rids, num_abort, at_step):
+    """drain, aborting num_abort of rids (drawn with rng) after step at_step: (outs, aborted)."""
+    outs, aborted, steps = {}, set(), 0
+    while s.has_work():
+        s.step()
+        for o in s.take_outputs():
+            outs.setdefault(o.rid, []).append(o)
+        s.check_integrity()
+        steps += 1
+        if steps == at_step and num_abort:
+            for rid in rng.sample(sorted(rids), num_abort):
+                aborted.add(rid)
+                for o in s.abort(rid):
+                    outs.setdefault(o.rid, []).append(o)
+        assert steps < 5000
+    return outs, aborted
+
+
 def ids(outs, rid):
     return [t for o in outs[rid] for t in o.new_ids]
 

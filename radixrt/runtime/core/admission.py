@@ -89,9 +89,15 @@ def waits_to_fork(req: Req, inflight: list[list[int]], page_size: int) -> bool:
     return page_size > 1 and not req.admitted and req.tree_ids(req.fill_ids) in inflight
 
 
+def rows_of(req: Req) -> int:
+    """Table rows a request runs in: one, a beam search its width."""
+    return req.sampling.beam_width if req.sampling.is_beam else 1
+
+
 def rows_held(running: list[Req]) -> int:
-    """Table rows the running requests hold or are promised: one each, a beam search its width."""
-    groups = {id(r.beam): r.beam.width for r in running if r.beam is not None}
+    """Table rows the running requests hold or are promised: one each, a beam search its width
+    (counted once, whichever of its beams run)."""
+    groups = {id(r.beam): rows_of(r.beam.root) for r in running if r.beam is not None}
     return sum(r.beam is None for r in running) + sum(groups.values())
 
 
@@ -145,11 +151,12 @@ class Admission:
         if not ready:
             return []
         reserve = policy.decode_reserve_tokens(running)
+        held = rows_held(running)  # once per step, then counted up as requests are admitted
         items: list[tuple[Req, PlanItem]] = []
         for req in self._order(ready):
             if (
                 budget <= 0
-                or not self._room_to_run(running, req)
+                or not self._room_to_run(held, len(running), rows_of(req))
                 or not self._lora_slot(req, running)
             ):
                 break
@@ -170,6 +177,7 @@ class Admission:
             self._count_admission(req, match.node, cached)
             waiting.remove(req)
             running.append(req)
+            held += rows_of(req)
             items.append((req, extend_item(req, target, 0, copies)))
             if donor is None:  # a fork computes one token: its siblings fork too, not wait
                 inflight.append(req.tree_ids(req.fill_ids))
@@ -187,13 +195,11 @@ class Admission:
                 match_len[id(r)] = len(pages) * self.memory.page_size
         return policy.order_waiting(ready, match_len, self.config.schedule_policy)
 
-    def _room_to_run(self, running: list[Req], req: Req) -> bool:
-        """Table rows are free for req (a beam search: for all its beams) and the running batch
-        stays within --max-running-requests, counting every running beam search at its full width
-        (the rows its beams will fork into are kept for them)."""
-        width = req.sampling.beam_width if req.sampling.is_beam else 1
-        held = rows_held(running)
-        promised = held - len(running)  # rows running beam searches have yet to fork into
+    def _room_to_run(self, held: int, num_running: int, width: int) -> bool:
+        """Table rows are free for a request of `width` rows (a beam search: all its beams) and the
+        running batch stays within --max-running-requests, counting every running beam search at
+        its full width (held: rows_held; the rows its beams will fork into are kept for them)."""
+        promised = held - num_running  # rows running beam searches have yet to fork into
         rows_free = self.memory.rows.num_free - promised
         return rows_free >= width and held + width <= self.config.max_running_requests
 

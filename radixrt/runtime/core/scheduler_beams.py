@@ -96,5 +96,5 @@ class SchedulerBeams:
             if beam.table_row is not None:
                 self.memory.drop(beam)
                 self.running.remove(beam)
-            beam.finished_reason = FinishReason.abort("beam search ended")
-        group.root.finished_reason = None
+            if beam is not group.root:  # the root waits again (restart) or ends with its reason
+                beam.finished_reason = FinishReason.abort("beam search ended")

@@ -18,6 +18,7 @@ tiny next to the base projection (rank columns, not output columns). On a GPU th
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -98,18 +99,22 @@ class LoraStep:
 
     def __init__(self, pool: LoraPool, row_slots: list[int], device: torch.device):
         self.pool = pool
-        S, R = pool.num_slots, pool.max_rank
         self.on_gpu = device.type == "cuda"
-        # the kernels' view: every row's slot and the slots' scalings
+        # the kernels' view: every row's slot (-1: none) and the slots' scalings
         self.row_slots = torch.tensor(row_slots, dtype=torch.int32, device=device)
         self.scalings = torch.tensor(pool.scalings, dtype=torch.float32, device=device)
-        # the CPU's: [T, S*R]: the row's slot's scaling on its rank columns, zero elsewhere
-        scale = torch.zeros(len(row_slots), S, R, dtype=pool.groups["o"].a.dtype)
-        for t, s in enumerate(row_slots):
-            if s >= 0:
-                scale[t, s] = pool.scalings[s]
-        self.row_scale = scale.reshape(len(row_slots), S * R).to(device)
         self._tiled: dict[int, torch.Tensor] = {}
+
+    @functools.cached_property
+    def row_scale(self) -> torch.Tensor:
+        """The CPU path's [T, S*R]: each row's slot's scaling on that slot's rank columns, zero
+        elsewhere (and for the base model's rows)."""
+        S, R = self.pool.num_slots, self.pool.max_rank
+        slots = self.row_slots.long()
+        own = torch.arange(S, device=slots.device)[None, :] == slots[:, None]  # [T, S]
+        scale = own * self.scalings[None, :]
+        dtype = self.pool.groups["o"].a.dtype
+        return scale[:, :, None].expand(-1, S, R).reshape(len(slots), S * R).to(dtype)
 
     @classmethod
     def for_items(

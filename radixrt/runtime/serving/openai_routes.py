@@ -144,8 +144,9 @@ class OpenAIRoutes:
                 param="session_id",
             )
         reqs = []
+        width = beam_search_fields(req).get("beam_width", 1)
+        lora = self.check_model(req.model)
         for ids in prompts:
-            width = beam_search_fields(req).get("beam_width", 1)
             max_new = self.default_max_tokens(len(ids), width) if max_tokens is None else max_tokens
             sp = await self.tm.validate_sampling(
                 {
@@ -160,7 +161,7 @@ class OpenAIRoutes:
                 return_logprob=return_logprob,
                 top_logprobs_num=top_logprobs,
                 session_id=req.session_id,
-                lora_path=self.check_model(req.model),
+                lora_path=lora,
             )
         handle = self.tm.generate(reqs)
         return handle, [SequenceResult(r.rid) for r in reqs], sum(len(p) for p in prompts)

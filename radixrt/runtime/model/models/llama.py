@@ -81,8 +81,6 @@ def layer_windows(hf_config, num_layers: int) -> list[int | None]:
 
 
 class LlamaForCausalLM:
-    _lora: Any = None  # the forward in progress's LoRA updates (forward's lora)
-
     def __init__(
         self,
         hf_config,
@@ -188,7 +186,6 @@ class LlamaForCausalLM:
         eager. lora: the step's LoRA updates (model/lora_pool.LoraStep); such a step runs eager."""
         if lora is not None:
             graphs = None
-        self._lora = lora
         assert self.embed is not None, "load_weights first"
         if fb.attn_meta is None:
             attn.init_forward_metadata(fb)
@@ -200,11 +197,19 @@ class LlamaForCausalLM:
         # transformers 96.3% -> see tests/integration/test_default_dtype_quality.py), at no
         # measurable cost
         h = self._embed(fb.input_ids)  # [T, H] float32
-        h, tail = self._run_layers(h, cos, sin, fb, kv, attn, graphs)
-        return self._logits(h, tail, fb, graphs)
+        h, tail = self._run_layers(h, cos, sin, fb, kv, attn, graphs, lora)
+        return self._logits(h, tail, fb, graphs, lora)
 
     def _run_layers(
-        self, h: torch.Tensor, cos, sin, fb: ForwardBatch, kv: KVCache, attn, graphs: Any
+        self,
+        h: torch.Tensor,
+        cos,
+        sin,
+        fb: ForwardBatch,
+        kv: KVCache,
+        attn,
+        graphs: Any,
+        lora: Any = None,
     ) -> tuple[torch.Tensor, tuple]:
         """Every layer up to the last one's attention: (the residual stream, the last layer's
         feed-forward inputs: attention output, o_proj, post norm, gate_up, down). Between two
@@ -214,7 +219,7 @@ class LlamaForCausalLM:
         if graphs:
             head = graphs.attention_inputs
         else:
-            head = partial(llama_layer.attention_inputs, d, lora=self._layer_lora(0))
+            head = partial(llama_layer.attention_inputs, d, lora=_layer_lora(lora, 0))
         q, k, v = head(h, first.input_norm, first.qkv.op_args(), first.qk_norm, cos, sin)
         for i, layer in enumerate(self.layers):
             o = attn.forward(
@@ -238,26 +243,28 @@ class LlamaForCausalLM:
             if layer is last:
                 break
             nxt = self.layers[i + 1]
-            if graphs is None and (self.tp is not None or self._lora is not None):
+            if graphs is None and (self.tp is not None or lora is not None):
                 # layer by layer: tensor parallelism's all-reduces, LoRA's updates
                 h = llama_layer.feed_forward(
-                    d, h, *tail, reduce=self._reduce, lora=self._layer_lora(i)
+                    d, h, *tail, reduce=self._reduce, lora=_layer_lora(lora, i)
                 )
                 q, k, v = llama_layer.attention_inputs(
                     d, h, nxt.input_norm, nxt.qkv.op_args(), nxt.qk_norm, cos, sin,
-                    lora=self._layer_lora(i + 1),
+                    lora=_layer_lora(lora, i + 1),
                 )  # fmt: skip
                 continue
             step = graphs.seam if graphs else partial(llama_layer.seam, d)
             h, q, k, v = step(h, *tail, nxt.input_norm, nxt.qkv.op_args(), nxt.qk_norm, cos, sin)
         return h, tail
 
-    def _logits(self, h: torch.Tensor, tail: tuple, fb: ForwardBatch, graphs: Any) -> torch.Tensor:
+    def _logits(
+        self, h: torch.Tensor, tail: tuple, fb: ForwardBatch, graphs: Any, lora: Any = None
+    ) -> torch.Tensor:
         """The last layer's feed-forward, the final norm and the logits of rows fb.logits_rows
         (under vocab parallelism rank 0 gets every rank's slice, the others None)."""
         d = self.eager_dims
-        if self.tp is not None or self._lora is not None:
-            last = self._layer_lora(self.num_layers - 1)
+        if self.tp is not None or lora is not None:
+            last = _layer_lora(lora, self.num_layers - 1)
             h = llama_layer.feed_forward(d, h, *tail, reduce=self._reduce, lora=last)
             x = llama_layer.norm(d, h, self.final_norm)
         else:
@@ -270,10 +277,6 @@ class LlamaForCausalLM:
         if self.tp is not None:
             return self.tp.gather_last_dim(logits)
         return logits
-
-    def _layer_lora(self, index: int) -> Any:
-        """Layer index's LoRA updates this forward (None: no adapter in the step)."""
-        return None if self._lora is None else self._lora.layer(index)
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp is None:
@@ -290,3 +293,8 @@ class LlamaForCausalLM:
         if self.tp is None:
             return partial
         return self.tp.all_reduce(partial.float())
+
+
+def _layer_lora(lora: Any, index: int) -> Any:
+    """Layer index's LoRA updates in a forward with adapters (lora: its LoraStep), else None."""
+    return None if lora is None else lora.layer(index)
