@@ -439,3 +439,33 @@ def test_index_built_masks_equal_guide_masks_at_every_state(backend, tokenizer, 
         assert torch.equal(got, want), (kind, s)
         num_heavy += state.compiled.facts(s)[1] >= HEAVY_STATE_TOKENS
     assert num_heavy > 0 or kind == "regex"
+
+
+def test_llguidance_time_limit_counts_from_the_start_of_the_build(tokenizer):
+    """A build queued behind a slow one on llguidance's builder thread is built, not failed for
+    the wait; a build that starts and outruns its limit is reported as not judged."""
+    pytest.importorskip("llguidance")
+    from radixrt.runtime.constrained.llg_backend import LLGuidanceBackend
+
+    llg = LLGuidanceBackend(tokenizer, len(tokenizer), [tokenizer.eos_token_id], compile_timeout=1.0)
+    try:
+        llg._pool.submit(time.sleep, 1.5)  # noqa: SLF001 (occupies the builder past the limit)
+        queued = llg.request("regex", "(yes|no)")
+        while not queued.done():
+            time.sleep(0.01)
+        assert queued.result().matcher.is_accepting() is False
+        build = llg._build  # noqa: SLF001
+
+        def slow_build(kind, spec, started):
+            started.append(time.monotonic())
+            time.sleep(3.0)
+            return build(kind, spec, [])
+
+        llg._build = slow_build  # noqa: SLF001 (a build that outruns its 1 s limit)
+        late = llg.request("regex", "(yes|no)")
+        while not late.done():
+            time.sleep(0.01)
+        with pytest.raises(GrammarError, match="longer than"):
+            late.result()
+    finally:
+        llg.shutdown()

@@ -38,10 +38,15 @@ from radixrt.runtime.constrained.spec import KINDS, grammar_key, spec_regex
 from radixrt.runtime.constrained.state import CompiledGrammar, GrammarState, fill_masks
 from radixrt.runtime.constrained.vocab import token_bytes_map
 
+START_MARGIN_S = 30.0  # a compile worker's start-up, on top of the pool's own bound
+
 __all__ = ["GrammarError", "GrammarBackend", "GrammarFuture", "GrammarState", "fill_masks", "KINDS"]
 
 
 class GrammarFuture:
+    """A grammar being compiled. The pool settles every job within its bound (queue wait plus the
+    compile's own time limit); the deadline here is only a safety net past that bound."""
+
     def __init__(self, backend: "GrammarBackend", kind: str, future: Future, deadline: float):
         self._backend = backend
         self._kind = kind
@@ -54,9 +59,8 @@ class GrammarFuture:
     def result(self) -> GrammarState:
         assert self.done(), "GrammarFuture.result() called before done()"
         if not self._future.done():
-            raise GrammarError(
-                f"compiling the {self._kind} grammar took longer than "
-                f"{self._backend.compile_timeout:g} s (grammar_compile_timeout)"
+            raise TransientGrammarError(
+                f"the {self._kind} grammar was not compiled in time; try again later"
             )
         exc = self._future.exception()
         if exc is not None:
@@ -128,10 +132,10 @@ class GrammarBackend:
             if key in self._valid or key in self._cache:
                 return
         try:
-            # bounded wait: the pool settles every job by its deadline; the margin covers a worker's
-            # start
+            # bounded wait: the pool settles every job within its bound; the margin covers a
+            # worker's start
             self.pool.submit("regex", key, self.compile_timeout).result(
-                timeout=self.compile_timeout + 30
+                timeout=self._settle_bound()
             )
         except FutureTimeout:
             raise TransientGrammarError(
@@ -173,8 +177,11 @@ class GrammarBackend:
         else:
             future.set_result(result)
 
+    def _settle_bound(self) -> float:
+        return self.pool.settle_bound(self.compile_timeout) + START_MARGIN_S
+
     def request(self, kind: str, spec: Any) -> GrammarFuture:
-        deadline = time.monotonic() + self.compile_timeout
+        deadline = time.monotonic() + self._settle_bound()
         future: Future = Future()
         try:
             key = grammar_key(kind, spec)

@@ -5,7 +5,9 @@ both blow up (a `oneOf` of many enums, `(a|b)*a(a|b){22}`, `a{100000000}`). In a
 compile cannot be stopped; here it runs in a process that is killed at its deadline, so a timed-out
 compile stops using CPU at once. Each worker runs at a lower CPU priority (decoding comes first),
 under an address-space limit (a compile that needs more dies alone), and a bounded queue refuses
-new work when too much is pending. Jobs:
+new work when too much is pending. A job's time limit counts from when a worker takes it, so a
+queue of slow but valid compiles delays the last of them instead of refusing it (the wait is
+bounded all the same: at most `max_pending` jobs, each stopped at its own limit). Jobs:
   ("regex", key)  -> the regex (validation at the edge)
   ("index", key)  -> (regex, pickled outlines-core Index) for the scheduler's grammar
 """
@@ -37,7 +39,8 @@ class _Worker:
             start_new_session=False,
         )
         write_frame(self.proc.stdin, args)
-        self.job: tuple[Future, float, tuple] | None = None  # (future, deadline, key)
+        # (future, compile deadline, key, time limit)
+        self.job: tuple[Future, float, tuple, float] | None = None
 
     def send(self, obj: Any) -> None:
         write_frame(self.proc.stdin, obj)
@@ -84,15 +87,22 @@ class CompilePool:
         self.num_workers = max(1, num_workers)
         self.max_pending = max_pending
         self._lock = threading.Lock()
+        # (future, compile time limit, job, key)
         self._pending: collections.deque[tuple[Future, float, str, tuple]] = collections.deque()
         self._workers: list[_Worker] = []  # touched by the pool thread only (and shutdown)
         self._thread: threading.Thread | None = None
         self._closed = False
         self.num_killed = 0  # workers killed at a deadline (or dead of their own accord)
 
+    def settle_bound(self, timeout: float) -> float:
+        """Seconds within which a job submitted now is settled when no job takes longer than
+        `timeout`: the full queue ahead of it, then its own compile."""
+        return (-(-self.max_pending // self.num_workers) + 1) * timeout
+
     def submit(self, job: str, key: tuple, timeout: float) -> Future:
         """Future of the job's result; GrammarError when it fails, TransientGrammarError when the
-        pool could not judge it (timeout, too much pending, a crashed worker, shut down)."""
+        pool could not judge it (past `timeout` once a worker took it, too much pending, a crashed
+        worker, shut down)."""
         future: Future = Future()
         with self._lock:
             if self._closed:
@@ -106,7 +116,7 @@ class CompilePool:
                     )
                 )
                 return future
-            self._pending.append((future, time.monotonic() + timeout, job, key))
+            self._pending.append((future, timeout, job, key))
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="grammar-pool", daemon=True)
                 self._thread.start()
@@ -143,21 +153,13 @@ class CompilePool:
             if w.job is not None and now >= w.job[1]:
                 self._fail(
                     w,
-                    f"compiling the {w.job[2][0]} grammar took longer than its time limit "
+                    f"compiling the {w.job[2][0]} grammar took longer than {w.job[3]:g} s "
                     f"(grammar_compile_timeout); the compile was stopped",
                 )
 
     def _next_job(self) -> tuple[Future, float, str, tuple] | None:
         with self._lock:
-            while self._pending:
-                item = self._pending.popleft()
-                if time.monotonic() < item[1]:
-                    return item
-                _settle(
-                    item[0],
-                    TransientGrammarError(f"the {item[3][0]} grammar waited past its time limit"),
-                )
-        return None
+            return self._pending.popleft() if self._pending else None
 
     def _dispatch(self) -> None:
         while self._pending:
@@ -171,15 +173,15 @@ class CompilePool:
             item = self._next_job()
             if item is None:
                 return
-            future, deadline, job, key = item
-            idle.job = (future, deadline, key)
+            future, timeout, job, key = item
+            idle.job = (future, time.monotonic() + timeout, key, timeout)
             try:
                 idle.send((job, key))
             except (OSError, ValueError):
                 self._fail(idle, f"the {key[0]} grammar's worker was gone")
 
     def _collect(self, worker: _Worker) -> None:
-        future, _, key = worker.job
+        future, _, key, _ = worker.job
         try:
             status, value = worker.recv()
         except (EOFError, OSError, ValueError):

@@ -78,12 +78,25 @@ def grammar_for(key: tuple, strict: bool = True) -> str:
         raise GrammarError(f"cannot build the {kind} grammar: {str(e)[:300]}") from None
 
 
+QUEUED_TIMEOUTS = 8  # a build waits for the builder thread at most this many time limits
+
+
 class LLGFuture:
-    def __init__(self, kind: str, future: Future, deadline: float, timeout: float):
-        self._kind, self._future, self._deadline, self._timeout = kind, future, deadline, timeout
+    """A grammar being built on the builder thread. Its time limit counts from when the build
+    starts (`started` is set then), so builds queued behind others are not failed for the wait;
+    a thread cannot be stopped, so a wait behind a runaway build has a bound of its own."""
+
+    def __init__(self, kind: str, future: Future, started: list[float], timeout: float):
+        self._kind, self._future, self._started, self._timeout = kind, future, started, timeout
+        self._queued_until = time.monotonic() + QUEUED_TIMEOUTS * timeout
 
     def done(self) -> bool:
-        return self._future.done() or time.monotonic() >= self._deadline
+        if self._future.done():
+            return True
+        now = time.monotonic()
+        if self._started:
+            return now >= self._started[0] + self._timeout
+        return now >= self._queued_until
 
     def result(self) -> "LLGState":
         # the builder was busy or slow: no verdict on the grammar itself
@@ -127,9 +140,10 @@ class LLGuidanceBackend:
         if error:
             raise GrammarError(f"invalid {kind}: {str(error)[:300]}")
 
-    def _build(self, kind: str, spec: Any) -> "LLGState":
+    def _build(self, kind: str, spec: Any, started: list[float]) -> "LLGState":
         from llguidance import LLMatcher
 
+        started.append(time.monotonic())
         matcher = LLMatcher(self.tokenizer, grammar_for(grammar_key(kind, spec), self.strict))
         if matcher.is_error():
             raise GrammarError(f"invalid {kind}: {matcher.get_error()[:300]}")
@@ -138,11 +152,9 @@ class LLGuidanceBackend:
         )
 
     def request(self, kind: str, spec: Any) -> LLGFuture:
+        started: list[float] = []
         return LLGFuture(
-            kind,
-            self._pool.submit(self._build, kind, spec),
-            time.monotonic() + self.compile_timeout,
-            self.compile_timeout,
+            kind, self._pool.submit(self._build, kind, spec, started), started, self.compile_timeout
         )
 
     def shutdown(self) -> None:
