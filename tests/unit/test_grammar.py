@@ -447,7 +447,9 @@ def test_llguidance_time_limit_counts_from_the_start_of_the_build(tokenizer):
     pytest.importorskip("llguidance")
     from radixrt.runtime.constrained.llg_backend import LLGuidanceBackend
 
-    llg = LLGuidanceBackend(tokenizer, len(tokenizer), [tokenizer.eos_token_id], compile_timeout=1.0)
+    llg = LLGuidanceBackend(
+        tokenizer, len(tokenizer), [tokenizer.eos_token_id], compile_timeout=1.0
+    )
     try:
         llg._pool.submit(time.sleep, 1.5)  # noqa: SLF001 (occupies the builder past the limit)
         queued = llg.request("regex", "(yes|no)")
