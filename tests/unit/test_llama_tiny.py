@@ -12,6 +12,7 @@ import torch
 
 from radixrt.kernels.attention_torch import TorchAttentionBackend
 from radixrt.runtime.model.models.llama import LlamaForCausalLM
+from radixrt.runtime.model.models.registry import model_class
 
 ATOL, RTOL = 1e-5, 1e-5
 
@@ -80,7 +81,7 @@ def build(config, dtype=torch.float32, seed: int = 0):
             else:
                 p.normal_(0.0, 0.15)
     hf = hf.to(dtype).eval()
-    ours = LlamaForCausalLM(config, dtype, "cpu")
+    ours = model_class(config)(config, dtype, "cpu")
     ours.load_weights(hf.state_dict())
     attn = TorchAttentionBackend(ours.num_q_heads, ours.num_kv_heads, ours.head_dim)
     return hf, ours, attn
@@ -253,7 +254,7 @@ def test_resolve_model_errors(tmp_path, monkeypatch):
     gpt2.mkdir()
     (gpt2 / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
     (gpt2 / "model.safetensors").write_bytes(b"")
-    with pytest.raises(ValueError, match="gpt2.*llama"):
+    with pytest.raises(ValueError, match="gpt2.*not supported.*LlamaForCausalLM"):
         weights.resolve_model(str(gpt2))
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(

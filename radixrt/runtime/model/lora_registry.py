@@ -28,6 +28,8 @@ DEFAULT_MAX_RANK = 16
 class LoraRegistry:
     def __init__(self, config: ServerConfig, model, device: torch.device):
         m = model
+        if not m.supports_lora:
+            raise ValueError(f"LoRA adapters are not supported for {type(m).__name__} models yet")
         self.dims = TargetDims.llama(
             m.hidden_size,
             m.num_q_heads * m.head_dim,

@@ -70,7 +70,7 @@ class ModelRunner:
 
     def _load_model(self, config: ServerConfig) -> None:
         """The weights (this rank's shard; 4-bit copies where they apply), tokenizer and EOS ids."""
-        from radixrt.runtime.model.models.llama import LlamaForCausalLM
+        from radixrt.runtime.model.models.registry import model_class
         from radixrt.runtime.model.weights import (
             load_config,
             load_state_dict,
@@ -83,9 +83,10 @@ class ModelRunner:
         hf_config = load_config(model_dir)
         self.tokenizer = load_tokenizer(model_dir)
         shard = plan_shard(hf_config, self.tp.rank, config.tp_size) if self.tp else None
-        self.model = LlamaForCausalLM(hf_config, self.dtype, self.device, shard, self.tp)
+        self.model = model_class(hf_config)(hf_config, self.dtype, self.device, shard, self.tp)
         int4 = (
-            config.quantization == "auto"
+            self.model.supports_int4
+            and config.quantization == "auto"
             and self.dtype == torch.bfloat16
             and self.device.type == "cpu"
             and int4_weight.available()
@@ -163,6 +164,8 @@ class ModelRunner:
         """The layers as compiled graphs (compiled_layers.py), compiled or loaded now; self.graphs
         stays None (eager) when why_eager says so."""
         why_eager = compiled_layers.why_eager(config, self.device, self.tp is not None)
+        if not why_eager and not self.model.compilable:
+            why_eager = f"{type(self.model).__name__} runs its layers eager"
         if why_eager:
             log.info("torch.compile off: %s; the model runs eager", why_eager)
             return

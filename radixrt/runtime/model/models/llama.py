@@ -81,6 +81,13 @@ def layer_windows(hf_config, num_layers: int) -> list[int | None]:
 
 
 class LlamaForCausalLM:
+    # what this family supports beyond the plain forward (mixture-of-experts models say no)
+    compilable = True  # the seams as torch.compile'd graphs (compiled_layers.py)
+    supports_tp = True  # tensor parallel shards (tp_shard.py)
+    supports_lora = True  # LoRA adapters on its projections (lora_pool.py)
+    supports_int4 = True  # 4-bit copies of a Q4 GGUF's weights (int4_weight.py)
+    layerwise = False  # every layer eager and one at a time (its feed-forward is its own)
+
     def __init__(
         self,
         hf_config,
@@ -162,8 +169,11 @@ class LlamaForCausalLM:
         self.lm_head = read_lm_head(r, self.embed, tie, s)
         self.layers = []
         for i in range(self.num_layers):
-            self.layers.append(read_layer(r, i, s))
+            self.layers.append(self._read_layer(r, i, s))
         r.check_all_used()
+
+    def _read_layer(self, r: WeightReader, i: int, s: WeightShapes) -> LayerWeights:
+        return read_layer(r, i, s)
 
     def layer_dims(self, compiled: bool = False) -> LayerDims:
         return LayerDims(
@@ -197,8 +207,8 @@ class LlamaForCausalLM:
         # transformers 96.3% -> see tests/integration/test_default_dtype_quality.py), at no
         # measurable cost
         h = self._embed(fb.input_ids)  # [T, H] float32
-        h, tail = self._run_layers(h, cos, sin, fb, kv, attn, graphs, lora)
-        return self._logits(h, tail, fb, graphs, lora)
+        h, o = self._run_layers(h, cos, sin, fb, kv, attn, graphs, lora)
+        return self._logits(h, o, fb, graphs, lora)
 
     def _run_layers(
         self,
@@ -210,18 +220,17 @@ class LlamaForCausalLM:
         attn,
         graphs: Any,
         lora: Any = None,
-    ) -> tuple[torch.Tensor, tuple]:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Every layer up to the last one's attention: (the residual stream, the last layer's
-        feed-forward inputs: attention output, o_proj, post norm, gate_up, down). Between two
-        attentions one seam (feed-forward, then the next layer's q/k/v) runs, compiled or eager."""
-        d = self.eager_dims
-        first, last = self.layers[0], self.layers[-1]
+        attention output). Between two attentions one seam (feed-forward, then the next layer's
+        q/k/v) runs, compiled or eager; layer by layer where the layers are not all alike (tensor
+        parallelism's all-reduces, LoRA's updates, a model with its own feed-forward)."""
+        layerwise = graphs is None and (self.tp is not None or lora is not None or self.layerwise)
         if graphs:
-            head = graphs.attention_inputs
+            q, k, v = graphs.attention_inputs(h, *self._attention_args(0, cos, sin))
         else:
-            head = partial(llama_layer.attention_inputs, d, lora=_layer_lora(lora, 0))
-        q, k, v = head(h, first.input_norm, first.qkv.op_args(), first.qk_norm, cos, sin)
-        for i, layer in enumerate(self.layers):
+            q, k, v = self._attention_inputs(0, h, cos, sin, lora)
+        for i in range(self.num_layers):
             o = attn.forward(
                 q,
                 k,
@@ -233,44 +242,50 @@ class LlamaForCausalLM:
                 *kv.scales(i),
                 window=self.layer_windows[i],
             )  # [T, Hq, D]
-            tail = (
-                o,
-                layer.o.op_args(),
-                layer.post_norm,
-                layer.gate_up.op_args(),
-                layer.down.op_args(),
-            )
-            if layer is last:
+            if i == self.num_layers - 1:
                 break
-            nxt = self.layers[i + 1]
-            if graphs is None and (self.tp is not None or lora is not None):
-                # layer by layer: tensor parallelism's all-reduces, LoRA's updates
-                h = llama_layer.feed_forward(
-                    d, h, *tail, reduce=self._reduce, lora=_layer_lora(lora, i)
-                )
-                q, k, v = llama_layer.attention_inputs(
-                    d, h, nxt.input_norm, nxt.qkv.op_args(), nxt.qk_norm, cos, sin,
-                    lora=_layer_lora(lora, i + 1),
-                )  # fmt: skip
+            if layerwise:
+                h = self._feed_forward(i, h, o, lora)
+                q, k, v = self._attention_inputs(i + 1, h, cos, sin, lora)
                 continue
-            step = graphs.seam if graphs else partial(llama_layer.seam, d)
-            h, q, k, v = step(h, *tail, nxt.input_norm, nxt.qkv.op_args(), nxt.qk_norm, cos, sin)
-        return h, tail
+            step = graphs.seam if graphs else partial(llama_layer.seam, self.eager_dims)
+            h, q, k, v = step(h, o, *self._ffn_args(i), *self._attention_args(i + 1, cos, sin))
+        return h, o
+
+    def _attention_args(self, i: int, cos, sin) -> tuple:
+        layer = self.layers[i]
+        return layer.input_norm, layer.qkv.op_args(), layer.qk_norm, cos, sin
+
+    def _ffn_args(self, i: int) -> tuple:
+        layer = self.layers[i]
+        return layer.o.op_args(), layer.post_norm, layer.gate_up.op_args(), layer.down.op_args()
+
+    def _attention_inputs(self, i: int, h: torch.Tensor, cos, sin, lora: Any) -> tuple:
+        """Layer i's q, k, v, eager."""
+        return llama_layer.attention_inputs(
+            self.eager_dims, h, *self._attention_args(i, cos, sin), lora=_layer_lora(lora, i)
+        )
+
+    def _feed_forward(self, i: int, h: torch.Tensor, o: torch.Tensor, lora: Any) -> torch.Tensor:
+        """Layer i after its attention, eager: the new residual stream. Models whose feed-forward
+        differs (mixture-of-experts) override this."""
+        return llama_layer.feed_forward(
+            self.eager_dims, h, o, *self._ffn_args(i), reduce=self._reduce,
+            lora=_layer_lora(lora, i),
+        )  # fmt: skip
 
     def _logits(
-        self, h: torch.Tensor, tail: tuple, fb: ForwardBatch, graphs: Any, lora: Any = None
+        self, h: torch.Tensor, o: torch.Tensor, fb: ForwardBatch, graphs: Any, lora: Any = None
     ) -> torch.Tensor:
         """The last layer's feed-forward, the final norm and the logits of rows fb.logits_rows
         (under vocab parallelism rank 0 gets every rank's slice, the others None)."""
-        d = self.eager_dims
-        if self.tp is not None or lora is not None:
-            last = _layer_lora(lora, self.num_layers - 1)
-            h = llama_layer.feed_forward(d, h, *tail, reduce=self._reduce, lora=last)
-            x = llama_layer.norm(d, h, self.final_norm)
+        d, last = self.eager_dims, self.num_layers - 1
+        if graphs:
+            x = graphs.final(h, o, *self._ffn_args(last), self.final_norm)
+        elif self.tp is not None or lora is not None or self.layerwise:
+            x = llama_layer.norm(d, self._feed_forward(last, h, o, lora), self.final_norm)
         else:
-            x = (graphs.final if graphs else partial(llama_layer.final, d))(
-                h, *tail, self.final_norm
-            )
+            x = llama_layer.final(d, h, o, *self._ffn_args(last), self.final_norm)
         if fb.logits_rows.shape[0] != fb.num_tokens:
             x = x.index_select(0, fb.logits_rows)
         logits = self.lm_head(x)

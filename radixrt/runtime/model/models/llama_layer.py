@@ -73,21 +73,20 @@ def attention_inputs(
     h: torch.Tensor,
     input_norm: torch.Tensor,
     qkv: tuple,
-    qk_norm: torch.Tensor | None,
+    qk_norm: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None,
     cos: torch.Tensor,
     sin: torch.Tensor,
     lora: Lora | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """h [T, H] float32 -> q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D] in attn_dtype. cos/sin
-    [T, 1, D] (sin signed: rotate_half(x) * sin == cat(x2, x1) * cat(-sin, sin))."""
+    [T, 1, D] (sin signed: rotate_half(x) * sin == cat(x2, x1) * cat(-sin, sin)). qk_norm: Qwen3's
+    per-head weights [Hq + Hkv, D], or OLMoE's whole-projection ones ([Hq * D], [Hkv * D])."""
     T, D, Hq, Hkv = h.shape[0], d.head_dim, d.num_q_heads, d.num_kv_heads
     x = norm(d, h, input_norm)
     out = linear(d, x, qkv)  # [T, (Hq + 2 Hkv) * D]
     if lora is not None:
         lora("qkv", x, out)
-    qk = out[:, : (Hq + Hkv) * D].reshape(T, Hq + Hkv, D)
-    if qk_norm is not None:
-        qk = rms_norm(qk, qk_norm, d.eps)
+    qk = _normed_qk(d, out, qk_norm)
     qk = qk.to(d.rope_dtype)
     half = D // 2
     # RoPE on q and k at once: qk * cos + rotate_half(qk) * sin
@@ -96,6 +95,18 @@ def attention_inputs(
     )
     v = out[:, (Hq + Hkv) * D :].reshape(T, Hkv, D)
     return qk[:, :Hq], qk[:, Hq:], v
+
+
+def _normed_qk(d: LayerDims, out: torch.Tensor, qk_norm) -> torch.Tensor:
+    """q and k of the fused projection as [T, Hq + Hkv, D], normed where the model norms them."""
+    T, D, Hq, Hkv = out.shape[0], d.head_dim, d.num_q_heads, d.num_kv_heads
+    if isinstance(qk_norm, tuple):  # OLMoE: one norm over all of q, one over all of k
+        q_w, k_w = qk_norm
+        q = rms_norm(out[:, : Hq * D], q_w, d.eps)
+        k = rms_norm(out[:, Hq * D : (Hq + Hkv) * D], k_w, d.eps)
+        return torch.cat((q, k), dim=1).reshape(T, Hq + Hkv, D)
+    qk = out[:, : (Hq + Hkv) * D].reshape(T, Hq + Hkv, D)
+    return qk if qk_norm is None else rms_norm(qk, qk_norm, d.eps)  # Qwen3: per head
 
 
 def feed_forward(

@@ -9,6 +9,7 @@ int4 a 4-bit copy is kept of every linear weight that is exactly 4-bit groups (i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -23,11 +24,13 @@ class LayerWeights:
 
     input_norm: torch.Tensor  # [H]
     qkv: Linear  # [(Hq + 2 Hkv) * D, H], Qwen2 bias
-    qk_norm: torch.Tensor | None  # [Hq + Hkv, D] Qwen3 per-head q/k norm weights, stacked
+    # [Hq + Hkv, D] Qwen3 per-head q/k norm weights, stacked; OLMoE's ([Hq * D], [Hkv * D])
+    qk_norm: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None
     o: Linear  # [H, Hq * D], Llama attention_bias
     post_norm: torch.Tensor  # [H]
-    gate_up: Linear  # [2 I, H]
-    down: Linear  # [H, I]
+    gate_up: Linear | None  # [2 I, H]; None in a mixture-of-experts layer
+    down: Linear | None  # [H, I]
+    moe: Any = None  # a mixture-of-experts layer's experts (moe_layer.MoeWeights)
 
 
 @dataclass(frozen=True)
@@ -101,13 +104,13 @@ def read_lm_head(
     )
 
 
-def read_layer(r: WeightReader, i: int, s: WeightShapes) -> LayerWeights:
-    """Layer i's weights, fused (taken in a fixed order, so the first fault found is named)."""
-    H, D, Hq, I = s.hidden, s.head_dim, s.num_q_heads, s.intermediate
+def read_layer(r: WeightReader, i: int, s: WeightShapes, dense: bool = True) -> LayerWeights:
+    """Layer i's weights, fused (taken in a fixed order, so the first fault found is named).
+    dense False: a mixture-of-experts layer, whose feed-forward the model reads itself."""
+    H, D, Hq = s.hidden, s.head_dim, s.num_q_heads
     p = f"layers.{i}."
-    attn, mlp = p + "self_attn.", p + "mlp."
+    attn = p + "self_attn."
     qkv_w, qkv_b, qk_norm = _read_qkv(r, i, attn, s)
-    gate, up = r.take(mlp + "gate_proj.weight"), r.take(mlp + "up_proj.weight")
     return LayerWeights(
         input_norm=check_shape(
             p + "input_layernorm", r.take(p + "input_layernorm.weight"), (H,)
@@ -122,22 +125,32 @@ def read_layer(r: WeightReader, i: int, s: WeightShapes) -> LayerWeights:
         post_norm=check_shape(
             p + "post_attention_layernorm", r.take(p + "post_attention_layernorm.weight"), (H,)
         ).float(),
-        gate_up=Linear(
+        **(
+            read_mlp(r, p + "mlp.", H, s.intermediate) if dense else {"gate_up": None, "down": None}
+        ),
+    )
+
+
+def read_mlp(r: WeightReader, mlp: str, H: int, I: int) -> dict[str, Linear]:
+    """A gated MLP's gate_proj/up_proj (fused) and down_proj under prefix mlp."""
+    gate, up = r.take(mlp + "gate_proj.weight"), r.take(mlp + "up_proj.weight")
+    return {
+        "gate_up": Linear(
             check_shape(mlp + "gate_up", torch.cat((gate, up), dim=0), (2 * I, H)),
             int4=r.int4_of(mlp + "gate_proj.weight", mlp + "up_proj.weight"),
         ),
-        down=Linear(
+        "down": Linear(
             check_shape(mlp + "down_proj", r.take(mlp + "down_proj.weight"), (H, I)),
             int4=r.int4_of(mlp + "down_proj.weight"),
         ),
-    )
+    }
 
 
 def _read_qkv(
     r: WeightReader, i: int, attn: str, s: WeightShapes
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Layer i's fused q/k/v weight, its bias (Qwen2; all three or none) and Qwen3's stacked
-    per-head q/k norm weights (None when absent)."""
+    """Layer i's fused q/k/v weight, its bias (Qwen2; all three or none) and its q/k norm weights:
+    Qwen3's per head, stacked, or OLMoE's over each whole projection (None when absent)."""
     H, D, Hq, Hkv = s.hidden, s.head_dim, s.num_q_heads, s.num_kv_heads
     q, k, v = (r.take(attn + n + "_proj.weight") for n in "qkv")
     qkv_w = check_shape(attn + "qkv", torch.cat((q, k, v), dim=0), ((Hq + 2 * Hkv) * D, H))
@@ -147,7 +160,11 @@ def _read_qkv(
     qkv_b = torch.cat(biases) if biases[0] is not None else None
     q_norm = r.take(attn + "q_norm.weight", required=False)
     k_norm = r.take(attn + "k_norm.weight", False)
-    qk_norm = None
-    if q_norm is not None and k_norm is not None:
-        qk_norm = torch.cat((q_norm.expand(Hq, D), k_norm.expand(Hkv, D)), dim=0).contiguous()
-    return qkv_w, qkv_b, qk_norm
+    if q_norm is None or k_norm is None:
+        return qkv_w, qkv_b, None
+    if q_norm.shape == (Hq * D,) and Hq > 1:  # OLMoE
+        k_norm = check_shape(attn + "k_norm", k_norm, (Hkv * D,))
+        return qkv_w, qkv_b, (q_norm, k_norm)
+    check_shape(attn + "q_norm", q_norm, (D,))
+    check_shape(attn + "k_norm", k_norm, (D,))
+    return qkv_w, qkv_b, torch.cat((q_norm.expand(Hq, D), k_norm.expand(Hkv, D))).contiguous()

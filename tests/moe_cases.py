@@ -1,0 +1,51 @@
+"""Tiny random mixture-of-experts configs (transformers' own classes) shared by the unit and
+integration tests."""
+
+from __future__ import annotations
+
+COMMON = dict(
+    vocab_size=128,
+    hidden_size=64,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+)
+
+
+def tiny_moe_config(kind: str):
+    import transformers as tf
+
+    if kind == "mixtral_sliding":  # every layer attends to its last 8 positions
+        return tf.MixtralConfig(
+            **COMMON, intermediate_size=48, num_hidden_layers=2, num_local_experts=6,
+            num_experts_per_tok=2, sliding_window=8,
+        )  # fmt: skip
+    if kind == "qwen2_moe_shared_dense_layer":  # layer 1 dense; top-k not renormalised
+        return tf.Qwen2MoeConfig(
+            **COMMON, intermediate_size=80, moe_intermediate_size=32,
+            shared_expert_intermediate_size=48, num_hidden_layers=3, num_experts=8,
+            num_experts_per_tok=3, mlp_only_layers=[1], norm_topk_prob=False,
+        )  # fmt: skip
+    if kind == "qwen2_moe_sparse_step_sliding":  # layers 1 and 3 sparse; a window of 6 on layer 0
+        config = tf.Qwen2MoeConfig(
+            **COMMON, intermediate_size=80, moe_intermediate_size=32,
+            shared_expert_intermediate_size=48, num_hidden_layers=4, num_experts=4,
+            num_experts_per_tok=2, decoder_sparse_step=2, norm_topk_prob=True,
+            use_sliding_window=True, sliding_window=6, max_window_layers=1,
+        )  # fmt: skip
+        assert config.layer_types[0] == "sliding_attention", config.layer_types
+        return config
+    if kind == "qwen3_moe":
+        return tf.Qwen3MoeConfig(
+            **{**COMMON, "num_attention_heads": 6}, head_dim=16, intermediate_size=80,
+            moe_intermediate_size=32, num_hidden_layers=2, num_experts=8, num_experts_per_tok=2,
+            norm_topk_prob=True,
+        )  # fmt: skip
+    if kind == "olmoe":  # whole-projection q/k norms, top-k not renormalised
+        return tf.OlmoeConfig(
+            **COMMON, intermediate_size=32, num_hidden_layers=2, num_experts=8,
+            num_experts_per_tok=2,
+        )  # fmt: skip
+    raise AssertionError(kind)
