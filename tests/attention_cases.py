@@ -68,7 +68,7 @@ def make_case(
 
 
 def check_against_reference(
-    backend, case, atol: float, rtol: float, window: int | None = None
+    backend, case, atol: float, rtol: float, window: int | None = None, softcap=None
 ) -> None:
     """Run one forward of `backend` on a make_case case: the new K/V must land at out_slots and the
     output must match reference_attention on the cache updated here (window: a sliding-window layer)."""
@@ -78,11 +78,11 @@ def check_against_reference(
     want_k[fb.out_slots] = k
     want_v[fb.out_slots] = v
     backend.init_forward_metadata(fb)
-    out = backend.forward(q, k, v, k_cache, v_cache, fb, scale, window=window)
+    out = backend.forward(q, k, v, k_cache, v_cache, fb, scale, window=window, softcap=softcap)
     assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v), (
         "new K/V not stored at out_slots"
     )
     assert out.shape == q.shape and out.dtype == q.dtype
     assert torch.isfinite(out.float()).all()
-    expected = reference_attention(q, want_k, want_v, fb, scale, window=window)
+    expected = reference_attention(q, want_k, want_v, fb, scale, window=window, softcap=softcap)
     torch.testing.assert_close(out.float(), expected.float(), atol=atol, rtol=rtol)

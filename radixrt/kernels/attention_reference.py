@@ -15,10 +15,11 @@ def reference_attention(
     fb: AttentionBatch,
     scale: float,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """The simplest truth: a loop over requests, explicit GQA expansion, float32 softmax. window:
     sliding window attention, key j visible to query i when i - window < j <= i (transformers'
-    rule).
+    rule). softcap: scores become tanh(s / cap) * cap (Gemma 2, as transformers computes it).
 
     q: [T, Hq, D]; k_cache/v_cache: [num_slots, Hkv, D] with this step's K/V already written.
     Returns [T, Hq, D] in q's dtype.
@@ -37,6 +38,8 @@ def reference_attention(
         v = v_cache[slots].float().repeat_interleave(group, dim=1)
         qb = q[qo_indptr[b] : qo_indptr[b + 1]].float()  # [E, Hq, D]
         scores = torch.einsum("qhd,khd->hqk", qb, k) * scale  # [Hq, E, L]
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
         q_pos = torch.arange(prefix_len, seq_len, device=q.device)
         k_pos = torch.arange(seq_len, device=q.device)
         hidden = k_pos[None, None, :] > q_pos[None, :, None]

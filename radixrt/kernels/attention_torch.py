@@ -46,21 +46,44 @@ from radixrt.kernels.kv_quant import LayerKV
 
 
 def _attend_lse(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    softcap: float | None = None,
 ):
     """q [B, Hq, Lq, D], k/v [B, Hkv, Lk, D], additive mask broadcastable to [B, 1, Lq, Lk] or None
     -> (out [B, Hq, Lq, D] in q's dtype, lse [B, Hq, Lq] float32). q head h reads kv head h //
-      (Hq // Hkv).
+      (Hq // Hkv). softcap: scores become tanh(s / cap) * cap before the mask (Gemma 2).
     Every row must see at least one key."""
     # the CPU flash kernel returns the log-sum-exp and handles GQA natively
-    if q.device.type == "cpu":
+    if q.device.type == "cpu" and softcap is None:
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, False, attn_mask=mask, scale=scale
         )
-    return _attend_lse_matmul(q, k, v, mask, scale)
+    return _attend_lse_matmul(q, k, v, mask, scale, softcap)
 
 
-def _attend_lse_matmul(q, k, v, mask, scale):
+def _sdpa(q, k, v, mask, scale: float, softcap: float | None, causal: bool = False):
+    """Attention without the log-sum-exp: torch's SDPA, or the explicit path when soft-capped
+    (SDPA has no softcap). causal: a fresh prompt's square causal mask instead of `mask`."""
+    if softcap is None:
+        gqa = q.shape[1] != k.shape[1]
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa
+        )
+    if causal:
+        mask = _causal_mask(q.shape[2], q.device)
+    return _attend_lse_matmul(q, k, v, mask, scale, softcap)[0]
+
+
+def _causal_mask(n: int, device) -> torch.Tensor:
+    """[1, 1, n, n] additive: row i sees columns <= i."""
+    return torch.full((n, n), float("-inf"), device=device).triu(1)[None, None]
+
+
+def _attend_lse_matmul(q, k, v, mask, scale, softcap=None):
     """_attend_lse with explicit matmuls in float32 (devices without the CPU flash kernel)."""
     b, num_q_heads, q_len, head_dim = q.shape
     num_kv_heads = k.shape[1]
@@ -68,6 +91,8 @@ def _attend_lse_matmul(q, k, v, mask, scale):
     # the group's heads as extra rows
     qg = q.float().reshape(b, num_kv_heads, group * q_len, head_dim)
     scores = (qg @ k.float().transpose(-1, -2) * scale).view(b, num_kv_heads, group, q_len, -1)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     if mask is not None:
         scores = scores + mask.float()[:, :, None]  # [B, 1, 1, Lq, Lk] over (Hkv, G)
     lse = torch.logsumexp(scores, dim=-1)  # [B, Hkv, G, Lq]
@@ -109,6 +134,7 @@ class TorchAttentionBackend:
         self.head_dim = head_dim
         self.group = num_q_heads // num_kv_heads
         self.planner = TorchAttentionPlanner(num_kv_heads, head_dim, min_shared_len, min_saved_kv)
+        self.softcap: float | None = None  # the current call's
 
     def init_forward_metadata(self, fb: AttentionBatch) -> None:
         fb.attn_meta = self.planner.plan(fb)
@@ -125,11 +151,13 @@ class TorchAttentionBackend:
         k_scale: torch.Tensor | None = None,
         v_scale: torch.Tensor | None = None,
         window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]. Writes k/v into the caches at fb.out_slots
         first (quantised when the pool is: k_scale/v_scale [slots, Hkv], kv_quant.py). window: a
         sliding-window layer (keys within `window` positions of the query, itself included), planned
-        on its first call."""
+        on its first call. softcap: the scores soft-capped, tanh(s / cap) * cap (Gemma 2)."""
+        self.softcap = softcap  # read by the methods below for this call
         meta: TorchAttentionMeta = fb.attn_meta
         if window is not None:
             if fb.window_meta is None:
@@ -201,8 +229,9 @@ class TorchAttentionBackend:
         # [Hkv, N, G, D]
         qg = q.view(n, self.num_kv_heads, self.group, self.head_dim).transpose(0, 1)
         out, lse = _attend_lse(
-            qg.reshape(1, self.num_kv_heads, n * self.group, self.head_dim), k, v, None, scale
-        )
+            qg.reshape(1, self.num_kv_heads, n * self.group, self.head_dim),
+            k, v, None, scale, self.softcap,
+        )  # fmt: skip
         out = out.view(self.num_kv_heads, n, self.group, self.head_dim).transpose(0, 1)
         return out, lse.view(self.num_kv_heads, n, self.group).transpose(0, 1)
 
@@ -216,10 +245,9 @@ class TorchAttentionBackend:
             d.mask = d.mask.to(q.dtype)
         shape = (d.num_reqs, self.num_q_heads, self.head_dim)  # (Hkv, G) flattens to q head order
         if d.shared is None:
-            return F.scaled_dot_product_attention(qg, k, v, attn_mask=d.mask, scale=scale).reshape(
-                shape
-            )
-        out, lse = _attend_lse(qg, k, v, d.mask, scale)  # [Bd, Hkv, G, D], [Bd, Hkv, G]
+            return _sdpa(qg, k, v, d.mask, scale, self.softcap).reshape(shape)
+        # [Bd, Hkv, G, D], [Bd, Hkv, G]
+        out, lse = _attend_lse(qg, k, v, d.mask, scale, self.softcap)
         return _merge(
             out, lse, *self._attend_shared(q, k_cache, v_cache, meta, d.shared, scale)
         ).reshape(shape)
@@ -236,13 +264,14 @@ class TorchAttentionBackend:
         scale: float,
     ) -> torch.Tensor:
         if e.kv_idx is None:  # one fresh prompt
-            out = F.scaled_dot_product_attention(
+            out = _sdpa(
                 q.transpose(0, 1)[None],
                 k_new.transpose(0, 1)[None],
                 v_new.transpose(0, 1)[None],
-                is_causal=True,
-                scale=scale,
-                enable_gqa=self.group > 1,
+                None,
+                scale,
+                self.softcap,
+                causal=True,
             )
             return out[0].transpose(0, 1)  # [Te, Hq, D]
         offset = e.shared.kv_len if e.shared else 0
@@ -251,10 +280,15 @@ class TorchAttentionBackend:
         )
         if e.split_prefix:
             qp = q.transpose(0, 1)[None]  # [1, Hq, Te, D]
-            out_new, lse_new = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                qp, k_new.transpose(0, 1)[None], v_new.transpose(0, 1)[None], 0.0, True, scale=scale
-            )[:2]
-            out_pre, lse_pre = _attend_lse(qp, k, v, None, scale)[:2]
+            kn, vn = k_new.transpose(0, 1)[None], v_new.transpose(0, 1)[None]
+            if self.softcap is None:
+                out_new, lse_new = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                    qp, kn, vn, 0.0, True, scale=scale
+                )[:2]
+            else:
+                causal = _causal_mask(qp.shape[2], q.device)
+                out_new, lse_new = _attend_lse(qp, kn, vn, causal, scale, self.softcap)
+            out_pre, lse_pre = _attend_lse(qp, k, v, None, scale, self.softcap)[:2]
             return _merge(out_new, lse_new, out_pre, lse_pre)[0].transpose(0, 1)  # [Te, Hq, D]
         if e.q_idx is None:
             qp = q.transpose(0, 1)[None]  # [1, Hq, Te, D]
@@ -266,11 +300,9 @@ class TorchAttentionBackend:
         if e.mask.dtype != q.dtype:
             e.mask = e.mask.to(q.dtype)
         if e.shared is None:
-            out = F.scaled_dot_product_attention(
-                qp, k, v, attn_mask=e.mask, scale=scale, enable_gqa=self.group > 1
-            )
-            return self._unpad(out, e)
-        out, lse = _attend_lse(qp, k, v, e.mask, scale)  # [Be, Hq, Lq, D], [Be, Hq, Lq]
+            return self._unpad(_sdpa(qp, k, v, e.mask, scale, self.softcap), e)
+        # [Be, Hq, Lq, D], [Be, Hq, Lq]
+        out, lse = _attend_lse(qp, k, v, e.mask, scale, self.softcap)
         grouped = (-1, self.num_kv_heads, self.group)  # [Te, Hq, ...] -> [Te, Hkv, G, ...]
         out = self._unpad(out, e).reshape(*grouped, self.head_dim)
         lse = self._unpad(lse[..., None], e).reshape(grouped)

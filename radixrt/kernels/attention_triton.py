@@ -117,10 +117,11 @@ class TritonAttentionBackend:
         k_scale: torch.Tensor | None = None,
         v_scale: torch.Tensor | None = None,
         window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """k_scale/v_scale: the pool is quantised (kv_quant.py); the kernels scale its rows as they
         read them. window: a sliding-window layer (keys within `window` positions of the query,
-        itself included)."""
+        itself included). softcap: scores become tanh(s / cap) * cap (Gemma 2)."""
         meta: TritonAttnMeta = fb.attn_meta
         assert meta is not None, "init_forward_metadata(fb) must run before forward"
         if q.device.type != "cuda" and not _interpreting():
@@ -145,7 +146,8 @@ class TritonAttentionBackend:
         out = torch.empty(
             (num_tokens, self.num_q_heads, self.head_dim), dtype=q.dtype, device=q.device
         )
-        sm_scale_log2 = scale * LOG2E
+        # the scores' scale and soft cap, both in the log2 domain the kernels work in (0: no cap)
+        scores = (scale * LOG2E, (softcap or 0.0) * LOG2E)
         # The interpreter multiplies bf16 bit patterns in tl.dot (triton-lang/triton#11584):
         # upcast there.
         dot_fp32 = _interpreting() and q.dtype == torch.bfloat16
@@ -153,7 +155,7 @@ class TritonAttentionBackend:
         window = window or 0
         if meta.num_decode:
             self._decode(
-                q, k_cache, v_cache, scales, out, meta, sm_scale_log2, window, dot_fp32, precision
+                q, k_cache, v_cache, scales, out, meta, scores, window, dot_fp32, precision
             )
         if meta.num_extend:
             self._extend(
@@ -165,7 +167,7 @@ class TritonAttentionBackend:
                 scales,
                 out,
                 meta,
-                sm_scale_log2,
+                scores,
                 window,
                 dot_fp32,
                 precision,
@@ -180,7 +182,7 @@ class TritonAttentionBackend:
         scales,
         out,
         meta: TritonAttnMeta,
-        sm_scale_log2,
+        scores,
         window,
         dot_fp32,
         precision,
@@ -198,7 +200,7 @@ class TritonAttentionBackend:
             meta.chunk_lens,
             po,
             pl,
-            sm_scale_log2,
+            *scores,
             window,
             q.stride(0),
             q.stride(1),
@@ -251,7 +253,7 @@ class TritonAttentionBackend:
         scales,
         out,
         meta: TritonAttnMeta,
-        sm_scale_log2,
+        scores,
         window,
         dot_fp32,
         precision,
@@ -271,7 +273,7 @@ class TritonAttentionBackend:
             meta.ext_qo_indptr,
             meta.prefix_indptr,
             meta.prefix_indices,
-            sm_scale_log2,
+            *scores,
             window,
             q.stride(0),
             q.stride(1),

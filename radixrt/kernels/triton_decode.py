@@ -32,6 +32,7 @@ def _decode_stage1(
     Part_out,
     Part_lse,
     sm_scale_log2,
+    cap_log2,
     window,
     stride_qt,
     stride_qh,
@@ -105,7 +106,7 @@ def _decode_stage1(
                 k, v, K_scale, V_scale, slot, kv_head, stride_scale, mask_n, q.dtype
             )
         m_i, l_i, acc = attend_block(
-            q, k, v, mask_n[None, :], m_i, l_i, acc, sm_scale_log2, DOT_FP32, PRECISION
+            q, k, v, mask_n[None, :], m_i, l_i, acc, sm_scale_log2, cap_log2, DOT_FP32, PRECISION
         )
 
     # A split is never empty (the host makes chunk_len * (num_splits - 1) < L), so l_i > 0, except

@@ -33,6 +33,7 @@ def _extend_kernel(
     prefix_indptr,
     prefix_indices,
     sm_scale_log2,
+    cap_log2,
     window,
     stride_qt,
     stride_qh,
@@ -110,7 +111,7 @@ def _extend_kernel(
         if window > 0:
             visible = visible & (pos[None, :] > prefix_len + offs_m[:, None] - window)
         m_i, l_i, acc = attend_block(
-            q, k, v, visible, m_i, l_i, acc, sm_scale_log2, DOT_FP32, PRECISION
+            q, k, v, visible, m_i, l_i, acc, sm_scale_log2, cap_log2, DOT_FP32, PRECISION
         )
 
     # 2. new tokens, causal; keys past this tile's last query are never visible
@@ -133,7 +134,7 @@ def _extend_kernel(
         if window > 0:
             visible = visible & (pos[None, :] > offs_m[:, None] - window)
         m_i, l_i, acc = attend_block(
-            q, k, v, visible, m_i, l_i, acc, sm_scale_log2, DOT_FP32, PRECISION
+            q, k, v, visible, m_i, l_i, acc, sm_scale_log2, cap_log2, DOT_FP32, PRECISION
         )
 
     # every valid query row sees at least itself, so l_i > 0 where stored

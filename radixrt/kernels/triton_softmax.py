@@ -12,14 +12,27 @@ M_INIT = tl.constexpr(-1.0e30)
 
 @triton.jit
 def attend_block(
-    q, k, v, visible, m_i, l_i, acc, sm_scale_log2, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr
+    q,
+    k,
+    v,
+    visible,
+    m_i,
+    l_i,
+    acc,
+    sm_scale_log2,
+    cap_log2,
+    DOT_FP32: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     """Fold one K/V block into the running (max, sum, acc) of q's rows, in the log2 domain.
-    q [M, D]; k, v [N, D]; visible broadcastable to [M, N]. Returns the new (m_i, l_i, acc)."""
+    q [M, D]; k, v [N, D]; visible broadcastable to [M, N]. cap_log2 > 0: the scores soft-capped,
+    cap * tanh(s / cap) (in the log2 domain as s is). Returns the new (m_i, l_i, acc)."""
     if DOT_FP32:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale_log2  # [M, N]
+    if cap_log2 > 0.0:  # tanh(x) = 1 - 2 / (e^2x + 1): exact at both ends, no overflow to NaN
+        s = cap_log2 * (1.0 - 2.0 / (tl.exp(2.0 * s / cap_log2) + 1.0))
     s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     alpha = tl.exp2(m_i - m_new)

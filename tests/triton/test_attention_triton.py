@@ -298,3 +298,15 @@ def test_sliding_window(heads, page_size, dtype, window):
     check_against_reference(
         TritonAttentionBackend(hq, hkv, d, **FORCE_SPLITS), case, *TOL[dtype], window=window
     )
+
+
+@cases((GQA3, 1, F32), (GQA4, 16, BF16))
+def test_softcapped_scores(heads, page_size, dtype):
+    """Gemma 2's soft-capped scores in both kernels (decodes split across programs, extends with and
+    without a cached prefix, one under a sliding window) against reference_attention."""
+    hq, hkv, d = heads
+    case = make_case([3, 150, 0, 21], [1, 1, 30, 12], hq, hkv, d, page_size, dtype, seed=9)
+    backend = TritonAttentionBackend(hq, hkv, d, **FORCE_SPLITS)
+    check_against_reference(backend, case, *TOL[dtype], softcap=0.7)
+    case = make_case([40, 0], [1, 25], hq, hkv, d, page_size, dtype, seed=10)
+    check_against_reference(backend, case, *TOL[dtype], window=9, softcap=0.7)

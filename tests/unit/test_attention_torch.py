@@ -90,7 +90,13 @@ def make_batch(
 
 
 def run_both(
-    fb, num_slots: int, num_q_heads: int, dtype=torch.float32, seed: int = 0, **backend_kw
+    fb,
+    num_slots: int,
+    num_q_heads: int,
+    dtype=torch.float32,
+    seed: int = 0,
+    softcap: float | None = None,
+    **backend_kw,
 ):
     g = torch.Generator().manual_seed(seed)
     T = fb.num_tokens
@@ -103,17 +109,17 @@ def run_both(
     ref_k[fb.out_slots] = k
     ref_v[fb.out_slots] = v
     scale = HEAD_DIM**-0.5
-    expected = reference_attention(q, ref_k, ref_v, fb, scale)
+    expected = reference_attention(q, ref_k, ref_v, fb, scale, softcap=softcap)
 
     backend = TorchAttentionBackend(num_q_heads, NUM_KV_HEADS, HEAD_DIM, **backend_kw)
     fb.attn_meta = None
     backend.init_forward_metadata(fb)
-    out = backend.forward(q, k, v, k_cache, v_cache, fb, scale)
+    out = backend.forward(q, k, v, k_cache, v_cache, fb, scale, softcap=softcap)
     assert torch.equal(k_cache, ref_k) and torch.equal(v_cache, ref_v), (
         "new K/V not written at out_slots"
     )
     # a second layer reuses the same metadata (and its gather workspaces)
-    out2 = backend.forward(q, k, v, k_cache, v_cache, fb, scale)
+    out2 = backend.forward(q, k, v, k_cache, v_cache, fb, scale, softcap=softcap)
     assert out.shape == (T, num_q_heads, HEAD_DIM)
     return out, out2, expected
 
@@ -405,3 +411,30 @@ def test_reference_is_causal_softmax():
         keys, values = k_cache[order[:visible], 0], v_cache[order[:visible], 0]
         weights = torch.softmax(keys @ q[i, 0] * 0.5, dim=0)
         torch.testing.assert_close(out[i, 0], weights @ values)
+
+
+@pytest.mark.parametrize("group", [1, 3])
+@pytest.mark.parametrize("scenario", list(SCENARIOS) + [f"shared/{n}" for n in SHARED_SCENARIOS])
+def test_softcapped_scores_match_reference(scenario, group):
+    """Gemma 2's soft-capped scores, tanh(s / cap) * cap, on every path: decodes, padded extends,
+    a fresh prompt, a chunk after its prefix, and the cascade over a shared prefix (merging by
+    log-sum-exp is still exact: the cap is applied per score)."""
+    name = scenario.removeprefix("shared/")
+    rng = random.Random(zlib.crc32(f"softcap/{scenario}/{group}".encode()))
+    if scenario.startswith("shared/"):
+        decode_lens, extends, shared_lens, _ = SHARED_SCENARIOS[name]
+        fb, num_slots = make_batch(rng, decode_lens, extends, 16, shared_lens=shared_lens)
+        kw = {"min_saved_kv": 0}
+    else:
+        fb, num_slots = make_batch(rng, *SCENARIOS[name], 16)
+        kw = {}
+    seed = rng.randrange(1000)
+    out, out2, expected = run_both(
+        fb, num_slots, group * NUM_KV_HEADS, seed=seed, softcap=0.7, **kw
+    )
+    torch.testing.assert_close(out, expected, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(out2, expected, atol=2e-5, rtol=1e-5)
+    if max(fb.seq_lens_list) > 1:  # a query seeing one key gets its value, capped or not
+        fb.attn_meta = None
+        uncapped = run_both(fb, num_slots, group * NUM_KV_HEADS, seed=seed, **kw)[0]
+        assert not torch.allclose(uncapped, expected, atol=1e-3), "the cap changed nothing"

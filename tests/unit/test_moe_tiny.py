@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from moe_cases import COMMON, tiny_moe_config
+from model_cases import COMMON, tiny_moe_config
 from test_llama_tiny import ATOL, RTOL, build, hf_logits
 
 from radixrt.runtime.model.models import moe_layer

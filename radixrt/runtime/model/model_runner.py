@@ -94,7 +94,8 @@ class ModelRunner:
         )
         # the 4-bit copies are recovered from the unrounded float32 weights
         state = load_state_dict(model_dir, torch.float32 if int4 else self.dtype)
-        state = shard_state_dict(state, hf_config, shard) if shard else state
+        if shard:
+            state = shard_state_dict(self.model.standard_names(state), hf_config, shard)
         self.model.load_weights(state, int4=int4)
         if int4:
             self._log_int4()

@@ -34,14 +34,20 @@ from radixrt.runtime.model.tp_shard import Shard
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
-def rope_tables(hf_config, head_dim: int, max_context: int) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(
+    hf_config, head_dim: int, max_context: int, layer_type: str = "full_attention"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of position * inv_freq for positions [0, max_context): [max_context, D/2] float32
-    each."""
+    each. A config whose rope parameters are per layer type (Gemma 3: full_attention,
+    sliding_attention) gives layer_type's."""
     params = dict(
         getattr(hf_config, "rope_parameters", None)
         or getattr(hf_config, "rope_scaling", None)
         or {}
     )
+    per_type = {"full_attention", "sliding_attention"} & set(params)
+    if per_type:
+        params = dict(params.get(layer_type) or {})
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in STATIC_ROPE_TYPES:
         raise ValueError(
@@ -58,7 +64,8 @@ def rope_tables(hf_config, head_dim: int, max_context: int) -> tuple[torch.Tenso
     else:  # the scaled variants: transformers' own formulas, so the frequencies are bit-identical
         from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-        inv_freq, attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu")
+        kwargs = {"layer_type": layer_type} if per_type else {}
+        inv_freq, attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu", **kwargs)
     freqs = (
         torch.arange(max_context, dtype=torch.int64).float()[:, None] * inv_freq.float()[None, :]
     )
@@ -151,7 +158,7 @@ class LlamaForCausalLM:
         (llama_weights.py). int4: also keep a 4-bit copy of every linear weight that is exactly
         4-bit groups (a Q4 GGUF's), for steps of a few rows (int4_weight.py); the state dict must
         then be float32, unrounded."""
-        r = WeightReader(state_dict, self.device, self.dtype, int4)
+        r = WeightReader(self.standard_names(state_dict), self.device, self.dtype, int4)
         s = WeightShapes(
             self.hidden_size,
             self.head_dim,
@@ -171,6 +178,11 @@ class LlamaForCausalLM:
         for i in range(self.num_layers):
             self.layers.append(self._read_layer(r, i, s))
         r.check_all_used()
+
+    def standard_names(self, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The checkpoint under Llama's parameter names (a family that fuses projections in its
+        checkpoint splits them here; tensor parallel sharding reads these names too)."""
+        return sd
 
     def _read_layer(self, r: WeightReader, i: int, s: WeightShapes) -> LayerWeights:
         return read_layer(r, i, s)
@@ -240,7 +252,7 @@ class LlamaForCausalLM:
                 fb,
                 self.scale,
                 *kv.scales(i),
-                window=self.layer_windows[i],
+                **self._attention_kwargs(i),
             )  # [T, Hq, D]
             if i == self.num_layers - 1:
                 break
@@ -251,6 +263,10 @@ class LlamaForCausalLM:
             step = graphs.seam if graphs else partial(llama_layer.seam, self.eager_dims)
             h, q, k, v = step(h, o, *self._ffn_args(i), *self._attention_args(i + 1, cos, sin))
         return h, o
+
+    def _attention_kwargs(self, i: int) -> dict:
+        """What layer i's attention takes besides tensors: its sliding window."""
+        return {"window": self.layer_windows[i]}
 
     def _attention_args(self, i: int, cos, sin) -> tuple:
         layer = self.layers[i]

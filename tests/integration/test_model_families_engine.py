@@ -1,4 +1,4 @@
-"""The mixture-of-experts families through the whole engine: a tiny random model of each (the
+"""The families beyond Llama through the whole engine: a tiny random model of each (the
 default model's vocabulary, saved with transformers, that tokenizer beside it) served from its
 directory gives transformers' greedy tokens and prompt logprobs for a batch of prompts of different
 lengths, prefilled in chunks shorter than the prompts; a prompt sharing a cached prefix reuses it
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from moe_cases import tiny_moe_config
+from model_cases import dense_family_config, tiny_moe_config
 
 from radixrt import Engine
 
@@ -26,7 +26,7 @@ def save_tiny(kind: str, model_dir, out_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
-    config = tiny_moe_config(kind)
+    config = dense_family_config(kind) if kind in DENSE else tiny_moe_config(kind)
     config.vocab_size = len(tok)
     config.max_position_embeddings = 512
     config.bos_token_id, config.eos_token_id = tok.bos_token_id, tok.eos_token_id
@@ -40,10 +40,12 @@ def save_tiny(kind: str, model_dir, out_dir):
     return model.eval(), tok
 
 
-@pytest.mark.parametrize(
-    "kind", ["mixtral_sliding", "qwen2_moe_shared_dense_layer", "qwen3_moe", "olmoe"]
-)
-def test_moe_model_serves_transformers_tokens_and_logprobs(kind, model_dir, tmp_path):
+DENSE = ("phi3_fused_sliding", "gemma2_softcapped", "gemma3_local_rope")
+MOE = ("mixtral_sliding", "qwen2_moe_shared_dense_layer", "qwen3_moe", "olmoe")
+
+
+@pytest.mark.parametrize("kind", DENSE + MOE)
+def test_family_serves_transformers_tokens_and_logprobs(kind, model_dir, tmp_path):
     hf, tok = save_tiny(kind, model_dir, tmp_path / kind)
     eng = Engine(
         model_path=str(tmp_path / kind), dtype="float32", page_size=4, chunked_prefill_size=8,

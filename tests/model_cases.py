@@ -1,5 +1,6 @@
-"""Tiny random mixture-of-experts configs (transformers' own classes) shared by the unit and
-integration tests."""
+"""Tiny random configs (transformers' own classes) of the families beyond Llama, shared by the unit
+and integration tests: mixture-of-experts (tiny_moe_config), Phi-3 and Gemma 2/3
+(dense_family_config)."""
 
 from __future__ import annotations
 
@@ -48,4 +49,30 @@ def tiny_moe_config(kind: str):
             **COMMON, intermediate_size=32, num_hidden_layers=2, num_experts=8,
             num_experts_per_tok=2,
         )  # fmt: skip
+    raise AssertionError(kind)
+
+
+def dense_family_config(kind: str, common: dict = COMMON):
+    """Phi-3 with its fused projections and a window of 7; Gemma with sliding (window 6) and global
+    layers, scores and logits capped low enough to matter, Gemma 3 with linear-scaled RoPE on its
+    global layers and a base of its own on the sliding ones."""
+    import transformers as tf
+
+    ids = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    common = {**common, "tie_word_embeddings": False, "intermediate_size": 128}
+    if kind == "phi3_fused_sliding":
+        return tf.Phi3Config(**{"num_hidden_layers": 2, **common}, sliding_window=7, **ids)
+    gemma = dict(
+        common, num_hidden_layers=3, head_dim=16, query_pre_attn_scalar=24,
+        sliding_window=6, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        **ids,
+    )  # fmt: skip
+    if kind == "gemma2_softcapped":
+        return tf.Gemma2Config(**gemma, attn_logit_softcapping=1.5, final_logit_softcapping=2.5)
+    if kind == "gemma3_local_rope":
+        rope = {
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 100000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 500.0},
+        }
+        return tf.Gemma3TextConfig(**gemma, rope_parameters=rope)
     raise AssertionError(kind)
