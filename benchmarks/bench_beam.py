@@ -30,7 +30,7 @@ from run_info import git_commit, machine  # noqa: E402
 from workloads import QUESTIONS  # noqa: E402
 
 from radixrt import Engine  # noqa: E402
-from radixrt.runtime.model.weights import resolve_model  # noqa: E402
+from radixrt.runtime.model.weights import transformers_dir  # noqa: E402
 
 
 def prompts_for(n: int) -> list[str]:
@@ -100,7 +100,7 @@ def main() -> None:
     engine = Engine()
     dtype = getattr(torch, engine.scheduler.model_info["dtype"])
     page_size = engine.config.page_size
-    hf = Transformers(str(resolve_model(None)), dtype, engine.scheduler._eos_list)
+    hf = Transformers(str(transformers_dir()), dtype, engine.scheduler._eos_list)
     print(
         f"dtype {dtype}, {len(prompts)} prompts, {args.new_tokens} new tokens, page size {page_size}"
     )

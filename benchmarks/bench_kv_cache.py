@@ -115,9 +115,9 @@ def teacher_forced(engine: Engine, refs) -> tuple[int, int, float]:
 
 
 def tokens_per_budget() -> dict:
-    from radixrt.runtime.model.weights import load_config, resolve_model
+    from radixrt.runtime.model.weights import load_config, transformers_dir
 
-    cfg = load_config(resolve_model(None))
+    cfg = load_config(transformers_dir())
     head_dim = cfg.hidden_size // cfg.num_attention_heads
     out = {}
     for name, dtype in (
@@ -235,9 +235,9 @@ def sections_1_to_3(results: dict, quick: bool) -> None:
 
     from transformers import AutoModelForCausalLM
 
-    from radixrt.runtime.model.weights import load_tokenizer, resolve_model
+    from radixrt.runtime.model.weights import load_tokenizer, transformers_dir
 
-    model_dir = resolve_model(None)
+    model_dir = transformers_dir()
     hf = AutoModelForCausalLM.from_pretrained(
         str(model_dir), dtype=torch.float32, local_files_only=True
     ).eval()

@@ -30,7 +30,7 @@ from run_info import git_commit, machine  # noqa: E402
 from workloads import QUESTIONS  # noqa: E402
 
 from radixrt import Engine  # noqa: E402
-from radixrt.runtime.model.weights import resolve_model  # noqa: E402
+from radixrt.runtime.model.weights import transformers_dir  # noqa: E402
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -73,7 +73,7 @@ def main() -> None:
     args = ap.parse_args()
     prompts = [f"Question: {q}\nAnswer:" for q in QUESTIONS[: args.requests]]
     root = tempfile.mkdtemp(prefix="radixrt-bench-lora-")
-    paths = make_adapters(str(resolve_model(None)), root, 8, args.rank)
+    paths = make_adapters(str(transformers_dir()), root, 8, args.rank)
     engine = Engine(lora_paths=paths, max_loras_per_batch=8)
     eager = Engine(disable_torch_compile=True)
     names = [p.split("=")[0] for p in paths]

@@ -385,9 +385,9 @@ def main() -> None:
         parser.error(f"unknown workload(s) {unknown}; choose from {sorted(all_workloads)}")
     meta = {"commit": git_commit(), "machine": machine()}
 
-    from radixrt.runtime.model.weights import resolve_model
+    from radixrt.runtime.model.weights import transformers_dir
 
-    model_dir = str(resolve_model(None))
+    model_dir = str(transformers_dir())
     # created once and kept for every repeat: start-up and first-call costs stay out of the timings
     backends = {
         "radixrt": EngineBackend(sgl.Engine(model_dir)),

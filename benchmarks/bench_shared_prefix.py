@@ -33,7 +33,7 @@ from workloads import QUESTIONS, shared_prefix_prompts  # noqa: E402
 from radixrt import Engine  # noqa: E402
 from radixrt.runtime.core.token_prefix import common_prefix_len  # noqa: E402
 from radixrt.runtime.model.linear import Linear  # noqa: E402
-from radixrt.runtime.model.weights import resolve_model  # noqa: E402
+from radixrt.runtime.model.weights import transformers_dir  # noqa: E402
 
 
 def run_engine(engine: Engine, prompts: list[str], new_tokens: int) -> tuple[float, list[dict]]:
@@ -168,7 +168,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     prompts = shared_prefix_prompts(args.num_questions)
-    model_dir = resolve_model(None)
+    model_dir = transformers_dir()
     n, new = len(prompts), args.new_tokens
 
     radixrt = Engine()

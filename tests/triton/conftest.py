@@ -25,6 +25,7 @@ if not _ON_CUDA:
         "radixrt.kernels.triton_extend",
         "radixrt.kernels.attention_triton",
         "radixrt.kernels.lora_triton",
+        "radixrt.kernels.moe_triton",
     ):
         if _name in sys.modules:
             importlib.reload(sys.modules[_name])

@@ -305,13 +305,13 @@ def test_gguf_cache_is_atomic_and_keyed_by_file(tmp_path, monkeypatch):
 
     monkeypatch.setattr(weights, "_convert_gguf", killed)
     with pytest.raises(KeyboardInterrupt):
-        weights.resolve_model(str(gguf))
+        weights.transformers_dir(str(gguf))
     # no half cache, no temp
     assert [p.name for p in cache.iterdir() if not p.name.endswith(".lock")] == []
     monkeypatch.setattr(weights, "_convert_gguf", converts)
-    first = weights.resolve_model(str(gguf))
+    first = weights.transformers_dir(str(gguf))
     assert first.parent == cache and first.name.startswith("tiny-") and len(calls) == 2
     # cached: no second conversion
-    assert weights.resolve_model(str(gguf)) == first and len(calls) == 2
+    assert weights.transformers_dir(str(gguf)) == first and len(calls) == 2
     os.utime(gguf, ns=(0, 10**18))  # a changed file (new mtime) is a new cache entry
-    assert weights.resolve_model(str(gguf)) != first and len(calls) == 3
+    assert weights.transformers_dir(str(gguf)) != first and len(calls) == 3

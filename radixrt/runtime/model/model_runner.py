@@ -70,6 +70,7 @@ class ModelRunner:
 
     def _load_model(self, config: ServerConfig) -> None:
         """The weights (this rank's shard; 4-bit copies where they apply), tokenizer and EOS ids."""
+        from radixrt.runtime.model import gguf_weights
         from radixrt.runtime.model.models.registry import model_class
         from radixrt.runtime.model.weights import (
             load_config,
@@ -97,6 +98,11 @@ class ModelRunner:
         if shard:
             state = shard_state_dict(self.model.standard_names(state), hf_config, shard)
         self.model.load_weights(state, int4=int4)
+        if gguf_weights.is_quantized_dir(model_dir):
+            log.info(
+                "GGUF tensors %s, dequantised into %s at load",
+                gguf_weights.quantization_types(model_dir), self.dtype,
+            )  # fmt: skip
         if int4:
             self._log_int4()
         self.vocab_size = self.model.vocab_size

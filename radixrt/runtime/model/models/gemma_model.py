@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from radixrt.runtime.model.models import llama_layer
-from radixrt.runtime.model.models.llama import LlamaForCausalLM, rope_tables
+from radixrt.runtime.model.models.llama import LlamaForCausalLM
 from radixrt.runtime.model.models.llama_weights import (
     LayerWeights,
     WeightReader,
@@ -28,6 +28,7 @@ from radixrt.runtime.model.models.llama_weights import (
     check_shape,
     read_layer,
 )
+from radixrt.runtime.model.models.positions import rope_tables
 
 
 class GemmaFamilyForCausalLM(LlamaForCausalLM):

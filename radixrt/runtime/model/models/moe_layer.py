@@ -8,8 +8,8 @@ OLMoE), formulas as transformers computes them so fp32 output matches it.
              loop and no dense all-experts product: the work is k rows per token.
     shared   Qwen2-MoE's shared expert, scaled by a sigmoid gate, added to every token
 
-On a GPU the same grouping feeds one fused Triton launch per step where one exists; this is the
-CPU path and the reference.
+On a GPU the same grouping feeds one Triton launch per matmul (kernels/moe_triton.py); the
+functions here are the CPU path and its reference.
 """
 
 from __future__ import annotations
@@ -73,7 +73,12 @@ def experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w: MoeWei
 def feed_forward(x: torch.Tensor, w: MoeWeights) -> torch.Tensor:
     """The layer's MoE output for the normed input x [T, H] (model dtype): [T, H]."""
     weights, ids = route(x, w)
-    out = experts(x, weights, ids, w)
+    if x.is_cuda:
+        from radixrt.kernels.moe_triton import fused_experts
+
+        out = fused_experts(x, weights, ids, w.gate_up, w.down)
+    else:
+        out = experts(x, weights, ids, w)
     if w.shared_gate_up is not None:
         gu = w.shared_gate_up(x)
         inter = gu.shape[1] // 2

@@ -1,0 +1,115 @@
+"""Writing a Llama-architecture GGUF file from a transformers Llama model, the way llama.cpp's
+converter lays it out (q/k rows permuted for its RoPE, norms in F32, every matrix in one
+quantisation type), with the default model's tokenizer metadata copied in. Tests and the quality
+benchmark use it to make GGUF files in each type that transformers and radixrt then both read.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import gguf
+import numpy as np
+from gguf_quantize import quantize
+
+TOKENIZER_KEYS = {  # the default GGUF's tokenizer fields, copied as they are
+    "tokenizer.ggml.model": "add_tokenizer_model",
+    "tokenizer.ggml.pre": "add_tokenizer_pre",
+    "tokenizer.ggml.tokens": "add_token_list",
+    "tokenizer.ggml.token_type": "add_token_types",
+    "tokenizer.ggml.merges": "add_token_merges",
+    "tokenizer.ggml.bos_token_id": "add_bos_token_id",
+    "tokenizer.ggml.eos_token_id": "add_eos_token_id",
+    "tokenizer.ggml.unknown_token_id": "add_unk_token_id",
+    "tokenizer.ggml.padding_token_id": "add_pad_token_id",
+    "tokenizer.ggml.add_bos_token": "add_add_bos_token",
+    "tokenizer.chat_template": "add_chat_template",
+}
+
+
+def permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's q/k row order (the inverse of transformers' reverse permutation)."""
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
+
+
+def _copy_tokenizer(writer: gguf.GGUFWriter, source: pathlib.Path, vocab_size: int) -> None:
+    """The source's tokenizer cut to its first vocab_size tokens (the merges among them kept): a
+    small vocabulary keeps both readers' tokenizer conversions fast."""
+    reader = gguf.GGUFReader(str(source))
+    for key, method in TOKENIZER_KEYS.items():
+        if key not in reader.fields:
+            continue
+        value = reader.fields[key].contents()
+        if key == "tokenizer.ggml.tokens" or key == "tokenizer.ggml.token_type":
+            value = value[:vocab_size]
+        elif key == "tokenizer.ggml.merges":
+            kept = set(reader.fields["tokenizer.ggml.tokens"].contents()[:vocab_size])
+            value = [
+                m for m in value if "".join(m.split(" ")) in kept and set(m.split(" ")) <= kept
+            ]
+        getattr(writer, method)(value)
+
+
+def _hf_names(i: int) -> dict[str, str]:
+    """GGUF name -> transformers name of layer i's tensors."""
+    p, g = f"model.layers.{i}.", f"blk.{i}."
+    return {
+        g + "attn_norm.weight": p + "input_layernorm.weight",
+        g + "attn_q.weight": p + "self_attn.q_proj.weight",
+        g + "attn_k.weight": p + "self_attn.k_proj.weight",
+        g + "attn_v.weight": p + "self_attn.v_proj.weight",
+        g + "attn_output.weight": p + "self_attn.o_proj.weight",
+        g + "ffn_norm.weight": p + "post_attention_layernorm.weight",
+        g + "ffn_gate.weight": p + "mlp.gate_proj.weight",
+        g + "ffn_up.weight": p + "mlp.up_proj.weight",
+        g + "ffn_down.weight": p + "mlp.down_proj.weight",
+    }
+
+
+def write_llama_gguf(
+    state: dict, config, path: pathlib.Path, qtype: gguf.GGMLQuantizationType, tokenizer_from
+) -> pathlib.Path:
+    """state: a Llama's float32 state dict (transformers' names); config: its LlamaConfig.
+    Matrices (the embedding and lm_head included) in qtype, norms in F32."""
+    w = gguf.GGUFWriter(str(path), "llama")
+    c = config
+    head_dim = c.hidden_size // c.num_attention_heads
+    w.add_name("tiny test llama")
+    w.add_block_count(c.num_hidden_layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_rope_freq_base(float(c.rope_parameters["rope_theta"]))
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_rope_dimension_count(head_dim)
+    w.add_vocab_size(c.vocab_size)
+    _copy_tokenizer(w, tokenizer_from, c.vocab_size)
+    names = {
+        "token_embd.weight": "model.embed_tokens.weight",
+        "output_norm.weight": "model.norm.weight",
+    }
+    if "lm_head.weight" in state and not c.tie_word_embeddings:
+        names["output.weight"] = "lm_head.weight"
+    for i in range(c.num_hidden_layers):
+        names.update(_hf_names(i))
+    for gguf_name, hf_name in names.items():
+        t = state[hf_name].float().numpy()
+        if gguf_name.endswith("attn_q.weight"):
+            t = permute(t, c.num_attention_heads)
+        elif gguf_name.endswith("attn_k.weight"):
+            t = permute(t, c.num_key_value_heads)
+        if t.ndim == 1:
+            w.add_tensor(gguf_name, t.astype(np.float32))
+        else:
+            w.add_tensor(gguf_name, quantize(t, qtype), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
