@@ -69,3 +69,44 @@ def test_family_serves_transformers_tokens_and_logprobs(kind, model_dir, tmp_pat
         eng.check_integrity()
     finally:
         eng.shutdown()
+
+
+@pytest.mark.parametrize("kind", ["mixtral_sliding", "gemma2_softcapped"])
+def test_family_with_int8_kv_grammar_preemption_and_second_tier(kind, model_dir, tmp_path):
+    """What the engine already had, on the new families: an int8 KV pool too small for the batch
+    (the newest request is preempted and recomputed), a JSON-schema request, chunked prefill and
+    the host-memory tier behind the pool. Outputs equal a roomy engine's with the same pool dtype;
+    the constrained output is valid JSON of its schema; every page comes back."""
+    import json
+
+    import jsonschema
+
+    save_tiny(kind, model_dir, tmp_path / kind)
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    long_prompt = " ".join(["apple", "pear", "plum", "fig"] * 25)
+    prompts = [long_prompt, PROMPTS[2], PROMPTS[0]]
+    params = [
+        {"temperature": 0, "max_new_tokens": 30, "ignore_eos": True},
+        {"temperature": 0, "max_new_tokens": 40, "json_schema": json.dumps(schema)},
+        {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True},
+    ]
+    common = dict(model_path=str(tmp_path / kind), dtype="float32", kv_cache_dtype="int8",
+                  page_size=4, chunked_prefill_size=16)  # fmt: skip
+    roomy = Engine(**common, max_total_tokens=2048)
+    try:
+        want = roomy.generate(prompts, params)
+    finally:
+        roomy.shutdown()
+    small = Engine(
+        **common, max_total_tokens=144, enable_hierarchical_cache=True, hicache_ratio=4.0
+    )
+    try:
+        outs = small.generate(prompts, params)
+        assert small.scheduler.stats.num_preemptions > 0
+        assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in want]
+        jsonschema.validate(json.loads(outs[1]["text"]), schema)
+        small.check_integrity()
+        assert small.flush_cache()
+        assert small.scheduler.allocator.num_free == small.scheduler.allocator.num_pages
+    finally:
+        small.shutdown()

@@ -120,6 +120,42 @@ def test_qwen_biases_and_qk_norms_shard(qwen_dirs, name):
         )
 
 
+@pytest.fixture(scope="module")
+def moe_dirs(tmp_path_factory, tokenizer):
+    """Qwen2-MoE (a shared expert, a dense layer) and Mixtral (experts under block_sparse_moe),
+    random weights, routers sharp enough that tokens spread over the experts."""
+    from model_cases import tiny_moe_config
+    from transformers import AutoModelForCausalLM
+
+    dirs = {}
+    for kind in ("qwen2_moe_shared_dense_layer", "mixtral_sliding"):
+        config = tiny_moe_config(kind)
+        config.vocab_size, config.max_position_embeddings = len(tokenizer), 512
+        config.bos_token_id, config.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
+        d = tmp_path_factory.mktemp(kind)
+        torch.manual_seed(2)
+        model = AutoModelForCausalLM.from_config(config)
+        with torch.no_grad():
+            for pname, p in model.named_parameters():
+                p.uniform_(0.5, 1.5) if "norm" in pname else p.normal_(0.0, 0.3)
+        model.save_pretrained(str(d), safe_serialization=True)
+        tokenizer.save_pretrained(str(d))
+        dirs[kind] = str(d)
+    return dirs
+
+
+@pytest.mark.parametrize("kind", ["qwen2_moe_shared_dense_layer", "mixtral_sliding"])
+def test_moe_experts_split_along_their_intermediate_size(moe_dirs, kind):
+    """Each rank holds half of every expert (and of the shared expert); routing is replicated, the
+    expert outputs sum in the all-reduce: TP=2 equals TP=1."""
+    base, sharded = run(moe_dirs[kind], 1), run(moe_dirs[kind], 2)
+    for a, b in zip(base, sharded):
+        assert a["output_ids"] == b["output_ids"]
+        torch.testing.assert_close(
+            torch.tensor(logprob_table(b)), torch.tensor(logprob_table(a)), rtol=1e-4, atol=1e-4
+        )
+
+
 @pytest.mark.parametrize("tp_size", [2, 4])
 def test_tiny_model_logits_equal_tp1(tiny_dir, tp_size):
     base, sharded = run(tiny_dir, 1), run(tiny_dir, tp_size)

@@ -9,6 +9,10 @@ before the model fuses q/k/v and gate/up (so each rank fuses its own slices).
   head is replicated on the tp_size / num_kv_heads ranks whose query heads use it.
 - embed_tokens and lm_head: vocab parallel (rows of this rank's vocabulary slice; the model masks
   the embedding lookup and gathers the logits). Qwen3's q/k norms are per head_dim and stay whole.
+- Mixture-of-experts: every expert (and Qwen2-MoE's shared expert) is split along its own
+  intermediate size like a dense MLP (gate/up or w1/w3 column parallel, down or w2 row parallel),
+  so each rank holds a slice of every expert; the router and the shared expert's gate stay whole,
+  so all ranks route alike and the expert outputs sum over ranks in the one all-reduce.
 """
 
 from __future__ import annotations
@@ -62,6 +66,20 @@ def plan_shard(hf_config, rank: int, size: int) -> Shard:
     )
 
 
+# the gated MLPs' projections, dense or expert (Mixtral's w1 = gate, w3 = up, w2 = down)
+COLUMN_PARALLEL_MLP = ("gate_proj.weight", "up_proj.weight", ".w1.weight", ".w3.weight")
+ROW_PARALLEL_MLP = ("down_proj.weight", ".w2.weight", "experts.down_proj")
+
+
+def _own_slice(name: str, t: torch.Tensor, dim: int, shard: Shard) -> torch.Tensor:
+    """This rank's 1/size of t along dim (an MLP's intermediate axis, whatever its size)."""
+    n = t.shape[dim]
+    if n % shard.size:
+        raise ValueError(f"tp_size {shard.size} does not divide {name}'s intermediate size {n}")
+    part = n // shard.size
+    return t.narrow(dim, shard.rank * part, part)
+
+
 def shard_state_dict(
     sd: dict[str, torch.Tensor], hf_config, shard: Shard
 ) -> dict[str, torch.Tensor]:
@@ -73,7 +91,6 @@ def shard_state_dict(
     )
     q0, q1 = shard.rank * shard.num_q_heads * d, (shard.rank + 1) * shard.num_q_heads * d
     k0, k1 = shard.kv_head_start * d, (shard.kv_head_start + shard.num_kv_heads) * d
-    i0, i1 = shard.rank * shard.intermediate_size, (shard.rank + 1) * shard.intermediate_size
     v0, v1 = shard.vocab_start, shard.vocab_start + shard.vocab_size
     out = {}
     for name, t in sd.items():
@@ -87,10 +104,13 @@ def shard_state_dict(
         elif base.endswith("o_proj.bias"):
             if shard.rank:
                 continue  # the all-reduce would add it size times
-        elif base.endswith(("gate_proj.weight", "up_proj.weight")):
-            t = t[i0:i1]
-        elif base.endswith("down_proj.weight"):
-            t = t[:, i0:i1]
+        elif base.endswith(COLUMN_PARALLEL_MLP):
+            t = _own_slice(name, t, 0, shard)
+        elif base.endswith(ROW_PARALLEL_MLP):
+            t = _own_slice(name, t, t.dim() - 1, shard)
+        elif base.endswith("experts.gate_up_proj"):  # transformers 5's stacked [E, 2 I, H]
+            gate, up = t.chunk(2, dim=1)
+            t = torch.cat([_own_slice(name, x, 1, shard) for x in (gate, up)], dim=1)
         elif base in ("embed_tokens.weight", "lm_head.weight"):
             t = t[v0:v1]
         out[name] = t.contiguous()

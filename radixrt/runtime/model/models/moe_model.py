@@ -4,8 +4,9 @@ experts (moe_layer.py) in the layers the config makes sparse, a plain gated MLP 
 A family file (mixtral.py, qwen2_moe.py, qwen3_moe.py, olmoe.py) names where its checkpoint keeps
 the router and the experts and which config fields size them; attention, the paged pool, radix
 reuse, sliding windows and quantised KV are the Llama path's own. The layers run eager one at a
-time (the compiled seams are Llama's dense layers); tensor parallelism, LoRA and the 4-bit copies
-are refused for these models by name at start-up.
+time (the compiled seams are Llama's dense layers). Under tensor parallelism each rank holds a
+slice of every expert's intermediate size (tp_shard.py) and the expert outputs join the attention's
+in the all-reduce after each; LoRA and the 4-bit copies are refused for these models by name.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from radixrt.runtime.model.models.llama_weights import (
 
 
 class MoeForCausalLM(LlamaForCausalLM):
-    compilable = supports_tp = supports_lora = supports_int4 = False
+    compilable = supports_lora = supports_int4 = False
     layerwise = True
     # where a sparse layer keeps its router ("gate") and experts, and the experts' projections
     moe_prefix = "mlp."
@@ -35,15 +36,13 @@ class MoeForCausalLM(LlamaForCausalLM):
     shared_expert = False  # Qwen2-MoE: shared_expert + shared_expert_gate
 
     def __init__(self, hf_config, dtype=torch.float32, device="cpu", shard=None, tp=None):
-        if shard is not None or tp is not None:
-            raise ValueError(
-                f"{type(self).__name__}: tensor parallelism is not supported for "
-                "mixture-of-experts models yet (use --tp-size 1)"
-            )
-        super().__init__(hf_config, dtype, device)
+        super().__init__(hf_config, dtype, device, shard, tp)
         self.num_experts = getattr(hf_config, self.num_experts_field)
         self.top_k = hf_config.num_experts_per_tok
-        self.expert_intermediate = getattr(hf_config, self.expert_intermediate_field)
+        ranks = shard.size if shard is not None else 1
+        # this rank's slice of each expert (tp_shard.py checked that the ranks divide it)
+        self.expert_intermediate = getattr(hf_config, self.expert_intermediate_field) // ranks
+        self.shared_intermediate = getattr(hf_config, "shared_expert_intermediate_size", 0) // ranks
         if not 0 < self.top_k <= self.num_experts:
             raise ValueError(
                 f"num_experts_per_tok {self.top_k} must be in 1..{self.num_experts} (the experts)"
@@ -95,8 +94,7 @@ class MoeForCausalLM(LlamaForCausalLM):
             renormalize=self.renormalize,
         )
         if self.shared_expert:
-            Is = self.config.shared_expert_intermediate_size
-            shared = read_mlp(r, p + "shared_expert.", H, Is)
+            shared = read_mlp(r, p + "shared_expert.", H, self.shared_intermediate)
             w.shared_gate_up, w.shared_down = shared["gate_up"], shared["down"]
             w.shared_gate = check_shape(
                 p + "shared_expert_gate", r.take(p + "shared_expert_gate.weight"), (1, H)
@@ -108,5 +106,6 @@ class MoeForCausalLM(LlamaForCausalLM):
         if layer.moe is None:
             return super()._feed_forward(i, h, o, lora)
         d = self.eager_dims
-        h = h + layer.o(o.reshape(o.shape[0], d.num_q_heads * d.head_dim).to(d.dtype))
-        return h + moe_layer.feed_forward(llama_layer.norm(d, h, layer.post_norm), layer.moe)
+        h = h + self._reduce(layer.o(o.reshape(o.shape[0], d.num_q_heads * d.head_dim).to(d.dtype)))
+        moe_out = moe_layer.feed_forward(llama_layer.norm(d, h, layer.post_norm), layer.moe)
+        return h + self._reduce(moe_out)
