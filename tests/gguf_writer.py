@@ -27,6 +27,19 @@ TOKENIZER_KEYS = {  # the default GGUF's tokenizer fields, copied as they are
 }
 
 
+# llama.cpp's choice for a matrix whose rows are not whole 256-wide super-blocks (the default
+# model's 576-wide ones) in a k-quant file
+K_FALLBACK = {
+    gguf.GGMLQuantizationType.Q4_K: gguf.GGMLQuantizationType.Q5_0,
+    gguf.GGMLQuantizationType.Q5_K: gguf.GGMLQuantizationType.Q5_1,
+    gguf.GGMLQuantizationType.Q6_K: gguf.GGMLQuantizationType.Q8_0,
+}
+
+
+def matrix_type(qtype: gguf.GGMLQuantizationType, cols: int) -> gguf.GGMLQuantizationType:
+    return K_FALLBACK[qtype] if qtype in K_FALLBACK and cols % 256 else qtype
+
+
 def permute(w: np.ndarray, n_head: int) -> np.ndarray:
     """llama.cpp's q/k row order (the inverse of transformers' reverse permutation)."""
     return (
@@ -70,11 +83,18 @@ def _hf_names(i: int) -> dict[str, str]:
     }
 
 
+def _quantize(t: np.ndarray, qtype: gguf.GGMLQuantizationType) -> np.ndarray:
+    if qtype in (gguf.GGMLQuantizationType.Q5_0, gguf.GGMLQuantizationType.Q5_1):
+        return gguf.quants.quantize(t, qtype)  # gguf's own; tests/gguf_quantize.py has the six
+    return quantize(t, qtype)
+
+
 def write_llama_gguf(
     state: dict, config, path: pathlib.Path, qtype: gguf.GGMLQuantizationType, tokenizer_from
 ) -> pathlib.Path:
     """state: a Llama's float32 state dict (transformers' names); config: its LlamaConfig.
-    Matrices (the embedding and lm_head included) in qtype, norms in F32."""
+    Matrices (the embedding and lm_head included) in qtype (a k-quant's fallback where rows are
+    not whole super-blocks, as llama.cpp does), norms in F32."""
     w = gguf.GGUFWriter(str(path), "llama")
     c = config
     head_dim = c.hidden_size // c.num_attention_heads
@@ -107,7 +127,8 @@ def write_llama_gguf(
         if t.ndim == 1:
             w.add_tensor(gguf_name, t.astype(np.float32))
         else:
-            w.add_tensor(gguf_name, quantize(t, qtype), raw_dtype=qtype)
+            t_type = matrix_type(qtype, t.shape[1])
+            w.add_tensor(gguf_name, _quantize(t, t_type), raw_dtype=t_type)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
