@@ -84,7 +84,12 @@ class ModelRunner:
         hf_config = load_config(model_dir)
         self.tokenizer = load_tokenizer(model_dir)
         shard = plan_shard(hf_config, self.tp.rank, config.tp_size) if self.tp else None
-        self.model = model_class(hf_config)(hf_config, self.dtype, self.device, shard, self.tp)
+        cls = model_class(hf_config)
+        if shard is not None and not cls.supports_tp:
+            raise ValueError(
+                f"{cls.__name__}: tensor parallelism is not supported yet (--tp-size 1)"
+            )
+        self.model = cls(hf_config, self.dtype, self.device, shard, self.tp)
         int4 = (
             self.model.supports_int4
             and config.quantization == "auto"

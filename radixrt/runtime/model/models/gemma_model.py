@@ -36,13 +36,12 @@ class GemmaFamilyForCausalLM(LlamaForCausalLM):
     layerwise = True
 
     def __init__(self, hf_config, dtype=torch.float32, device="cpu", shard=None, tp=None):
+        assert shard is None and tp is None, "supports_tp is False: the runner refuses TP first"
         act = getattr(hf_config, "hidden_activation", None) or "gelu_pytorch_tanh"
         if act != "gelu_pytorch_tanh":
             raise ValueError(
                 f"hidden_activation {act!r} is not supported (expected gelu_pytorch_tanh)"
             )
-        if shard is not None or tp is not None:
-            raise ValueError(f"{type(self).__name__}: tensor parallelism is not supported yet")
         hf_config.hidden_act = "silu"  # the Llama checks; the MLP below uses gelu (tanh)
         super().__init__(hf_config, dtype, device)
         self.scale = hf_config.query_pre_attn_scalar**-0.5
