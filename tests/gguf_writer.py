@@ -1,7 +1,9 @@
-"""Writing a Llama-architecture GGUF file from a transformers Llama model, the way llama.cpp's
-converter lays it out (q/k rows permuted for its RoPE, norms in F32, every matrix in one
-quantisation type), with the default model's tokenizer metadata copied in. Tests and the quality
-benchmark use it to make GGUF files in each type that transformers and radixrt then both read.
+"""Writing a GGUF file from a transformers model the way llama.cpp's converter lays it out (Llama's
+q/k rows permuted for its RoPE, Gemma's norms stored as 1 + w, norms in F32, every matrix in one
+quantisation type, gguf's own tensor names), with the default model's tokenizer metadata copied in.
+Tests and the quality benchmark use it to make GGUF files that transformers and radixrt then both
+read: Llama (write_llama_gguf) and the dense families transformers reads from GGUF (write_gguf:
+Qwen2, Qwen3, Phi-3, Gemma 2, Gemma 3).
 """
 
 from __future__ import annotations
@@ -129,6 +131,62 @@ def write_llama_gguf(
         else:
             t_type = matrix_type(qtype, t.shape[1])
             w.add_tensor(gguf_name, _quantize(t, t_type), raw_dtype=t_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+# transformers' model_type -> gguf's architecture
+GGUF_ARCH = {
+    "llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "gemma2": "gemma2",
+    "gemma3_text": "gemma3",
+}  # fmt: skip
+
+
+def _write_config(w: gguf.GGUFWriter, c, head_dim: int, theta: float) -> None:
+    w.add_name("tiny test model")
+    w.add_block_count(c.num_hidden_layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_rope_freq_base(theta)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_rope_dimension_count(head_dim)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_vocab_size(c.vocab_size)
+    if getattr(c, "sliding_window", None):
+        w.add_sliding_window(c.sliding_window)
+
+
+def write_gguf(state: dict, config, path: pathlib.Path, qtype, tokenizer_from) -> pathlib.Path:
+    """Any architecture of GGUF_ARCH, tensor names from gguf's own map of transformers' names."""
+    arch = GGUF_ARCH[config.model_type]
+    names = gguf.get_tensor_name_map(
+        next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch), config.num_hidden_layers
+    )
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    rope = config.rope_parameters
+    theta = (rope.get("full_attention") or rope)["rope_theta"]
+    w = gguf.GGUFWriter(str(path), arch)
+    _write_config(w, config, head_dim, float(theta))
+    _copy_tokenizer(w, tokenizer_from, config.vocab_size)
+    gemma = arch.startswith("gemma")
+    for hf_name, tensor in state.items():
+        base, _, suffix = hf_name.rpartition(".")
+        gguf_name = names.get_name(base)
+        if gguf_name is None:
+            continue  # a tied lm_head
+        t = tensor.float().numpy()
+        if t.ndim == 1:
+            w.add_tensor(f"{gguf_name}.{suffix}", t + 1.0 if gemma and "norm" in base else t)
+        else:
+            t_type = matrix_type(qtype, t.shape[1])
+            w.add_tensor(f"{gguf_name}.{suffix}", _quantize(t, t_type), raw_dtype=t_type)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -70,3 +70,54 @@ def test_each_quantisation_loads_as_transformers_reads_it(
     # and the quantisation is the one asked for: far from the float32 weights, closer the wider
     err = theirs["model.layers.0.mlp.up_proj.weight"] - state["model.layers.0.mlp.up_proj.weight"]
     assert 0 < err.abs().max() < 0.2, (qtype, err.abs().max())
+
+
+def family_config(kind: str):
+    """Tiny configs of the dense families transformers reads from GGUF, in the values its GGUF
+    reader assumes for what the file does not say (Qwen3's head_dim 128, Gemma's
+    query_pre_attn_scalar 256 and soft caps 50 / 30)."""
+    import transformers as tf
+
+    common = dict(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+    )  # fmt: skip
+    if kind == "qwen2":
+        return tf.Qwen2Config(**common, tie_word_embeddings=False)
+    if kind == "qwen3":
+        wide = {**common, "hidden_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1}
+        return tf.Qwen3Config(**wide, head_dim=128, tie_word_embeddings=False)
+    if kind == "phi3":
+        return tf.Phi3Config(**common, tie_word_embeddings=False)
+    cls = tf.Gemma2Config if kind == "gemma2" else tf.Gemma3TextConfig
+    return cls(**common, head_dim=16, sliding_window=6, tie_word_embeddings=True)
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "phi3", "gemma2", "gemma3"])
+def test_dense_families_load_as_transformers_reads_them(kind, tmp_path, monkeypatch, paged_driver):
+    """A Q8_0 GGUF of each family (gguf's tensor names; Phi-3's fused projections, Gemma's 1 + w
+    norms as llama.cpp stores them): radixrt's weights and logits equal transformers' reading."""
+    from gguf_writer import write_gguf
+    from transformers import AutoModelForCausalLM
+
+    from radixrt.runtime.model.models.registry import model_class
+    from radixrt.runtime.model.weights import default_gguf_path
+
+    monkeypatch.setenv("RADIXRT_CACHE_DIR", str(tmp_path / "cache"))
+    hf, _, _ = build(family_config(kind), seed=12)
+    path = write_gguf(
+        hf.state_dict(), hf.config, tmp_path / f"{kind}.gguf", gguf.GGMLQuantizationType.Q8_0,
+        default_gguf_path(),
+    )  # fmt: skip
+    model_dir = weights.resolve_model(str(path))
+    theirs = AutoModelForCausalLM.from_pretrained(
+        str(tmp_path), gguf_file=path.name, dtype=torch.float32, local_files_only=True
+    ).eval()
+    config = weights.load_config(model_dir)
+    ours = model_class(config)(config, torch.float32)
+    ours.load_weights(weights.load_state_dict(model_dir, torch.float32))
+    ids = list(range(100, 140))
+    attn = TorchAttentionBackend(ours.num_q_heads, ours.num_kv_heads, ours.head_dim)
+    got = paged_driver(ours, attn, num_pages=32, page_size=4).step([("a", ids, True)])["a"]
+    torch.testing.assert_close(got, hf_logits(theirs, ids), atol=1e-4, rtol=1e-5)
