@@ -69,3 +69,27 @@ def test_linear_uses_the_copy_only_for_a_few_rows(monkeypatch):
         Linear(w.bfloat16(), bias=torch.zeros(64).bfloat16(), int4=Int4Weight.from_exact(w)).int4
         is None
     )
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K", "Q8_0"])
+def test_gguf_four_bit_types_get_copies_and_the_others_none(qtype):
+    """Q4_0's groups ((q - 8) d, the top code often unused) and Q4_K's sub-blocks (6-bit scales and
+    mins) are 4-bit grids even where a group skips its lowest or highest code; wider types are not.
+    The truth: gguf's own decoder of the quantised matrix, multiplied in float32."""
+    import gguf
+    from gguf_quantize import quantize
+
+    t = gguf.GGMLQuantizationType[qtype]
+    w = torch.from_numpy(
+        gguf.quants.dequantize(quantize(torch.randn(48, 512).numpy(), t), t)
+    ).float()
+    int4 = Int4Weight.from_exact(w)
+    if qtype not in ("Q4_0", "Q4_1", "Q4_K"):
+        assert int4 is None
+        return
+    assert int4 is not None
+    x = torch.randn(2, 512, generator=torch.Generator().manual_seed(5)).bfloat16()
+    expected = x.float() @ w.t()
+    torch.testing.assert_close(
+        int4(x).float(), expected, atol=0.01 * float(expected.abs().max()), rtol=0.02
+    )

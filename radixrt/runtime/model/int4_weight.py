@@ -9,7 +9,10 @@ CPU int4 kernel computes `(q - 8) * scale + zero` per group, so scale = d and ze
 in bf16 (the zero refitted to the rounded scale). At more rows the kernel's dequantization costs
 more than the bytes it saves, so Linear uses this copy only up to MAX_ROWS rows.
 
-A weight that is not exactly 4-bit groups (another checkpoint, a trained fp32 model) gets no copy.
+Q4_0's groups ((q - 8) d) and Q4_K's 32-wide sub-blocks (d sc q - dmin m) are 4-bit grids too,
+though a group need not use its lowest or highest code: a group qualifies when its values lie on
+one arithmetic grid of at most 16 levels, whatever codes it uses. A weight that is not exactly
+4-bit groups (Q5/Q6/Q8 files, another checkpoint, a trained fp32 model) gets no copy.
 """
 
 from __future__ import annotations
@@ -46,14 +49,8 @@ class Int4Weight:
             return None
         n, k = weight.shape
         groups = weight.float().reshape(n, k // GROUP, GROUP)
-        low = groups.amin(-1, keepdim=True)
-        step = (groups.amax(-1, keepdim=True) - low) / 15
-        safe = torch.where(step > 0, step, torch.ones_like(step))
-        codes = torch.round((groups - low) / safe).clamp_(0, 15)
-        rebuilt = codes * step + low
-        if not torch.allclose(
-            rebuilt, groups, rtol=0, atol=1e-6 * float(groups.abs().max().clamp_min(1e-30))
-        ):
+        codes, step = _grid_codes(groups)
+        if codes is None:
             return None
         packed = torch._convert_weight_to_int4pack_for_cpu(codes.reshape(n, k).to(torch.int32), 1)
         # the kernel takes bf16 scales: round the scale, then fit the zero to the rounded scale (the
@@ -69,6 +66,38 @@ class Int4Weight:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, K] bf16 -> [T, N] bf16."""
         return matmul(x, self.packed, self.scales_and_zeros)
+
+
+def _grid_codes(groups: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """Every group [..., GROUP] as codes 0..15 times one step above the group's minimum, or None
+    when some group is not such a grid (checked by rebuilding every value). The step tried first is
+    the group's span / 15 (a group using its lowest and highest codes: all of Q4_1's), then the
+    smallest gap between its values and 1/2 .. 1/15 of it; each candidate is tried only on the
+    groups the ones before it did not fit."""
+    flat = groups.reshape(-1, GROUP)
+    ordered = flat.sort(-1).values
+    tol = 1e-6 * float(flat.abs().max().clamp_min(1e-30))
+    # at most 16 distinct values per group, or no grid: a float weight is refused in one pass
+    if bool(((ordered.diff(dim=-1) > tol).sum(-1) > 15).any()):
+        return None, groups.new_zeros(())
+    offsets = flat - ordered[:, :1]
+    # the smallest offset above tol in each group (a constant group: step 1, all codes 0)
+    gap = torch.where(offsets > tol, offsets, torch.full_like(offsets, float("inf"))).amin(-1)
+    gap = torch.where(torch.isfinite(gap), gap, torch.ones_like(gap))
+    step, codes = torch.zeros_like(gap), torch.zeros_like(flat)
+    span = ordered[:, -1] - ordered[:, 0]
+    todo = torch.arange(flat.shape[0])
+    for parts in range(16):
+        s = (span[todo] / 15 if parts == 0 else gap[todo] / parts)[:, None]
+        s = torch.where(s > 0, s, torch.ones_like(s))
+        c = torch.round(offsets[todo] / s)
+        fits = ((c * s - offsets[todo]).abs() <= tol).all(-1) & (c.amax(-1) <= 15)
+        done = todo[fits]
+        step[done], codes[done] = s[fits, 0], c[fits]
+        todo = todo[~fits]
+        if todo.numel() == 0:
+            return codes.reshape(groups.shape), step.reshape(*groups.shape[:-1], 1)
+    return None, step
 
 
 def matmul(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor) -> torch.Tensor:
