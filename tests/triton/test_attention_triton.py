@@ -164,7 +164,7 @@ int_ptrs = {"kv_indptr", "kv_indices", "chunk_lens", "num_splits", "qo_indptr", 
 
 def compile_kernel(fn, constexprs, num_warps, num_stages, cache="*" + elem):
     sig = {n: "constexpr" if n in constexprs else "i32" if n.startswith("stride_") or n == "window"
-           else "fp32" if n == "sm_scale_log2" else "*i64" if n in int_ptrs
+           else "fp32" if n in ("sm_scale_log2", "cap_log2") else "*i64" if n in int_ptrs
            else "*fp32" if n.startswith("Part_") or n.endswith("_scale")
            else cache if n in ("K_cache", "V_cache") else "*" + elem
            for n in fn.arg_names}
