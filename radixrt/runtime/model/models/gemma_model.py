@@ -37,12 +37,6 @@ class GemmaFamilyForCausalLM(LlamaForCausalLM):
 
     def __init__(self, hf_config, dtype=torch.float32, device="cpu", shard=None, tp=None):
         assert shard is None and tp is None, "supports_tp is False: the runner refuses TP first"
-        act = getattr(hf_config, "hidden_activation", None) or "gelu_pytorch_tanh"
-        if act != "gelu_pytorch_tanh":
-            raise ValueError(
-                f"hidden_activation {act!r} is not supported (expected gelu_pytorch_tanh)"
-            )
-        hf_config.hidden_act = "silu"  # the Llama checks; the MLP below uses gelu (tanh)
         super().__init__(hf_config, dtype, device)
         self.scale = hf_config.query_pre_attn_scalar**-0.5
         self.attn_softcap = getattr(hf_config, "attn_logit_softcapping", None)
@@ -54,6 +48,13 @@ class GemmaFamilyForCausalLM(LlamaForCausalLM):
         self.local_cos = torch.cat((cos, cos), -1).to(device=self.device, dtype=self.rope_dtype)
         self.local_sin = torch.cat((-sin, sin), -1).to(device=self.device, dtype=self.rope_dtype)
         self._local: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def _check_activation(self, hf_config) -> None:
+        act = getattr(hf_config, "hidden_activation", None) or "gelu_pytorch_tanh"
+        if act != "gelu_pytorch_tanh":
+            raise ValueError(
+                f"hidden_activation {act!r} is not supported (expected gelu_pytorch_tanh)"
+            )
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], int4: bool = False) -> None:
         self.ff_norms = []

@@ -74,10 +74,7 @@ class LlamaForCausalLM:
                 f"num_attention_heads {self.num_q_heads} is not a multiple of "
                 f"num_key_value_heads {self.num_kv_heads}"
             )
-        if getattr(hf_config, "hidden_act", "silu") != "silu":
-            raise ValueError(
-                f"hidden_act {hf_config.hidden_act!r} is not supported (expected silu)"
-            )
+        self._check_activation(hf_config)
         self.max_context = hf_config.max_position_embeddings
         # sliding window per layer, or None
         self.layer_windows = layer_windows(hf_config, self.num_layers)
@@ -124,6 +121,13 @@ class LlamaForCausalLM:
         for i in range(self.num_layers):
             self.layers.append(self._read_layer(r, i, s))
         r.check_all_used()
+
+    def _check_activation(self, hf_config) -> None:
+        """The MLP's activation is the family's (Llama's silu(gate) * up)."""
+        if getattr(hf_config, "hidden_act", "silu") != "silu":
+            raise ValueError(
+                f"hidden_act {hf_config.hidden_act!r} is not supported (expected silu)"
+            )
 
     def standard_names(self, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The checkpoint under Llama's parameter names (a family that fuses projections in its
