@@ -31,7 +31,7 @@ import gguf
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-from gguf_writer import matrix_type, write_llama_gguf  # noqa: E402
+from gguf_writer import matrix_type, write_gguf  # noqa: E402
 from run_info import git_commit, machine  # noqa: E402
 from workloads import QUESTIONS  # noqa: E402
 
@@ -108,7 +108,7 @@ def main() -> None:
         os.environ["RADIXRT_CACHE_DIR"] = str(pathlib.Path(tmp) / "cache")
         for name in args.types:
             qtype = gguf.GGMLQuantizationType[name]
-            path = write_llama_gguf(
+            path = write_gguf(
                 state, config, pathlib.Path(tmp) / f"smollm2-{name}.gguf", qtype,
                 default_gguf_path(),
             )  # fmt: skip

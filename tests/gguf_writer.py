@@ -2,8 +2,8 @@
 q/k rows permuted for its RoPE, Gemma's norms stored as 1 + w, norms in F32, every matrix in one
 quantisation type, gguf's own tensor names), with the default model's tokenizer metadata copied in.
 Tests and the quality benchmark use it to make GGUF files that transformers and radixrt then both
-read: Llama (write_llama_gguf) and the dense families transformers reads from GGUF (write_gguf:
-Qwen2, Qwen3, Phi-3, Gemma 2, Gemma 3).
+read: Llama and the dense families transformers reads from GGUF (Qwen2, Qwen3, Phi-3, Gemma 2,
+Gemma 3).
 """
 
 from __future__ import annotations
@@ -69,73 +69,10 @@ def _copy_tokenizer(writer: gguf.GGUFWriter, source: pathlib.Path, vocab_size: i
         getattr(writer, method)(value)
 
 
-def _hf_names(i: int) -> dict[str, str]:
-    """GGUF name -> transformers name of layer i's tensors."""
-    p, g = f"model.layers.{i}.", f"blk.{i}."
-    return {
-        g + "attn_norm.weight": p + "input_layernorm.weight",
-        g + "attn_q.weight": p + "self_attn.q_proj.weight",
-        g + "attn_k.weight": p + "self_attn.k_proj.weight",
-        g + "attn_v.weight": p + "self_attn.v_proj.weight",
-        g + "attn_output.weight": p + "self_attn.o_proj.weight",
-        g + "ffn_norm.weight": p + "post_attention_layernorm.weight",
-        g + "ffn_gate.weight": p + "mlp.gate_proj.weight",
-        g + "ffn_up.weight": p + "mlp.up_proj.weight",
-        g + "ffn_down.weight": p + "mlp.down_proj.weight",
-    }
-
-
 def _quantize(t: np.ndarray, qtype: gguf.GGMLQuantizationType) -> np.ndarray:
     if qtype in (gguf.GGMLQuantizationType.Q5_0, gguf.GGMLQuantizationType.Q5_1):
         return gguf.quants.quantize(t, qtype)  # gguf's own; tests/gguf_quantize.py has the six
     return quantize(t, qtype)
-
-
-def write_llama_gguf(
-    state: dict, config, path: pathlib.Path, qtype: gguf.GGMLQuantizationType, tokenizer_from
-) -> pathlib.Path:
-    """state: a Llama's float32 state dict (transformers' names); config: its LlamaConfig.
-    Matrices (the embedding and lm_head included) in qtype (a k-quant's fallback where rows are
-    not whole super-blocks, as llama.cpp does), norms in F32."""
-    w = gguf.GGUFWriter(str(path), "llama")
-    c = config
-    head_dim = c.hidden_size // c.num_attention_heads
-    w.add_name("tiny test llama")
-    w.add_block_count(c.num_hidden_layers)
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    w.add_rope_freq_base(float(c.rope_parameters["rope_theta"]))
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_rope_dimension_count(head_dim)
-    w.add_vocab_size(c.vocab_size)
-    _copy_tokenizer(w, tokenizer_from, c.vocab_size)
-    names = {
-        "token_embd.weight": "model.embed_tokens.weight",
-        "output_norm.weight": "model.norm.weight",
-    }
-    if "lm_head.weight" in state and not c.tie_word_embeddings:
-        names["output.weight"] = "lm_head.weight"
-    for i in range(c.num_hidden_layers):
-        names.update(_hf_names(i))
-    for gguf_name, hf_name in names.items():
-        t = state[hf_name].float().numpy()
-        if gguf_name.endswith("attn_q.weight"):
-            t = permute(t, c.num_attention_heads)
-        elif gguf_name.endswith("attn_k.weight"):
-            t = permute(t, c.num_key_value_heads)
-        if t.ndim == 1:
-            w.add_tensor(gguf_name, t.astype(np.float32))
-        else:
-            t_type = matrix_type(qtype, t.shape[1])
-            w.add_tensor(gguf_name, _quantize(t, t_type), raw_dtype=t_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
 
 
 # transformers' model_type -> gguf's architecture
@@ -164,7 +101,10 @@ def _write_config(w: gguf.GGUFWriter, c, head_dim: int, theta: float) -> None:
 
 
 def write_gguf(state: dict, config, path: pathlib.Path, qtype, tokenizer_from) -> pathlib.Path:
-    """Any architecture of GGUF_ARCH, tensor names from gguf's own map of transformers' names."""
+    """state: a float32 state dict (transformers' names) of config's architecture (one of
+    GGUF_ARCH), written under gguf's own names for them. Matrices (the embedding and an untied
+    lm_head included) in qtype (a k-quant's fallback where rows are not whole super-blocks, as
+    llama.cpp does), norms and biases in F32."""
     arch = GGUF_ARCH[config.model_type]
     names = gguf.get_tensor_name_map(
         next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch), config.num_hidden_layers
@@ -176,12 +116,15 @@ def write_gguf(state: dict, config, path: pathlib.Path, qtype, tokenizer_from) -
     _write_config(w, config, head_dim, float(theta))
     _copy_tokenizer(w, tokenizer_from, config.vocab_size)
     gemma = arch.startswith("gemma")
+    heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
     for hf_name, tensor in state.items():
         base, _, suffix = hf_name.rpartition(".")
         gguf_name = names.get_name(base)
-        if gguf_name is None:
-            continue  # a tied lm_head
+        if gguf_name is None or (base == "lm_head" and config.tie_word_embeddings):
+            continue  # the embedding serves as lm_head
         t = tensor.float().numpy()
+        if arch == "llama" and base.rpartition(".")[2] in heads:
+            t = permute(t, heads[base.rpartition(".")[2]])
         if t.ndim == 1:
             w.add_tensor(f"{gguf_name}.{suffix}", t + 1.0 if gemma and "norm" in base else t)
         else:

@@ -15,6 +15,15 @@ COMMON = dict(
 )
 
 
+MOE_KINDS = [
+    "mixtral_sliding",
+    "qwen2_moe_shared_dense_layer",
+    "qwen2_moe_sparse_step_sliding",
+    "qwen3_moe",
+    "olmoe",
+]
+
+
 def tiny_moe_config(kind: str):
     import transformers as tf
 
@@ -76,3 +85,29 @@ def dense_family_config(kind: str, common: dict = COMMON):
         }
         return tf.Gemma3TextConfig(**gemma, rope_parameters=rope)
     raise AssertionError(kind)
+
+
+def randomize(model, std: float) -> None:
+    """Weights well away from their init values (norms in 0.5..1.5, the rest N(0, std)): biases
+    and norms matter, logits and routers are peaked, so greedy picks sit far from ties."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.uniform_(0.5, 1.5) if "norm" in name else p.normal_(0.0, std)
+
+
+def save_random_model(config, tokenizer, out_dir, seed: int = 0, max_positions: int = 512):
+    """A random model of config with the tokenizer's vocabulary and special ids, saved with
+    transformers and that tokenizer beside it; returns the model (float32, eval)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config.vocab_size, config.max_position_embeddings = len(tokenizer), max_positions
+    config.bos_token_id, config.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    randomize(model, 0.3)
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+    tokenizer.save_pretrained(str(out_dir))
+    return model.eval()

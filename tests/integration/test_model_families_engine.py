@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_cases import dense_family_config, tiny_moe_config
+from model_cases import dense_family_config, save_random_model, tiny_moe_config
 
 from radixrt import Engine
 
@@ -23,21 +23,11 @@ PROMPTS = [
 
 
 def save_tiny(kind: str, model_dir, out_dir):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     config = dense_family_config(kind) if kind in DENSE else tiny_moe_config(kind)
-    config.vocab_size = len(tok)
-    config.max_position_embeddings = 512
-    config.bos_token_id, config.eos_token_id = tok.bos_token_id, tok.eos_token_id
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():  # peaked logits and routers: greedy picks and experts far from ties
-        for name, p in model.named_parameters():
-            p.uniform_(0.5, 1.5) if "norm" in name else p.normal_(0.0, 0.3)
-    model.save_pretrained(out_dir)
-    tok.save_pretrained(out_dir)
-    return model.eval(), tok
+    return save_random_model(config, tok, out_dir), tok
 
 
 DENSE = ("phi3_fused_sliding", "gemma2_softcapped", "gemma3_local_rope")

@@ -18,6 +18,7 @@ import psutil
 import pytest
 import torch
 from conftest_server import ServerProcess, free_port
+from model_cases import save_random_model, tiny_moe_config
 
 from radixrt import Engine
 from radixrt.runtime.model.tp_shard import plan_shard
@@ -79,7 +80,7 @@ def logprob_table(out) -> list[float]:
 @pytest.fixture(scope="module")
 def qwen_dirs(tmp_path_factory, tokenizer):
     """Qwen2 (q/k/v biases) and Qwen3 (per-head q/k norms), 4 query / 2 KV heads, random weights."""
-    from transformers import AutoModelForCausalLM, Qwen2Config, Qwen3Config
+    from transformers import Qwen2Config, Qwen3Config
 
     common = dict(
         vocab_size=len(tokenizer),
@@ -98,14 +99,8 @@ def qwen_dirs(tmp_path_factory, tokenizer):
         ("qwen3", Qwen3Config(**common, head_dim=16, tie_word_embeddings=True)),
     ):
         d = tmp_path_factory.mktemp(name)
-        torch.manual_seed(1)
-        model = AutoModelForCausalLM.from_config(config)
         # biases and norms away from their init values, so sharding them matters
-        with torch.no_grad():
-            for pname, p in model.named_parameters():
-                p.uniform_(0.5, 1.5) if "norm" in pname else p.normal_(0.0, 0.3)
-        model.save_pretrained(str(d), safe_serialization=True)
-        tokenizer.save_pretrained(str(d))
+        save_random_model(config, tokenizer, d, seed=1)
         dirs[name] = str(d)
     return dirs
 
@@ -124,22 +119,10 @@ def test_qwen_biases_and_qk_norms_shard(qwen_dirs, name):
 def moe_dirs(tmp_path_factory, tokenizer):
     """Qwen2-MoE (a shared expert, a dense layer) and Mixtral (experts under block_sparse_moe),
     random weights, routers sharp enough that tokens spread over the experts."""
-    from model_cases import tiny_moe_config
-    from transformers import AutoModelForCausalLM
-
     dirs = {}
     for kind in ("qwen2_moe_shared_dense_layer", "mixtral_sliding"):
-        config = tiny_moe_config(kind)
-        config.vocab_size, config.max_position_embeddings = len(tokenizer), 512
-        config.bos_token_id, config.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
         d = tmp_path_factory.mktemp(kind)
-        torch.manual_seed(2)
-        model = AutoModelForCausalLM.from_config(config)
-        with torch.no_grad():
-            for pname, p in model.named_parameters():
-                p.uniform_(0.5, 1.5) if "norm" in pname else p.normal_(0.0, 0.3)
-        model.save_pretrained(str(d), safe_serialization=True)
-        tokenizer.save_pretrained(str(d))
+        save_random_model(tiny_moe_config(kind), tokenizer, d, seed=2)
         dirs[kind] = str(d)
     return dirs
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import gguf
 import pytest
 import torch
-from gguf_writer import write_llama_gguf
+from gguf_writer import write_gguf
 from test_llama_tiny import build, hf_logits
 
 from radixrt.kernels.attention_torch import TorchAttentionBackend
@@ -43,7 +43,7 @@ def test_each_quantisation_loads_as_transformers_reads_it(
 
     monkeypatch.setenv("RADIXRT_CACHE_DIR", str(tmp_path / "cache"))
     config, state = tiny_llama
-    path = write_llama_gguf(
+    path = write_gguf(
         state, config, tmp_path / f"tiny-{qtype}.gguf", gguf.GGMLQuantizationType[qtype],
         default_gguf_path(),
     )  # fmt: skip
@@ -98,7 +98,6 @@ def family_config(kind: str):
 def test_dense_families_load_as_transformers_reads_them(kind, tmp_path, monkeypatch, paged_driver):
     """A Q8_0 GGUF of each family (gguf's tensor names; Phi-3's fused projections, Gemma's 1 + w
     norms as llama.cpp stores them): radixrt's weights and logits equal transformers' reading."""
-    from gguf_writer import write_gguf
     from transformers import AutoModelForCausalLM
 
     from radixrt.runtime.model.models.registry import model_class

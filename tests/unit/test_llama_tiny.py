@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_cases import dense_family_config
+from model_cases import MOE_KINDS, dense_family_config, randomize, tiny_moe_config
 
 from radixrt.kernels.attention_torch import TorchAttentionBackend
 from radixrt.runtime.model.models.llama import LlamaForCausalLM
@@ -64,6 +64,8 @@ def tiny_config(kind: str, base):
         return MistralConfig(**common, sliding_window=8, tie_word_embeddings=False)
     if kind in ("phi3_fused_sliding", "gemma2_softcapped", "gemma3_local_rope"):
         return dense_family_config(kind, common)
+    if kind in MOE_KINDS:
+        return tiny_moe_config(kind)
     # layer 0 full attention, layer 1 a window of 6 (max_window_layers)
     if kind == "qwen2_hybrid_sliding":
         config = Qwen2Config(
@@ -83,12 +85,7 @@ def build(config, dtype=torch.float32, seed: int = 0):
 
     torch.manual_seed(seed)
     hf = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
-    with torch.no_grad():  # well away from init values: norms != 1, biases != 0, sharp-ish logits
-        for name, p in hf.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.5, 1.5)
-            else:
-                p.normal_(0.0, 0.15)
+    randomize(hf, 0.15)
     hf = hf.to(dtype).eval()
     ours = model_class(config)(config, dtype, "cpu")
     ours.load_weights(hf.state_dict())
@@ -111,6 +108,7 @@ KINDS = [
     "phi3_fused_sliding",
     "gemma2_softcapped",
     "gemma3_local_rope",
+    *MOE_KINDS,
 ]
 
 

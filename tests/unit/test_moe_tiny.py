@@ -1,63 +1,26 @@
-"""The mixture-of-experts families (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE) over the paged pool vs
-transformers' own models with random tiny weights: every row's logits equal HF's logits of the whole
-sequence at that position (teacher forcing), for one prompt at once, in chunks over its cached
-prefix, and in mixed decode/extend batches of different lengths. Sliding windows are shorter than
-the sequences; Qwen's dense layers (mlp_only_layers, decoder_sparse_step) sit beside sparse ones;
-the router is sharpened so that tokens really go to different experts."""
+"""The mixture-of-experts families (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE): the grouped expert
+product vs a per-token loop, checkpoints as saved (one tensor per expert) vs transformers, and the
+refusals. Their per-row logits vs transformers (sliding windows shorter than the sequences, Qwen's
+dense layers beside sparse ones) run with every family in test_llama_tiny.py."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from model_cases import COMMON, tiny_moe_config
+from model_cases import COMMON, MOE_KINDS, tiny_moe_config
 from test_llama_tiny import ATOL, RTOL, build, hf_logits
 
 from radixrt.runtime.model.models import moe_layer
 from radixrt.runtime.model.models.registry import model_class
 
-KINDS = [
-    "mixtral_sliding",
-    "qwen2_moe_shared_dense_layer",
-    "qwen2_moe_sparse_step_sliding",
-    "qwen3_moe",
-    "olmoe",
-]
 
-
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("page_size", [1, 16])
-def test_full_prefill_and_chunked_prefill(kind, page_size, paged_driver):
-    hf, ours, attn = build(tiny_moe_config(kind))
+@pytest.mark.parametrize("kind", MOE_KINDS)
+def test_each_family_is_its_own_class_with_experts(kind):
+    """Its per-row logits against transformers run with the dense families in test_llama_tiny.py
+    (prefill, chunks over a cached prefix, mixed decode/extend batches, page sizes 1/4/16)."""
+    _, ours, _ = build(tiny_moe_config(kind))
     assert type(ours).__name__.lower().startswith(kind.split("_")[0])
     assert any(layer.moe is not None for layer in ours.layers)
-    ids = torch.randint(0, 128, (45,), generator=torch.Generator().manual_seed(1)).tolist()
-    expected = hf_logits(hf, ids)
-    driver = paged_driver(ours, attn, num_pages=150, page_size=page_size, seed=2)
-    torch.testing.assert_close(driver.step([("a", ids, True)])["a"], expected, atol=ATOL, rtol=RTOL)
-    first = driver.step([("b", ids[:19], True)])["b"]  # then the rest over its cached prefix
-    second = driver.step([("b", ids[19:], True)])["b"]
-    torch.testing.assert_close(torch.cat((first, second)), expected, atol=ATOL, rtol=RTOL)
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_mixed_decode_and_extend_batches(kind, paged_driver):
-    hf, ours, attn = build(tiny_moe_config(kind), seed=3)
-    gen = torch.Generator().manual_seed(4)
-    seqs = {
-        n: torch.randint(0, 128, (k,), generator=gen).tolist() for n, k in (("a", 30), ("b", 41))
-    }
-    expected = {n: hf_logits(hf, s) for n, s in seqs.items()}
-    driver = paged_driver(ours, attn, num_pages=40, page_size=4, seed=5)
-    fed = {n: 0 for n in seqs}
-    for feeds in [[("a", 20)], [("a", 1), ("b", 16)], *[[("a", 1), ("b", 5)]] * 5]:
-        out = driver.step([(n, seqs[n][fed[n] : fed[n] + k], False) for n, k in feeds])
-        for n, k in feeds:
-            fed[n] += k
-            torch.testing.assert_close(
-                out[n][0], expected[n][fed[n] - 1], atol=ATOL, rtol=RTOL,
-                msg=lambda m, n=n: f"{n} at position {fed[n] - 1}: {m}",
-            )  # fmt: skip
-    assert fed == {"a": 26, "b": 41}
 
 
 def test_tokens_are_grouped_by_expert_and_match_a_per_token_loop():
