@@ -134,7 +134,6 @@ class TorchAttentionBackend:
         self.head_dim = head_dim
         self.group = num_q_heads // num_kv_heads
         self.planner = TorchAttentionPlanner(num_kv_heads, head_dim, min_shared_len, min_saved_kv)
-        self.softcap: float | None = None  # the current call's
 
     def init_forward_metadata(self, fb: AttentionBatch) -> None:
         fb.attn_meta = self.planner.plan(fb)
@@ -157,7 +156,6 @@ class TorchAttentionBackend:
         first (quantised when the pool is: k_scale/v_scale [slots, Hkv], kv_quant.py). window: a
         sliding-window layer (keys within `window` positions of the query, itself included), planned
         on its first call. softcap: the scores soft-capped, tanh(s / cap) * cap (Gemma 2)."""
-        self.softcap = softcap  # read by the methods below for this call
         meta: TorchAttentionMeta = fb.attn_meta
         if window is not None:
             if fb.window_meta is None:
@@ -177,13 +175,15 @@ class TorchAttentionBackend:
             meta.v_buf = torch.empty_like(meta.k_buf)
         outs = []
         if meta.decode is not None:
-            outs.append(self._decode(q[: meta.decode.num_reqs], k_cache, v_cache, meta, scale))
+            q_decode = q[: meta.decode.num_reqs]
+            outs.append(self._decode(q_decode, k_cache, v_cache, meta, scale, softcap))
         for e in meta.extends:
             rows = slice(e.q_start, e.q_start + e.num_tokens)
             cast = (lambda x: x.float()) if self.prompt_fp32 else (lambda x: x)
             out = self._extend(
-                cast(q[rows]), cast(k[rows]), cast(v[rows]), k_cache, v_cache, meta, e, scale
-            )
+                cast(q[rows]), cast(k[rows]), cast(v[rows]), k_cache, v_cache, meta, e, scale,
+                softcap,
+            )  # fmt: skip
             outs.append(out.to(q.dtype))
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
 
@@ -209,7 +209,14 @@ class TorchAttentionBackend:
         return k.view(shape).transpose(1, 2), v.view(shape).transpose(1, 2)  # [B, Hkv, L, D] views
 
     def _attend_shared(
-        self, q, k_cache, v_cache, meta: TorchAttentionMeta, shared: SharedPrefix, scale: float
+        self,
+        q,
+        k_cache,
+        v_cache,
+        meta: TorchAttentionMeta,
+        shared: SharedPrefix,
+        scale: float,
+        softcap: float | None,
     ):
         """All of a group's query rows q [N, Hq, D] against its shared prefix, which precedes every
         one of them: no mask. Gathers into the workspace's first S rows.
@@ -230,12 +237,14 @@ class TorchAttentionBackend:
         qg = q.view(n, self.num_kv_heads, self.group, self.head_dim).transpose(0, 1)
         out, lse = _attend_lse(
             qg.reshape(1, self.num_kv_heads, n * self.group, self.head_dim),
-            k, v, None, scale, self.softcap,
+            k, v, None, scale, softcap,
         )  # fmt: skip
         out = out.view(self.num_kv_heads, n, self.group, self.head_dim).transpose(0, 1)
         return out, lse.view(self.num_kv_heads, n, self.group).transpose(0, 1)
 
-    def _decode(self, q, k_cache, v_cache, meta: TorchAttentionMeta, scale: float) -> torch.Tensor:
+    def _decode(
+        self, q, k_cache, v_cache, meta: TorchAttentionMeta, scale: float, softcap: float | None
+    ) -> torch.Tensor:
         d = meta.decode
         offset = d.shared.kv_len if d.shared else 0
         k, v = self._gather(k_cache, v_cache, meta, d.kv_idx, d.num_reqs, d.kv_len, offset)
@@ -245,11 +254,11 @@ class TorchAttentionBackend:
             d.mask = d.mask.to(q.dtype)
         shape = (d.num_reqs, self.num_q_heads, self.head_dim)  # (Hkv, G) flattens to q head order
         if d.shared is None:
-            return _sdpa(qg, k, v, d.mask, scale, self.softcap).reshape(shape)
+            return _sdpa(qg, k, v, d.mask, scale, softcap).reshape(shape)
         # [Bd, Hkv, G, D], [Bd, Hkv, G]
-        out, lse = _attend_lse(qg, k, v, d.mask, scale, self.softcap)
+        out, lse = _attend_lse(qg, k, v, d.mask, scale, softcap)
         return _merge(
-            out, lse, *self._attend_shared(q, k_cache, v_cache, meta, d.shared, scale)
+            out, lse, *self._attend_shared(q, k_cache, v_cache, meta, d.shared, scale, softcap)
         ).reshape(shape)
 
     def _extend(
@@ -262,6 +271,7 @@ class TorchAttentionBackend:
         meta: TorchAttentionMeta,
         e: ExtendMeta,
         scale: float,
+        softcap: float | None,
     ) -> torch.Tensor:
         if e.kv_idx is None:  # one fresh prompt
             out = _sdpa(
@@ -270,7 +280,7 @@ class TorchAttentionBackend:
                 v_new.transpose(0, 1)[None],
                 None,
                 scale,
-                self.softcap,
+                softcap,
                 causal=True,
             )
             return out[0].transpose(0, 1)  # [Te, Hq, D]
@@ -281,14 +291,14 @@ class TorchAttentionBackend:
         if e.split_prefix:
             qp = q.transpose(0, 1)[None]  # [1, Hq, Te, D]
             kn, vn = k_new.transpose(0, 1)[None], v_new.transpose(0, 1)[None]
-            if self.softcap is None:
+            if softcap is None:
                 out_new, lse_new = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                     qp, kn, vn, 0.0, True, scale=scale
                 )[:2]
             else:
                 causal = _causal_mask(qp.shape[2], q.device)
-                out_new, lse_new = _attend_lse(qp, kn, vn, causal, scale, self.softcap)
-            out_pre, lse_pre = _attend_lse(qp, k, v, None, scale, self.softcap)[:2]
+                out_new, lse_new = _attend_lse(qp, kn, vn, causal, scale, softcap)
+            out_pre, lse_pre = _attend_lse(qp, k, v, None, scale, softcap)[:2]
             return _merge(out_new, lse_new, out_pre, lse_pre)[0].transpose(0, 1)  # [Te, Hq, D]
         if e.q_idx is None:
             qp = q.transpose(0, 1)[None]  # [1, Hq, Te, D]
@@ -300,13 +310,14 @@ class TorchAttentionBackend:
         if e.mask.dtype != q.dtype:
             e.mask = e.mask.to(q.dtype)
         if e.shared is None:
-            return self._unpad(_sdpa(qp, k, v, e.mask, scale, self.softcap), e)
+            return self._unpad(_sdpa(qp, k, v, e.mask, scale, softcap), e)
         # [Be, Hq, Lq, D], [Be, Hq, Lq]
-        out, lse = _attend_lse(qp, k, v, e.mask, scale, self.softcap)
+        out, lse = _attend_lse(qp, k, v, e.mask, scale, softcap)
         grouped = (-1, self.num_kv_heads, self.group)  # [Te, Hq, ...] -> [Te, Hkv, G, ...]
         out = self._unpad(out, e).reshape(*grouped, self.head_dim)
         lse = self._unpad(lse[..., None], e).reshape(grouped)
-        out = _merge(out, lse, *self._attend_shared(q, k_cache, v_cache, meta, e.shared, scale))
+        shared = self._attend_shared(q, k_cache, v_cache, meta, e.shared, scale, softcap)
+        out = _merge(out, lse, *shared)
         return out.reshape(-1, self.num_q_heads, self.head_dim)
 
     def _unpad(self, out: torch.Tensor, e: ExtendMeta) -> torch.Tensor:
