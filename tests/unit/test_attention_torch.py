@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from radixrt.kernels import attention_torch
+from radixrt.kernels.attention_math import attend_lse_matmul
 from radixrt.kernels.attention_reference import reference_attention
 from radixrt.kernels.attention_torch import (
     CASCADE_MIN_SHARED_LEN,
     TorchAttentionBackend,
     _attend_lse,
-    _attend_lse_matmul,
 )
 from radixrt.runtime.core.page_allocator import slots_of
 from radixrt.runtime.core.plan import PlanItem
@@ -362,7 +362,7 @@ def test_attend_lse_matmul_matches_cpu_kernel():
     mask[2, :, 2:, :3] = float("-inf")
     for m in (None, mask):
         out, lse = _attend_lse(q, k, v, m, 0.25)
-        out_ref, lse_ref = _attend_lse_matmul(q, k, v, m, 0.25)
+        out_ref, lse_ref = attend_lse_matmul(q, k, v, m, 0.25)
         assert lse.shape == (3, 8, 5) and lse.dtype == torch.float32
         torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(lse, lse_ref, atol=1e-5, rtol=1e-5)
@@ -370,7 +370,7 @@ def test_attend_lse_matmul_matches_cpu_kernel():
 
 def test_cascade_with_matmul_fallback(monkeypatch):
     """The whole cascade through the explicit-matmul path that devices without the CPU kernel take."""
-    monkeypatch.setattr(attention_torch, "_attend_lse", _attend_lse_matmul)
+    monkeypatch.setattr(attention_torch, "_attend_lse", attend_lse_matmul)
     decode_lens, extends, shared_lens, expected_lens = SHARED_SCENARIOS["mixed_both_shared"]
     fb, num_slots = make_batch(random.Random(5), decode_lens, extends, 16, shared_lens=shared_lens)
     out, _, expected = run_both(fb, num_slots, 3 * NUM_KV_HEADS, min_saved_kv=0)

@@ -47,7 +47,6 @@ class GemmaFamilyForCausalLM(LlamaForCausalLM):
         cos, sin = rope_tables(hf_config, self.head_dim, self.max_context, "sliding_attention")
         self.local_cos = torch.cat((cos, cos), -1).to(device=self.device, dtype=self.rope_dtype)
         self.local_sin = torch.cat((-sin, sin), -1).to(device=self.device, dtype=self.rope_dtype)
-        self._local: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def _check_activation(self, hf_config) -> None:
         act = getattr(hf_config, "hidden_activation", None) or "gelu_pytorch_tanh"
@@ -75,23 +74,19 @@ class GemmaFamilyForCausalLM(LlamaForCausalLM):
         self.ff_norms.append((pre, post))
         return layer
 
-    def forward(self, fb, kv, attn, graphs=None, lora=None) -> torch.Tensor:
-        self._local = (
-            self.local_cos.index_select(0, fb.positions)[:, None, :],
-            self.local_sin.index_select(0, fb.positions)[:, None, :],
+    def _rope_rows(self, positions: torch.Tensor) -> tuple:
+        local = (
+            self.local_cos.index_select(0, positions)[:, None, :],
+            self.local_sin.index_select(0, positions)[:, None, :],
         )
-        try:
-            return super().forward(fb, kv, attn, None, lora)
-        finally:
-            self._local = None
+        return (*super()._rope_rows(positions), *local)
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         return (F.embedding(ids, self.embed) * self.embed_scale).float()
 
-    def _attention_inputs(self, i: int, h: torch.Tensor, cos, sin, lora) -> tuple:
-        if self.layer_windows[i] is not None:
-            cos, sin = self._local
-        return super()._attention_inputs(i, h, cos, sin, lora)
+    def _attention_args(self, i: int, rope: tuple) -> tuple:
+        """A sliding layer reads the local RoPE rows (_rope_rows' last pair)."""
+        return super()._attention_args(i, rope[2:] if self.layer_windows[i] is not None else rope)
 
     def _attention_kwargs(self, i: int) -> dict:
         kwargs = super()._attention_kwargs(i)
@@ -110,7 +105,7 @@ class GemmaFamilyForCausalLM(LlamaForCausalLM):
         return h + llama_layer.norm(d, mlp.float(), post)
 
     def _logits(self, h, o, fb, graphs, lora=None) -> torch.Tensor:
-        logits = super()._logits(h, o, fb, None, lora)
+        logits = super()._logits(h, o, fb, graphs, lora)
         if self.final_softcap:
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         return logits

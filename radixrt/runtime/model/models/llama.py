@@ -162,21 +162,19 @@ class LlamaForCausalLM:
         if fb.attn_meta is None:
             attn.init_forward_metadata(fb)
         # [T, 1, D], shared by all layers
-        cos = self.rope_cos.index_select(0, fb.positions)[:, None, :]
-        sin = self.rope_sin.index_select(0, fb.positions)[:, None, :]
+        rope = self._rope_rows(fb.positions)
         # the residual stream stays float32 whatever the weights' dtype: a bf16 model then rounds
         # only the matmul inputs and outputs (teacher-forced top-1 agreement with fp32
         # transformers 96.3% -> see tests/integration/test_default_dtype_quality.py), at no
         # measurable cost
         h = self._embed(fb.input_ids)  # [T, H] float32
-        h, o = self._run_layers(h, cos, sin, fb, kv, attn, graphs, lora)
+        h, o = self._run_layers(h, rope, fb, kv, attn, graphs, lora)
         return self._logits(h, o, fb, graphs, lora)
 
     def _run_layers(
         self,
         h: torch.Tensor,
-        cos,
-        sin,
+        rope: tuple,
         fb: ForwardBatch,
         kv: KVCache,
         attn,
@@ -189,9 +187,9 @@ class LlamaForCausalLM:
         parallelism's all-reduces, LoRA's updates, a model with its own feed-forward)."""
         layerwise = graphs is None and (self.tp is not None or lora is not None or self.layerwise)
         if graphs:
-            q, k, v = graphs.attention_inputs(h, *self._attention_args(0, cos, sin))
+            q, k, v = graphs.attention_inputs(h, *self._attention_args(0, rope))
         else:
-            q, k, v = self._attention_inputs(0, h, cos, sin, lora)
+            q, k, v = self._attention_inputs(0, h, rope, lora)
         for i in range(self.num_layers):
             o = attn.forward(
                 q,
@@ -208,28 +206,34 @@ class LlamaForCausalLM:
                 break
             if layerwise:
                 h = self._feed_forward(i, h, o, lora)
-                q, k, v = self._attention_inputs(i + 1, h, cos, sin, lora)
+                q, k, v = self._attention_inputs(i + 1, h, rope, lora)
                 continue
             step = graphs.seam if graphs else partial(llama_layer.seam, self.eager_dims)
-            h, q, k, v = step(h, o, *self._ffn_args(i), *self._attention_args(i + 1, cos, sin))
+            h, q, k, v = step(h, o, *self._ffn_args(i), *self._attention_args(i + 1, rope))
         return h, o
 
     def _attention_kwargs(self, i: int) -> dict:
         """What layer i's attention takes besides tensors: its sliding window."""
         return {"window": self.layer_windows[i]}
 
-    def _attention_args(self, i: int, cos, sin) -> tuple:
+    def _rope_rows(self, positions: torch.Tensor) -> tuple:
+        """The step's RoPE rows, cos and sin [T, 1, D], shared by all layers (a family with
+        another table for some layers adds its rows: _attention_args picks a layer's pair)."""
+        cos = self.rope_cos.index_select(0, positions)[:, None, :]
+        return cos, self.rope_sin.index_select(0, positions)[:, None, :]
+
+    def _attention_args(self, i: int, rope: tuple) -> tuple:
         layer = self.layers[i]
-        return layer.input_norm, layer.qkv.op_args(), layer.qk_norm, cos, sin
+        return layer.input_norm, layer.qkv.op_args(), layer.qk_norm, rope[0], rope[1]
 
     def _ffn_args(self, i: int) -> tuple:
         layer = self.layers[i]
         return layer.o.op_args(), layer.post_norm, layer.gate_up.op_args(), layer.down.op_args()
 
-    def _attention_inputs(self, i: int, h: torch.Tensor, cos, sin, lora: Any) -> tuple:
+    def _attention_inputs(self, i: int, h: torch.Tensor, rope: tuple, lora: Any) -> tuple:
         """Layer i's q, k, v, eager."""
         return llama_layer.attention_inputs(
-            self.eager_dims, h, *self._attention_args(i, cos, sin), lora=_layer_lora(lora, i)
+            self.eager_dims, h, *self._attention_args(i, rope), lora=_layer_lora(lora, i)
         )
 
     def _feed_forward(self, i: int, h: torch.Tensor, o: torch.Tensor, lora: Any) -> torch.Tensor:
