@@ -187,6 +187,32 @@ class ServerConfig:
         "sglang-router's policy with --dp-size > 1",
         ("cache_aware", "round_robin", "random", "power_of_two"),
     )
+    disaggregation_mode: str = _opt(
+        "null",
+        "prefill-decode disaggregation: null (one server does both), prefill or decode; the KV "
+        "of a prompt moves from the prefill server to the decode server (disaggregation/)",
+        ("null", "prefill", "decode"),
+    )
+    disaggregation_transfer_backend: str = _opt(
+        "mooncake", "what moves the KV pages between the servers", ("mooncake",)
+    )
+    disaggregation_bootstrap_port: int = _opt(
+        8998, "the prefill server's bootstrap port (decode servers register their pages there)"
+    )
+    disaggregation_ib_device: str | None = _opt(
+        None, "RDMA device(s) handed to Mooncake (unused with its TCP transport)"
+    )
+    disaggregation_transfer_timeout: float = _opt(
+        300.0,
+        "seconds a request may wait for its KV: the decode side from registering its pages, the "
+        "prefill side from finishing the prompt until the decode server asks for it",
+    )
+    pd: str | None = _opt(
+        None,
+        "start a local disaggregated deployment: 1p1d = a prefill server, a decode server and "
+        "sglang-router's PD mode on --host/--port (serving/pd_launch.py)",
+        ("1p1d",),
+    )
     tp_size: int = _opt(
         1,
         "tensor parallel ranks (torch.distributed: gloo on CPU, NCCL on CUDA); the scheduler "

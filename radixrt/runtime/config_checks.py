@@ -76,6 +76,9 @@ def check_choices(c: Any) -> None:
         "kv_cache_dtype",
         "hicache_write_policy",
         "hicache_storage_backend",
+        "disaggregation_mode",
+        "disaggregation_transfer_backend",
+        "pd",
     ):
         choices = c.__dataclass_fields__[name].metadata["choices"]
         value = getattr(c, name)
@@ -96,6 +99,26 @@ def check_lora(c: Any) -> None:
         raise ValueError("LoRA adapters (--lora-paths, --max-lora-rank) need --tp-size 1")
 
 
+def check_disaggregation(c: Any) -> None:
+    """Prefill-decode disaggregation runs one scheduler per server: no tensor or data parallelism
+    inside a prefill or decode server (their KV pools would be split across ranks)."""
+    if c.disaggregation_mode == "null" and c.pd is None:
+        return
+    if c.tp_size > 1 or c.dp_size > 1:
+        raise ValueError("--disaggregation-mode and --pd need --tp-size 1 and --dp-size 1")
+    if c.pd is not None and c.disaggregation_mode != "null":
+        raise ValueError("--pd starts both servers itself: leave --disaggregation-mode out")
+    if not 0 < c.disaggregation_bootstrap_port < 65536:
+        raise ValueError(
+            f"disaggregation_bootstrap_port must be in [1, 65535], got "
+            f"{c.disaggregation_bootstrap_port}"
+        )
+    if c.disaggregation_transfer_timeout <= 0:
+        raise ValueError(
+            f"disaggregation_transfer_timeout must be > 0, got {c.disaggregation_transfer_timeout}"
+        )
+
+
 CHECKS = (
     check_sizes,
     check_parallelism,
@@ -103,4 +126,5 @@ CHECKS = (
     check_hierarchical_cache,
     check_lora,
     check_choices,
+    check_disaggregation,
 )

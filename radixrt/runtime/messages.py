@@ -53,6 +53,11 @@ class TokenizedGenerateReq:
     # a turn of this session: pinned when finished, until the next turn (sessions.py)
     session_id: str | None = None
     lora_path: str | None = None  # the LoRA adapter's name (SGLang's field; None: the base model)
+    # prefill-decode disaggregation (SGLang's fields): the prefill server's bootstrap address and
+    # the room both servers know this request by (None: not disaggregated)
+    bootstrap_host: str | None = None
+    bootstrap_port: int | None = None
+    bootstrap_room: int | None = None
 
 
 @message

@@ -185,6 +185,7 @@ def expand_n(
     pin_ttl_s: float | None = None,
     session_id: str | None = None,
     lora_path: str | None = None,
+    bootstrap: dict[str, Any] | None = None,
 ) -> list[TokenizedGenerateReq]:
     """One prompt -> sp.n scheduler requests: rid base (n = 1) or base-0..base-{n-1}, seeds
     seed+i. A beam search is one request whatever n (its n is the beams it returns)."""
@@ -218,6 +219,7 @@ def expand_n(
                 pin_ttl_s=pin_ttl_s,
                 session_id=session_id,
                 lora_path=lora_path,
+                **(bootstrap or {}),
             )
         )
     return reqs

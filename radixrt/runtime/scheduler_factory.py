@@ -14,7 +14,16 @@ def create_scheduler(config: ServerConfig):
     from radixrt.runtime.model.model_runner import ModelRunner
 
     runner = ModelRunner(config, fill_masks=fill_masks)
-    return Scheduler(config, runner, grammar_backends(config, runner))
+    kv_link = None
+    if config.disaggregation_mode != "null":
+        from radixrt.runtime.disaggregation.link import make_link
+
+        try:
+            kv_link = make_link(config, runner)
+        except Exception:
+            runner.close()
+            raise
+    return Scheduler(config, runner, grammar_backends(config, runner), kv_link)
 
 
 def grammar_backends(config: ServerConfig, runner: Any) -> Any:

@@ -17,6 +17,13 @@ from radixrt.runtime.sampling_params import SamplingParams
 
 
 class Req:
+    # prefill-decode disaggregation (scheduler_pd.py), set on the instance when they change:
+    # prefill: its pages wait for the transfer, and how it ends once they are sent;
+    # decode: aborted while its KV was in flight
+    pd_handed_off: bool = False
+    pd_reason: FinishReason | None = None
+    pd_abort: FinishReason | None = None
+
     def __init__(
         self,
         rid: str,
@@ -55,6 +62,7 @@ class Req:
         self.lora: str | None = None  # its LoRA adapter (None: the base model)
         self.lora_slot: int | None = None  # the adapter's slot while running (lora_slots.py)
         self.key_offset = 0  # its adapter's namespace in the radix tree (lora_slots.py)
+        self.bootstrap: Any = None  # disaggregated: where its KV comes from / goes (pd_link.py)
 
         # progress and results
         self.prefix_hit_len = 0  # cached tokens on first admission (reported as cached_tokens)

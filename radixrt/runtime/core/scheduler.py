@@ -10,7 +10,6 @@ and the admin calls (scheduler_admin.py) live in their own modules beside this o
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.core import schedule_policy as policy
@@ -22,6 +21,7 @@ from radixrt.runtime.core.intake import GrammarBackends, new_req, refusal
 from radixrt.runtime.core.lora_slots import LoraSlots
 from radixrt.runtime.core.outbox import Outbox
 from radixrt.runtime.core.page_allocator import PageAllocator, TableRows
+from radixrt.runtime.core.pd_link import KVLink
 from radixrt.runtime.core.pins import PinTable
 from radixrt.runtime.core.plan import ItemResult, PlanItem, Runner
 from radixrt.runtime.core.plan_items import ItemBuilder
@@ -33,6 +33,7 @@ from radixrt.runtime.core.req_finish import (
 from radixrt.runtime.core.req_memory import ReqMemory
 from radixrt.runtime.core.scheduler_admin import SchedulerAdmin
 from radixrt.runtime.core.scheduler_beams import SchedulerBeams
+from radixrt.runtime.core.scheduler_pd import SchedulerPD, bootstrap_of
 from radixrt.runtime.core.scheduler_stats import SchedulerStats
 from radixrt.runtime.core.sessions import SessionTable
 from radixrt.runtime.core.step_recovery import StepRecovery
@@ -43,12 +44,17 @@ from radixrt.runtime.request_edge import EdgeLimits, constraint_of
 log = logging.getLogger(__name__)
 
 
-class Scheduler(SchedulerAdmin, SchedulerBeams, StepRecovery):
+class Scheduler(SchedulerAdmin, SchedulerBeams, StepRecovery, SchedulerPD):
     def __init__(
-        self, config: ServerConfig, runner: Runner, grammar_backends: GrammarBackends | None = None
+        self,
+        config: ServerConfig,
+        runner: Runner,
+        grammar_backends: GrammarBackends | None = None,
+        kv_link: KVLink | None = None,
     ):
         """runner: model/model_runner.ModelRunner (scheduler_factory builds both) or a test's fake.
-        grammar_backends: constrained/choose.py's BackendChooser (None: constraints are refused)."""
+        grammar_backends: constrained/choose.py's BackendChooser (None: constraints are refused).
+        kv_link: the KV transfer of --disaggregation-mode prefill|decode (disaggregation/)."""
         self.config = config
         self.runner = runner
         self.tokenizer = runner.tokenizer
@@ -76,8 +82,15 @@ class Scheduler(SchedulerAdmin, SchedulerBeams, StepRecovery):
         self.stats = SchedulerStats()
         self.faults = FaultInjector()
         self.lora_slots = LoraSlots(config.max_loras_per_batch)
+        self._init_pd(config.disaggregation_mode, kv_link)
         self.admission = Admission(
-            config, self.tree, self.memory, self.stats, self.sessions, lora_slots=self.lora_slots
+            config,
+            self.tree,
+            self.memory,
+            self.stats,
+            self.sessions,
+            fork_samples=self.pd_mode != "decode",  # a decode server computes no prompt to fork
+            lora_slots=self.lora_slots,
         )
         self.grammar_backends = grammar_backends
         # (faults looked up at each call: a test swaps the injector)
@@ -96,6 +109,8 @@ class Scheduler(SchedulerAdmin, SchedulerBeams, StepRecovery):
         """Queue a request; anything wrong with it (or any failure taking it in) ends it alone."""
         try:
             req = new_req(msg, self.limits, self.tokenizer, self.faults.check)
+            req.bootstrap = bootstrap_of(msg)
+            self._check_room(req)
             if req.lora is not None:
                 self.check_lora(req.lora)
                 req.key_offset = self.lora_slots.key_offset(req.lora)
@@ -111,23 +126,11 @@ class Scheduler(SchedulerAdmin, SchedulerBeams, StepRecovery):
                 log.exception("intake of %s failed", msg.rid)
             self.waiting = [r for r in self.waiting if r.rid != msg.rid]
             self.beam_groups.pop(msg.rid, None)
+            self._refused_room(bootstrap_of(msg), str(e))
             return [refusal(msg, e)]
 
-    def get_grammar_backend(self, kind: str = "regex") -> Any:
-        """The grammar backend for constraints of `kind` (--grammar-backend; ebnf: llguidance)."""
-        if self.grammar_backends is None:
-            raise ValueError("this scheduler was built without grammar backends: no constraints")
-        return self.grammar_backends.for_kind(kind)
-
-    def close(self) -> None:
-        """Stop the grammar compile workers and what the runner started; the scheduler is done."""
-        try:
-            for backend in self.grammar_backends.built() if self.grammar_backends else []:
-                backend.shutdown()
-        finally:  # the runner's workers and tier file go even when a grammar backend fails
-            self.runner.close()
-
     def abort(self, rid: str) -> list[TokenOut]:
+        self._abort_held(rid)
         if rid in self.beam_groups:
             self._end_beam_group(self.beam_groups[rid], FinishReason.abort("aborted by the client"))
         for req in self.waiting:
@@ -228,9 +231,7 @@ class Scheduler(SchedulerAdmin, SchedulerBeams, StepRecovery):
                 budget -= target - req.kv_len
                 inflight.append(req.tree_ids(req.fill_ids))
         if budget > 0 and self.waiting:
-            items += self.admission.admit(
-                self.waiting, self.running, budget, inflight, self.items.extend
-            )
+            items += self._admit_waiting(budget, inflight)
         return items
 
     # ---------------------------------------------------------------- results
@@ -253,6 +254,7 @@ class Scheduler(SchedulerAdmin, SchedulerBeams, StepRecovery):
             self._after_tokens(req, reason)
             return
         self.memory.computed(req, item.prefix_len + len(item.new_ids))
+        self.stats.on_computed(len(req.origin_input_ids), item.prefix_len, req.kv_len)
         req.pending_copies = []  # made by this step's forward
         if item.logits_start is not None:
             apply_prompt_logprobs(req, item.prefix_len, res)
@@ -266,7 +268,11 @@ class Scheduler(SchedulerAdmin, SchedulerBeams, StepRecovery):
         if req.sampling.max_new_tokens == 0:  # prefill only (cache warm-up, prompt scoring)
             self._finish(req, FinishReason.length_limit(0))
             return
-        self._after_tokens(req, apply_sampled_token(req, res, self.eos_ids))
+        reason = apply_sampled_token(req, res, self.eos_ids)
+        if req.bootstrap is not None and self.pd_mode == "prefill":
+            self._hand_off(req, reason, res)  # the decode server goes on from here
+            return
+        self._after_tokens(req, reason)
 
     def _after_tokens(self, req: Req, reason: FinishReason | None) -> None:
         if reason is not None:
@@ -281,6 +287,7 @@ class Scheduler(SchedulerAdmin, SchedulerBeams, StepRecovery):
             self._end_beam_group(req.beam, reason, req.error, req.error_status)
             return
         req.draft_ids, req.draft_states = [], []
+        self._pd_ended(req, reason)
         pinned = req.pin_ttl_s is not None or req.session_id is not None
         keep = pinned and req.table_row is not None
         pin_ids = req.tree_ids(req.fill_ids[: req.kv_len]) if keep else None
@@ -303,17 +310,3 @@ class Scheduler(SchedulerAdmin, SchedulerBeams, StepRecovery):
     def _release(self, req: Req) -> None:
         self.memory.release(req)
         self.running.remove(req)
-
-    def _newest_running(self) -> Req:
-        return max(self.running, key=lambda r: (r.arrival_time, -len(r.output_ids)))
-
-    def _preempt(self, req: Req) -> None:
-        """Give req's memory back (its KV goes into the tree, so resuming is mostly a cache hit)."""
-        if req.beam is not None:
-            self._restart_beam_group(req.beam)
-            return
-        log.debug("preempting %s", req)
-        self._release(req)
-        req.num_preemptions += 1
-        self.stats.num_preemptions += 1
-        self.waiting.insert(0, req)

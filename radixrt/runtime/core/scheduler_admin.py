@@ -4,6 +4,7 @@ integrity): they read or release state between steps and never plan a forward.""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from radixrt.runtime.core import cache_view
 from radixrt.runtime.core.lora_slots import KEY_STRIDE
@@ -11,6 +12,24 @@ from radixrt.runtime.core.lora_slots import KEY_STRIDE
 
 class SchedulerAdmin:
     """Mixed into Scheduler: uses its pins, sessions, tree and running list."""
+
+    def get_grammar_backend(self, kind: str = "regex") -> Any:
+        """The grammar backend for constraints of `kind` (--grammar-backend; ebnf: llguidance)."""
+        if self.grammar_backends is None:
+            raise ValueError("this scheduler was built without grammar backends: no constraints")
+        return self.grammar_backends.for_kind(kind)
+
+    def close(self) -> None:
+        """Stop the grammar compile workers and what the runner started; the scheduler is done."""
+        try:
+            for backend in self.grammar_backends.built() if self.grammar_backends else []:
+                backend.shutdown()
+        finally:  # the runner's workers and tier file go even when a grammar backend fails
+            try:
+                self.runner.close()
+            finally:
+                if self.kv_link is not None:
+                    self.kv_link.close()
 
     def unpin(self, handle: str) -> bool:
         return self.pins.unpin(handle)
@@ -21,7 +40,7 @@ class SchedulerAdmin:
     def flush_cache(self) -> bool:
         """Empty the tree; sessions are a cache hint and end with it, a program's explicit pins
         refuse it."""
-        if self.running:
+        if self.running or self.pd_held():
             return False
         self.sessions.clear()
         return self.tree.reset()
@@ -63,6 +82,8 @@ class SchedulerAdmin:
             "kv_bytes_per_token": self.runner.kv_bytes_per_token,
             "kv_pool_bytes": self.runner.kv_pool_bytes,
             "kv_cache_dtype": self.runner.kv_cache_dtype,
+            "disaggregation_mode": self.pd_mode,
+            **st.transfer_info(),
             "num_running": len(self.running),
             "num_waiting": len(self.waiting),
             "num_preemptions": st.num_preemptions,
@@ -116,7 +137,8 @@ class SchedulerAdmin:
         tree_pages = self.tree.all_page_ids()
         assert len(set(tree_pages)) == len(tree_pages), "a page is in the tree twice"
         owned: list[int] = []
-        for r in self.running:
+        holding = self.running + self.pd_held()
+        for r in holding:
             num_borrowed = r.cached_len // self.page_size
             assert r.table_row is not None, f"{r} runs without a table row"
             assert r.cached_len <= r.kv_len <= r.seq_len, f"{r}: lengths out of order"
@@ -135,9 +157,9 @@ class SchedulerAdmin:
             f"pages leaked or shared: free {len(free)} + tree {len(tree_pages)} "
             f"+ owned {len(owned)} != {self.allocator.num_pages} (distinct {len(all_pages)})"
         )
-        if not self.running and not len(self.pins):
+        if not holding and not len(self.pins):
             assert self.tree.protected_pages == 0, "locks remain with nothing running or pinned"
-        rows = [r.table_row for r in self.running]
+        rows = [r.table_row for r in holding]
         free_rows = self.memory.rows.free_set()
         assert len(set(rows)) == len(rows) and not set(rows) & free_rows, "table rows shared"
         assert len(rows) + len(free_rows) == self.memory.rows.num_rows, "a table row leaked"

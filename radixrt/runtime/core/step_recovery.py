@@ -1,5 +1,6 @@
-"""A step whose forward or sampling failed (a base of Scheduler): its culprits fail alone, the
-others run it again."""
+"""A step that cannot go on as planned (a base of Scheduler): when its forward or sampling failed,
+its culprits fail alone and the others run it again; when memory is short, the newest request is
+preempted."""
 
 from __future__ import annotations
 
@@ -53,3 +54,17 @@ class StepRecovery:
             elif req.table_row is not None:
                 self.memory.trim(req)  # pages grown for a draft that will not run
         self.check_integrity()
+
+    def _newest_running(self) -> Req:
+        return max(self.running, key=lambda r: (r.arrival_time, -len(r.output_ids)))
+
+    def _preempt(self, req: Req) -> None:
+        """Give req's memory back (its KV goes into the tree, so resuming is mostly a cache hit)."""
+        if req.beam is not None:
+            self._restart_beam_group(req.beam)
+            return
+        log.debug("preempting %s", req)
+        self._release(req)
+        req.num_preemptions += 1
+        self.stats.num_preemptions += 1
+        self.waiting.insert(0, req)

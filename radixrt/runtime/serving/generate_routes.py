@@ -110,6 +110,8 @@ async def _scheduler_requests(
             program_id=req.program_id,
             session_id=req.session(),
             lora_path=loras[i],
+            bootstrap=req.bootstrap(),
+            num_prompts=num,
         )
         reqs += copies
         flat_logprob += [return_logprob[i]] * len(copies)

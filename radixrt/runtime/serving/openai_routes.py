@@ -162,6 +162,8 @@ class OpenAIRoutes:
                 top_logprobs_num=top_logprobs,
                 session_id=req.session_id,
                 lora_path=lora,
+                bootstrap=req.bootstrap(),
+                num_prompts=len(prompts),
             )
         handle = self.tm.generate(reqs)
         return handle, [SequenceResult(r.rid) for r in reqs], sum(len(p) for p in prompts)

@@ -83,7 +83,19 @@ def _is_union_tag(x: Any) -> bool:
 
 
 # ----------------------------------------------------------------- SGLang-native /generate
-class GenerateRequest(_Strict):
+class _BootstrapFields(BaseModel):
+    """SGLang's prefill-decode disaggregation fields (sglang-router's PD mode adds them): the
+    prefill server's bootstrap address and the room both servers know the request by."""
+
+    bootstrap_host: str | None = None
+    bootstrap_port: int | None = None
+    bootstrap_room: int | None = None
+
+    def bootstrap(self) -> tuple[str | None, int | None, int | None]:
+        return self.bootstrap_host, self.bootstrap_port, self.bootstrap_room
+
+
+class GenerateRequest(_BootstrapFields, _Strict):
     # unknown top-level fields are ignored: sglang-router forwards SGLang's whole request shape
     # (model, log_metrics, lora_path, ... at their defaults); sampling_params and every known field
     # stay strict
@@ -154,7 +166,7 @@ class ResponseFormat(_Strict):
     grammar: str | None = None  # type "grammar": a Lark (or GBNF) grammar, enforced by llguidance
 
 
-class _SamplingFields(_Strict):
+class _SamplingFields(_BootstrapFields, _Strict):
     """Sampling fields shared by both OpenAI routes (with SGLang's extras). Unknown top-level fields
     are accepted and ignored (clients send metadata, user, reasoning_effort, ...): `ignored_fields`
     names them for the route's warning header and log."""

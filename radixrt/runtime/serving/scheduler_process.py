@@ -68,6 +68,12 @@ class SchedulerLoop:
         self.to_detokenizer = to_detokenizer
         self.to_tokenizer = to_tokenizer
         self.profiler = StepProfiler()
+        self.poller = zmq.Poller()
+        self.poller.register(pull, zmq.POLLIN)
+        # a disaggregated server's KV transfer events wake the loop too (disaggregation/link.py)
+        self.kv_events = getattr(getattr(scheduler, "kv_link", None), "event_socket", None)
+        if self.kv_events is not None:
+            self.poller.register(self.kv_events, zmq.POLLIN)
 
     def send_outputs(self, outs: list[TokenOut]) -> None:
         if outs:
@@ -144,7 +150,7 @@ class SchedulerLoop:
 
     def drain(self, timeout_ms: int) -> None:
         """Handle every waiting message; wait up to timeout_ms for the first one."""
-        if timeout_ms and not self.pull.poll(timeout_ms):
+        if timeout_ms and not self.poller.poll(timeout_ms):
             return
         while True:
             try:
@@ -182,6 +188,8 @@ class SchedulerLoop:
         s = self.scheduler
         idle_steps = 0
         while not flag.should_stop():
+            if self.kv_events is not None and s.poll_transfers():
+                self.send_outputs(s.take_outputs())
             if not s.has_work():
                 self.drain(IDLE_POLL_MS)
                 continue

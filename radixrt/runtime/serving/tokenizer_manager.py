@@ -17,6 +17,7 @@ from typing import Any
 from radixrt.runtime import messages
 from radixrt.runtime.cache_tree_text import add_previews
 from radixrt.runtime.config import ServerConfig
+from radixrt.runtime.disaggregation.edge import check_bootstrap
 from radixrt.runtime.messages import CacheTreeOut, GetCacheTreeReq, TokenizedGenerateReq
 from radixrt.runtime.request_edge import (
     EdgeLimits,
@@ -145,8 +146,12 @@ class TokenizerManager(SchedulerLink):
         pin_ttl_s: float | None = None,
         session_id: str | None = None,
         lora_path: str | None = None,
+        bootstrap: tuple[Any, Any, Any] = (None, None, None),
+        num_prompts: int = 1,
     ) -> list[TokenizedGenerateReq]:
-        """One prompt -> sp.n scheduler requests (seeds seed+i), after checking it can ever run."""
+        """One prompt -> sp.n scheduler requests (seeds seed+i), after checking it can ever run.
+        bootstrap: the body's (bootstrap_host, bootstrap_port, bootstrap_room), for
+        --disaggregation-mode prefill|decode; num_prompts: the body's prompts."""
         if lora_path is not None and lora_path not in self.lora_adapters:
             loaded = ", ".join(self.lora_adapters) or "none"
             raise APIError(
@@ -162,6 +167,14 @@ class TokenizerManager(SchedulerLink):
                 top_logprobs_num=top_logprobs_num,
                 stream=stream,
             )
+            pd = check_bootstrap(
+                self.config.disaggregation_mode,
+                *bootstrap,
+                num_prompts=num_prompts,
+                n=sp.n,
+                is_beam=sp.is_beam,
+                logprob_start_len=logprob_start_len,
+            )
             return expand_n(
                 self.new_rid(),
                 input_ids,
@@ -174,6 +187,7 @@ class TokenizerManager(SchedulerLink):
                 pin_ttl_s=pin_ttl_s,
                 session_id=session_id,
                 lora_path=lora_path,
+                bootstrap=pd,
             )
         except RequestError as e:
             raise from_value_error(e) from None

@@ -1,0 +1,127 @@
+"""The decode server's transfer agent: one ZeroMQ DEALER per prefill server it has rooms at. It
+registers each room's pages (expect), and reports the room `arrived` (the prefill server's `done`)
+or `failed`.
+
+A room's pages are reported free to reuse (`failed`) only when no more bytes can land in them: the
+prefill side answered (failed, or cancelled after a cancel), or it stopped answering pings for
+PEER_SILENT_S (a killed server writes nothing). A room waiting past the transfer timeout is
+cancelled, and fails when that cancel is answered.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+import zmq
+
+from radixrt.runtime.disaggregation.agent import Agent
+from radixrt.runtime.disaggregation.kv_layout import KVLayout
+
+PING_S = 1.0  # a prefill server with rooms in flight is pinged this often
+PEER_SILENT_S = 5.0  # ... and given up (its rooms failed) after this long without a word
+
+
+class Peer:
+    def __init__(self, sock: zmq.Socket, now: float):
+        self.sock = sock
+        self.heard = self.pinged = now
+        self.rooms: set[int] = set()
+
+
+class DecodeAgent(Agent):
+    def __init__(self, ctx, cmd_addr, evt_addr, timeout_s, session: str, layout: KVLayout):
+        super().__init__(ctx, cmd_addr, evt_addr, timeout_s)
+        self.session, self.layout = session, layout
+        self.peers: dict[str, Peer] = {}  # "host:port" of a bootstrap port -> its socket
+        self.pending: dict[int, dict[str, Any]] = {}  # room -> addr, since, why it is cancelled
+
+    def _peer(self, addr: str) -> Peer:
+        if addr not in self.peers:
+            sock = self.ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(f"tcp://{addr}")
+            self.poller.register(sock, zmq.POLLIN)
+            self.peers[addr] = Peer(sock, time.monotonic())
+        return self.peers[addr]
+
+    def _send(self, peer: Peer, op: str, **fields: Any) -> None:
+        peer.sock.send(orjson.dumps({"op": op, **fields}))
+
+    def on_command(self, msg: dict[str, Any]) -> None:
+        room, addr = msg["room"], msg["addr"]
+        if msg["op"] == "expect":
+            peer = self._peer(addr)
+            if not peer.rooms:  # its silence counts from now, not from its last room
+                peer.heard = peer.pinged = time.monotonic()
+            peer.rooms.add(room)
+            self.pending[room] = {"addr": addr, "since": time.monotonic(), "cancelled": None}
+            register = {"session": self.session, "layout": self.layout.to_wire()}
+            self._send(
+                peer, "register", room=room, pages=msg["pages"], start=msg["start"], **register
+            )
+        elif msg["op"] == "cancel":
+            self._cancel(room, addr, "aborted by the client")
+
+    def _cancel(self, room: int, addr: str, why: str) -> None:
+        """Ask the prefill server to drop the room (it may still have been queued there)."""
+        entry = self.pending.get(room)
+        if entry is not None:
+            if entry["cancelled"] is not None:
+                return
+            entry["cancelled"] = why
+        self._send(self._peer(addr), "cancel", room=room)
+
+    def _finish(self, room: int, kind: str, **fields: Any) -> None:
+        entry = self.pending.pop(room, None)
+        if entry is None:
+            return
+        peer = self.peers.get(entry["addr"])
+        if peer is not None:
+            peer.rooms.discard(room)
+        self.emit(kind, room=room, **fields)
+
+    def on_peer(self, sock: zmq.Socket, ident: list[bytes], msg: dict[str, Any]) -> None:
+        addr = next((a for a, p in self.peers.items() if p.sock is sock), None)
+        if addr is not None:
+            self.peers[addr].heard = time.monotonic()
+        op = msg["op"]
+        if op == "done":
+            fields = {k: msg[k] for k in ("first", "num_pages", "num_bytes", "seconds")}
+            self._finish(msg["room"], "arrived", **fields)
+        elif op == "failed":
+            self._finish(msg["room"], "failed", error=f"prefill server {addr}: {msg['error']}")
+        elif op == "cancelled":
+            entry = self.pending.get(msg["room"])
+            why = (entry or {}).get("cancelled") or "cancelled"
+            self._finish(msg["room"], "failed", error=why)
+
+    def tick(self, now: float) -> None:
+        for room, entry in list(self.pending.items()):
+            if entry["cancelled"] is None and now - entry["since"] > self.timeout_s:
+                why = (
+                    f"the prefill server {entry['addr']} did not send the KV within "
+                    f"{self.timeout_s:g} s (--disaggregation-transfer-timeout)"
+                )
+                self._cancel(room, entry["addr"], why)
+        for addr, peer in list(self.peers.items()):
+            if not peer.rooms:
+                continue
+            if now - peer.heard > PEER_SILENT_S:
+                error = (
+                    f"the prefill server {addr} stopped answering (nothing for {PEER_SILENT_S:g} s)"
+                )
+                for room in list(peer.rooms):
+                    entry = self.pending.get(room) or {}
+                    self._finish(room, "failed", error=entry.get("cancelled") or error)
+                self.poller.unregister(peer.sock)
+                peer.sock.close(linger=0)
+                del self.peers[addr]
+            elif now - peer.pinged >= PING_S:
+                peer.pinged = now
+                self._send(peer, "ping")
+
+    def close_sockets(self) -> None:
+        for peer in self.peers.values():
+            peer.sock.close(linger=0)

@@ -1,0 +1,115 @@
+"""The prefill server's transfer agent: its bootstrap port (a ZeroMQ ROUTER on
+--disaggregation-bootstrap-port) takes the decode servers' page registrations; once the scheduler
+has computed a room's prompt (send) and its decode server has registered pages for it, the agent
+writes the pages with Mooncake and tells the decode server `done` with the first token.
+
+Either half may come first; each waits at most --disaggregation-transfer-timeout for the other. A
+room dropped here (aborted, refused) or cancelled there is remembered for as long, so the late half
+is answered at once instead of waiting out the timeout.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import zmq
+
+from radixrt.runtime.disaggregation.agent import Agent
+from radixrt.runtime.disaggregation.kv_layout import KVLayout, regions
+
+
+class PrefillAgent(Agent):
+    def __init__(self, ctx, cmd_addr, evt_addr, timeout_s, engine, layout: KVLayout, bind: str):
+        """bind: the bootstrap endpoint (tcp://host:port), bound now so a taken port fails the
+        server's start with its name."""
+        super().__init__(ctx, cmd_addr, evt_addr, timeout_s)
+        self.engine, self.layout = engine, layout
+        self.router = ctx.socket(zmq.ROUTER)
+        try:
+            self.router.bind(bind)
+        except zmq.ZMQError as e:
+            self.router.close(linger=0)
+            raise RuntimeError(f"cannot bind the bootstrap port {bind}: {e}") from None
+        self.poller.register(self.router, zmq.POLLIN)
+        self.sends: dict[int, dict[str, Any]] = {}  # room -> pages, first token, since
+        self.regs: dict[int, dict[str, Any]] = {}  # room -> the decode side's registration
+        self.ended: dict[int, tuple[str, float]] = {}  # room -> why it will not be sent, since
+
+    def on_command(self, msg: dict[str, Any]) -> None:
+        room = msg["room"]
+        if msg["op"] == "send":
+            if room in self.ended:
+                self.emit("sent", room=room, error=self.ended[room][0])
+                return
+            self.sends[room] = {**msg, "since": time.monotonic()}
+            self._try_transfer(room)
+        elif msg["op"] == "drop":
+            self._end(room, msg["error"])
+            if self.sends.pop(room, None) is not None:
+                self.emit("sent", room=room, error=msg["error"])
+
+    def _end(self, room: int, error: str) -> None:
+        """The room will not be sent: its registered decode side is told now, a later one then."""
+        self.ended[room] = (error, time.monotonic())
+        reg = self.regs.pop(room, None)
+        if reg is not None:
+            self.reply(self.router, reg["ident"], "failed", room=room, error=error)
+
+    def on_peer(self, sock: zmq.Socket, ident: list[bytes], msg: dict[str, Any]) -> None:
+        op = msg["op"]
+        if op == "ping":
+            self.reply(sock, ident, "pong")
+            return
+        room = msg["room"]
+        if op == "register":
+            if room in self.ended:
+                self.reply(sock, ident, "failed", room=room, error=self.ended[room][0])
+                return
+            self.regs[room] = {**msg, "ident": ident, "since": time.monotonic()}
+            self._try_transfer(room)
+        elif op == "cancel":
+            self.regs.pop(room, None)
+            self.ended[room] = ("cancelled by the decode server", time.monotonic())
+            if self.sends.pop(room, None) is not None:
+                self.emit("sent", room=room, error="cancelled by the decode server")
+            self.reply(sock, ident, "cancelled", room=room)
+
+    def _try_transfer(self, room: int) -> None:
+        """Both halves are here: write the pages, then tell both sides."""
+        if room not in self.sends or room not in self.regs:
+            return
+        send, reg = self.sends.pop(room), self.regs.pop(room)
+        started = time.perf_counter()
+        try:
+            src_pages = send["pages"][reg["start"] :]
+            dst = KVLayout.from_wire(reg["layout"])
+            srcs, dsts, lens = regions(self.layout, src_pages, dst, reg["pages"])
+            self.engine.write(reg["session"], srcs, dsts, lens)
+        except Exception as e:  # the decode side frees its pages; this one finishes with the error
+            error = str(e) or type(e).__name__
+            self.reply(self.router, reg["ident"], "failed", room=room, error=error)
+            self.emit("sent", room=room, error=error)
+            return
+        seconds = time.perf_counter() - started
+        done = {"num_pages": len(src_pages), "num_bytes": sum(lens), "seconds": seconds}
+        self.reply(self.router, reg["ident"], "done", room=room, first=send["first"], **done)
+        self.emit("sent", room=room, error=None, **done)
+
+    def tick(self, now: float) -> None:
+        limit = self.timeout_s
+        for room in [r for r, s in self.sends.items() if now - s["since"] > limit]:
+            del self.sends[room]
+            error = (
+                f"the decode server did not ask for the KV within {limit:g} s "
+                "(--disaggregation-transfer-timeout)"
+            )
+            self.ended[room] = (error, now)
+            self.emit("sent", room=room, error=error)
+        for room in [r for r, g in self.regs.items() if now - g["since"] > limit]:
+            self._end(room, f"no request for this room reached the prefill server in {limit:g} s")
+        for room in [r for r, (_, t) in self.ended.items() if now - t > 2 * limit]:
+            del self.ended[room]
+
+    def close_sockets(self) -> None:
+        self.router.close(linger=0)
