@@ -97,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
             from radixrt.runtime.model.tp import run_headless_node
 
             code = run_headless_node(config)
+        elif config.pd is not None:
+            from radixrt.runtime.serving.pd_launch import launch_pd
+
+            code = launch_pd(config)
         elif config.dp_size > 1:
             from radixrt.runtime.serving.dp_launch import launch_dp
 

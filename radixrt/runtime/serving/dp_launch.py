@@ -9,7 +9,8 @@ The replicas answer what the router asks of a worker (/health, /get_model_info, 
 (its health checks), and the whole server exits non-zero when the router dies or every replica is
 gone. SIGTERM / Ctrl-C stop everything. Replicas on other machines: start `radixrt serve` there and
 run the router yourself with their URLs (`python -m sglang_router.launch_router --worker-urls
-http://a:30000 http://b:30000 --policy cache_aware`).
+http://a:30000 http://b:30000 --policy cache_aware`). serve_behind_router is also --pd's
+(pd_launch.py): the same supervision around a prefill and a decode server.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 from radixrt.runtime.processes import free_port, set_parent_death_signal, wait_until_healthy
 
@@ -44,7 +45,7 @@ def replica_args(config: Any, port: int) -> list[str]:
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
         if (
-            f.name in ("dp_size", "host", "port", "router_policy")
+            f.name in ("dp_size", "host", "port", "router_policy", "pd")
             or value == getattr(defaults, f.name)
             or value is None
         ):
@@ -57,61 +58,76 @@ def replica_args(config: Any, port: int) -> list[str]:
     return args + ["--host", "127.0.0.1", "--port", str(port)]
 
 
-def launch_dp(config: Any, startup_timeout: float = 900.0) -> int:
+def launch_dp(config: Any) -> int:
+    return serve_behind_router(
+        config,
+        "--dp-size > 1",
+        [config] * config.dp_size,
+        lambda urls: ["--policy", config.router_policy, "--worker-urls", *urls],
+    )
+
+
+def serve_behind_router(
+    config: Any,
+    what: str,
+    configs: list[Any],
+    router_flags: Callable[[list[str]], list[str]],
+    each_needed: bool = False,
+    startup_timeout: float = 900.0,
+) -> int:
+    """One `radixrt serve` per entry of configs on a free local port, the cores shared among them,
+    then sglang-router on --host/--port with router_flags(their urls); supervised until a stop or
+    a failure (each_needed: any server's death ends it). Returns the exit code."""
     if not router_available():
         raise SystemExit(
-            "--dp-size > 1 needs sglang-router in front of the replicas: pip install sglang-router "
+            f"{what} needs sglang-router in front of the servers: pip install sglang-router "
             "(or pip install 'radixrt[router]')"
         )
-    replicas: list[tuple[str, subprocess.Popen]] = []
+    servers: list[tuple[str, subprocess.Popen]] = []
     router = None
     stopping = []
     previous = signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     previous_int = signal.signal(signal.SIGINT, lambda *_: stopping.append(True))
     try:
-        start_replicas(config, replicas)
-        for url, proc in replicas:
+        start_servers(configs, servers)
+        for url, proc in servers:
             wait_until_healthy(url, proc, startup_timeout)
-        router = start_router(config, [u for u, _ in replicas])
+        urls = [u for u, _ in servers]
+        router = start_router(config, router_flags(urls))
         logger.info(
-            "data parallel: %d replicas behind sglang-router (%s) on %s:%d",
-            config.dp_size,
-            config.router_policy,
-            config.host,
-            config.port,
+            "%s: %s behind sglang-router on %s:%d", what, " ".join(urls), config.host, config.port
         )
-        return supervise(router, replicas, stopping)
+        return supervise(router, servers, stopping, each_needed)
     except KeyboardInterrupt:
         return 0
-    except (RuntimeError, TimeoutError) as e:  # a replica died or never became healthy
+    except (RuntimeError, TimeoutError) as e:  # a server died or never became healthy
         logger.error("%s", e)
         return 1
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal must not break the cleanup
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         logger.info("stopping")
-        stop_all([p for _, p in replicas] + ([router] if router is not None else []))
+        stop_all([p for _, p in servers] + ([router] if router is not None else []))
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGINT, previous_int)
 
 
-def start_replicas(config: Any, replicas: list[tuple[str, subprocess.Popen]]) -> None:
-    """Start config.dp_size replicas on free ports, each added to `replicas` (url, process) as it
+def start_servers(configs: list[Any], servers: list[tuple[str, subprocess.Popen]]) -> None:
+    """Start one server per config on a free port, each added to `servers` (url, process) as it
     starts, so the caller stops those already running if a later one cannot start."""
-    n = config.dp_size
     env = {
         **os.environ,
-        "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // n)),
-    }  # replicas share the cores
-    for _ in range(n):
+        "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // len(configs))),
+    }  # the servers share the cores
+    for cfg in configs:
         port = free_port()
-        replicas.append(
-            (f"http://127.0.0.1:{port}", subprocess.Popen(replica_args(config, port), env=env))
+        servers.append(
+            (f"http://127.0.0.1:{port}", subprocess.Popen(replica_args(cfg, port), env=env))
         )
 
 
-def start_router(config: Any, worker_urls: list[str]) -> subprocess.Popen:
-    """sglang-router on --host/--port in front of the replicas."""
+def start_router(config: Any, workers: list[str]) -> subprocess.Popen:
+    """sglang-router on --host/--port in front of the servers (workers: its flags naming them)."""
     return subprocess.Popen(
         [
             sys.executable,
@@ -121,12 +137,9 @@ def start_router(config: Any, worker_urls: list[str]) -> subprocess.Popen:
             config.host,
             "--port",
             str(config.port),
-            "--policy",
-            config.router_policy,
             "--prometheus-port",
             str(free_port()),  # its default port may be taken
-            "--worker-urls",
-            *worker_urls,
+            *workers,
             "--log-level",
             "warn",
         ],
@@ -139,11 +152,14 @@ def start_router(config: Any, worker_urls: list[str]) -> subprocess.Popen:
 
 
 def supervise(
-    router: subprocess.Popen, replicas: list[tuple[str, subprocess.Popen]], stopping: list
+    router: subprocess.Popen,
+    replicas: list[tuple[str, subprocess.Popen]],
+    stopping: list,
+    each_needed: bool = False,
 ) -> int:
     """Watch the router and the replicas until a stop (`stopping` non-empty) or a failure; the exit
     code. A dead replica is reported once (the router routes around it); the router's death, or
-    every replica's, ends the server with 1."""
+    every replica's (each_needed: any one's), ends the server with 1."""
     dead: set[str] = set()
     while not stopping:
         if router.poll() is not None:
@@ -161,8 +177,8 @@ def supervise(
                     url,
                     proc.returncode,
                 )
-        if len(dead) == len(replicas):
-            logger.error("every replica is gone")
+        if len(dead) == len(replicas) or (dead and each_needed):
+            logger.error("every replica is gone" if not each_needed else "a server is gone")
             return 1
         time.sleep(POLL_S)
     return 0

@@ -1,0 +1,248 @@
+"""Prefill-decode disaggregation in the scheduler (core/scheduler_pd.py), on two fake runners joined
+by an in-memory link that moves the fake "KV" (position, token) of the pages the decode scheduler
+registered.
+
+Truth: `reference_output` from the token ids alone; the decode runner asserts every prefix slot it
+reads holds that request's token at that position (so a page sent to the wrong place, a wrong start
+page or a missing page shows up), and it must never be fed a prompt token.
+"""
+
+import random
+
+from fake_runner import FakeRunner, reference_output
+from test_scheduler import VOCAB, ids
+
+from radixrt.runtime.config import ServerConfig
+from radixrt.runtime.core.pd_link import KVArrived, KVFailed, KVSent
+from radixrt.runtime.core.scheduler import Scheduler
+from radixrt.runtime.messages import TokenizedGenerateReq
+
+
+class MemoryLink:
+    """Both ends of a link in one process; pump() does what the agents and Mooncake do."""
+
+    def __init__(self, src_runner, dst_runner, page_size):
+        self.src, self.dst, self.page_size = src_runner, dst_runner, page_size
+        self.sends, self.regs, self.ended = {}, {}, {}
+        self.prefill_events, self.decode_events = [], []
+        self.registered = []  # (room, start page, pages) of each registration
+        self.moved_pages = 0
+
+    # prefill end
+    def send(self, room, page_ids, first):
+        if room in self.ended:
+            self.prefill_events.append(KVSent(room, error=self.ended[room]))
+        else:
+            self.sends[room] = (list(page_ids), first)
+
+    def drop(self, room, error):
+        self.ended[room] = error
+        if self.sends.pop(room, None) is not None:
+            self.prefill_events.append(KVSent(room, error=error))
+        if self.regs.pop(room, None) is not None:
+            self.decode_events.append(KVFailed(room, f"prefill: {error}"))
+
+    # decode end
+    def expect(self, bootstrap, page_ids, start_page):
+        room = bootstrap.room
+        self.registered.append((room, start_page, list(page_ids)))
+        if room in self.ended:
+            self.decode_events.append(KVFailed(room, self.ended[room]))
+        else:
+            self.regs[room] = (list(page_ids), start_page)
+
+    def cancel(self, bootstrap):
+        room = bootstrap.room
+        self.ended[room] = "cancelled by the decode server"
+        if self.sends.pop(room, None) is not None:
+            self.prefill_events.append(KVSent(room, error="cancelled by the decode server"))
+        if self.regs.pop(room, None) is not None:
+            self.decode_events.append(KVFailed(room, "cancelled"))
+
+    def pump(self):
+        for room in [r for r in self.sends if r in self.regs]:
+            (src_pages, first), (dst_pages, start) = self.sends.pop(room), self.regs.pop(room)
+            assert len(src_pages) - start == len(dst_pages)
+            ps = self.page_size
+            for s, d in zip(src_pages[start:], dst_pages):
+                for off in range(ps):
+                    got = self.src.kv.get(s * ps + off)
+                    if got is None:
+                        self.dst.kv.pop(d * ps + off, None)
+                    else:
+                        self.dst.kv[d * ps + off] = got
+            self.moved_pages += len(dst_pages)
+            n = len(dst_pages)
+            self.prefill_events.append(KVSent(room, num_pages=n, num_bytes=n))
+            self.decode_events.append(KVArrived(room, first, num_pages=n, num_bytes=n))
+
+    def events_for(self, mode):
+        out = self.prefill_events if mode == "prefill" else self.decode_events
+        got = list(out)
+        out.clear()
+        return got
+
+    def close(self):
+        pass
+
+
+class End:
+    """One scheduler's view of the MemoryLink."""
+
+    def __init__(self, link, mode):
+        self.link, self.mode = link, mode
+
+    def __getattr__(self, name):
+        return getattr(self.link, name)
+
+    def events(self):
+        return self.link.events_for(self.mode)
+
+
+def make_pair(page_size=4, num_tokens=800):
+    runners, scheds = {}, {}
+    for mode in ("prefill", "decode"):
+        runners[mode] = FakeRunner(num_tokens // page_size, page_size, VOCAB, eos=0, max_rows=17)
+    link = MemoryLink(runners["prefill"], runners["decode"], page_size)
+    for mode in ("prefill", "decode"):
+        cfg = ServerConfig(page_size=page_size, chunked_prefill_size=32, disaggregation_mode=mode)
+        scheds[mode] = Scheduler(cfg, runners[mode], kv_link=End(link, mode))
+    return scheds["prefill"], scheds["decode"], link
+
+
+def submit_both(p, d, rid, prompt, room, max_new=12, only=("prefill", "decode")):
+    outs = []
+    for s, mode in ((p, "prefill"), (d, "decode")):
+        if mode in only:
+            msg = TokenizedGenerateReq(
+                rid=rid,
+                input_ids=prompt,
+                sampling_params={"max_new_tokens": max_new},
+                bootstrap_host="127.0.0.1",
+                bootstrap_port=8998,
+                bootstrap_room=room,
+            )
+            outs += s.add_request(msg)
+    return outs
+
+
+def run_pair(p, d, link, outs=None, max_steps=5000):
+    outs = {} if outs is None else outs
+    for _ in range(max_steps):
+        busy = False
+        for s in (p, d):
+            busy |= s.poll_transfers()
+            if s.has_work():
+                s.step()
+                busy = True
+            for o in s.take_outputs():
+                outs.setdefault((s.pd_mode, o.rid), []).append(o)
+            s.check_integrity()
+        link.pump()
+        if not busy and not (p.pd_held() or d.pd_held()):
+            return outs
+    raise AssertionError("the pair did not finish")
+
+
+def prompts(rng, n=12):
+    shared = [rng.randrange(1, VOCAB) for _ in range(13)]
+    out = []
+    for i in range(n):
+        tail = [rng.randrange(1, VOCAB) for _ in range(rng.randrange(1, 20))]
+        out.append(shared + tail if i % 2 else tail + shared)
+    return out
+
+
+def test_outputs_match_the_reference_and_the_decode_side_computes_no_prompt():
+    p, d, link = make_pair()
+    rng = random.Random(7)
+    ps = prompts(rng)
+    for i, prompt in enumerate(ps):
+        submit_both(p, d, f"r{i}", prompt, room=1000 + i)
+    outs = run_pair(p, d, link)
+    for i, prompt in enumerate(ps):
+        want = reference_output(prompt, 12, VOCAB, eos=0)
+        assert ids(outs, ("decode", f"r{i}")) == want, i
+        assert outs[("prefill", f"r{i}")][-1].finished_reason is not None
+    assert d.stats.prompt_tokens_computed == 0
+    assert p.stats.prompt_tokens_computed > 0
+    assert d.stats.kv_transfers == p.stats.kv_transfers == len(ps)
+    assert d.stats.kv_transfer_pages == p.stats.kv_transfer_pages == link.moved_pages
+    for s in (p, d):  # everything back: free + the trees, nothing held
+        s.check_integrity()
+        assert not s.pd_held() and s.flush_cache()
+
+
+def test_only_the_pages_the_decode_tree_lacks_travel():
+    p, d, link = make_pair(page_size=4)
+    rng = random.Random(3)
+    first = [rng.randrange(1, VOCAB) for _ in range(21)]
+    submit_both(p, d, "a", first, room=1)
+    outs = run_pair(p, d, link)
+    turn = first + ids(outs, ("decode", "a")) + [rng.randrange(1, VOCAB) for _ in range(9)]
+    submit_both(p, d, "b", turn, room=2)
+    outs = run_pair(p, d, link, outs)
+    assert ids(outs, ("decode", "b")) == reference_output(turn, 12, VOCAB, eos=0)
+    room, start, pages = link.registered[-1]
+    # the decode server's tree holds the first turn (prompt + output, whole pages): only the rest
+    cached = (len(first) + 12) // 4 * 4
+    assert start == cached // 4
+    assert len(pages) == -(-len(turn) // 4) - start
+    assert outs[("decode", "b")][-1].cached_tokens >= cached - 4
+
+
+def test_a_decode_abort_while_the_kv_is_in_flight_frees_pages_on_both_sides():
+    p, d, link = make_pair()
+    prompt = list(range(1, 30))
+    submit_both(p, d, "x", prompt, room=5, only=("decode",))
+    for _ in range(3):  # registered; the prefill server has not seen the request yet
+        d.step()
+        d.poll_transfers()
+    assert d.pd_held()
+    out = d.abort("x")
+    assert not out and d.pd_held()  # held until the link lets go of its pages
+    outs = run_pair(p, d, link)
+    assert outs[("decode", "x")][-1].finished_reason["type"] == "abort"
+    submit_both(p, d, "x", prompt, room=5, only=("prefill",))  # the late half
+    outs = run_pair(p, d, link, outs)
+    assert "cancelled" in outs[("prefill", "x")][-1].finished_reason["message"]
+    for s in (p, d):
+        s.check_integrity()
+        assert s.flush_cache()
+
+
+def test_a_request_the_prefill_server_refuses_fails_on_the_decode_side():
+    p, d, link = make_pair()
+    submit_both(p, d, "ok", [1, 2, 3], room=9)
+    bad = TokenizedGenerateReq(
+        rid="bad",
+        input_ids=[1, 2, VOCAB + 5],  # out of the vocabulary: refused at intake
+        sampling_params={"max_new_tokens": 4},
+        bootstrap_host="h",
+        bootstrap_room=10,
+    )
+    refusal = p.add_request(bad)
+    assert refusal and refusal[0].finished_reason["type"] == "abort"
+    d.add_request(
+        TokenizedGenerateReq(
+            rid="bad",
+            input_ids=[1, 2, 3, 4],
+            sampling_params={"max_new_tokens": 4},
+            bootstrap_host="h",
+            bootstrap_room=10,
+        )
+    )
+    outs = run_pair(p, d, link)
+    err = outs[("decode", "bad")][-1]
+    assert err.finished_reason["type"] == "abort" and err.error_status == 500
+    assert ids(outs, ("decode", "ok")) == reference_output([1, 2, 3], 12, VOCAB, eos=0)
+    for s in (p, d):
+        s.check_integrity()
+
+
+def test_a_disaggregated_scheduler_refuses_requests_without_a_room():
+    p, d, _ = make_pair()
+    for s in (p, d):
+        out = s.add_request(TokenizedGenerateReq(rid="plain", input_ids=[1, 2], sampling_params={}))
+        assert out[0].finished_reason["type"] == "abort"
+        assert "bootstrap_room" in out[0].finished_reason["message"]
