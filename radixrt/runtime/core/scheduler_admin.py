@@ -83,6 +83,7 @@ class SchedulerAdmin:
             "kv_pool_bytes": self.runner.kv_pool_bytes,
             "kv_cache_dtype": self.runner.kv_cache_dtype,
             "disaggregation_mode": self.pd_mode,
+            "num_transferring": len(self.pd_held()),  # pages held for a KV transfer
             **st.transfer_info(),
             "num_running": len(self.running),
             "num_waiting": len(self.waiting),

@@ -1,0 +1,381 @@
+"""Prefill-decode disaggregation for real: a prefill server, a decode server and sglang-router's PD
+mode in front (`--pd-disaggregation --prefill URL BOOTSTRAP_PORT --decode URL`), the KV moved by
+Mooncake's transfer engine over TCP; a unified server beside them is the truth.
+
+Truth: the unified server's greedy output in float32 (token for token); the servers' own counters
+(/get_server_info: prompt tokens computed, pages and bytes moved, integrity); after every test both
+servers settle with every page free or in their trees.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+from conftest_server import ServerProcess, free_port, sse_events
+
+pytestmark = pytest.mark.integration
+pytest.importorskip("sglang_router", reason="the PD router is sglang-router's")
+pytest.importorskip("mooncake.engine", reason="pip install mooncake-transfer-engine-non-cuda")
+
+PAGE = 4
+COMMON = ["--page-size", str(PAGE), "--max-total-tokens", "12288", "--log-level", "warning"]
+TIMEOUT_S = 10
+SYSTEM = (
+    "You are the assistant of a small bakery. You answer questions about bread, cakes, opening hours "
+    "and orders in one or two friendly sentences, and you never invent prices. "
+)
+QUESTIONS = [
+    "Do you sell rye bread?",
+    "When do you open on Sunday?",
+    "Can I order a birthday cake?",
+    "Is the croissant made with butter?",
+    "Do you have gluten-free options?",
+    "How long does sourdough keep?",
+    "Can you deliver to the office?",
+    "What is your most popular cake?",
+]
+OTHERS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "1, 1, 2, 3, 5, 8,",
+    "Once upon a time in a quiet village,",
+    "The three primary colours are",
+    "SELECT name FROM users WHERE",
+    "Water boils at",
+    "The opposite of hot is",
+]
+
+
+def start_router(prefill: ServerProcess, decode: ServerProcess, bootstrap_port: int):
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sglang_router.launch_router",
+            "--pd-disaggregation",
+            "--prefill",
+            prefill.url,
+            str(bootstrap_port),
+            "--decode",
+            decode.url,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--prometheus-port",
+            str(free_port()),
+            "--log-level",
+            "warn",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.post(url + "/generate", json=body("Hi", 1), timeout=60).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise TimeoutError("the PD router did not come up")
+
+
+def body(text, max_new=20, **extra):
+    return {"text": text, "sampling_params": {"max_new_tokens": max_new, "temperature": 0}, **extra}
+
+
+@pytest.fixture(scope="module")
+def pd(tmp_path_factory):
+    bootstrap_port = free_port()
+    pd_flags = ["--disaggregation-transfer-timeout", str(TIMEOUT_S)]
+    servers = {}
+    try:
+        servers["prefill"] = ServerProcess(
+            [
+                *COMMON,
+                *pd_flags,
+                "--disaggregation-mode",
+                "prefill",
+                "--disaggregation-bootstrap-port",
+                str(bootstrap_port),
+            ],
+            tmp_path_factory.mktemp("prefill"),
+        )
+        servers["decode"] = ServerProcess(
+            [*COMMON, *pd_flags, "--disaggregation-mode", "decode"],
+            tmp_path_factory.mktemp("decode"),
+        )
+        servers["unified"] = ServerProcess(COMMON, tmp_path_factory.mktemp("unified"))
+        router, url = start_router(servers["prefill"], servers["decode"], bootstrap_port)
+    except Exception:
+        for s in servers.values():
+            s.stop()
+        raise
+    yield {**servers, "router": url, "bootstrap_port": bootstrap_port}
+    router.terminate()
+    router.wait(30)
+    for s in servers.values():
+        s.stop()
+
+
+def info(server) -> dict:
+    return httpx.get(server.url + "/get_server_info", timeout=30).json()
+
+
+def settled(server, timeout=30) -> dict:
+    """The server's figures once nothing runs, waits or is held for a transfer."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = info(server)
+        idle = not (got["num_running"] or got["num_waiting"] or got["num_transferring"])
+        if idle or time.monotonic() > deadline:
+            assert idle, f"{server.url} did not settle: {got}"
+            return info(server)  # walked now that it is idle
+        time.sleep(0.2)
+
+
+@pytest.fixture(autouse=True)
+def pages_come_back(pd):
+    yield
+    for name in ("prefill", "decode"):
+        got = settled(pd[name])
+        assert got["integrity_ok"], (name, got["integrity_error"])
+        assert got["kv_pages_free"] + got["kv_pages_cached"] == got["kv_pages_total"], (name, got)
+
+
+def post_all(url_path_bodies, timeout=180):
+    """POST every (url, body) at once; the responses (or the httpx error) in order."""
+    out = [None] * len(url_path_bodies)
+
+    def go(i, url, b):
+        try:
+            out[i] = httpx.post(url, json=b, timeout=timeout)
+        except httpx.HTTPError as e:  # a server killed under its request
+            out[i] = e
+
+    threads = [
+        threading.Thread(target=go, args=(i, u, b)) for i, (u, b) in enumerate(url_path_bodies)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def test_outputs_through_the_router_equal_a_unified_server(pd, tokenizer):
+    texts = [SYSTEM + q for q in QUESTIONS] + OTHERS
+    before = {k: info(pd[k]) for k in ("prefill", "decode")}
+    via_router = post_all([(pd["router"] + "/generate", body(t)) for t in texts])
+    unified = post_all([(pd["unified"].url + "/generate", body(t)) for t in texts])
+    for t, a, b in zip(texts, via_router, unified):
+        assert a.status_code == 200 and b.status_code == 200, (a.text, b.text)
+        assert a.json()["output_ids"] == b.json()["output_ids"], t
+    after = {k: settled(pd[k]) for k in ("prefill", "decode")}
+    moved = {
+        k: {
+            f: after[k][f] - before[k][f]
+            for f in after[k]
+            if f.startswith(("kv_transfer", "prompt_tokens", "cached"))
+        }
+        for k in after
+    }
+    dec, pre = moved["decode"], moved["prefill"]
+    assert dec["prompt_tokens_computed"] == 0  # the decode server never computed a prompt token
+    assert dec["kv_transfers"] == pre["kv_transfers"] == len(texts)
+    page_bytes = after["decode"]["kv_bytes_per_token"] * PAGE
+    assert dec["kv_transfer_bytes"] == dec["kv_transfer_pages"] * page_bytes > 0
+    assert (pre["kv_transfer_pages"], pre["kv_transfer_bytes"]) == (
+        dec["kv_transfer_pages"],
+        dec["kv_transfer_bytes"],
+    )
+    # the shared system prompt was computed once on the prefill server, then matched
+    system_tokens = len(tokenizer(SYSTEM, add_special_tokens=False)["input_ids"])
+    assert pre["cached_tokens"] >= (len(QUESTIONS) - 1) * (system_tokens - 2 * PAGE)
+    prompt_tokens = sum(r.json()["meta_info"]["prompt_tokens"] for r in via_router)
+    assert pre["prompt_tokens_computed"] <= prompt_tokens - pre["cached_tokens"]
+
+
+def test_openai_routes_and_streams_work_unchanged_through_the_router(pd):
+    chat = {
+        "model": "default",
+        "messages": [{"role": "user", "content": "Name two fruits."}],
+        "max_tokens": 16,
+        "temperature": 0,
+    }
+    a = httpx.post(pd["router"] + "/v1/chat/completions", json=chat, timeout=120).json()
+    b = httpx.post(pd["unified"].url + "/v1/chat/completions", json=chat, timeout=120).json()
+    assert a["choices"][0]["message"] == b["choices"][0]["message"]
+    with httpx.stream(
+        "POST", pd["router"] + "/v1/chat/completions", json={**chat, "stream": True}, timeout=120
+    ) as r:
+        events = sse_events(list(r.iter_lines()))
+    import json
+
+    text = "".join(
+        (json.loads(e)["choices"][0]["delta"].get("content") or "") for e in events if e != "[DONE]"
+    )
+    assert text == b["choices"][0]["message"]["content"] and events[-1] == "[DONE]"
+    with httpx.stream(
+        "POST",
+        pd["router"] + "/generate",
+        json=body("Water boils at", 12, stream=True),
+        timeout=120,
+    ) as r:
+        events = sse_events(list(r.iter_lines()))
+    last = json.loads(events[-2])
+    want = httpx.post(pd["unified"].url + "/generate", json=body("Water boils at", 12), timeout=120)
+    assert last["output_ids"] == want.json()["output_ids"]
+    completion = {"model": "default", "prompt": "1, 2, 3,", "max_tokens": 8, "temperature": 0}
+    a = httpx.post(pd["router"] + "/v1/completions", json=completion, timeout=120).json()
+    b = httpx.post(pd["unified"].url + "/v1/completions", json=completion, timeout=120).json()
+    assert a["choices"][0]["text"] == b["choices"][0]["text"]
+
+
+def test_a_follow_up_turn_finds_its_history_on_both_servers(pd):
+    first = SYSTEM + "Tell me about your apple pie."
+    one = httpx.post(pd["router"] + "/generate", json=body(first, 16), timeout=120).json()
+    before = {k: settled(pd[k]) for k in ("prefill", "decode")}
+    follow = first + one["text"] + " And how much sugar is in it?"
+    two = httpx.post(pd["router"] + "/generate", json=body(follow, 8), timeout=120).json()
+    after = {k: settled(pd[k]) for k in ("prefill", "decode")}
+    prompt_len = two["meta_info"]["prompt_tokens"]
+    decode_cached = two["meta_info"]["cached_tokens"]  # the decode server's own tree
+    assert decode_cached >= one["meta_info"]["prompt_tokens"] - PAGE
+    pages = after["decode"]["kv_transfer_pages"] - before["decode"]["kv_transfer_pages"]
+    assert pages == -(-prompt_len // PAGE) - decode_cached // PAGE  # only the new pages travelled
+    prefill_cached = after["prefill"]["cached_tokens"] - before["prefill"]["cached_tokens"]
+    assert prefill_cached >= one["meta_info"]["prompt_tokens"] - PAGE
+
+
+def test_aborts_free_pages_on_both_servers(pd):
+    # a stream the client leaves after two events: the decode server aborts it
+    with httpx.stream(
+        "POST",
+        pd["router"] + "/generate",
+        json=body("Count to a thousand:", 400, stream=True),
+        timeout=120,
+    ) as r:
+        for n, _ in enumerate(r.iter_lines()):
+            if n > 3:
+                break
+    # a request waiting for KV the prefill server never gets, abandoned by its client
+    orphan = {
+        **body("An orphan", 4),
+        "bootstrap_host": "127.0.0.1",
+        "bootstrap_port": pd["bootstrap_port"],
+        "bootstrap_room": 424242,
+    }
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(pd["decode"].url + "/generate", json=orphan, timeout=1.5)
+    settled(pd["decode"])
+    # its late half on the prefill server is answered at once: the decode side cancelled the room
+    r = httpx.post(pd["prefill"].url + "/generate", json=orphan, timeout=60)
+    assert r.status_code == 500 and "cancelled by the decode server" in r.text
+
+
+def test_transfer_timeouts_fail_the_request_alone(pd):
+    started = time.monotonic()
+    lonely = {"bootstrap_host": "127.0.0.1", "bootstrap_port": pd["bootstrap_port"]}
+    prefill_only, decode_only = post_all(
+        [
+            (
+                pd["prefill"].url + "/generate",
+                {**body("Nobody asks", 4), **lonely, "bootstrap_room": 1001},
+            ),
+            (
+                pd["decode"].url + "/generate",
+                {**body("Nobody sends", 4), **lonely, "bootstrap_room": 1002},
+            ),
+        ]
+    )
+    assert time.monotonic() - started < TIMEOUT_S + 15
+    assert prefill_only.status_code == 500 and f"within {TIMEOUT_S} s" in prefill_only.text
+    assert decode_only.status_code == 500
+    assert (
+        f"within {TIMEOUT_S} s" in decode_only.text
+        or "no request for this room" in decode_only.text
+    )
+    # and both keep serving
+    assert (
+        httpx.post(
+            pd["router"] + "/generate", json=body("Still there?", 4), timeout=120
+        ).status_code
+        == 200
+    )
+
+
+def test_a_killed_prefill_server_fails_its_requests_and_the_decode_server_goes_on(pd, tmp_path):
+    bootstrap_port = free_port()
+    victim = ServerProcess(
+        [
+            *COMMON,
+            "--disaggregation-mode",
+            "prefill",
+            "--disaggregation-bootstrap-port",
+            str(bootstrap_port),
+        ],
+        tmp_path / "victim",
+    )
+    try:
+        long_text = " ".join(f"item {i} is number {i * 7 % 13};" for i in range(220))  # ~2k tokens
+        reqs = []
+        for k in range(3):
+            b = {
+                **body(f"{k}: " + long_text, 8),
+                "bootstrap_host": "127.0.0.1",
+                "bootstrap_port": bootstrap_port,
+                "bootstrap_room": 9000 + k,
+            }
+            reqs += [(victim.url + "/generate", b), (pd["decode"].url + "/generate", b)]
+        results = {}
+
+        def run():
+            results["out"] = post_all(reqs, timeout=120)
+
+        t = threading.Thread(target=run)
+        t.start()
+        time.sleep(2.0)  # the first prompt is being computed or sent
+        for pid in victim.alive_pids():
+            os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        t.join(120)
+        assert not t.is_alive()
+        assert time.monotonic() - killed < 15  # within seconds, no hang
+        decoded = results["out"][1::2]
+        failed = [r for r in decoded if r.status_code != 200]
+        assert failed, "every request finished before the kill: the test did not test anything"
+        for r in failed:
+            assert r.status_code == 500 and "did not arrive" in r.text, r.text
+    finally:
+        victim.stop(signal.SIGKILL)
+    r = httpx.post(pd["router"] + "/generate", json=body("After the kill", 4), timeout=120)
+    assert r.status_code == 200
+
+
+def test_pd_1p1d_starts_all_three_and_answers_like_a_unified_server(pd, tmp_path):
+    srv = ServerProcess(
+        [*COMMON, "--pd", "1p1d", "--disaggregation-bootstrap-port", str(free_port())],
+        tmp_path / "1p1d",
+    )
+    try:
+        a = httpx.post(srv.url + "/generate", json=body("The opposite of hot is", 12), timeout=120)
+        b = httpx.post(
+            pd["unified"].url + "/generate", json=body("The opposite of hot is", 12), timeout=120
+        )
+        assert a.status_code == 200 and a.json()["output_ids"] == b.json()["output_ids"]
+        pids = srv.alive_pids()
+        assert len(pids) >= 3  # the launcher, its two servers (and their processes), the router
+    finally:
+        code = srv.stop()
+    assert code == 0
