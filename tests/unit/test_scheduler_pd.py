@@ -85,6 +85,8 @@ class MemoryLink:
     def close(self):
         pass
 
+    alive = True
+
 
 class End:
     """One scheduler's view of the MemoryLink."""
@@ -97,6 +99,10 @@ class End:
 
     def events(self):
         return self.link.events_for(self.mode)
+
+    @property
+    def alive(self):
+        return self.link.alive
 
 
 def make_pair(page_size=4, num_tokens=800):
@@ -246,3 +252,17 @@ def test_a_disaggregated_scheduler_refuses_requests_without_a_room():
         out = s.add_request(TokenizedGenerateReq(rid="plain", input_ids=[1, 2], sampling_params={}))
         assert out[0].finished_reason["type"] == "abort"
         assert "bootstrap_room" in out[0].finished_reason["message"]
+
+
+def test_a_stopped_transfer_fails_what_it_held_instead_of_hanging():
+    p, d, link = make_pair()
+    submit_both(p, d, "y", list(range(1, 20)), room=11, only=("decode",))
+    for _ in range(2):
+        d.step()
+    assert d.pd_held()
+    link.alive = False
+    d.poll_transfers()
+    (out,) = d.take_outputs()
+    assert out.error_status == 500 and "transfer agent stopped" in out.error
+    assert not d.pd_held()
+    d.check_integrity()

@@ -79,4 +79,8 @@ class KVLink(Protocol):
     def events(self) -> list[KVSent | KVArrived | KVFailed]:
         """What happened since the last call."""
 
+    @property
+    def alive(self) -> bool:
+        """False once no more events can come (the transfer stopped)."""
+
     def close(self) -> None: ...

@@ -153,6 +153,10 @@ class SchedulerPD:
         if self.kv_link is None:
             return False
         events = self.kv_link.events()
+        if not self.kv_link.alive:  # nothing more will come: what is held fails instead of hanging
+            error = "the KV transfer agent stopped (see the server log)"
+            events += [KVSent(room, error=error) for room in self.sending]
+            events += [KVFailed(room, error) for room in self.receiving]
         for ev in events:
             try:
                 if isinstance(ev, KVSent):

@@ -64,6 +64,10 @@ class ThreadLink:
             kind = ev.pop("kind")
             out.append({"sent": KVSent, "arrived": KVArrived, "failed": KVFailed}[kind](**ev))
 
+    @property
+    def alive(self) -> bool:
+        return self.agent is not None and self.agent.is_alive()
+
     def close(self) -> None:
         if self.agent is not None and self.agent.is_alive():
             self._command("close")
