@@ -39,6 +39,11 @@ class Engine:
         )
 
         self.config = ServerConfig(model_path=model_path, **kwargs)
+        if self.config.disaggregation_mode != "null" or self.config.pd is not None:
+            raise ValueError(
+                "prefill-decode disaggregation is served by `radixrt serve --disaggregation-mode` "
+                "(or --pd 1p1d) behind sglang-router, not by the in-process Engine"
+            )
         self.scheduler = create_scheduler(self.config)
         self.tokenizer = self.scheduler.tokenizer
         self._lock = threading.Lock()

@@ -266,3 +266,42 @@ def test_a_stopped_transfer_fails_what_it_held_instead_of_hanging():
     assert out.error_status == 500 and "transfer agent stopped" in out.error
     assert not d.pd_held()
     d.check_integrity()
+
+
+def test_settings_disaggregation_cannot_serve_are_refused_by_name():
+    import pytest
+
+    from radixrt.runtime.engine import Engine
+
+    with pytest.raises(ValueError, match="--tp-size 1 and --dp-size 1"):
+        ServerConfig(disaggregation_mode="decode", tp_size=2)
+    with pytest.raises(ValueError, match="disaggregation_mode must be one of"):
+        ServerConfig(disaggregation_mode="both")
+    with pytest.raises(ValueError, match="leave --disaggregation-mode out"):
+        ServerConfig(disaggregation_mode="prefill", pd="1p1d")
+    with pytest.raises(ValueError, match="not by the in-process Engine"):
+        Engine(disaggregation_mode="prefill")
+
+
+def test_the_request_edge_names_the_bootstrap_field_at_fault():
+    import pytest
+
+    from radixrt.runtime.disaggregation.edge import check_bootstrap
+    from radixrt.runtime.request_edge import RequestError
+
+    ok = dict(num_prompts=1, n=1, is_beam=False, logprob_start_len=None)
+    assert check_bootstrap("null", None, None, None, **ok) == {}  # ignored, as SGLang does
+    assert check_bootstrap("decode", "h", None, 2**64 - 1, **ok)["bootstrap_room"] == 2**64 - 1
+    cases = [
+        (("decode", "h", None, None), ok, "bootstrap_room"),
+        (("prefill", None, 8998, 3), ok, "bootstrap_host"),
+        (("decode", "h", None, 2**64), ok, "bootstrap_room"),
+        (("decode", "h", 0, 3), ok, "bootstrap_port"),
+        (("decode", "h", None, 3), {**ok, "n": 2}, "n"),
+        (("decode", "h", None, 3), {**ok, "num_prompts": 2}, "bootstrap_room"),
+        (("prefill", "h", None, 3), {**ok, "logprob_start_len": 0}, "logprob_start_len"),
+    ]
+    for args, kwargs, field in cases:
+        with pytest.raises(RequestError) as e:
+            check_bootstrap(*args, **kwargs)
+        assert e.value.param == field, (args, kwargs)
