@@ -70,13 +70,15 @@ class SchedulerPD:
     # ------------------------------------------------------------ prefill side
     def _hand_off(self, req: Req, reason: FinishReason | None, res: ItemResult) -> None:
         """The prompt is computed and its first token sampled: the pages wait for the transfer."""
+        num_pages = -(-len(req.origin_input_ids) // self.page_size)
+        first = {"id": res.next_id, "logprob": res.logprob, "top_logprobs": res.top_logprobs}
+        self.kv_link.send(
+            req.bootstrap.room, req.page_ids[:num_pages], first
+        )  # raising: still ours
         self.running.remove(req)
         req.pd_reason = reason or FinishReason.length_limit(len(req.output_ids))
         req.pd_handed_off = True
         self.sending[req.bootstrap.room] = req
-        num_pages = -(-len(req.origin_input_ids) // self.page_size)
-        first = {"id": res.next_id, "logprob": res.logprob, "top_logprobs": res.top_logprobs}
-        self.kv_link.send(req.bootstrap.room, req.page_ids[:num_pages], first)
 
     def _on_sent(self, ev: KVSent) -> None:
         req = self.sending.pop(ev.room, None)

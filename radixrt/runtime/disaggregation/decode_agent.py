@@ -26,7 +26,7 @@ PEER_SILENT_S = 5.0  # ... and given up (its rooms failed) after this long witho
 class Peer:
     def __init__(self, sock: zmq.Socket, now: float):
         self.sock = sock
-        self.heard = self.pinged = now
+        self.heard = self.pinged = self.used = now  # last heard from, pinged, sent anything to
         self.rooms: set[int] = set()
 
 
@@ -47,6 +47,7 @@ class DecodeAgent(Agent):
         return self.peers[addr]
 
     def _send(self, peer: Peer, op: str, **fields: Any) -> None:
+        peer.used = time.monotonic()
         peer.sock.send(orjson.dumps({"op": op, **fields}))
 
     def on_command(self, msg: dict[str, Any]) -> None:
@@ -106,7 +107,9 @@ class DecodeAgent(Agent):
                 )
                 self._cancel(room, entry["addr"], why)
         for addr, peer in list(self.peers.items()):
-            if not peer.rooms:
+            if not peer.rooms:  # nothing in flight there: its socket goes after a quiet while
+                if now - max(peer.heard, peer.used) > PEER_SILENT_S:
+                    self._forget(addr)
                 continue
             if now - peer.heard > PEER_SILENT_S:
                 error = (
@@ -115,12 +118,15 @@ class DecodeAgent(Agent):
                 for room in list(peer.rooms):
                     entry = self.pending.get(room) or {}
                     self._finish(room, "failed", error=entry.get("cancelled") or error)
-                self.poller.unregister(peer.sock)
-                peer.sock.close(linger=0)
-                del self.peers[addr]
+                self._forget(addr)
             elif now - peer.pinged >= PING_S:
                 peer.pinged = now
                 self._send(peer, "ping")
+
+    def _forget(self, addr: str) -> None:
+        peer = self.peers.pop(addr)
+        self.poller.unregister(peer.sock)
+        peer.sock.close(linger=0)
 
     def close_sockets(self) -> None:
         for peer in self.peers.values():
