@@ -23,7 +23,7 @@ pytest.importorskip("sglang_router", reason="the PD router is sglang-router's")
 pytest.importorskip("mooncake.engine", reason="pip install mooncake-transfer-engine-non-cuda")
 
 PAGE = 4
-COMMON = ["--page-size", str(PAGE), "--max-total-tokens", "12288", "--log-level", "warning"]
+COMMON = ["--page-size", str(PAGE), "--max-total-tokens", "8192", "--log-level", "warning"]
 TIMEOUT_S = 10
 SYSTEM = (
     "You are the assistant of a small bakery. You answer questions about bread, cakes, opening hours "
@@ -330,7 +330,7 @@ def test_a_killed_prefill_server_fails_its_requests_and_the_decode_server_goes_o
     try:
         long_text = " ".join(f"item {i} is number {i * 7 % 13};" for i in range(220))  # ~2k tokens
         reqs = []
-        for k in range(3):
+        for k in range(4):
             b = {
                 **body(f"{k}: " + long_text, 8),
                 "bootstrap_host": "127.0.0.1",
