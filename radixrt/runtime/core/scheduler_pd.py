@@ -64,7 +64,8 @@ class SchedulerPD:
         room = req.bootstrap.room
         if room in self.sending or room in self.receiving:
             raise ValueError(f"bootstrap_room {room} is already in use")
-        if any(r.bootstrap is not None and r.bootstrap.room == room for r in self.running):
+        queued = (*self.running, *self.waiting)
+        if any(r.bootstrap is not None and r.bootstrap.room == room for r in queued):
             raise ValueError(f"bootstrap_room {room} is already in use")
 
     # ------------------------------------------------------------ prefill side
@@ -72,9 +73,8 @@ class SchedulerPD:
         """The prompt is computed and its first token sampled: the pages wait for the transfer."""
         num_pages = -(-len(req.origin_input_ids) // self.page_size)
         first = {"id": res.next_id, "logprob": res.logprob, "top_logprobs": res.top_logprobs}
-        self.kv_link.send(
-            req.bootstrap.room, req.page_ids[:num_pages], first
-        )  # raising: still ours
+        # handed over before it leaves running: a send that raises fails it like any request
+        self.kv_link.send(req.bootstrap.room, req.page_ids[:num_pages], first)
         self.running.remove(req)
         req.pd_reason = reason or FinishReason.length_limit(len(req.output_ids))
         req.pd_handed_off = True
