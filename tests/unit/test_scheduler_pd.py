@@ -305,3 +305,12 @@ def test_the_request_edge_names_the_bootstrap_field_at_fault():
         with pytest.raises(RequestError) as e:
             check_bootstrap(*args, **kwargs)
         assert e.value.param == field, (args, kwargs)
+
+
+def test_a_second_request_naming_a_room_in_use_is_refused_and_the_first_goes_on():
+    p, d, link = make_pair()
+    submit_both(p, d, "first", [5, 6, 7, 8, 9], room=21)
+    dup = submit_both(p, d, "second", [1, 2], room=21)
+    assert len(dup) == 2 and all("already in use" in o.error for o in dup)
+    outs = run_pair(p, d, link)
+    assert ids(outs, ("decode", "first")) == reference_output([5, 6, 7, 8, 9], 12, VOCAB, eos=0)

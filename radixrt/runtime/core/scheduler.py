@@ -126,7 +126,7 @@ class Scheduler(SchedulerAdmin, SchedulerBeams, StepRecovery, SchedulerPD):
                 log.exception("intake of %s failed", msg.rid)
             self.waiting = [r for r in self.waiting if r.rid != msg.rid]
             self.beam_groups.pop(msg.rid, None)
-            self._refused_room(bootstrap_of(msg), str(e))
+            self._refused_room(bootstrap_of(msg), e)
             return [refusal(msg, e)]
 
     def abort(self, rid: str) -> list[TokenOut]:

@@ -37,6 +37,10 @@ def bootstrap_of(msg: Any) -> Bootstrap | None:
     return Bootstrap(host, msg.bootstrap_port or DEFAULT_BOOTSTRAP_PORT, msg.bootstrap_room)
 
 
+class RoomInUse(ValueError):
+    """A second request named a room in use: refused, and the first one's peer is not told."""
+
+
 class SchedulerPD:
     kv_link: KVLink | None = None
     pd_mode = "null"
@@ -63,10 +67,10 @@ class SchedulerPD:
             return
         room = req.bootstrap.room
         if room in self.sending or room in self.receiving:
-            raise ValueError(f"bootstrap_room {room} is already in use")
+            raise RoomInUse(f"bootstrap_room {room} is already in use")
         queued = (*self.running, *self.waiting)
         if any(r.bootstrap is not None and r.bootstrap.room == room for r in queued):
-            raise ValueError(f"bootstrap_room {room} is already in use")
+            raise RoomInUse(f"bootstrap_room {room} is already in use")
 
     # ------------------------------------------------------------ prefill side
     def _hand_off(self, req: Req, reason: FinishReason | None, res: ItemResult) -> None:
@@ -190,10 +194,12 @@ class SchedulerPD:
         elif self.pd_mode == "decode" and not req.output_ids:
             self.kv_link.cancel(req.bootstrap)
 
-    def _refused_room(self, bootstrap: Bootstrap | None, error: str) -> None:
-        """A request refused at intake: its peer learns now instead of at the timeout."""
-        if bootstrap is None or self.kv_link is None:
+    def _refused_room(self, bootstrap: Bootstrap | None, error: Exception) -> None:
+        """A request refused at intake: its peer learns now instead of at the timeout (unless the
+        room is another request's)."""
+        if bootstrap is None or self.kv_link is None or isinstance(error, RoomInUse):
             return
+        error = str(error)
         if self.pd_mode == "prefill":
             self.kv_link.drop(bootstrap.room, error)
         elif self.pd_mode == "decode":
