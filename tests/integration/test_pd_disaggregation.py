@@ -123,7 +123,10 @@ def pd(tmp_path_factory):
         raise
     yield {**servers, "router": url, "bootstrap_port": bootstrap_port}
     router.terminate()
-    router.wait(30)
+    try:
+        router.wait(30)
+    except subprocess.TimeoutExpired:
+        router.kill()
     for s in servers.values():
         s.stop()
 
