@@ -173,7 +173,7 @@ class TokenizerManager(SchedulerLink):
                 num_prompts=num_prompts,
                 n=sp.n,
                 is_beam=sp.is_beam,
-                logprob_start_len=logprob_start_len,
+                logprob_start_len=start,  # -1 unless prompt logprobs were asked for
             )
             return expand_n(
                 self.new_rid(),
