@@ -14,10 +14,11 @@ import pytest
 import torch
 
 from radixrt.runtime.core.pd_link import Bootstrap, KVArrived, KVFailed, KVSent
-from radixrt.runtime.disaggregation import decode_agent
+from radixrt.runtime.disaggregation import decode_agent, prefill_agent
 from radixrt.runtime.disaggregation.decode_agent import DecodeAgent
 from radixrt.runtime.disaggregation.kv_layout import KVLayout, page_runs, regions
 from radixrt.runtime.disaggregation.link import ThreadLink
+from radixrt.runtime.disaggregation.page_stager import PageStager
 from radixrt.runtime.disaggregation.prefill_agent import PrefillAgent
 from radixrt.runtime.processes import free_port
 
@@ -30,6 +31,13 @@ class MemmoveEngine:
 
     def __init__(self):
         self.writes = 0
+        self.registered: set[int] = set()
+
+    def register(self, tensors):
+        self.registered |= {t.data_ptr() for t in tensors}
+
+    def unregister(self, tensors):
+        self.registered -= {t.data_ptr() for t in tensors}
 
     def write(self, peer, srcs, dsts, lens):
         for s, d, n in zip(srcs, dsts, lens):
@@ -62,12 +70,19 @@ def links(prefill_pool, decode_pool, prefill_timeout=30.0, decode_timeout=30.0):
             prefill_timeout,
             engine,
             KVLayout.of_pool(prefill_pool, PAGE),
+            PageStager(prefill_pool, PAGE, engine),
             f"tcp://127.0.0.1:{port}",
         )
     )
     d.start(
         DecodeAgent(
-            ctx, d.cmd_addr, d.evt_addr, decode_timeout, "x", KVLayout.of_pool(decode_pool, PAGE)
+            ctx,
+            d.cmd_addr,
+            d.evt_addr,
+            decode_timeout,
+            "x",
+            KVLayout.of_pool(decode_pool, PAGE),
+            PageStager(decode_pool, PAGE, engine),
         )
     )
     return p, d, port, engine
@@ -88,9 +103,12 @@ def page(tensor, p):
 
 @pytest.mark.parametrize("send_first", [True, False])
 @pytest.mark.parametrize("quantized", [False, True])
-def test_the_registered_pages_receive_the_prompt_pages(send_first, quantized):
+@pytest.mark.parametrize("staged", [False, True])
+def test_the_registered_pages_receive_the_prompt_pages(send_first, quantized, staged, monkeypatch):
+    if staged:  # scattered pages go through buffers (any number of regions, here)
+        monkeypatch.setattr(prefill_agent, "DIRECT_MAX_REGIONS", 0)
     src, dst = pool(16, True, quantized=quantized), pool(16, False, quantized=quantized)
-    p, d, port, _ = links(src, dst)
+    p, d, port, engine = links(src, dst)
     try:
         src_pages, start = [3, 4, 5, 9, 1], 2  # the decode side had the first two cached
         dst_pages = [7, 8, 2]
@@ -114,6 +132,7 @@ def test_the_registered_pages_receive_the_prompt_pages(send_first, quantized):
                 assert torch.equal(page(s_t, s), page(d_t, q))
             untouched = [q for q in range(16) if q not in dst_pages]
             assert all(not page(d_t, q).any() for q in untouched)
+        assert not engine.registered  # staging buffers are let go
     finally:
         p.close()
         d.close()
@@ -173,7 +192,7 @@ def test_timeouts_on_both_sides():
 def test_a_silent_prefill_server_fails_its_rooms(monkeypatch):
     monkeypatch.setattr(decode_agent, "PEER_SILENT_S", 1.0)
     d = ThreadLink(__import__("zmq").Context.instance())
-    d.start(DecodeAgent(d.ctx, d.cmd_addr, d.evt_addr, 60.0, "x", KVLayout((0,), (16,))))
+    d.start(DecodeAgent(d.ctx, d.cmd_addr, d.evt_addr, 60.0, "x", KVLayout((0,), (16,)), None))
     try:
         started = time.monotonic()
         d.expect(Bootstrap("127.0.0.1", free_port(), 3), [0], 0)  # nothing listens there
@@ -213,3 +232,14 @@ def test_mooncake_moves_the_pages():
         assert not page(d_t, 3).any()
     with pytest.raises(RuntimeError, match="write to 127.0.0.1:1 failed"):
         a.write("127.0.0.1:1", srcs, dsts, lens)
+    # staged: gathered into one buffer, written in one piece, scattered
+    dst2 = pool(8, False)
+    b.register(dst2)
+    sent = PageStager(src, PAGE, a).gather([7, 0, 3])
+    into = PageStager(dst2, PAGE, b)
+    buf = into.buffer(sent.numel())
+    a.write(b.session, [sent.data_ptr()], [buf.data_ptr()], [sent.numel()])
+    into.scatter(buf, [2, 6, 1])
+    for s_t, d_t in zip(src, dst2):
+        for s, q in ((7, 2), (0, 6), (3, 1)):
+            assert torch.equal(page(s_t, s), page(d_t, q))

@@ -1,6 +1,7 @@
 """The decode server's transfer agent: one ZeroMQ DEALER per prefill server it has rooms at. It
 registers each room's pages (expect), and reports the room `arrived` (the prefill server's `done`)
-or `failed`.
+or `failed`. A staged transfer (page_stager.py) asks for a buffer first (`stage`): one is registered
+for it, and on `done` its bytes are scattered into the room's pages.
 
 A room's pages are reported free to reuse (`failed`) only when no more bytes can land in them: the
 prefill side answered (failed, or cancelled after a cancel), or it stopped answering pings for
@@ -31,9 +32,10 @@ class Peer:
 
 
 class DecodeAgent(Agent):
-    def __init__(self, ctx, cmd_addr, evt_addr, timeout_s, session: str, layout: KVLayout):
+    def __init__(self, ctx, cmd_addr, evt_addr, timeout_s, session: str, layout: KVLayout, stager):
+        """stager: a PageStager over this pool (staged transfers)."""
         super().__init__(ctx, cmd_addr, evt_addr, timeout_s)
-        self.session, self.layout = session, layout
+        self.session, self.layout, self.stager = session, layout, stager
         self.peers: dict[str, Peer] = {}  # "host:port" of a bootstrap port -> its socket
         self.pending: dict[int, dict[str, Any]] = {}  # room -> addr, since, why it is cancelled
 
@@ -57,7 +59,13 @@ class DecodeAgent(Agent):
             if not peer.rooms:  # its silence counts from now, not from its last room
                 peer.heard = peer.pinged = time.monotonic()
             peer.rooms.add(room)
-            self.pending[room] = {"addr": addr, "since": time.monotonic(), "cancelled": None}
+            self.pending[room] = {
+                "addr": addr,
+                "since": time.monotonic(),
+                "cancelled": None,
+                "pages": msg["pages"],
+                "buf": None,
+            }
             register = {"session": self.session, "layout": self.layout.to_wire()}
             self._send(
                 peer, "register", room=room, pages=msg["pages"], start=msg["start"], **register
@@ -78,6 +86,10 @@ class DecodeAgent(Agent):
         entry = self.pending.pop(room, None)
         if entry is None:
             return
+        if entry["buf"] is not None:
+            if kind == "arrived":
+                self.stager.scatter(entry["buf"], entry["pages"])
+            self.stager.release(entry["buf"])
         peer = self.peers.get(entry["addr"])
         if peer is not None:
             peer.rooms.discard(room)
@@ -88,7 +100,9 @@ class DecodeAgent(Agent):
         if addr is not None:
             self.peers[addr].heard = time.monotonic()
         op = msg["op"]
-        if op == "done":
+        if op == "stage":
+            self._stage(sock, msg["room"], msg["num_bytes"])
+        elif op == "done":
             fields = {k: msg[k] for k in ("first", "num_pages", "num_bytes", "seconds")}
             self._finish(msg["room"], "arrived", **fields)
         elif op == "failed":
@@ -97,6 +111,17 @@ class DecodeAgent(Agent):
             entry = self.pending.get(msg["room"])
             why = (entry or {}).get("cancelled") or "cancelled"
             self._finish(msg["room"], "failed", error=why)
+
+    def _stage(self, sock: zmq.Socket, room: int, num_bytes: int) -> None:
+        """A buffer for a staged transfer into a room still wanted (else the prefill side drops
+        it)."""
+        entry = self.pending.get(room)
+        if entry is None or entry["cancelled"] is not None:
+            sock.send(orjson.dumps({"op": "cancel", "room": room}))
+            return
+        if entry["buf"] is None:
+            entry["buf"] = self.stager.buffer(num_bytes)
+        sock.send(orjson.dumps({"op": "staging", "room": room, "addr": entry["buf"].data_ptr()}))
 
     def tick(self, now: float) -> None:
         for room, entry in list(self.pending.items()):

@@ -16,6 +16,7 @@ from radixrt.runtime.disaggregation.agent import Agent
 from radixrt.runtime.disaggregation.decode_agent import DecodeAgent
 from radixrt.runtime.disaggregation.kv_layout import KVLayout
 from radixrt.runtime.disaggregation.mooncake_engine import MooncakeEngine
+from radixrt.runtime.disaggregation.page_stager import PageStager
 from radixrt.runtime.disaggregation.prefill_agent import PrefillAgent
 
 _names = itertools.count()
@@ -91,6 +92,7 @@ def make_link(config: Any, runner: Any) -> ThreadLink:
     tensors = runner.kv.tensors()
     engine.register(tensors)
     layout = KVLayout.of_pool(tensors, runner.page_size)
+    stager = PageStager(tensors, runner.page_size, engine)
     link = ThreadLink(zmq.Context.instance())
     link.engine = engine  # the engine serves the registered memory for as long as it lives
     timeout = config.disaggregation_transfer_timeout
@@ -99,12 +101,14 @@ def make_link(config: Any, runner: Any) -> ThreadLink:
         bind = f"tcp://{bind_host}:{config.disaggregation_bootstrap_port}"
         try:
             agent = PrefillAgent(
-                link.ctx, link.cmd_addr, link.evt_addr, timeout, engine, layout, bind
+                link.ctx, link.cmd_addr, link.evt_addr, timeout, engine, layout, stager, bind
             )
         except Exception:
             link.close()
             raise
     else:
-        agent = DecodeAgent(link.ctx, link.cmd_addr, link.evt_addr, timeout, engine.session, layout)
+        agent = DecodeAgent(
+            link.ctx, link.cmd_addr, link.evt_addr, timeout, engine.session, layout, stager
+        )
     link.start(agent)
     return link

@@ -38,6 +38,10 @@ class MooncakeEngine:
             if rc != 0:
                 raise RuntimeError(f"Mooncake could not register the KV pool memory (code {rc})")
 
+    def unregister(self, tensors: list[Any]) -> None:
+        for t in tensors:
+            self.engine.unregister_memory(t.data_ptr())
+
     def write(self, peer: str, srcs: list[int], dsts: list[int], lens: list[int]) -> None:
         """Copy each local region into the peer's memory; returns when all of it landed."""
         rc = self.engine.batch_transfer_sync_write(peer, srcs, dsts, lens)
