@@ -7,6 +7,7 @@ Truth: the unified server's greedy output in float32 (token for token); the serv
 servers settle with every page free or in their trees.
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -94,8 +95,38 @@ def body(text, max_new=20, **extra):
     return {"text": text, "sampling_params": {"max_new_tokens": max_new, "temperature": 0}, **extra}
 
 
+CHAT = {
+    "model": "default",
+    "messages": [{"role": "user", "content": "Name two fruits."}],
+    "max_tokens": 16,
+    "temperature": 0,
+}
+COMPLETION = {"model": "default", "prompt": "1, 2, 3,", "max_tokens": 8, "temperature": 0}
+TEXTS = [SYSTEM + q for q in QUESTIONS] + OTHERS
+
+
+def unified_answers(tmp_dir) -> dict:
+    """The truth, from a unified server stopped again before the disaggregated ones start (so no
+    more than two or three servers are up at once)."""
+    unified = ServerProcess(COMMON, tmp_dir)
+    try:
+        url = unified.url
+        gen = post_all([(url + "/generate", body(t)) for t in TEXTS])
+        return {
+            "texts": [r.json()["output_ids"] for r in gen],
+            "chat": httpx.post(url + "/v1/chat/completions", json=CHAT, timeout=120).json(),
+            "completion": httpx.post(url + "/v1/completions", json=COMPLETION, timeout=120).json(),
+            "water": httpx.post(
+                url + "/generate", json=body("Water boils at", 12), timeout=120
+            ).json(),
+        }
+    finally:
+        unified.stop()
+
+
 @pytest.fixture(scope="module")
 def pd(tmp_path_factory):
+    truth = unified_answers(tmp_path_factory.mktemp("unified"))
     bootstrap_port = free_port()
     pd_flags = ["--disaggregation-transfer-timeout", str(TIMEOUT_S)]
     servers = {}
@@ -115,13 +146,12 @@ def pd(tmp_path_factory):
             [*COMMON, *pd_flags, "--disaggregation-mode", "decode"],
             tmp_path_factory.mktemp("decode"),
         )
-        servers["unified"] = ServerProcess(COMMON, tmp_path_factory.mktemp("unified"))
         router, url = start_router(servers["prefill"], servers["decode"], bootstrap_port)
     except Exception:
         for s in servers.values():
             s.stop()
         raise
-    yield {**servers, "router": url, "bootstrap_port": bootstrap_port}
+    yield {**servers, "router": url, "bootstrap_port": bootstrap_port, "truth": truth}
     router.terminate()
     try:
         router.wait(30)
@@ -151,6 +181,8 @@ def settled(server, timeout=30) -> dict:
 def pages_come_back(pd):
     yield
     for name in ("prefill", "decode"):
+        if pd[name].proc.poll() is not None:  # the kill test's victim
+            continue
         got = settled(pd[name])
         assert got["integrity_ok"], (name, got["integrity_error"])
         assert got["kv_pages_free"] + got["kv_pages_cached"] == got["kv_pages_total"], (name, got)
@@ -177,13 +209,12 @@ def post_all(url_path_bodies, timeout=180):
 
 
 def test_outputs_through_the_router_equal_a_unified_server(pd, tokenizer):
-    texts = [SYSTEM + q for q in QUESTIONS] + OTHERS
+    texts = TEXTS
     before = {k: info(pd[k]) for k in ("prefill", "decode")}
     via_router = post_all([(pd["router"] + "/generate", body(t)) for t in texts])
-    unified = post_all([(pd["unified"].url + "/generate", body(t)) for t in texts])
-    for t, a, b in zip(texts, via_router, unified):
-        assert a.status_code == 200 and b.status_code == 200, (a.text, b.text)
-        assert a.json()["output_ids"] == b.json()["output_ids"], t
+    for t, a, want in zip(texts, via_router, pd["truth"]["texts"]):
+        assert a.status_code == 200, a.text
+        assert a.json()["output_ids"] == want, t
     after = {k: settled(pd[k]) for k in ("prefill", "decode")}
     moved = {
         k: {
@@ -210,25 +241,17 @@ def test_outputs_through_the_router_equal_a_unified_server(pd, tokenizer):
 
 
 def test_openai_routes_and_streams_work_unchanged_through_the_router(pd):
-    chat = {
-        "model": "default",
-        "messages": [{"role": "user", "content": "Name two fruits."}],
-        "max_tokens": 16,
-        "temperature": 0,
-    }
-    a = httpx.post(pd["router"] + "/v1/chat/completions", json=chat, timeout=120).json()
-    b = httpx.post(pd["unified"].url + "/v1/chat/completions", json=chat, timeout=120).json()
-    assert a["choices"][0]["message"] == b["choices"][0]["message"]
+    truth = pd["truth"]
+    a = httpx.post(pd["router"] + "/v1/chat/completions", json=CHAT, timeout=120).json()
+    assert a["choices"][0]["message"] == truth["chat"]["choices"][0]["message"]
     with httpx.stream(
-        "POST", pd["router"] + "/v1/chat/completions", json={**chat, "stream": True}, timeout=120
+        "POST", pd["router"] + "/v1/chat/completions", json={**CHAT, "stream": True}, timeout=120
     ) as r:
         events = sse_events(list(r.iter_lines()))
-    import json
-
     text = "".join(
         (json.loads(e)["choices"][0]["delta"].get("content") or "") for e in events if e != "[DONE]"
     )
-    assert text == b["choices"][0]["message"]["content"] and events[-1] == "[DONE]"
+    assert text == truth["chat"]["choices"][0]["message"]["content"] and events[-1] == "[DONE]"
     with httpx.stream(
         "POST",
         pd["router"] + "/generate",
@@ -236,13 +259,9 @@ def test_openai_routes_and_streams_work_unchanged_through_the_router(pd):
         timeout=120,
     ) as r:
         events = sse_events(list(r.iter_lines()))
-    last = json.loads(events[-2])
-    want = httpx.post(pd["unified"].url + "/generate", json=body("Water boils at", 12), timeout=120)
-    assert last["output_ids"] == want.json()["output_ids"]
-    completion = {"model": "default", "prompt": "1, 2, 3,", "max_tokens": 8, "temperature": 0}
-    a = httpx.post(pd["router"] + "/v1/completions", json=completion, timeout=120).json()
-    b = httpx.post(pd["unified"].url + "/v1/completions", json=completion, timeout=120).json()
-    assert a["choices"][0]["text"] == b["choices"][0]["text"]
+    assert json.loads(events[-2])["output_ids"] == truth["water"]["output_ids"]
+    a = httpx.post(pd["router"] + "/v1/completions", json=COMPLETION, timeout=120).json()
+    assert a["choices"][0]["text"] == truth["completion"]["choices"][0]["text"]
 
 
 def test_a_follow_up_turn_finds_its_history_on_both_servers(pd):
@@ -318,67 +337,54 @@ def test_transfer_timeouts_fail_the_request_alone(pd):
     )
 
 
-def test_a_killed_prefill_server_fails_its_requests_and_the_decode_server_goes_on(pd, tmp_path):
-    bootstrap_port = free_port()
-    victim = ServerProcess(
-        [
-            *COMMON,
-            "--disaggregation-mode",
-            "prefill",
-            "--disaggregation-bootstrap-port",
-            str(bootstrap_port),
-        ],
-        tmp_path / "victim",
+def test_a_killed_prefill_server_fails_its_requests_and_the_decode_server_goes_on(
+    pd, tmp_path_factory
+):
+    """Last in the module: its victim is the module's prefill server."""
+    victim, decode = pd["prefill"], pd["decode"]
+    long_text = " ".join(f"item {i} is number {i * 7 % 13};" for i in range(220))  # ~2k tokens
+    reqs = []
+    for k in range(4):
+        b = {
+            **body(f"{k}: " + long_text, 8),
+            "bootstrap_host": "127.0.0.1",
+            "bootstrap_port": pd["bootstrap_port"],
+            "bootstrap_room": 9000 + k,
+        }
+        reqs += [(victim.url + "/generate", b), (decode.url + "/generate", b)]
+    results = {}
+    t = threading.Thread(target=lambda: results.update(out=post_all(reqs, timeout=120)))
+    t.start()
+    time.sleep(2.0)  # the first prompt is being computed or sent
+    for pid in victim.alive_pids():
+        os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+    t.join(120)
+    assert not t.is_alive()
+    assert time.monotonic() - killed < 15  # within seconds, no hang
+    failed = [r for r in results["out"][1::2] if r.status_code != 200]
+    assert failed, "every request finished before the kill: the test did not test anything"
+    for r in failed:
+        assert r.status_code == 500 and "did not arrive" in r.text, r.text
+    got = settled(decode)
+    assert (
+        got["integrity_ok"]
+        and got["kv_pages_free"] + got["kv_pages_cached"] == got["kv_pages_total"]
+    )
+    # the decode server goes on with another prefill server
+    port = free_port()
+    fresh = ServerProcess(
+        [*COMMON, "--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(port)],
+        tmp_path_factory.mktemp("fresh"),  # short: the ipc socket paths live under it
     )
     try:
-        long_text = " ".join(f"item {i} is number {i * 7 % 13};" for i in range(220))  # ~2k tokens
-        reqs = []
-        for k in range(4):
-            b = {
-                **body(f"{k}: " + long_text, 8),
-                "bootstrap_host": "127.0.0.1",
-                "bootstrap_port": bootstrap_port,
-                "bootstrap_room": 9000 + k,
-            }
-            reqs += [(victim.url + "/generate", b), (pd["decode"].url + "/generate", b)]
-        results = {}
-
-        def run():
-            results["out"] = post_all(reqs, timeout=120)
-
-        t = threading.Thread(target=run)
-        t.start()
-        time.sleep(2.0)  # the first prompt is being computed or sent
-        for pid in victim.alive_pids():
-            os.kill(pid, signal.SIGKILL)
-        killed = time.monotonic()
-        t.join(120)
-        assert not t.is_alive()
-        assert time.monotonic() - killed < 15  # within seconds, no hang
-        decoded = results["out"][1::2]
-        failed = [r for r in decoded if r.status_code != 200]
-        assert failed, "every request finished before the kill: the test did not test anything"
-        for r in failed:
-            assert r.status_code == 500 and "did not arrive" in r.text, r.text
+        b = {
+            **body(TEXTS[0]),
+            "bootstrap_host": "127.0.0.1",
+            "bootstrap_port": port,
+            "bootstrap_room": 77,
+        }
+        _, out = post_all([(fresh.url + "/generate", b), (decode.url + "/generate", b)])
+        assert out.status_code == 200 and out.json()["output_ids"] == pd["truth"]["texts"][0]
     finally:
-        victim.stop(signal.SIGKILL)
-    r = httpx.post(pd["router"] + "/generate", json=body("After the kill", 4), timeout=120)
-    assert r.status_code == 200
-
-
-def test_pd_1p1d_starts_all_three_and_answers_like_a_unified_server(pd, tmp_path):
-    srv = ServerProcess(
-        [*COMMON, "--pd", "1p1d", "--disaggregation-bootstrap-port", str(free_port())],
-        tmp_path / "1p1d",
-    )
-    try:
-        a = httpx.post(srv.url + "/generate", json=body("The opposite of hot is", 12), timeout=120)
-        b = httpx.post(
-            pd["unified"].url + "/generate", json=body("The opposite of hot is", 12), timeout=120
-        )
-        assert a.status_code == 200 and a.json()["output_ids"] == b.json()["output_ids"]
-        pids = srv.alive_pids()
-        assert len(pids) >= 3  # the launcher, its two servers (and their processes), the router
-    finally:
-        code = srv.stop()
-    assert code == 0
+        fresh.stop()

@@ -1,0 +1,41 @@
+"""`radixrt serve --pd 1p1d`: the launcher starts a prefill server, a decode server and sglang-router's PD
+mode, answers like a unified server and stops cleanly.
+
+Truth: a unified server's greedy output in float32 (started and stopped first, so that no more than two
+servers are up at once).
+"""
+
+import httpx
+import pytest
+from conftest_server import ServerProcess, free_port
+
+pytestmark = pytest.mark.integration
+pytest.importorskip("sglang_router", reason="the PD router is sglang-router's")
+pytest.importorskip("mooncake.engine", reason="pip install mooncake-transfer-engine-non-cuda")
+
+COMMON = ["--page-size", "4", "--max-total-tokens", "8192", "--log-level", "warning"]
+BODY = {
+    "text": "The opposite of hot is",
+    "sampling_params": {"max_new_tokens": 12, "temperature": 0},
+}
+
+
+def test_pd_1p1d_starts_all_three_and_answers_like_a_unified_server(tmp_path_factory):
+    unified = ServerProcess(COMMON, tmp_path_factory.mktemp("unified"))
+    try:
+        want = httpx.post(unified.url + "/generate", json=BODY, timeout=120).json()["output_ids"]
+    finally:
+        unified.stop()
+    port = free_port()
+    srv = ServerProcess(
+        [*COMMON, "--pd", "1p1d", "--disaggregation-bootstrap-port", str(port)],
+        tmp_path_factory.mktemp("pd"),
+    )
+    try:
+        got = httpx.post(srv.url + "/generate", json=BODY, timeout=120)
+        assert got.status_code == 200 and got.json()["output_ids"] == want
+        assert len(srv.alive_pids()) >= 3  # the launcher, its two servers (and theirs), the router
+    finally:
+        code = srv.stop()
+    assert code == 0
+    assert not srv.alive_pids()
