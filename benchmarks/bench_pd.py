@@ -146,11 +146,11 @@ def summarize(setup: str, runs: list[dict]) -> dict:
     return row
 
 
-def ms(x: float | None, n: int = 0, need: int = 2) -> str:
+def ms(x: float | None, need: int = 2) -> str:
     return f"n<{need}" if x is None else f"{1000 * x:.1f}"
 
 
-def table(rows: list[dict], args: argparse.Namespace) -> str:
+def table(rows: list[dict]) -> str:
     head = (
         f"{'setup':<8} {'TTFT p50':>9} {'TTFT p99':>9} {'long TTFT p50':>14} {'ITL p50':>8} "
         f"{'ITL p99':>8} {'max ITL':>8} {'req/s':>6} {'out tok/s':>9} {'KV MB/s':>8} {'KV ms/req':>9}"
@@ -192,7 +192,7 @@ def main() -> None:
             runs[setup].append(run(setup, args, seed=rep))
             print(f"{setup} run {rep + 1}: {runs[setup][-1]['seconds']:.1f} s", flush=True)
     rows = [summarize(s, r) for s, r in runs.items()]
-    text = table(rows, args)
+    text = table(rows)
     print(text)
     RESULTS.mkdir(exist_ok=True)
     meta = {"commit": git_commit(), "machine": machine(), "args": vars(args)}

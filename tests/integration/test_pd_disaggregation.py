@@ -188,6 +188,12 @@ def pages_come_back(pd):
         assert got["kv_pages_free"] + got["kv_pages_cached"] == got["kv_pages_total"], (name, got)
 
 
+def streamed(url: str, b: dict) -> list[str]:
+    """The SSE payloads of a streamed POST."""
+    with httpx.stream("POST", url, json={**b, "stream": True}, timeout=120) as r:
+        return sse_events(list(r.iter_lines()))
+
+
 def post_all(url_path_bodies, timeout=180):
     """POST every (url, body) at once; the responses (or the httpx error) in order."""
     out = [None] * len(url_path_bodies)
@@ -244,21 +250,12 @@ def test_openai_routes_and_streams_work_unchanged_through_the_router(pd):
     truth = pd["truth"]
     a = httpx.post(pd["router"] + "/v1/chat/completions", json=CHAT, timeout=120).json()
     assert a["choices"][0]["message"] == truth["chat"]["choices"][0]["message"]
-    with httpx.stream(
-        "POST", pd["router"] + "/v1/chat/completions", json={**CHAT, "stream": True}, timeout=120
-    ) as r:
-        events = sse_events(list(r.iter_lines()))
+    events = streamed(pd["router"] + "/v1/chat/completions", CHAT)
     text = "".join(
         (json.loads(e)["choices"][0]["delta"].get("content") or "") for e in events if e != "[DONE]"
     )
     assert text == truth["chat"]["choices"][0]["message"]["content"] and events[-1] == "[DONE]"
-    with httpx.stream(
-        "POST",
-        pd["router"] + "/generate",
-        json=body("Water boils at", 12, stream=True),
-        timeout=120,
-    ) as r:
-        events = sse_events(list(r.iter_lines()))
+    events = streamed(pd["router"] + "/generate", body("Water boils at", 12))
     assert json.loads(events[-2])["output_ids"] == truth["water"]["output_ids"]
     a = httpx.post(pd["router"] + "/v1/completions", json=COMPLETION, timeout=120).json()
     assert a["choices"][0]["text"] == truth["completion"]["choices"][0]["text"]

@@ -7,6 +7,7 @@ Truth: the source pool's pages compared with torch to the destination's, page by
 not registered stay untouched.
 """
 
+import contextlib
 import ctypes
 import time
 
@@ -53,6 +54,18 @@ def pool(num_pages, fill, layers=3, quantized=False):
     if quantized:  # int8 pages plus a float32 scale per token and head
         tensors = [t.to(torch.int8) for t in tensors] + [make(shape[:2]) for _ in range(2 * layers)]
     return tensors
+
+
+@contextlib.contextmanager
+def linked(prefill_pool, decode_pool, prefill_timeout=30.0, decode_timeout=30.0):
+    """A prefill and a decode link over loopback ZeroMQ: (prefill link, decode link, bootstrap port,
+    the engine both write through), closed after."""
+    p, d, port, engine = links(prefill_pool, decode_pool, prefill_timeout, decode_timeout)
+    try:
+        yield p, d, port, engine
+    finally:
+        p.close()
+        d.close()
 
 
 def links(prefill_pool, decode_pool, prefill_timeout=30.0, decode_timeout=30.0):
@@ -108,8 +121,7 @@ def test_the_registered_pages_receive_the_prompt_pages(send_first, quantized, st
     if staged:  # scattered pages go through buffers (any number of regions, here)
         monkeypatch.setattr(prefill_agent, "DIRECT_MAX_REGIONS", 0)
     src, dst = pool(16, True, quantized=quantized), pool(16, False, quantized=quantized)
-    p, d, port, engine = links(src, dst)
-    try:
+    with linked(src, dst) as (p, d, port, engine):
         src_pages, start = [3, 4, 5, 9, 1], 2  # the decode side had the first two cached
         dst_pages = [7, 8, 2]
         bootstrap = Bootstrap("127.0.0.1", port, 41)
@@ -133,30 +145,22 @@ def test_the_registered_pages_receive_the_prompt_pages(send_first, quantized, st
             untouched = [q for q in range(16) if q not in dst_pages]
             assert all(not page(d_t, q).any() for q in untouched)
         assert not engine.registered  # staging buffers are let go
-    finally:
-        p.close()
-        d.close()
 
 
 def test_pools_of_different_shapes_fail_with_the_reason_on_both_sides():
     src, dst = pool(8, True, layers=3), pool(8, False, layers=2)
-    p, d, port, engine = links(src, dst)
-    try:
+    with linked(src, dst) as (p, d, port, engine):
         d.expect(Bootstrap("127.0.0.1", port, 1), [0, 1], 0)
         p.send(1, [2, 3], FIRST)
         (failed,) = wait_events(d)
         (sent,) = wait_events(p)
         assert isinstance(failed, KVFailed) and "pages differ" in failed.error
         assert "pages differ" in sent.error and engine.writes == 0
-    finally:
-        p.close()
-        d.close()
 
 
 def test_a_cancel_before_the_prefill_finishes_answers_both_halves():
     src, dst = pool(8, True), pool(8, False)
-    p, d, port, engine = links(src, dst)
-    try:
+    with linked(src, dst) as (p, d, port, engine):
         bootstrap = Bootstrap("127.0.0.1", port, 77)
         d.expect(bootstrap, [0, 1], 0)
         time.sleep(0.1)
@@ -166,15 +170,11 @@ def test_a_cancel_before_the_prefill_finishes_answers_both_halves():
         p.send(77, [2, 3], FIRST)  # the prefill side computed it after all: ended at once
         (sent,) = wait_events(p)
         assert "cancelled by the decode server" in sent.error and engine.writes == 0
-    finally:
-        p.close()
-        d.close()
 
 
 def test_timeouts_on_both_sides():
     src, dst = pool(8, True), pool(8, False)
-    p, d, port, _ = links(src, dst, prefill_timeout=0.6, decode_timeout=0.6)
-    try:
+    with linked(src, dst, prefill_timeout=0.6, decode_timeout=0.6) as (p, d, port, _):
         started = time.monotonic()
         p.send(5, [1], FIRST)  # nobody registers
         d.expect(Bootstrap("127.0.0.1", port, 6), [1], 0)  # nobody sends
@@ -184,9 +184,6 @@ def test_timeouts_on_both_sides():
         assert isinstance(failed, KVFailed)
         assert "0.6 s" in failed.error or "no request for this room" in failed.error
         assert time.monotonic() - started < 5
-    finally:
-        p.close()
-        d.close()
 
 
 def test_a_silent_prefill_server_fails_its_rooms(monkeypatch):

@@ -18,9 +18,8 @@ from radixrt.runtime.sampling_params import SamplingParams
 
 class Req:
     # prefill-decode disaggregation (scheduler_pd.py), set on the instance when they change:
-    # prefill: its pages wait for the transfer, and how it ends once they are sent;
+    # prefill: how it ends once its pages are sent (set when handed off to the transfer);
     # decode: aborted while its KV was in flight
-    pd_handed_off: bool = False
     pd_reason: FinishReason | None = None
     pd_abort: FinishReason | None = None
 

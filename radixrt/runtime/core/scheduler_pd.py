@@ -81,7 +81,6 @@ class SchedulerPD:
         self.kv_link.send(req.bootstrap.room, req.page_ids[:num_pages], first)
         self.running.remove(req)
         req.pd_reason = reason or FinishReason.length_limit(len(req.output_ids))
-        req.pd_handed_off = True
         self.sending[req.bootstrap.room] = req
 
     def _on_sent(self, ev: KVSent) -> None:
@@ -187,7 +186,7 @@ class SchedulerPD:
 
     def _pd_ended(self, req: Req, reason: FinishReason) -> None:
         """A disaggregated request ended before its KV moved: the peer stops waiting for it."""
-        if req.bootstrap is None or req.pd_handed_off or self.kv_link is None:
+        if req.bootstrap is None or req.pd_reason is not None or self.kv_link is None:
             return
         if self.pd_mode == "prefill":
             self.kv_link.drop(req.bootstrap.room, req.error or reason.message or "ended")

@@ -6,7 +6,7 @@ sockets (link.py holds their other ends); each socket is used by this thread alo
 Wire messages (orjson dicts, "op" names them), decode -> prefill's bootstrap port:
   register {room, session, layout, pages, start}  cancel {room}  ping {}  staging {room, addr}
 prefill -> decode:
-  done {room, first, num_pages, num_bytes, seconds, staged}  failed {room, error}  cancelled {room}
+  done {room, first, num_pages, num_bytes, seconds}  failed {room, error}  cancelled {room}
   pong {}  stage {room, num_bytes} (a staged transfer asks for a buffer: page_stager.py)
 """
 

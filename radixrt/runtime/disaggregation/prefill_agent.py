@@ -119,7 +119,7 @@ class PrefillAgent(Agent):
         except Exception as e:
             self._failed(room, job, e)
             return
-        self._done(room, job, sum(lens), staged=False)
+        self._done(room, job, sum(lens))
 
     def _write_staged(self, room: int, addr: int) -> None:
         job = self.staged.pop(room)
@@ -131,7 +131,7 @@ class PrefillAgent(Agent):
             return
         finally:
             self.stager.release(buf)
-        self._done(room, job, buf.numel(), staged=True)
+        self._done(room, job, buf.numel())
 
     def _unstage(self, room: int) -> bool:
         job = self.staged.pop(room, None)
@@ -139,13 +139,11 @@ class PrefillAgent(Agent):
             self.stager.release(job["buf"])
         return job is not None
 
-    def _done(self, room: int, job: dict[str, Any], num_bytes: int, staged: bool) -> None:
+    def _done(self, room: int, job: dict[str, Any], num_bytes: int) -> None:
         seconds = time.perf_counter() - job["started"]
         done = {"num_pages": len(job["pages"]), "num_bytes": num_bytes, "seconds": seconds}
         reg = job["reg"]
-        self.reply(
-            self.router, reg["ident"], "done", room=room, first=job["first"], staged=staged, **done
-        )
+        self.reply(self.router, reg["ident"], "done", room=room, first=job["first"], **done)
         self.emit("sent", room=room, error=None, **done)
 
     def _failed(self, room: int, job: dict[str, Any], e: Exception) -> None:
