@@ -9,10 +9,12 @@ pages of the call).
 
 The file tier: a header (magic, format version, and the fingerprint of what the bytes mean: model,
 dtypes, page size, layer and head counts, record size), a crc32 per page, then the records. Each
-process creates its own file (its pid and a random suffix in the name; the disk space reserved at
-start) and deletes it at close: the tier does not survive a restart, because the tree that indexes
-it lives in the process; so KV written by another model or dtype can never be served. A page whose
-checksum fails on a load is reported to the tree, which drops it and recomputes.
+process creates its own file, mode 0600, with no name: O_TMPFILE where the file system has it, else
+a fresh name unlinked right after it is opened (its disk space reserved at start). It lives as long
+as the process holds it open, so a SIGKILLed server leaves no one's KV on disk and no other process
+can open it by name; the tier does not survive a restart (the tree that indexes it lives in the
+process), so KV written by another model or dtype can never be served. A page whose checksum fails
+on a load is reported to the tree, which drops it and recomputes.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ class KVTierStore:
         self.num_pages = num_pages
         self.device = self.parts[0].device
         self.header = self._header(fingerprint)
-        self.path: str | None = None
+        self.file: Any = None  # the tier file (unlinked), or None for host memory
         self.checksums: np.ndarray | None = None
         if directory is None:
             self.data = torch.empty(
@@ -97,21 +99,16 @@ class KVTierStore:
                 f"{free / 2**30:.2f} GiB free (lower --hicache-size or --hicache-ratio)"
             )
         _remove_stale_files(directory)
-        # pid plus random: two processes sharing the directory (other PID namespaces too) never
-        # share a file
-        self.path = os.path.join(
-            directory, f"{FILE_PREFIX}{os.getpid()}-{secrets.token_hex(4)}.bin"
-        )
         try:
-            _reserve(self.path, total)
-            self._mm = np.memmap(self.path, dtype=np.uint8, mode="r+", shape=(total,))
+            self.file = os.fdopen(_open_unnamed(directory), "r+b")
+            _reserve(self.file.fileno(), total)
+            self._mm = np.memmap(self.file, dtype=np.uint8, mode="r+", shape=(total,))
         except OSError as e:
-            try:
-                os.unlink(self.path)
-            except OSError:
-                pass
+            if self.file is not None:
+                self.file.close()
+                self.file = None
             raise ValueError(
-                f"cannot create the tier file {self.path!r} ({total / 2**30:.2f} GiB): {e}"
+                f"cannot create the tier file in {directory!r} ({total / 2**30:.2f} GiB): {e}"
             ) from None
         self._mm[:HEADER_BYTES] = np.frombuffer(self.header, dtype=np.uint8)
         self._mm.flush()
@@ -122,18 +119,17 @@ class KVTierStore:
 
     def check_header(self) -> None:
         """The file still says what its bytes are (ValueError naming the problem otherwise)."""
-        if self.path is None:
+        if self.file is None:
             return
         try:
-            with open(self.path, "rb") as f:
-                head = f.read(HEADER_BYTES)
+            head = os.pread(self.file.fileno(), HEADER_BYTES, 0)
         except OSError as e:
             raise ValueError(f"the tier file cannot be read: {e}") from None
         if not head.startswith(MAGIC):
-            raise ValueError(f"{self.path} is not a radixrt KV tier file (bad magic)")
+            raise ValueError("the tier file is not a radixrt KV tier file (bad magic)")
         if head != self.header:
             raise ValueError(
-                f"{self.path} was written for another model, dtype or layout (header mismatch)"
+                "the tier file was written for another model, dtype or layout (header mismatch)"
             )
 
     def _pool_views(self) -> list[torch.Tensor]:
@@ -181,37 +177,48 @@ class KVTierStore:
         return bad
 
     def close(self) -> None:
-        if self.path is not None:
+        """The file's space goes back with its last descriptor and mapping (it has no name)."""
+        if self.file is not None:
             del self.data, self._mm, self.checksums
-            try:
-                os.unlink(self.path)
-            except OSError:
-                pass
-            self.path = None
+            self.file.close()
+            self.file = None
 
 
-def _reserve(path: str, size: int) -> None:
-    """Create the file with its disk space taken now: a full disk is an error at start, not a SIGBUS
-    when a page of a sparse file is first written."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+def _open_unnamed(directory: str) -> int:
+    """A new file in directory, read-write, mode 0600, that no name reaches: O_TMPFILE, or (a file
+    system without it) a fresh name unlinked at once."""
     try:
-        try:
-            os.posix_fallocate(fd, 0, size)
-        except OSError as e:
-            if e.errno not in (
-                errno.EOPNOTSUPP,
-                errno.EINVAL,
-            ):  # a file system without it: a plain size
-                raise
-            os.ftruncate(fd, size)
-    finally:
+        return os.open(directory, os.O_TMPFILE | os.O_RDWR, 0o600)
+    except (AttributeError, OSError) as e:  # AttributeError: no O_TMPFILE on this OS
+        if isinstance(e, OSError) and e.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+            raise
+    # pid plus random: two processes sharing the directory (other PID namespaces too) never
+    # share a name
+    path = os.path.join(directory, f"{FILE_PREFIX}{os.getpid()}-{secrets.token_hex(4)}.bin")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        os.unlink(path)
+    except OSError:
         os.close(fd)
+        raise
+    return fd
+
+
+def _reserve(fd: int, size: int) -> None:
+    """Take the file's disk space now: a full disk is an error at start, not a SIGBUS when a page
+    of a sparse file is first written."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # a file system without it
+            raise
+        os.ftruncate(fd, size)
 
 
 def _remove_stale_files(directory: str) -> None:
-    """Tier files of processes that died without closing them (SIGKILL): nothing can read them
-    again. (A file of a live process in another PID namespace may go too: its mapping stays valid,
-    only its name goes.)"""
+    """Named tier files of processes that died without closing them (left by versions before the
+    file was unlinked at creation): nothing can read them again. (A file of a live process in
+    another PID namespace may go too: its mapping stays valid, only its name goes.)"""
     for name in os.listdir(directory):
         pid = name.removeprefix(FILE_PREFIX).split("-")[0]
         if name.startswith(FILE_PREFIX) and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
@@ -253,7 +260,7 @@ def open_kv_tier(
         num_pages,
         num_pages * page_size,
         num_pages * page_bytes / 2**20,
-        store.path or "host memory",
+        f"an unlinked file in {directory}" if store.file else "host memory",
         config.hicache_write_policy,
     )
     return store
