@@ -11,6 +11,7 @@ import runpy
 import sys
 
 from radixrt.runtime.config import ServerConfig
+from radixrt.runtime.config_checks import SECRET_ENVS
 from radixrt.runtime.core.cache_view import DEFAULT_MAX_DEPTH, DEFAULT_MAX_NODES
 
 
@@ -89,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "serve":
+        for name, env in SECRET_ENVS.items():  # keys kept out of argv, which every local user sees
+            if getattr(args, name, None) is None and os.environ.get(env):
+                setattr(args, name, os.environ[env])
         try:
             config = ServerConfig.from_cli_args(args)
         except ValueError as e:

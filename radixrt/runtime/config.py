@@ -52,7 +52,13 @@ class ServerConfig:
         512, "most prefill tokens in one step (longer prompts are split)"
     )
     max_running_requests: int = _opt(64, "most requests decoding at once")
-    max_waiting_requests: int = _opt(4096, "queued requests before new ones are refused (503)")
+    max_queued_requests: int = _opt(4096, "requests waiting to run past which new ones get a 503")
+    max_requests_per_client: int | None = _opt(
+        None, "requests in flight per client (docs/security.md; more: a 429); default half of both"
+    )
+    enable_cache_report: bool = _opt(
+        False, "report cached_tokens exactly (default: whole pages of >= 64 tokens, rounded down)"
+    )
     max_prompts_per_request: int = _opt(
         256, "sequences (prompts x n) one HTTP request may ask for (a client batch); more is a 400"
     )
@@ -143,7 +149,15 @@ class ServerConfig:
     host: str = _opt("127.0.0.1", "HTTP bind address (loopback by default)")
     port: int = _opt(30000, "HTTP port")
     api_key: str | None = _opt(
-        None, "require Authorization: Bearer <key> on every route but /health"
+        None,
+        "require Authorization: Bearer <key> on every route but /health (the admin routes: "
+        "--admin-api-key) (default: $RADIXRT_API_KEY)",
+    )
+    admin_api_key: str | None = _opt(
+        None,
+        "the admin routes' key (SGLang's): flush, LoRA, profile, the cache view, server_info's "
+        "config and sessions; unset, those that read other tenants' data or touch files are "
+        "refused (default: $RADIXRT_ADMIN_API_KEY; docs/security.md)",
     )
     allowed_origins: str | None = _opt(
         None,
@@ -156,7 +170,7 @@ class ServerConfig:
         "bind address (loopback names for a loopback bind, any for 0.0.0.0)",
     )
     log_level: str = _opt("info", "logging level", ("debug", "info", "warning", "error"))
-    request_timeout: float | None = _opt(None, "seconds a request may run before it is aborted")
+    request_timeout: float | None = _opt(600.0, "seconds before a request is aborted (0: none)")
     watchdog_timeout: float = _opt(
         120.0,
         "seconds the scheduler loop may go without answering a heartbeat "
@@ -194,13 +208,25 @@ class ServerConfig:
         ("null", "prefill", "decode"),
     )
     disaggregation_transfer_backend: str = _opt(
-        "mooncake", "what moves the KV pages between the servers", ("mooncake",)
+        "zmq",
+        "what moves the KV pages between the servers: zmq (ZeroMQ over TCP, CURVE-authenticated "
+        "and encrypted; mooncake is refused: its TCP transport lets any peer read and write the "
+        "whole process memory)",
+        ("zmq", "mooncake"),
     )
     disaggregation_bootstrap_port: int = _opt(
         8998, "the prefill server's bootstrap port (decode servers register their pages there)"
     )
-    disaggregation_ib_device: str | None = _opt(
-        None, "RDMA device(s) handed to Mooncake (unused with its TCP transport)"
+    disaggregation_secret: str | None = _opt(
+        None,
+        "shared by the prefill and decode servers and the router (its --api-key): keys the "
+        "servers' transfer channel and admits bootstrap fields (default: "
+        "$RADIXRT_DISAGGREGATION_SECRET)",
+    )
+    disaggregation_prefill_addrs: tuple[str, ...] | None = _opt(
+        None,
+        "decode: the prefill servers' bootstrap addresses (host:port) this server takes KV from; "
+        "a request's bootstrap_host/port must name one of them",
     )
     disaggregation_transfer_timeout: float = _opt(
         300.0,
@@ -241,11 +267,35 @@ class ServerConfig:
         None, "projections adapters may target (default all: q_proj k_proj v_proj o_proj "
         "gate_proj up_proj down_proj)"
     )  # fmt: skip
+    lora_dir: tuple[str, ...] | None = _opt(
+        None, "directories /load_lora_adapter may read adapters from (symlinks resolved), several"
+    )
+    max_loaded_loras: int = _opt(32, "most adapters loaded at once (a load past it: a 400)")
+    profile_dir: str | None = _opt(
+        None,
+        "where /start_profile writes traces (default: $SGLANG_TORCH_PROFILER_DIR, else profiles/ "
+        "in the cache dir)",
+    )
+
+    @property
+    def prefill_bootstrap_addrs(self) -> tuple[str, ...]:
+        """--disaggregation-prefill-addrs as "host:port" (a bare host: the default bootstrap
+        port)."""
+        return tuple(
+            a if a.rpartition(":")[2].isdigit() else f"{a}:{self.disaggregation_bootstrap_port}"
+            for a in self.disaggregation_prefill_addrs or ()
+        )
+
+    @property
+    def requests_per_client(self) -> int:
+        """--max-requests-per-client, or half of what may be in flight (running + queued)."""
+        total = self.max_running_requests + self.max_queued_requests
+        return self.max_requests_per_client or max(1, total // 2)
 
     @property
     def lora_enabled(self) -> bool:
-        """Adapters can be served: some at start, or a rank set for ones loaded later."""
-        return bool(self.lora_paths) or self.max_lora_rank is not None
+        """Adapters can be served: some at start, or a directory or rank for ones loaded later."""
+        return bool(self.lora_paths or self.lora_dir) or self.max_lora_rank is not None
 
     def __post_init__(self) -> None:
         """Refuse an out-of-range or contradictory setting, naming it (the first one found)."""

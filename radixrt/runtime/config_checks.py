@@ -6,6 +6,15 @@ from __future__ import annotations
 from typing import Any
 
 # the projections a LoRA adapter may target (model/lora_adapter.py), in a Llama-family layer
+PD_SECRET_ENV = "RADIXRT_DISAGGREGATION_SECRET"
+# `radixrt serve` takes each of these keys from its variable when the flag is unset, and a launcher
+# hands them to the servers it starts that way: argv is readable by every local user (/proc)
+SECRET_ENVS = {
+    "api_key": "RADIXRT_API_KEY",
+    "admin_api_key": "RADIXRT_ADMIN_API_KEY",
+    "disaggregation_secret": PD_SECRET_ENV,
+}
+MIN_PD_SECRET_CHARS = 16  # the channel keys derive from it: a short one is a guessable key
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -19,8 +28,12 @@ def check_sizes(c: Any) -> None:
         raise ValueError(f"mem_fraction_static must be in (0, 1), got {c.mem_fraction_static}")
     if c.max_total_tokens is not None and c.max_total_tokens < c.page_size:
         raise ValueError(f"max_total_tokens must be >= page_size, got {c.max_total_tokens}")
-    if c.max_running_requests < 1:
-        raise ValueError("max_running_requests must be >= 1")
+    if c.max_running_requests < 1 or c.max_queued_requests < 1:
+        raise ValueError("max_running_requests and max_queued_requests must be >= 1")
+    if c.max_requests_per_client is not None and c.max_requests_per_client < 1:
+        raise ValueError(f"max_requests_per_client must be >= 1, got {c.max_requests_per_client}")
+    if c.request_timeout is not None and c.request_timeout < 0:
+        raise ValueError(f"request_timeout must be >= 0 (0: no limit), got {c.request_timeout}")
     if not 1 <= c.json_object_max_depth <= 64:
         raise ValueError(f"json_object_max_depth must be in [1, 64], got {c.json_object_max_depth}")
 
@@ -95,8 +108,20 @@ def check_lora(c: Any) -> None:
     bad = [t for t in c.lora_target_modules or () if t not in LORA_TARGETS]
     if bad:
         raise ValueError(f"lora_target_modules: {bad[0]!r} is not one of {', '.join(LORA_TARGETS)}")
+    if c.max_loaded_loras < c.max_loras_per_batch:
+        raise ValueError(
+            f"max_loaded_loras ({c.max_loaded_loras}) must be >= max_loras_per_batch "
+            f"({c.max_loras_per_batch})"
+        )
+    if len(c.lora_paths or ()) > c.max_loaded_loras:
+        raise ValueError(
+            f"lora_paths names {len(c.lora_paths)} adapters, above max_loaded_loras "
+            f"{c.max_loaded_loras}"
+        )
     if c.lora_enabled and c.tp_size > 1:
-        raise ValueError("LoRA adapters (--lora-paths, --max-lora-rank) need --tp-size 1")
+        raise ValueError(
+            "LoRA adapters (--lora-paths, --lora-dir, --max-lora-rank) need --tp-size 1"
+        )
 
 
 def check_disaggregation(c: Any) -> None:
@@ -117,6 +142,41 @@ def check_disaggregation(c: Any) -> None:
         raise ValueError(
             f"disaggregation_transfer_timeout must be > 0, got {c.disaggregation_transfer_timeout}"
         )
+    check_pd_trust(c)
+
+
+def check_pd_trust(c: Any) -> None:
+    """A prefill-decode pair authenticates each other and the router by one secret, and a decode
+    server takes KV only from prefill servers its operator named (docs/security.md)."""
+    if c.disaggregation_transfer_backend == "mooncake":
+        raise ValueError(
+            "--disaggregation-transfer-backend mooncake is refused: Mooncake's TCP transport "
+            "serves reads and writes at any address of the process to any peer; use zmq (the "
+            "default: ZeroMQ with CURVE authentication, the bytes going only into the room's pages)"
+        )
+    if c.pd is not None:
+        if c.api_key is None or len(c.api_key) < MIN_PD_SECRET_CHARS:
+            raise ValueError(
+                f"--pd 1p1d needs --api-key of at least {MIN_PD_SECRET_CHARS} characters: "
+                "sglang-router presents its key to the servers, which take bootstrap fields only "
+                "with the pair's secret (that key)"
+            )
+        return
+    if not c.disaggregation_secret or len(c.disaggregation_secret) < MIN_PD_SECRET_CHARS:
+        raise ValueError(
+            f"--disaggregation-mode {c.disaggregation_mode} needs --disaggregation-secret (or "
+            f"$RADIXRT_DISAGGREGATION_SECRET) of at least {MIN_PD_SECRET_CHARS} characters, the "
+            "same on both servers and as the router's --api-key"
+        )
+    if c.disaggregation_mode == "decode" and not c.disaggregation_prefill_addrs:
+        raise ValueError(
+            "--disaggregation-mode decode needs --disaggregation-prefill-addrs: the prefill "
+            "servers (host:port of their bootstrap ports) it may take KV from"
+        )
+    for addr in c.prefill_bootstrap_addrs:
+        host, _, port = addr.rpartition(":")
+        if not host or not 0 < int(port) < 65536:
+            raise ValueError(f"disaggregation_prefill_addrs: {addr!r} is not host:port")
 
 
 CHECKS = (

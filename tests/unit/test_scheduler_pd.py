@@ -105,13 +105,19 @@ class End:
         return self.link.alive
 
 
+# what a PD server needs to start: the pair's secret, and on a decode server its prefill servers
+PD_TRUST = dict(disaggregation_secret="s" * 16, disaggregation_prefill_addrs=("h:8998",))
+
+
 def make_pair(page_size=4, num_tokens=800):
     runners, scheds = {}, {}
     for mode in ("prefill", "decode"):
         runners[mode] = FakeRunner(num_tokens // page_size, page_size, VOCAB, eos=0, max_rows=17)
     link = MemoryLink(runners["prefill"], runners["decode"], page_size)
     for mode in ("prefill", "decode"):
-        cfg = ServerConfig(page_size=page_size, chunked_prefill_size=32, disaggregation_mode=mode)
+        cfg = ServerConfig(
+            page_size=page_size, chunked_prefill_size=32, disaggregation_mode=mode, **PD_TRUST
+        )
         scheds[mode] = Scheduler(cfg, runners[mode], kv_link=End(link, mode))
     return scheds["prefill"], scheds["decode"], link
 
@@ -280,7 +286,21 @@ def test_settings_disaggregation_cannot_serve_are_refused_by_name():
     with pytest.raises(ValueError, match="leave --disaggregation-mode out"):
         ServerConfig(disaggregation_mode="prefill", pd="1p1d")
     with pytest.raises(ValueError, match="not by the in-process Engine"):
-        Engine(disaggregation_mode="prefill")
+        Engine(disaggregation_mode="prefill", **PD_TRUST)
+    with pytest.raises(ValueError, match="needs --disaggregation-secret"):
+        ServerConfig(disaggregation_mode="prefill", disaggregation_secret="short")
+    with pytest.raises(ValueError, match="needs --disaggregation-prefill-addrs"):
+        ServerConfig(disaggregation_mode="decode", disaggregation_secret="s" * 16)
+    with pytest.raises(ValueError, match="mooncake is refused"):
+        ServerConfig(
+            **PD_TRUST, disaggregation_mode="decode", disaggregation_transfer_backend="mooncake"
+        )
+    with pytest.raises(ValueError, match="--pd 1p1d needs --api-key"):
+        ServerConfig(pd="1p1d")
+    cfg = ServerConfig(
+        **{**PD_TRUST, "disaggregation_prefill_addrs": ("a", "b:9")}, disaggregation_mode="decode"
+    )
+    assert cfg.prefill_bootstrap_addrs == ("a:8998", "b:9")
 
 
 def test_the_request_edge_names_the_bootstrap_field_at_fault():
@@ -289,10 +309,15 @@ def test_the_request_edge_names_the_bootstrap_field_at_fault():
     from radixrt.runtime.disaggregation.edge import check_bootstrap
     from radixrt.runtime.request_edge import RequestError
 
-    ok = dict(num_prompts=1, n=1, is_beam=False, logprob_start_len=None)
+    ok = dict(num_prompts=1, n=1, is_beam=False, logprob_start_len=None, prefill_addrs=("h:8998",))
     assert check_bootstrap("null", None, None, None, **ok) == {}  # ignored, as SGLang does
     assert check_bootstrap("decode", "h", None, 2**64 - 1, **ok)["bootstrap_room"] == 2**64 - 1
+    assert check_bootstrap("decode", "h", 8998, 1, **ok)["bootstrap_port"] == 8998
+    assert check_bootstrap("prefill", "anything", 5, 1, **ok)["bootstrap_room"] == 1
     cases = [
+        (("decode", "evil", None, 3), ok, "bootstrap_host"),  # not a configured prefill server
+        (("decode", "h", 8999, 3), ok, "bootstrap_host"),
+        (("decode", "!", None, 3), ok, "bootstrap_host"),
         (("decode", "h", None, None), ok, "bootstrap_room"),
         (("prefill", None, 8998, 3), ok, "bootstrap_host"),
         (("decode", "h", None, 2**64), ok, "bootstrap_room"),

@@ -1,13 +1,15 @@
-"""The transfer agent: a thread in the scheduler process that talks to the peer server over ZeroMQ
-(tcp) and moves pages with Mooncake, so that neither a slow peer nor a transfer holds up the
-scheduler's loop. The scheduler's commands come in, and its events go out, over two inproc PAIR
-sockets (link.py holds their other ends); each socket is used by this thread alone.
+"""The transfer agent: a thread in the scheduler process that talks to the peer server over the
+authenticated channel (channel.py: ZeroMQ over TCP with CURVE) and moves the pages' bytes, so that
+neither a slow peer nor a transfer holds up the scheduler's loop. The scheduler's commands come in,
+and its events go out, over two inproc PAIR sockets (link.py holds their other ends); each socket
+is used by this thread alone.
 
 Wire messages (orjson dicts, "op" names them), decode -> prefill's bootstrap port:
-  register {room, session, layout, pages, start}  cancel {room}  ping {}  staging {room, addr}
+  register {room, layout, num_pages, start}  cancel {room}  ping {}
 prefill -> decode:
-  done {room, first, num_pages, num_bytes, seconds}  failed {room, error}  cancelled {room}
-  pong {}  stage {room, num_bytes} (a staged transfer asks for a buffer: page_stager.py)
+  done {room, first, num_pages, num_bytes, seconds} + one frame of the pages' bytes
+  failed {room, error}  cancelled {room}  pong {}
+Every field that arrives is checked (peer_checks.py) before it is used.
 """
 
 from __future__ import annotations
@@ -55,18 +57,18 @@ class Agent(threading.Thread):
     def _drain(self, sock: zmq.Socket) -> None:
         while True:
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=sock is self.cmd)
             except zmq.Again:
                 return
             try:
-                msg = orjson.loads(frames[-1])
                 if sock is self.cmd:
+                    msg = orjson.loads(frames[-1])
                     if msg["op"] == "close":
                         self.stopping = True
                     else:
                         self.on_command(msg)
                 else:
-                    self.on_peer(sock, frames[:-1], msg)
+                    self.on_peer(sock, frames)
             except Exception:  # one bad message must not end the agent
                 log.exception("handling a KV transfer message failed")
 
@@ -82,7 +84,8 @@ class Agent(threading.Thread):
     def on_command(self, msg: dict[str, Any]) -> None:
         raise NotImplementedError
 
-    def on_peer(self, sock: zmq.Socket, ident: list[bytes], msg: dict[str, Any]) -> None:
+    def on_peer(self, sock: zmq.Socket, frames: list[zmq.Frame]) -> None:
+        """frames: what the peer socket received (a ROUTER's start with the sender's identity)."""
         raise NotImplementedError
 
     def tick(self, now: float) -> None:

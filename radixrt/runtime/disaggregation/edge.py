@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from radixrt.runtime.core.scheduler_pd import DEFAULT_BOOTSTRAP_PORT
 from radixrt.runtime.request_edge import RequestError
 
 MAX_ROOM = 2**64 - 1
@@ -22,9 +23,11 @@ def check_bootstrap(
     n: int,
     is_beam: bool,
     logprob_start_len: int | None,
+    prefill_addrs: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """The TokenizedGenerateReq fields of a request's bootstrap ({} in null mode: there SGLang's
-    servers ignore them too)."""
+    servers ignore them too). prefill_addrs: on a decode server, the prefill servers it may take
+    KV from (--disaggregation-prefill-addrs); the request picks one, it never names a new one."""
     if mode == "null":
         return {}
     if room is None or host is None:
@@ -44,6 +47,12 @@ def check_bootstrap(
         not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536
     ):
         raise RequestError("bootstrap_port must be a port number", param="bootstrap_port")
+    if mode == "decode" and f"{host}:{port or DEFAULT_BOOTSTRAP_PORT}" not in prefill_addrs:
+        raise RequestError(
+            "bootstrap_host/bootstrap_port must name one of this decode server's prefill servers "
+            "(--disaggregation-prefill-addrs)",
+            param="bootstrap_host",
+        )
     if num_prompts != 1 or n != 1 or is_beam:
         raise RequestError(
             "a disaggregated server takes one sequence per request (one prompt, n = 1, no beam "

@@ -5,7 +5,6 @@ beside its own, so an arrival wakes it at once."""
 from __future__ import annotations
 
 import itertools
-import socket
 from typing import Any
 
 import orjson
@@ -15,8 +14,7 @@ from radixrt.runtime.core.pd_link import Bootstrap, KVArrived, KVFailed, KVSent
 from radixrt.runtime.disaggregation.agent import Agent
 from radixrt.runtime.disaggregation.decode_agent import DecodeAgent
 from radixrt.runtime.disaggregation.kv_layout import KVLayout
-from radixrt.runtime.disaggregation.mooncake_engine import MooncakeEngine
-from radixrt.runtime.disaggregation.page_stager import PageStager
+from radixrt.runtime.disaggregation.page_bytes import PageBytes
 from radixrt.runtime.disaggregation.prefill_agent import PrefillAgent
 
 _names = itertools.count()
@@ -32,7 +30,6 @@ class ThreadLink:
         self.event_socket = ctx.socket(zmq.PAIR)
         self.event_socket.bind(self.evt_addr)
         self.agent: Agent | None = None
-        self.engine: Any = None
 
     def start(self, agent: Agent) -> None:
         self.agent = agent
@@ -77,38 +74,34 @@ class ThreadLink:
         self.event_socket.close(linger=0)
 
 
-def reachable_host(host: str) -> str:
-    """The address a peer reaches this server at: --host, or this machine's when it binds all."""
-    if host in ("0.0.0.0", "::", ""):
-        return socket.gethostbyname(socket.gethostname())
-    return socket.gethostbyname(host)
-
-
 def make_link(config: Any, runner: Any) -> ThreadLink:
-    """The link of a --disaggregation-mode prefill|decode server: Mooncake's engine on this
-    server's host with the KV pool registered, and the side's agent started."""
-    host = reachable_host(config.host)
-    engine = MooncakeEngine(host, config.disaggregation_ib_device)
+    """The link of a --disaggregation-mode prefill|decode server: the side's agent over this
+    server's KV pool, on the channel keyed by --disaggregation-secret."""
     tensors = runner.kv.tensors()
-    engine.register(tensors)
     layout = KVLayout.of_pool(tensors, runner.page_size)
-    stager = PageStager(tensors, runner.page_size, engine)
+    pages = PageBytes(tensors, runner.page_size)
     link = ThreadLink(zmq.Context.instance())
-    link.engine = engine  # the engine serves the registered memory for as long as it lives
-    timeout = config.disaggregation_transfer_timeout
+    timeout, secret = config.disaggregation_transfer_timeout, config.disaggregation_secret
     if config.disaggregation_mode == "prefill":
-        bind_host = "*" if config.host in ("0.0.0.0", "::") else host
-        bind = f"tcp://{bind_host}:{config.disaggregation_bootstrap_port}"
+        bind = f"tcp://{bind_host(config.host)}:{config.disaggregation_bootstrap_port}"
         try:
             agent = PrefillAgent(
-                link.ctx, link.cmd_addr, link.evt_addr, timeout, engine, layout, stager, bind
+                link.ctx, link.cmd_addr, link.evt_addr, timeout, layout, pages, secret, bind
             )
         except Exception:
             link.close()
             raise
     else:
+        peers = (frozenset(config.prefill_bootstrap_addrs), runner.vocab_size)
         agent = DecodeAgent(
-            link.ctx, link.cmd_addr, link.evt_addr, timeout, engine.session, layout, stager
+            link.ctx, link.cmd_addr, link.evt_addr, timeout, layout, pages, secret, *peers
         )
     link.start(agent)
     return link
+
+
+def bind_host(host: str) -> str:
+    """The bootstrap port binds --host, as the HTTP port does (a wildcard binds every interface)."""
+    if host in ("0.0.0.0", "::", ""):
+        return "*"
+    return f"[{host}]" if ":" in host else host

@@ -1,29 +1,39 @@
 """The prefill server's transfer agent: its bootstrap port (a ZeroMQ ROUTER on
---disaggregation-bootstrap-port) takes the decode servers' page registrations; once the scheduler
-has computed a room's prompt (send) and its decode server has registered pages for it, the agent
-writes the pages with Mooncake and tells the decode server `done` with the first token.
+--disaggregation-bootstrap-port, bound to --host, CURVE-authenticated: channel.py) takes the decode
+servers' registrations; once the scheduler has computed a room's prompt (send) and its decode server
+has registered pages for it, the agent sends the pages' bytes in chunks of whole pages (`pages`)
+and then `done` with the first token.
 
-Pages in few runs are written straight into the registered pages; scattered ones are staged
-(page_stager.py): gathered here, the decode side asked for a buffer (`stage` -> `staging`), written
-in one piece and scattered there.
-
-Either half may come first; each waits at most --disaggregation-transfer-timeout for the other. A
-room dropped here (aborted, refused) or cancelled there is remembered for as long, so the late half
-is answered at once instead of waiting out the timeout.
+A room is registered once: a second registration for a room already registered or sent is refused
+(the first stands). Either half may come first; each waits at most --disaggregation-transfer-timeout
+for the other. A room dropped here (aborted, refused) or cancelled there is remembered for as long,
+so the late half is answered at once instead of waiting out the timeout.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
+import orjson
 import zmq
 
 from radixrt.runtime.disaggregation.agent import Agent
-from radixrt.runtime.disaggregation.kv_layout import KVLayout, regions
-from radixrt.runtime.disaggregation.page_stager import PageStager
+from radixrt.runtime.disaggregation.channel import bootstrap_socket, close_bootstrap
+from radixrt.runtime.disaggregation.kv_layout import KVLayout
+from radixrt.runtime.disaggregation.page_bytes import PageBytes
+from radixrt.runtime.disaggregation.peer_checks import PeerError, check_int, check_room, header
 
-DIRECT_MAX_REGIONS = 1024  # more regions than this: staged (Mooncake refuses ~2k in one batch)
+log = logging.getLogger(__name__)
+
+CHUNK_BYTES = 8 << 20  # the pages travel in messages of about this size (whole pages each)
+MAX_PAGES = 1 << 24
+
+
+def chunk_pages(bytes_per_page: int) -> int:
+    """Pages per `pages` message: CHUNK_BYTES of them, at least one."""
+    return max(1, CHUNK_BYTES // max(1, bytes_per_page))
 
 
 class PrefillAgent(Agent):
@@ -33,26 +43,24 @@ class PrefillAgent(Agent):
         cmd_addr,
         evt_addr,
         timeout_s,
-        engine,
         layout: KVLayout,
-        stager: PageStager,
+        pages: PageBytes,
+        secret: str,
         bind: str,
     ):
-        """stager: a PageStager over the pool; bind: the bootstrap endpoint (tcp://host:port),
-        bound now so a taken port fails the server's start with its name."""
+        """pages: the pool's bytes; secret: --disaggregation-secret; bind: the bootstrap endpoint
+        (tcp://host:port), bound now so a taken port fails the server's start with its name."""
         super().__init__(ctx, cmd_addr, evt_addr, timeout_s)
-        self.engine, self.layout, self.stager = engine, layout, stager
-        self.router = ctx.socket(zmq.ROUTER)
-        try:
-            self.router.bind(bind)
-        except zmq.ZMQError as e:
-            self.router.close(linger=0)
-            raise RuntimeError(f"cannot bind the bootstrap port {bind}: {e}") from None
+        self.layout, self.pages = layout, pages
+        self.net, self.router, self.auth = bootstrap_socket(secret, bind)
+        # a send to a decode server that is gone raises (instead of vanishing), and the queue of a
+        # slow one is bounded by the rooms in flight, not by a message count that would drop chunks
+        self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.router.setsockopt(zmq.SNDHWM, 0)
         self.poller.register(self.router, zmq.POLLIN)
         self.sends: dict[int, dict[str, Any]] = {}  # room -> pages, first token, since
         self.regs: dict[int, dict[str, Any]] = {}  # room -> the decode side's registration
         self.ended: dict[int, tuple[str, float]] = {}  # room -> why it will not be sent, since
-        self.staged: dict[int, dict[str, Any]] = {}  # room -> gathered, waiting for a buffer there
 
     def on_command(self, msg: dict[str, Any]) -> None:
         room = msg["room"]
@@ -63,12 +71,8 @@ class PrefillAgent(Agent):
             self.sends[room] = {**msg, "since": time.monotonic()}
             self._try_transfer(room)
         elif msg["op"] == "drop":
-            job = self.staged.get(room)
             self._end(room, msg["error"])
-            if job is not None:  # gathered, its decode side about to give a buffer: it fails
-                self._unstage(room)
-                self._failed(room, job, RuntimeError(msg["error"]))
-            elif self.sends.pop(room, None) is not None:
+            if self.sends.pop(room, None) is not None:
                 self.emit("sent", room=room, error=msg["error"])
 
     def _end(self, room: int, error: str) -> None:
@@ -76,81 +80,100 @@ class PrefillAgent(Agent):
         self.ended[room] = (error, time.monotonic())
         reg = self.regs.pop(room, None)
         if reg is not None:
-            self.reply(self.router, reg["ident"], "failed", room=room, error=error)
+            self._tell(reg["ident"], "failed", room=room, error=error)
 
-    def on_peer(self, sock: zmq.Socket, ident: list[bytes], msg: dict[str, Any]) -> None:
-        op = msg["op"]
-        if op == "ping":
-            self.reply(sock, ident, "pong")
+    def _tell(self, ident: list[bytes], op: str, **fields: Any) -> bool:
+        """A message to one decode server; False when it is no longer connected."""
+        try:
+            self.reply(self.router, ident, op, **fields)
+            return True
+        except zmq.ZMQError:
+            return False
+
+    def on_peer(self, sock: zmq.Socket, frames: list[zmq.Frame]) -> None:
+        if len(frames) != 2:
+            log.warning("a bootstrap message of %d frames ignored", len(frames))
             return
-        room = msg["room"]
-        if op == "register":
-            if room in self.ended:
-                self.reply(sock, ident, "failed", room=room, error=self.ended[room][0])
+        ident = [frames[0].bytes]
+        try:
+            msg = header(frames[1])
+            if msg["op"] == "ping":
+                self._tell(ident, "pong")
                 return
-            self.regs[room] = {**msg, "ident": ident, "since": time.monotonic()}
-            self._try_transfer(room)
-        elif op == "cancel":
+            room = check_room(msg.get("room"))
+        except PeerError as e:
+            log.warning("a decode server's message ignored: %s", e)
+            return
+        if msg["op"] == "register":
+            self._register(ident, room, msg)
+        elif msg["op"] == "cancel":
+            reg = self.regs.get(room)
+            if reg is not None and reg["ident"] != ident:
+                return  # only the decode server that registered a room may cancel it
             self.regs.pop(room, None)
             self.ended[room] = ("cancelled by the decode server", time.monotonic())
-            if self.sends.pop(room, None) is not None or self._unstage(room):
+            if self.sends.pop(room, None) is not None:
                 self.emit("sent", room=room, error="cancelled by the decode server")
-            self.reply(sock, ident, "cancelled", room=room)
-        elif op == "staging" and room in self.staged:
-            self._write_staged(room, msg["addr"])
+            self._tell(ident, "cancelled", room=room)
+
+    def _register(self, ident: list[bytes], room: int, msg: dict[str, Any]) -> None:
+        if room in self.ended:
+            self._tell(ident, "failed", room=room, error=self.ended[room][0])
+            return
+        if room in self.regs:  # the first registration stands; the second learns why not
+            self._tell(ident, "failed", room=room, error=f"room {room} is already registered")
+            return
+        try:
+            reg = {
+                "ident": ident,
+                "layout": KVLayout.from_wire(msg.get("layout")),
+                "num_pages": check_int(msg.get("num_pages"), "num_pages", 0, MAX_PAGES),
+                "start": check_int(msg.get("start"), "start", 0, MAX_PAGES),
+                "since": time.monotonic(),
+            }
+        except PeerError as e:
+            self._tell(ident, "failed", room=room, error=f"registration refused: {e}")
+            return
+        self.regs[room] = reg
+        self._try_transfer(room)
 
     def _try_transfer(self, room: int) -> None:
-        """Both halves are here: write the pages (or stage them), then tell both sides."""
+        """Both halves are here: send the pages and `done`, then tell the scheduler."""
         if room not in self.sends or room not in self.regs:
             return
         send, reg = self.sends.pop(room), self.regs.pop(room)
-        job = {"reg": reg, "first": send["first"], "started": time.perf_counter()}
+        started = time.perf_counter()
+        # a room is sent once: a later registration of it is refused
+        self.ended[room] = (f"room {room} was already sent", time.monotonic())
+        pages = send["pages"][reg["start"] :]
         try:
-            job["pages"] = send["pages"][reg["start"] :]
-            dst = KVLayout.from_wire(reg["layout"])
-            srcs, dsts, lens = regions(self.layout, job["pages"], dst, reg["pages"])
-            if len(srcs) > DIRECT_MAX_REGIONS:  # scattered: one piece, through buffers
-                job["buf"] = self.stager.gather(job["pages"])
-                job["since"] = time.monotonic()
-                self.staged[room] = job
-                self.reply(self.router, reg["ident"], "stage", room=room, num_bytes=sum(lens))
-                return
-            self.engine.write(reg["session"], srcs, dsts, lens)
-        except Exception as e:
-            self._failed(room, job, e)
+            self.layout.check_same(reg["layout"])
+            if len(pages) != reg["num_pages"]:
+                raise ValueError(f"{reg['num_pages']} pages asked for, {len(pages)} to send")
+            num_bytes = self._send_pages(reg["ident"], room, pages)
+            done = {"room": room, "first": send["first"], "num_pages": len(pages)}
+            self.reply(self.router, reg["ident"], "done", **done, num_bytes=num_bytes)
+        except (ValueError, zmq.ZMQError) as e:
+            error = str(e) or type(e).__name__
+            self._tell(reg["ident"], "failed", room=room, error=error)
+            self.emit("sent", room=room, error=error)
             return
-        self._done(room, job, sum(lens))
-
-    def _write_staged(self, room: int, addr: int) -> None:
-        job = self.staged.pop(room)
-        buf = job["buf"]
-        try:
-            self.engine.write(job["reg"]["session"], [buf.data_ptr()], [addr], [buf.numel()])
-        except Exception as e:
-            self._failed(room, job, e)
-            return
-        finally:
-            self.stager.release(buf)
-        self._done(room, job, buf.numel())
-
-    def _unstage(self, room: int) -> bool:
-        job = self.staged.pop(room, None)
-        if job is not None:
-            self.stager.release(job["buf"])
-        return job is not None
-
-    def _done(self, room: int, job: dict[str, Any], num_bytes: int) -> None:
-        seconds = time.perf_counter() - job["started"]
-        done = {"num_pages": len(job["pages"]), "num_bytes": num_bytes, "seconds": seconds}
-        reg = job["reg"]
-        self.reply(self.router, reg["ident"], "done", room=room, first=job["first"], **done)
+        seconds = (
+            time.perf_counter() - started
+        )  # gathered and queued; the decode side times arrival
+        done = {"num_pages": len(pages), "num_bytes": num_bytes, "seconds": seconds}
         self.emit("sent", room=room, error=None, **done)
 
-    def _failed(self, room: int, job: dict[str, Any], e: Exception) -> None:
-        """The decode side frees its pages; this one finishes with the error."""
-        error = str(e) or type(e).__name__
-        self.reply(self.router, job["reg"]["ident"], "failed", room=room, error=error)
-        self.emit("sent", room=room, error=error)
+    def _send_pages(self, ident: list[bytes], room: int, pages: list[int]) -> int:
+        """The pages' bytes in `pages` messages of whole pages, in order; returns the bytes sent.
+        Each gathered chunk is a copy, so the pool's pages may be reused once this returns."""
+        step, sent = chunk_pages(self.layout.bytes_per_page), 0
+        for i in range(0, len(pages), step):
+            buf = self.pages.gather(pages[i : i + step])
+            head = orjson.dumps({"op": "pages", "room": room, "count": len(pages[i : i + step])})
+            self.router.send_multipart([*ident, head, memoryview(buf.numpy())], copy=False)
+            sent += buf.numel()
+        return sent
 
     def tick(self, now: float) -> None:
         limit = self.timeout_s
@@ -162,14 +185,10 @@ class PrefillAgent(Agent):
             )
             self.ended[room] = (error, now)
             self.emit("sent", room=room, error=error)
-        for room in [r for r, j in self.staged.items() if now - j["since"] > limit]:
-            job = self.staged[room]
-            self._unstage(room)
-            self._failed(room, job, RuntimeError(f"no staging buffer came within {limit:g} s"))
         for room in [r for r, g in self.regs.items() if now - g["since"] > limit]:
             self._end(room, f"no request for this room reached the prefill server in {limit:g} s")
         for room in [r for r, (_, t) in self.ended.items() if now - t > 2 * limit]:
             del self.ended[room]
 
     def close_sockets(self) -> None:
-        self.router.close(linger=0)
+        close_bootstrap(self.net, self.router, self.auth)

@@ -25,6 +25,7 @@ import sys
 import time
 from typing import Any, Callable
 
+from radixrt.runtime.config_checks import SECRET_ENVS
 from radixrt.runtime.processes import free_port, set_parent_death_signal, wait_until_healthy
 
 logger = logging.getLogger("radixrt.server")
@@ -45,7 +46,7 @@ def replica_args(config: Any, port: int) -> list[str]:
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
         if (
-            f.name in ("dp_size", "host", "port", "router_policy", "pd")
+            f.name in ("dp_size", "host", "port", "router_policy", "pd", *SECRET_ENVS)
             or value == getattr(defaults, f.name)
             or value is None
         ):
@@ -53,9 +54,21 @@ def replica_args(config: Any, port: int) -> list[str]:
         flag = "--" + f.name.replace("_", "-")
         if isinstance(value, bool):
             args.append(flag if value else f"--no-{f.name.replace('_', '-')}")
+        elif isinstance(value, tuple):
+            args += [flag, *map(str, value)]
         else:
             args += [flag, str(value)]
     return args + ["--host", "127.0.0.1", "--port", str(port)]
+
+
+def replica_env(config: Any) -> dict[str, str]:
+    """The keys of a replica's command line, handed over in its environment instead (argv is
+    readable by every local user in /proc)."""
+    return {
+        env: getattr(config, name)
+        for name, env in SECRET_ENVS.items()
+        if getattr(config, name, None) is not None
+    }
 
 
 def launch_dp(config: Any) -> int:
@@ -121,9 +134,8 @@ def start_servers(configs: list[Any], servers: list[tuple[str, subprocess.Popen]
     }  # the servers share the cores
     for cfg in configs:
         port = free_port()
-        servers.append(
-            (f"http://127.0.0.1:{port}", subprocess.Popen(replica_args(cfg, port), env=env))
-        )
+        proc = subprocess.Popen(replica_args(cfg, port), env={**env, **replica_env(cfg)})
+        servers.append((f"http://127.0.0.1:{port}", proc))
 
 
 def start_router(config: Any, workers: list[str]) -> subprocess.Popen:
@@ -140,6 +152,9 @@ def start_router(config: Any, workers: list[str]) -> subprocess.Popen:
             "--prometheus-port",
             str(free_port()),  # its default port may be taken
             *workers,
+            # the router then asks its clients for the key and presents it to the servers (a PD
+            # pair takes bootstrap fields only with it); its argv is the one place the key shows
+            *(["--api-key", config.api_key] if config.api_key else []),
             "--log-level",
             "warn",
         ],

@@ -20,6 +20,7 @@ from radixrt.runtime.serving.http_io import (
     read_body,
     sse,
 )
+from radixrt.runtime.serving.pd_auth import check_bootstrap_auth
 from radixrt.runtime.serving.protocol import APIError, GenerateRequest, parse_body
 from radixrt.runtime.serving.request_handle import RequestHandle
 from radixrt.runtime.serving.tokenizer_manager import TokenizerManager
@@ -31,6 +32,7 @@ def add_generate_routes(app: FastAPI, tm: TokenizerManager) -> None:
         req: GenerateRequest = parse_body(
             GenerateRequest, await read_body(request, tm.config.max_request_body_bytes)
         )
+        check_bootstrap_auth(tm.config, request.headers, req.bootstrap())
         batch, prompts = await _prompts(tm, req)
         reqs, flat_logprob = await _scheduler_requests(tm, req, prompts)
         many = batch or len(reqs) > 1

@@ -15,6 +15,7 @@ from radixrt.runtime.request_edge import SequenceResult
 from radixrt.runtime.serving import tool_calls
 from radixrt.runtime.serving.http_io import SSE_HEADERS, read_body, sse
 from radixrt.runtime.serving.openai_chat_tools import answer_with_tools
+from radixrt.runtime.serving.pd_auth import check_bootstrap_auth
 from radixrt.runtime.serving.protocol import APIError, ChatCompletionRequest, parse_body
 from radixrt.runtime.serving.request_handle import RequestHandle
 
@@ -85,6 +86,7 @@ class ChatRoute:
         req: ChatCompletionRequest = parse_body(
             ChatCompletionRequest, await read_body(request, self.tm.config.max_request_body_bytes)
         )
+        check_bootstrap_auth(self.tm.config, request.headers, req.bootstrap())
         return self.routes.reply(req, await self.answer(request, req))
 
     async def answer(self, request: Request, req: ChatCompletionRequest) -> Any:

@@ -13,6 +13,7 @@ from fastapi.responses import StreamingResponse
 
 from radixrt.runtime.request_edge import SequenceResult
 from radixrt.runtime.serving.http_io import SSE_HEADERS, read_body, sse
+from radixrt.runtime.serving.pd_auth import check_bootstrap_auth
 from radixrt.runtime.serving.protocol import APIError, CompletionRequest, parse_body
 
 
@@ -26,6 +27,7 @@ class CompletionRoute:
         req: CompletionRequest = parse_body(
             CompletionRequest, await read_body(request, self.tm.config.max_request_body_bytes)
         )
+        check_bootstrap_auth(self.tm.config, request.headers, req.bootstrap())
         return self.routes.reply(req, await self.answer(request, req))
 
     async def prompts(self, req: CompletionRequest) -> list[list[int]]:

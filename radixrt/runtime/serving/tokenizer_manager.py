@@ -31,6 +31,7 @@ from radixrt.runtime.serving.metrics import ServerMetrics
 from radixrt.runtime.serving.protocol import APIError, from_value_error
 from radixrt.runtime.serving.request_handle import ReqState, RequestHandle
 from radixrt.runtime.serving.scheduler_link import SchedulerLink
+from radixrt.runtime.serving.tenants import CompileShares, check_in_flight
 
 
 class TokenizerManager(SchedulerLink):
@@ -48,6 +49,7 @@ class TokenizerManager(SchedulerLink):
         self._rid_prefix = uuid.uuid4().hex[:8]
         self._rid_counter = itertools.count()
         self._grammar = None
+        self._compiles = CompileShares()  # grammar compiles queued at the edge, per client
 
     async def start(self, procs: dict[str, Any], timeout: float = 600.0) -> None:
         """Open the sockets, wait until every child process reported ready (model load: 10-40 s),
@@ -88,14 +90,17 @@ class TokenizerManager(SchedulerLink):
 
         return run() if sum(len(t) for t in texts) < 20_000 else await asyncio.to_thread(run)
 
-    async def validate_sampling(self, params: dict[str, Any] | None) -> SamplingParams:
+    async def validate_sampling(
+        self, params: dict[str, Any] | None, client: str | None = None
+    ) -> SamplingParams:
+        """params checked; a constraint compiled at the edge counts against client's share."""
         try:
             sp = SamplingParams.from_dict(params)
         except (ValueError, TypeError) as e:  # TypeError: a non-dict
             raise from_value_error(ValueError(str(e))) from None
         constraint = constraint_of(sp)
         if constraint is not None:
-            await self._validate_constraint(*constraint)
+            await self._validate_constraint(*constraint, client)
         return sp
 
     def _make_grammar_backend(self) -> Any:
@@ -112,16 +117,19 @@ class TokenizerManager(SchedulerLink):
         chooser.for_kind("regex")
         return chooser
 
-    async def _validate_constraint(self, kind: str, spec: Any) -> None:
+    async def _validate_constraint(self, kind: str, spec: Any, client: str | None) -> None:
         """Schema normalisation can be slow or explosive: it runs in the grammar workers (killed at
         the compile timeout), awaited on a thread, so the event loop (/health, every stream) never
         waits."""
         if self._grammar is None:
             return
+        self._compiles.take(client)
         try:
             await asyncio.to_thread(lambda: self._grammar.for_kind(kind).validate(kind, spec))
         except ValueError as e:
             raise APIError(f"invalid {kind}: {e}", param=kind) from None
+        finally:
+            self._compiles.give_back(client)
 
     @property
     def limits(self) -> EdgeLimits:
@@ -148,6 +156,7 @@ class TokenizerManager(SchedulerLink):
         lora_path: str | None = None,
         bootstrap: tuple[Any, Any, Any] = (None, None, None),
         num_prompts: int = 1,
+        cache_salt: str | None = None,
     ) -> list[TokenizedGenerateReq]:
         """One prompt -> sp.n scheduler requests (seeds seed+i), after checking it can ever run.
         bootstrap: the body's (bootstrap_host, bootstrap_port, bootstrap_room), for
@@ -174,6 +183,7 @@ class TokenizerManager(SchedulerLink):
                 n=sp.n,
                 is_beam=sp.is_beam,
                 logprob_start_len=start,  # -1 unless prompt logprobs were asked for
+                prefill_addrs=self.config.prefill_bootstrap_addrs,
             )
             return expand_n(
                 self.new_rid(),
@@ -188,11 +198,15 @@ class TokenizerManager(SchedulerLink):
                 session_id=session_id,
                 lora_path=lora_path,
                 bootstrap=pd,
+                cache_salt=cache_salt,
             )
         except RequestError as e:
             raise from_value_error(e) from None
 
-    def generate(self, reqs: list[TokenizedGenerateReq]) -> RequestHandle:
+    def generate(
+        self, reqs: list[TokenizedGenerateReq], client: str | None = None
+    ) -> RequestHandle:
+        """Send reqs; client (serving/tenants.py) is held to its share of the in-flight slots."""
         self.check_alive()
         if len(reqs) > self.config.max_prompts_per_request:
             raise APIError(
@@ -200,7 +214,10 @@ class TokenizerManager(SchedulerLink):
                 f"{self.config.max_prompts_per_request} are allowed (max_prompts_per_request)",
                 param="prompt",
             )
-        limit = self.config.max_running_requests + self.config.max_waiting_requests
+        if client is not None:
+            held = sum(st.client == client for st in self.states.values())
+            check_in_flight(held, len(reqs), self.config.requests_per_client)
+        limit = self.config.max_running_requests + self.config.max_queued_requests
         if len(self.states) + len(reqs) > limit:
             raise APIError(
                 f"too many requests in flight ({len(self.states)}); try again later",
@@ -215,7 +232,9 @@ class TokenizerManager(SchedulerLink):
             raise APIError(f"the request cannot be sent to the scheduler: {e}", 400) from None
         queue: asyncio.Queue = asyncio.Queue()
         for i, r in enumerate(reqs):
-            self.states[r.rid] = ReqState(rid=r.rid, index=i, queue=queue, stream=r.stream)
+            self.states[r.rid] = ReqState(
+                rid=r.rid, index=i, queue=queue, stream=r.stream, client=client
+            )
         for frame in frames:
             self._push.send(frame)
         self.metrics.inflight.set(len(self.states))
