@@ -53,12 +53,8 @@ class ServerConfig:
     )
     max_running_requests: int = _opt(64, "most requests decoding at once")
     max_queued_requests: int = _opt(4096, "requests waiting to run past which new ones get a 503")
-    max_requests_per_client: int | None = _opt(
-        None, "requests in flight per client (docs/security.md; more: a 429); default half of both"
-    )
-    enable_cache_report: bool = _opt(
-        False, "report cached_tokens exactly (default: whole pages of >= 64 tokens, rounded down)"
-    )
+    max_requests_per_client: int | None = _opt(None, "in flight per client (429); default half")
+    enable_cache_report: bool = _opt(False, "exact cached_tokens (default: >= 64-token pages)")
     max_prompts_per_request: int = _opt(
         256, "sequences (prompts x n) one HTTP request may ask for (a client batch); more is a 400"
     )

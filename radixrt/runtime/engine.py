@@ -65,11 +65,13 @@ class Engine:
         session_id: str | None = None,
         return_text_in_logprobs: bool = False,
         lora_path: str | list[str | None] | None = None,
+        cache_salt: str | None = None,
     ) -> dict | list[dict] | Iterator[dict]:
         """session_id: this is a turn of that conversation; when it finishes its text stays pinned
         in the cache until the session's next turn, close_session, or the session ttl
         (core/sessions.py). lora_path: the LoRA adapter (by name) the prompts run with, or one per
-        prompt (None: the base model)."""
+        prompt (None: the base model). cache_salt (vLLM's): KV is shared only with requests of the
+        same salt (core/namespaces.py)."""
         single, ids_list = self._tokenize(prompt, input_ids)
         if session_id is not None and len(ids_list) != 1:
             raise ValueError(
@@ -92,6 +94,7 @@ class Engine:
             top_logprobs_num=top_logprobs_num,
             program_id=program_id,
             session_id=session_id,
+            cache_salt=cache_salt,
         )
         msgs = [
             self._messages(ids, p, logprob_start_len, {**options, "lora_path": lora})
@@ -163,6 +166,7 @@ class Engine:
         input_ids: list[int] | None = None,
         program_id: str | None = None,
         ttl_s: float = 600.0,
+        cache_salt: str | None = None,
     ) -> str | None:
         """Compute the prompt's KV and keep it pinned in the radix cache until `unpin(handle)`
         (or ttl_s passes). Returns the handle, or None when the runtime refused the pin."""
@@ -171,9 +175,8 @@ class Engine:
             raise ValueError(f"ttl_s must be a number in (0, {MAX_PIN_TTL_S:g}], got {ttl_s!r}")
         sp = SamplingParams(max_new_tokens=0)
         check_prompt(ids_list[0], sp, self.scheduler.limits)
-        msg = expand_n(
-            self._new_rid(), ids_list[0], sp, program_id=program_id, pin_ttl_s=float(ttl_s)
-        )[0]
+        opts = dict(program_id=program_id, pin_ttl_s=float(ttl_s), cache_salt=cache_salt)
+        msg = expand_n(self._new_rid(), ids_list[0], sp, **opts)[0]
         reason = self._run([msg])[msg.rid].result.finished_reason or {}
         return reason.get("pin_handle")
 
@@ -190,11 +193,11 @@ class Engine:
         with self._lock:
             return self.scheduler.unpin(handle)
 
-    def close_session(self, session_id: str) -> bool:
-        """End a session: its pinned turn may be evicted again. False when there is no such
-        session."""
+    def close_session(self, session_id: str, cache_salt: str | None = None) -> bool:
+        """End a session (of cache_salt's): its pinned turn may be evicted again. False when there
+        is no such session."""
         with self._lock:
-            return self.scheduler.close_session(session_id)
+            return self.scheduler.close_session(session_id, cache_salt)
 
     def flush_cache(self) -> bool:
         with self._lock:

@@ -53,6 +53,8 @@ class TokenizedGenerateReq:
     # a turn of this session: pinned when finished, until the next turn (sessions.py)
     session_id: str | None = None
     lora_path: str | None = None  # the LoRA adapter's name (SGLang's field; None: the base model)
+    # vLLM's field: KV is shared only between requests of the same salt (core/namespaces.py)
+    cache_salt: str | None = None
     # prefill-decode disaggregation (SGLang's fields): the prefill server's bootstrap address and
     # the room both servers know this request by (None: not disaggregated)
     bootstrap_host: str | None = None
@@ -209,6 +211,7 @@ class ProcessFailed:
 @message
 class CloseSessionReq:
     session_id: str
+    cache_salt: str | None = None  # a session belongs to its salt (sessions.session_key)
 
 
 @message

@@ -23,6 +23,7 @@ __all__ = [
     "EdgeLimits",
     "RequestError",
     "check_beam_request",
+    "check_cache_salt",
     "check_prompt",
     "constraint_of",
     "expand_n",
@@ -33,6 +34,8 @@ __all__ = [
 ]
 
 CONSTRAINT_KINDS = CONSTRAINT_FIELDS  # a constraint's kind is the name of its sampling parameter
+# vLLM's advice is a 43-character (256-bit) random salt; the bound keeps the namespace table small
+MAX_CACHE_SALT_CHARS = 256
 
 
 class RequestError(ValueError):
@@ -53,6 +56,18 @@ class EdgeLimits:
     pool_tokens: int
     max_running: int = 2**31 - 1  # requests running at once (a beam search runs beam_width)
     page_size: int = 1
+
+
+def check_cache_salt(salt: Any) -> None:
+    """cache_salt (vLLM's field): None, or the non-empty string naming the request's trust domain
+    (core/namespaces.py); RequestError naming it otherwise."""
+    if salt is not None and (
+        not isinstance(salt, str) or not 0 < len(salt) <= MAX_CACHE_SALT_CHARS
+    ):
+        raise RequestError(
+            f"cache_salt must be a string of 1 to {MAX_CACHE_SALT_CHARS} characters",
+            param="cache_salt",
+        )
 
 
 def constraint_of(sp: SamplingParams) -> tuple[str, Any] | None:
@@ -186,9 +201,11 @@ def expand_n(
     session_id: str | None = None,
     lora_path: str | None = None,
     bootstrap: dict[str, Any] | None = None,
+    cache_salt: str | None = None,
 ) -> list[TokenizedGenerateReq]:
     """One prompt -> sp.n scheduler requests: rid base (n = 1) or base-0..base-{n-1}, seeds
     seed+i. A beam search is one request whatever n (its n is the beams it returns)."""
+    check_cache_salt(cache_salt)
     if session_id is not None:
         if not isinstance(session_id, str) or not 0 < len(session_id) <= MAX_SESSION_ID_CHARS:
             raise RequestError(
@@ -219,6 +236,7 @@ def expand_n(
                 pin_ttl_s=pin_ttl_s,
                 session_id=session_id,
                 lora_path=lora_path,
+                cache_salt=cache_salt,
                 **(bootstrap or {}),
             )
         )

@@ -35,6 +35,9 @@ class ServerProcess:
         # token-exact checks run in float32; the default dtype has its own test
         if "--dtype" not in args:
             args = [*args, "--dtype", "float32"]
+        # tests check cached_tokens exactly; the default's rounding is test_tenant_battery's
+        if not any(a.endswith("enable-cache-report") for a in args):
+            args = [*args, "--enable-cache-report"]
         cmd = [sys.executable, "-m", "radixrt.cli", "serve", "--port", str(self.port), *args]
         if fake_scheduler:
             env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])

@@ -17,7 +17,7 @@ import os
 import pytest
 import torch
 
-from radixrt.runtime.core.lora_slots import KEY_STRIDE
+from radixrt.runtime.core.namespaces import KEY_STRIDE
 from radixrt.runtime.engine import Engine
 
 PROMPTS = [
@@ -130,7 +130,7 @@ def test_load_use_unload(engine, adapters, model_dir, tmp_path):
     def keys():
         return {c["lora_key"] for c in engine.get_cache_tree(max_depth=1)["root"]["children"]}
 
-    late_key = engine.scheduler.lora_slots.key_offset("late") // KEY_STRIDE
+    late_key = engine.scheduler.namespaces.key_offset("late", None) // KEY_STRIDE
     assert late_key in keys()
     engine.unload_lora_adapter("late")
     with pytest.raises(ValueError, match="'late' is not loaded"):

@@ -23,8 +23,10 @@ def fake_server(tmp_path_factory):
         [
             "--max-running-requests",
             "3",
-            "--max-waiting-requests",
+            "--max-queued-requests",
             "2",
+            "--max-requests-per-client",  # every request here is one client's: the 503, not a 429
+            "5",
             "--request-timeout",
             "4",
             "--log-level",

@@ -10,7 +10,8 @@ from fake_runner import FakeRunner, reference_output
 from test_scheduler import VOCAB, assert_all_pages_back, drain, ids
 
 from radixrt.runtime.config import ServerConfig
-from radixrt.runtime.core.lora_slots import KEY_STRIDE, LoraSlots
+from radixrt.runtime.core.lora_slots import LoraSlots
+from radixrt.runtime.core.namespaces import KEY_STRIDE, TreeNamespaces
 from radixrt.runtime.core.req import Req
 from radixrt.runtime.core.scheduler import Scheduler
 from radixrt.runtime.messages import TokenizedGenerateReq
@@ -34,10 +35,21 @@ def test_slots_are_reused_least_recently_used_first_and_never_taken_from_a_runni
     assert slots.take("c", running(0)) == 1  # b's slot: not held
     slots.take("a", [])
     assert slots.take("b", []) == 1  # c's slot was used less recently than a's
-    assert slots.key_offset(None) == 0 and slots.key_offset("a") == KEY_STRIDE
-    assert slots.key_offset("b") == 2 * KEY_STRIDE
-    assert slots.retire("a") == KEY_STRIDE and "a" not in slots.names
-    assert slots.key_offset("a") == 3 * KEY_STRIDE  # a reloaded adapter: a new namespace
+    slots.retire("a")
+    assert "a" not in slots.names
+
+
+def test_each_adapter_and_salt_pair_is_a_namespace_and_ids_are_never_reused():
+    spaces = TreeNamespaces()
+    assert spaces.key_offset(None, None) == 0 and spaces.key_offset("a", None) == KEY_STRIDE
+    assert spaces.key_offset("b", None) == 2 * KEY_STRIDE
+    assert spaces.key_offset("a", "s") == 3 * KEY_STRIDE  # a salt under an adapter: its own
+    assert spaces.key_offset(None, "s") == 4 * KEY_STRIDE  # the same salt on the base model
+    assert spaces.key_offset("a", None) == KEY_STRIDE  # known: the same
+    assert spaces.retire("a") == {1, 3}
+    assert spaces.key_offset("a", None) == 5 * KEY_STRIDE  # a reloaded adapter: a new namespace
+    assert spaces.is_plain(0) and spaces.is_plain(5) and not spaces.is_plain(4)
+    assert not spaces.is_plain(1), "a retired namespace is not known any more"
 
 
 def make(loras=("a", "b", "c"), max_loras=2, num_tokens=2000):

@@ -8,15 +8,18 @@ edge, because match_prefix splits it there), its age, lock references, pins and 
 own them. A big tree is summarised, not dumped: children are visited largest subtree first, and
 past `max_depth` levels or `max_nodes` nodes the rest of a node's children are folded into its
 `omitted` figures. Building the view walks the tree once.
+
+A node of a salted namespace (a cache_salt's: core/namespaces.py), or of one no longer known, shows
+no token ids: its edges are another tenant's prompts, and this view is not where they are read.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
-from radixrt.runtime.core.lora_slots import KEY_STRIDE
+from radixrt.runtime.core.namespaces import KEY_STRIDE
 from radixrt.runtime.core.radix_cache import RadixCache, TreeNode
 
 DEFAULT_MAX_DEPTH = 16
@@ -52,18 +55,21 @@ def cache_tree_view(
     max_depth: int = DEFAULT_MAX_DEPTH,
     max_nodes: int = DEFAULT_MAX_NODES,
     preview_tokens: int = PREVIEW_TOKENS,
+    plain: Callable[[int], bool] = lambda ns: ns == 0,
 ) -> dict[str, Any]:
     """{"root": node, "num_nodes", "num_tokens", "num_nodes_shown", "page_size", "disabled"}; each
     node: {"id", "num_tokens", "preview_ids", "hits", "tokens_served", "prefix_len",
     "last_access_age_s", "lock_ref", "residency", "pins", "sessions", "subtree_tokens", "children",
     "omitted": None or {"nodes", "tokens", "hits"}}.
-    pinned: (last node of a pinned path, the session owning the pin or None for a program's pin)."""
+    pinned: (last node of a pinned path, the session owning the pin or None for a program's pin).
+    plain(namespace): whether that namespace's token ids may be shown (TreeNamespaces.is_plain; by
+    default only the base model's)."""
     if max_depth < 1 or max_nodes < 1:
         raise ValueError(f"max_depth and max_nodes must be >= 1, got {max_depth} and {max_nodes}")
     now = time.time()
     pins, sessions = _pins_by_node(tree, pinned)
     totals = _subtree_totals(tree.root)
-    describe = _Describer(now, pins, sessions, totals, preview_tokens)
+    describe = _Describer(now, pins, sessions, totals, preview_tokens, plain)
     root = describe(tree.root, 0)
     shown = _add_children(tree.root, root, describe, totals, max_depth, max_nodes)
     nodes, tokens, _ = totals[tree.root.node_id]
@@ -105,15 +111,19 @@ class _Describer:
     sessions: dict[int, list[str]]
     totals: dict[int, tuple[int, int, int]]
     preview_tokens: int
+    plain: Callable[[int], bool]
 
     def __call__(self, node: TreeNode, prefix_len: int) -> dict[str, Any]:
         n = len(node.key)
+        ns = node.key[0] // KEY_STRIDE if node.key else 0
+        shown = self.preview_tokens if self.plain(ns) else 0
         return {
             "id": node.node_id,
             "num_tokens": n,
-            # token ids (an adapter's keys carry its namespace offset: core/lora_slots.py)
-            "preview_ids": [t % KEY_STRIDE for t in node.key[: self.preview_tokens]],
-            "lora_key": (node.key[0] // KEY_STRIDE if node.key else 0) or None,
+            # token ids (keys carry their namespace's offset: core/namespaces.py)
+            "preview_ids": [t % KEY_STRIDE for t in node.key[:shown]],
+            "lora_key": ns or None,  # the namespace: an adapter, a cache_salt, or both
+            "salted": not self.plain(ns),
             "hits": node.hits,
             "tokens_served": node.hits * n,
             "prefix_len": prefix_len + n,

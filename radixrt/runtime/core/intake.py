@@ -9,9 +9,10 @@ from typing import Any, Callable, Protocol
 
 from radixrt.runtime.core.finish_reason import FinishReason
 from radixrt.runtime.core.req import Req
+from radixrt.runtime.core.sessions import session_key
 from radixrt.runtime.incremental_detokenizer import IncrementalDetokenizer
 from radixrt.runtime.messages import TokenizedGenerateReq, TokenOut
-from radixrt.runtime.request_edge import EdgeLimits, check_prompt
+from radixrt.runtime.request_edge import EdgeLimits, check_cache_salt, check_prompt
 from radixrt.runtime.sampling_params import SamplingParams
 
 
@@ -21,6 +22,21 @@ class GrammarBackends(Protocol):
     def for_kind(self, kind: str) -> Any: ...
 
     def built(self) -> list[Any]: ...
+
+
+class QueueFull(ValueError):
+    """Refused for the server's state, not the request's: a 503, worth retrying later."""
+
+    status = 503
+
+
+def check_queue(num_waiting: int, max_queued: int) -> None:
+    """--max-queued-requests (SGLang's): a request past that many waiting is refused."""
+    if num_waiting >= max_queued:
+        raise QueueFull(
+            f"the request queue is full ({num_waiting} waiting, the most --max-queued-requests "
+            "allows); try again later"
+        )
 
 
 def new_req(
@@ -40,6 +56,7 @@ def new_req(
         top_logprobs_num=msg.top_logprobs_num,
         stream=msg.stream,
     )
+    check_cache_salt(msg.cache_salt)
     check_fault("intake", msg.input_ids)
     # the output may not run past the context
     room = limits.context_len - len(msg.input_ids)
@@ -56,7 +73,8 @@ def new_req(
         arrival_time=msg.arrival_time or None,
     )
     req.pin_ttl_s = msg.pin_ttl_s
-    req.session_id = msg.session_id
+    if msg.session_id is not None:  # a tenant's session is its own (sessions.session_key)
+        req.session_id = session_key(msg.session_id, msg.cache_salt)
     req.lora = msg.lora_path
     if sampling.stop or sampling.stop_regex:
         req.stop_matcher = IncrementalDetokenizer.for_request(tokenizer, sampling)
@@ -65,14 +83,15 @@ def new_req(
 
 def refusal(msg: TokenizedGenerateReq, error: Exception) -> TokenOut:
     """The answer to a request intake could not take: 400 when it was refused (ValueError,
-    TypeError), 500 when intake itself failed."""
+    TypeError; 503 when the queue is full), 500 when intake itself failed."""
     refused = isinstance(error, (ValueError, TypeError))
     message = str(error) if refused else f"internal error: {type(error).__name__}: {error}"
+    status = getattr(error, "status", 400) if refused else 500
     return TokenOut(
         rid=msg.rid,
         new_ids=[],
         finished_reason=FinishReason.abort(message).to_dict(),
         error=message,
-        error_status=400 if refused else 500,
+        error_status=status,
         prompt_tokens=len(msg.input_ids) if isinstance(msg.input_ids, list) else 0,
     )

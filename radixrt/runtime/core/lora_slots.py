@@ -6,17 +6,13 @@ free one, or the least recently used slot no running request holds; with none, i
 keep arrival order, so does everyone behind it). The runner copies an adapter into its slot when
 the plan names it there (model/lora_registry.py).
 
-The radix tree knows nothing of adapters: a request's tree keys are its tokens plus its adapter's
-offset (Req.tree_ids), a multiple of KEY_STRIDE (above any vocabulary), so identical prompts under
-two adapters are two entries and a prefix is reused only under its own adapter. An unloaded
-adapter's key is retired with its entries (a reloaded one gets a new key).
+Each adapter's KV is a namespace of the radix tree of its own (with every cache_salt under it):
+core/namespaces.py.
 """
 
 from __future__ import annotations
 
 from radixrt.runtime.core.req import Req
-
-KEY_STRIDE = 1 << 32
 
 
 class LoraSlots:
@@ -24,16 +20,6 @@ class LoraSlots:
         self.names: list[str | None] = [None] * num_slots
         self._last_used = [0] * num_slots
         self._clock = 0
-        self._keys: dict[str, int] = {}
-        self._next_key = 1
-
-    def key_offset(self, name: str | None) -> int:
-        """The tree key offset of adapter name's requests (0: the base model)."""
-        if name is None:
-            return 0
-        if name not in self._keys:
-            self._keys[name], self._next_key = self._next_key, self._next_key + 1
-        return self._keys[name] * KEY_STRIDE
 
     def take(self, name: str, running: list[Req]) -> int | None:
         """A slot holding adapter name for a request about to run, or None (all held)."""
@@ -50,10 +36,8 @@ class LoraSlots:
         self._last_used[slot] = self._clock
         return slot
 
-    def retire(self, name: str) -> int | None:
-        """Adapter name was unloaded: its slot is free, its key retired. The retired key's offset
-        (its tree entries are evicted by the caller), or None if it never had one."""
+    def retire(self, name: str) -> None:
+        """Adapter name was unloaded: its slot is free (its tree namespaces go too:
+        TreeNamespaces.retire)."""
         if name in self.names:
             self.names[self.names.index(name)] = None
-        key = self._keys.pop(name, None)
-        return None if key is None else key * KEY_STRIDE

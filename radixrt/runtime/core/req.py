@@ -46,7 +46,7 @@ class Req:
         self.stream = stream
         self.program_id = program_id
         self.pin_ttl_s: float | None = None  # pin the prompt in the tree when finished
-        self.session_id: str | None = None  # a session's turn: pinned when finished (sessions.py)
+        self.session_id: Any = None  # a session's turn, pinned when finished (session_key)
         self.arrival_time = time.time() if arrival_time is None else arrival_time
 
         # memory
@@ -60,7 +60,7 @@ class Req:
         self.pending_copies: list[tuple[int, int]] = []  # (page, own page) before its next forward
         self.lora: str | None = None  # its LoRA adapter (None: the base model)
         self.lora_slot: int | None = None  # the adapter's slot while running (lora_slots.py)
-        self.key_offset = 0  # its adapter's namespace in the radix tree (lora_slots.py)
+        self.key_offset = 0  # its (adapter, cache_salt) namespace in the tree (namespaces.py)
         self.bootstrap: Any = None  # disaggregated: where its KV comes from / goes (pd_link.py)
 
         # progress and results
@@ -89,8 +89,8 @@ class Req:
         return self.origin_input_ids + self.output_ids
 
     def tree_ids(self, ids: list[int]) -> list[int]:
-        """ids as the radix tree keys them: in the namespace of the request's adapter, so KV is
-        never shared across adapters (the base model's keys are the token ids)."""
+        """ids as the radix tree keys them: in the namespace of the request's adapter and salt, so
+        KV is never shared across either (the unsalted base model's keys are the token ids)."""
         return [t + self.key_offset for t in ids] if self.key_offset else ids
 
     @property

@@ -17,8 +17,9 @@ from radixrt.runtime.core.admission import Admission
 from radixrt.runtime.core.drafts import next_draft, take_draft
 from radixrt.runtime.core.faults import FaultInjector
 from radixrt.runtime.core.finish_reason import FinishReason
-from radixrt.runtime.core.intake import GrammarBackends, new_req, refusal
+from radixrt.runtime.core.intake import GrammarBackends, check_queue, new_req, refusal
 from radixrt.runtime.core.lora_slots import LoraSlots
+from radixrt.runtime.core.namespaces import TreeNamespaces
 from radixrt.runtime.core.outbox import Outbox
 from radixrt.runtime.core.page_allocator import PageAllocator, TableRows
 from radixrt.runtime.core.pd_link import KVLink
@@ -82,6 +83,7 @@ class Scheduler(SchedulerAdmin, SchedulerBeams, StepRecovery, SchedulerPD):
         self.stats = SchedulerStats()
         self.faults = FaultInjector()
         self.lora_slots = LoraSlots(config.max_loras_per_batch)
+        self.namespaces = TreeNamespaces()  # the tree's (adapter, cache_salt) namespaces
         self._init_pd(config.disaggregation_mode, kv_link)
         self.admission = Admission(
             config,
@@ -111,9 +113,10 @@ class Scheduler(SchedulerAdmin, SchedulerBeams, StepRecovery, SchedulerPD):
             req = new_req(msg, self.limits, self.tokenizer, self.faults.check)
             req.bootstrap = bootstrap_of(msg)
             self._check_room(req)
+            check_queue(len(self.waiting), self.config.max_queued_requests)
             if req.lora is not None:
                 self.check_lora(req.lora)
-                req.key_offset = self.lora_slots.key_offset(req.lora)
+            req.key_offset = self.namespaces.key_offset(req.lora, msg.cache_salt)
             constraint = constraint_of(req.sampling)
             if constraint is not None:
                 req.grammar_future = self.get_grammar_backend(constraint[0]).request(*constraint)

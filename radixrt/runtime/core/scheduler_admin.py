@@ -7,7 +7,8 @@ import time
 from typing import Any
 
 from radixrt.runtime.core import cache_view
-from radixrt.runtime.core.lora_slots import KEY_STRIDE
+from radixrt.runtime.core.namespaces import KEY_STRIDE
+from radixrt.runtime.core.sessions import session_key
 
 
 class SchedulerAdmin:
@@ -34,8 +35,8 @@ class SchedulerAdmin:
     def unpin(self, handle: str) -> bool:
         return self.pins.unpin(handle)
 
-    def close_session(self, session_id: str) -> bool:
-        return self.sessions.close(session_id)
+    def close_session(self, session_id: str, cache_salt: str | None = None) -> bool:
+        return self.sessions.close(session_key(session_id, cache_salt))
 
     def flush_cache(self) -> bool:
         """Empty the tree; sessions are a cache hint and end with it, a program's explicit pins
@@ -53,7 +54,9 @@ class SchedulerAdmin:
         """What the radix tree holds (core/cache_view.py), token ids only."""
         owners = self.sessions.owners()
         pinned = [(node, owners.get(handle)) for node, handle in self.pins.pinned_nodes()]
-        return cache_view.cache_tree_view(self.tree, pinned, max_depth, max_nodes)
+        return cache_view.cache_tree_view(
+            self.tree, pinned, max_depth, max_nodes, plain=self.namespaces.is_plain
+        )
 
     def server_info(self, walk: bool = True) -> dict:
         """Live figures: counters, plus the integrity walk's result (walk: run it now, O(pages);
@@ -125,9 +128,10 @@ class SchedulerAdmin:
                 f"LoRA adapter {name!r} has {busy} requests in flight; unload it later"
             )
         self.runner.unload_lora(name)
-        offset = self.lora_slots.retire(name)
-        if offset is not None:
-            self.tree.evict_subtrees(lambda t: offset <= t < offset + KEY_STRIDE)
+        self.lora_slots.retire(name)
+        gone = self.namespaces.retire(name)
+        if gone:
+            self.tree.evict_subtrees(lambda t: t // KEY_STRIDE in gone)
 
     def check_integrity(self) -> None:
         """Every page is exactly one of: free, held by the tree, owned by a running request; every

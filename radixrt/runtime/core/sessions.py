@@ -6,11 +6,13 @@ the part the two turns share never looks free. The next turn, whose prompt exten
 then a cache hit for all of it even when other traffic has filled the pool. A session ends when it
 is closed, when its pin's ttl passes without a new turn, or when MAX_SESSIONS newer sessions push it
 out. Per session the table counts turns and prompt / cached tokens (its hit rate) for
-/get_server_info.
+/get_server_info. A session belongs to its cache_salt (session_key): another tenant naming the same
+session id has a session of its own, and cannot end or replace this one's pin.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -19,6 +21,22 @@ from radixrt.runtime.core.pins import PinTable
 MAX_SESSIONS = 4096
 MAX_REPORTED = 64  # sessions listed in server_info (the most recently used)
 MAX_SESSION_ID_CHARS = 128
+
+
+SessionKey = str | tuple[str, str]
+
+
+def session_key(session_id: str, cache_salt: str | None) -> SessionKey:
+    """The table's key of a tenant's session: the id itself without a salt, else (id, a digest of
+    the salt) - a pair, so no unsalted id can name it; listed as "id@digest" (_shown), never with
+    the salt itself."""
+    if cache_salt is None:
+        return session_id
+    return session_id, hashlib.sha256(cache_salt.encode()).hexdigest()[:16]
+
+
+def _shown(key: SessionKey) -> str:
+    return key if isinstance(key, str) else "@".join(key)
 
 
 @dataclass
@@ -41,13 +59,13 @@ class SessionTable:
     def __len__(self) -> int:
         return len(self._sessions)
 
-    def on_admit(self, session_id: str, prompt_tokens: int, cached_tokens: int) -> None:
+    def on_admit(self, session_id: SessionKey, prompt_tokens: int, cached_tokens: int) -> None:
         s = self._touch(session_id)
         s.turns += 1
         s.prompt_tokens += prompt_tokens
         s.cached_tokens += cached_tokens
 
-    def on_finish(self, session_id: str, token_ids: list[int]) -> None:
+    def on_finish(self, session_id: SessionKey, token_ids: list[int]) -> None:
         """Pin the finished turn's tokens (those with KV), then let the previous turn's pin go."""
         s = self._touch(session_id)
         handle = self.pins.pin(token_ids, self.ttl_s) if token_ids else None
@@ -58,7 +76,7 @@ class SessionTable:
         # refused (over the caps) with an older pin alive: the older turn stays pinned; it is still
         # a prefix of what comes next
 
-    def close(self, session_id: str) -> bool:
+    def close(self, session_id: SessionKey) -> bool:
         s = self._sessions.pop(session_id, None)
         if s is None:
             return False
@@ -77,7 +95,7 @@ class SessionTable:
 
     def owners(self) -> dict[str, str]:
         """pin handle -> the session holding it."""
-        return {s.handle: sid for sid, s in self._sessions.items() if s.handle is not None}
+        return {s.handle: _shown(sid) for sid, s in self._sessions.items() if s.handle is not None}
 
     def clear(self) -> None:
         for sid in list(self._sessions):
@@ -88,7 +106,7 @@ class SessionTable:
         return {
             "num_sessions": len(self._sessions),
             "sessions": {
-                sid: {
+                _shown(sid): {
                     "turns": s.turns,
                     "prompt_tokens": s.prompt_tokens,
                     "cached_tokens": s.cached_tokens,
@@ -99,7 +117,7 @@ class SessionTable:
             },
         }
 
-    def _touch(self, session_id: str) -> Session:
+    def _touch(self, session_id: SessionKey) -> Session:
         s = self._sessions.pop(session_id, None) or Session()
         self._sessions[session_id] = s  # most recently used last
         while len(self._sessions) > MAX_SESSIONS:

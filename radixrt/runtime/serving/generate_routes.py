@@ -23,6 +23,7 @@ from radixrt.runtime.serving.http_io import (
 from radixrt.runtime.serving.pd_auth import check_bootstrap_auth
 from radixrt.runtime.serving.protocol import APIError, GenerateRequest, parse_body
 from radixrt.runtime.serving.request_handle import RequestHandle
+from radixrt.runtime.serving.tenants import client_of
 from radixrt.runtime.serving.tokenizer_manager import TokenizerManager
 
 
@@ -34,9 +35,10 @@ def add_generate_routes(app: FastAPI, tm: TokenizerManager) -> None:
         )
         check_bootstrap_auth(tm.config, request.headers, req.bootstrap())
         batch, prompts = await _prompts(tm, req)
-        reqs, flat_logprob = await _scheduler_requests(tm, req, prompts)
+        client = client_of(request, tm.config, req.cache_salt)
+        reqs, flat_logprob = await _scheduler_requests(tm, req, prompts, client)
         many = batch or len(reqs) > 1
-        handle = tm.generate(reqs)
+        handle = tm.generate(reqs, client)
         results = [SequenceResult(r.rid) for r in reqs]
         token_text = (
             (lambda t: tm.tokenizer.decode([t]))
@@ -84,10 +86,10 @@ async def _prompts(tm: TokenizerManager, req: GenerateRequest) -> tuple[bool, li
 
 
 async def _scheduler_requests(
-    tm: TokenizerManager, req: GenerateRequest, prompts: list[list[int]]
+    tm: TokenizerManager, req: GenerateRequest, prompts: list[list[int]], client: str
 ) -> tuple[list[TokenizedGenerateReq], list[bool]]:
     """The checked scheduler requests (n copies of prompt i follow each other, SGLang's order), and
-    whether each returns logprobs."""
+    whether each returns logprobs; client: whom their grammar compiles count against."""
     num = len(prompts)
     params = _per_prompt(req.sampling_params, num, "sampling_params")
     return_logprob = _per_prompt(req.return_logprob, num, "return_logprob")
@@ -96,7 +98,7 @@ async def _scheduler_requests(
     loras = _per_prompt(req.lora_path, num, "lora_path")
     reqs, flat_logprob = [], []
     for i, ids in enumerate(prompts):
-        sp = await tm.validate_sampling(params[i])
+        sp = await tm.validate_sampling(params[i], client)
         if req.session() is not None and len(prompts) > 1:
             raise APIError(
                 "session_id needs a single prompt (a session continues one conversation)",
@@ -114,6 +116,7 @@ async def _scheduler_requests(
             lora_path=loras[i],
             bootstrap=req.bootstrap(),
             num_prompts=num,
+            cache_salt=req.cache_salt,
         )
         reqs += copies
         flat_logprob += [return_logprob[i]] * len(copies)

@@ -18,6 +18,7 @@ from radixrt.runtime.serving.openai_chat_tools import answer_with_tools
 from radixrt.runtime.serving.pd_auth import check_bootstrap_auth
 from radixrt.runtime.serving.protocol import APIError, ChatCompletionRequest, parse_body
 from radixrt.runtime.serving.request_handle import RequestHandle
+from radixrt.runtime.serving.tenants import client_of
 
 # apply_chat_template's own arguments: never from a client (chat_template would be arbitrary Jinja)
 RESERVED_TEMPLATE_KWARGS = frozenset(
@@ -105,7 +106,12 @@ class ChatRoute:
                 )
             return await answer_with_tools(self, request, req, plan, prompt, max_tokens)
         handle, results, prompt_tokens = await self.routes.prepare(
-            req, [prompt], max_tokens, req.logprobs, req.top_logprobs or 0
+            req,
+            [prompt],
+            max_tokens,
+            req.logprobs,
+            req.top_logprobs or 0,
+            client=client_of(request, self.tm.config, req.cache_salt),
         )
         base = {
             "id": f"chatcmpl-{uuid.uuid4().hex}",

@@ -28,6 +28,7 @@ from radixrt.runtime.serving.http_io import (
     until_disconnect,
 )
 from radixrt.runtime.serving.protocol import APIError, ChatCompletionRequest
+from radixrt.runtime.serving.tenants import client_of
 from radixrt.runtime.serving.tool_call_parser import (
     OPEN,
     ArgsDelta,
@@ -64,7 +65,8 @@ async def answer_with_tools(
         raise APIError(
             "tool_choice auto supports n = 1 only (use required or a named function)", param="n"
         )
-    run = ToolRun(chat, req, plan, prompt, max_tokens)
+    client = client_of(request, chat.tm.config, req.cache_salt)
+    run = ToolRun(chat, req, plan, prompt, max_tokens, client)
     await run.start()
     base = {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
@@ -104,6 +106,7 @@ class ToolRun:
         plan: tool_calls.ToolPlan,
         prompt: list[int],
         max_tokens: int | None,
+        client: str | None = None,  # whom its requests count against (tenants.client_of)
     ):
         self.chat, self.req, self.plan, self.prompt, self.max_tokens = (
             chat,
@@ -112,6 +115,7 @@ class ToolRun:
             prompt,
             max_tokens,
         )
+        self.client = client
         self.n = req.n
         self.parsers = [ToolCallParser() for _ in range(self.n)]
         self.content = [""] * self.n
@@ -127,7 +131,7 @@ class ToolRun:
             # the call grammar of phase 2 is checked now, so a tool schema that cannot be enforced
             # is a 400 before any text is sent
             await self.chat.tm.validate_sampling(
-                {"tool_call_grammar": self.plan.grammar(opened=True)}
+                {"tool_call_grammar": self.plan.grammar(opened=True)}, self.client
             )
             stop = (
                 self.req.stop
@@ -143,7 +147,7 @@ class ToolRun:
         self, prompt: list[int], max_tokens: int | None, extra: dict[str, Any]
     ) -> None:
         self.handle, results, prompt_tokens = await self.chat.routes.prepare(
-            self.req, [prompt], max_tokens, False, 0, extra=extra
+            self.req, [prompt], max_tokens, False, 0, extra=extra, client=self.client
         )
         self.phase_results.append(results)
         self.prompt_tokens = self.prompt_tokens or prompt_tokens

@@ -15,6 +15,7 @@ from radixrt.runtime.request_edge import SequenceResult
 from radixrt.runtime.serving.http_io import SSE_HEADERS, read_body, sse
 from radixrt.runtime.serving.pd_auth import check_bootstrap_auth
 from radixrt.runtime.serving.protocol import APIError, CompletionRequest, parse_body
+from radixrt.runtime.serving.tenants import client_of
 
 
 class CompletionRoute:
@@ -72,7 +73,12 @@ class CompletionRoute:
             raise APIError("echo together with logprobs is not supported", param="echo")
         prompts = await self.prompts(req)
         handle, results, prompt_tokens = await self.routes.prepare(
-            req, prompts, req.max_tokens, req.logprobs is not None, req.logprobs or 0
+            req,
+            prompts,
+            req.max_tokens,
+            req.logprobs is not None,
+            req.logprobs or 0,
+            client=client_of(request, self.tm.config, req.cache_salt),
         )
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         base = {

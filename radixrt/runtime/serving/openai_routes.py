@@ -135,9 +135,10 @@ class OpenAIRoutes:
         return_logprob: bool,
         top_logprobs: int,
         extra: dict[str, Any] | None = None,
+        client: str | None = None,
     ) -> tuple[RequestHandle, list[SequenceResult], int]:
         """Validate and submit: one scheduler request per prompt and copy; extra overrides sampling
-        fields."""
+        fields; client: whom they count against (tenants.client_of)."""
         if getattr(req, "session_id", None) is not None and len(prompts) > 1:
             raise APIError(
                 "session_id needs a single prompt (a session continues one conversation)",
@@ -152,7 +153,8 @@ class OpenAIRoutes:
                 {
                     **sampling_dict(req, max_new, self.tm.config.json_object_max_depth),
                     **(extra or {}),
-                }
+                },
+                client,
             )
             reqs += self.tm.make_requests(
                 ids,
@@ -164,8 +166,9 @@ class OpenAIRoutes:
                 lora_path=lora,
                 bootstrap=req.bootstrap(),
                 num_prompts=len(prompts),
+                cache_salt=req.cache_salt,
             )
-        handle = self.tm.generate(reqs)
+        handle = self.tm.generate(reqs, client)
         return handle, [SequenceResult(r.rid) for r in reqs], sum(len(p) for p in prompts)
 
     @staticmethod

@@ -15,9 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from radixrt.runtime.core.pins import MAX_PIN_TTL_S
 from radixrt.runtime.messages import CloseSessionReq, UnpinReq
-from radixrt.runtime.request_edge import SequenceResult
+from radixrt.runtime.request_edge import MAX_CACHE_SALT_CHARS, SequenceResult
 from radixrt.runtime.serving.http_io import collect_results, read_body
 from radixrt.runtime.serving.protocol import APIError, parse_body
+from radixrt.runtime.serving.tenants import client_of
 
 
 class PinPrefixRequest(BaseModel):
@@ -26,11 +27,14 @@ class PinPrefixRequest(BaseModel):
     input_ids: list[int] | None = None
     program_id: str | None = None
     ttl_s: float = Field(default=600.0, gt=0, le=MAX_PIN_TTL_S)
+    # pinned in that salt's namespace: its requests hit it, nobody else's (core/namespaces.py)
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=MAX_CACHE_SALT_CHARS)
 
 
 class CloseSessionRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     session_id: str
+    cache_salt: str | None = None  # the session's salt: a session belongs to its tenant
 
 
 class UnpinRequest(BaseModel):
@@ -59,8 +63,9 @@ def add_pin_routes(app: FastAPI, tm: Any) -> None:
             stream=False,
             program_id=req.program_id,
             pin_ttl_s=req.ttl_s,
+            cache_salt=req.cache_salt,
         )
-        handle = tm.generate(reqs)
+        handle = tm.generate(reqs, client_of(request, config, req.cache_salt))
         res = SequenceResult(reqs[0].rid)
         await collect_results(request, handle, [res])
         return {
@@ -84,5 +89,6 @@ def add_pin_routes(app: FastAPI, tm: Any) -> None:
             CloseSessionRequest, await read_body(request, config.max_request_body_bytes)
         )
         tm.check_alive()
-        tm.send_admin(CloseSessionReq(session_id=req.session_id))  # an unknown session is a no-op
+        # an unknown session is a no-op
+        tm.send_admin(CloseSessionReq(session_id=req.session_id, cache_salt=req.cache_salt))
         return {"success": True}

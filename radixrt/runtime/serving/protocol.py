@@ -9,7 +9,7 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from radixrt.runtime.request_edge import RequestError
+from radixrt.runtime.request_edge import MAX_CACHE_SALT_CHARS, RequestError
 
 
 class APIError(Exception):
@@ -116,6 +116,8 @@ class GenerateRequest(_BootstrapFields, _Strict):
     session_params: dict[str, Any] | None = None  # SGLang's shape of the same: {"id": ...}
     # SGLang's: the LoRA adapter (by name) of every prompt, or one per prompt (None: the base)
     lora_path: Union[str, list[Union[str, None]], None] = None
+    # vLLM's: KV is shared only between requests of the same salt (core/namespaces.py)
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=MAX_CACHE_SALT_CHARS)
 
     def session(self) -> str | None:
         """session_id, or SGLang's session_params.id."""
@@ -198,6 +200,8 @@ class _SamplingFields(_BootstrapFields, _Strict):
     ebnf: str | None = None  # SGLang's: a context-free grammar (GBNF or Lark)
     # radixrt's: keep this conversation's turns cached (core/sessions.py)
     session_id: str | None = None
+    # vLLM's: KV is shared only between requests of the same salt (core/namespaces.py)
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=MAX_CACHE_SALT_CHARS)
     # vLLM's beam search: best_of (or n) beams wide, n returned
     use_beam_search: bool = False
     best_of: int | None = None

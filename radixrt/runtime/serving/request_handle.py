@@ -18,6 +18,7 @@ class ReqState:
     index: int  # position of this sequence in its HTTP request's outputs
     queue: asyncio.Queue
     stream: bool
+    client: str | None = None  # whom it is counted against (serving/tenants.py)
     created: float = dataclasses.field(default_factory=time.monotonic)
     last_token_time: float | None = None
 
@@ -30,8 +31,8 @@ class RequestHandle:
         self.reqs = reqs
         self.queue = queue
         self.unfinished = {r.rid for r in reqs}
-        timeout = tm.config.request_timeout
-        self.deadline = None if timeout is None else time.monotonic() + timeout
+        timeout = tm.config.request_timeout  # None or 0: no limit
+        self.deadline = time.monotonic() + timeout if timeout else None
 
     def __aiter__(self) -> "RequestHandle":
         return self

@@ -36,6 +36,7 @@ from radixrt.runtime.processes import wait_for_children
 from radixrt.runtime.serving.metrics import ServerMetrics
 from radixrt.runtime.serving.protocol import APIError
 from radixrt.runtime.serving.request_handle import ReqState
+from radixrt.runtime.serving.tenants import reported_cached_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -146,10 +147,15 @@ class SchedulerLink:
 
     def _dispatch(self, outputs: list[dict[str, Any]]) -> None:
         now = time.monotonic()
+        page_size = int(self.startup_server_info.get("page_size", 1))
         for out in outputs:
             st = self.states.get(out["rid"])
             if st is None:  # aborted by us, or the answer to a request that timed out
                 continue
+            # what a client (and /metrics) is told: no oracle of others' prompts (tenants.py)
+            out["cached_tokens"] = reported_cached_tokens(
+                out.get("cached_tokens", 0), page_size, self.config.enable_cache_report
+            )
             num_new = len(out["new_ids"])
             if num_new and st.stream:
                 if st.last_token_time is None:

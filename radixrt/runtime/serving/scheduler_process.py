@@ -119,7 +119,7 @@ class SchedulerLoop:
         elif isinstance(msg, UnpinReq):
             s.unpin(msg.handle)
         elif isinstance(msg, CloseSessionReq):
-            s.close_session(msg.session_id)
+            s.close_session(msg.session_id, msg.cache_salt)
         elif isinstance(msg, FlushCacheReq):
             self.to_tokenizer.send(messages.encode(FlushCacheOut(success=bool(s.flush_cache()))))
         elif isinstance(msg, LoraAdapterReq):

@@ -150,17 +150,15 @@ class TokenizerManager(SchedulerLink):
         return_logprob: bool = False,
         logprob_start_len: int | None = None,
         top_logprobs_num: int = 0,
-        program_id: str | None = None,
-        pin_ttl_s: float | None = None,
-        session_id: str | None = None,
         lora_path: str | None = None,
         bootstrap: tuple[Any, Any, Any] = (None, None, None),
         num_prompts: int = 1,
-        cache_salt: str | None = None,
+        **tags: Any,
     ) -> list[TokenizedGenerateReq]:
         """One prompt -> sp.n scheduler requests (seeds seed+i), after checking it can ever run.
         bootstrap: the body's (bootstrap_host, bootstrap_port, bootstrap_room), for
-        --disaggregation-mode prefill|decode; num_prompts: the body's prompts."""
+        --disaggregation-mode prefill|decode; num_prompts: the body's prompts; tags: expand_n's
+        program_id, pin_ttl_s, session_id and cache_salt (checked there)."""
         if lora_path is not None and lora_path not in self.lora_adapters:
             loaded = ", ".join(self.lora_adapters) or "none"
             raise APIError(
@@ -193,12 +191,9 @@ class TokenizerManager(SchedulerLink):
                 return_logprob=return_logprob,
                 logprob_start_len=start,
                 top_logprobs_num=top_logprobs_num,
-                program_id=program_id,
-                pin_ttl_s=pin_ttl_s,
-                session_id=session_id,
                 lora_path=lora_path,
                 bootstrap=pd,
-                cache_salt=cache_salt,
+                **tags,
             )
         except RequestError as e:
             raise from_value_error(e) from None
@@ -214,9 +209,6 @@ class TokenizerManager(SchedulerLink):
                 f"{self.config.max_prompts_per_request} are allowed (max_prompts_per_request)",
                 param="prompt",
             )
-        if client is not None:
-            held = sum(st.client == client for st in self.states.values())
-            check_in_flight(held, len(reqs), self.config.requests_per_client)
         limit = self.config.max_running_requests + self.config.max_queued_requests
         if len(self.states) + len(reqs) > limit:
             raise APIError(
@@ -224,6 +216,9 @@ class TokenizerManager(SchedulerLink):
                 503,
                 "server_overloaded",
             )
+        if client is not None:  # then this client's share of them (serving/tenants.py)
+            held = sum(st.client == client for st in self.states.values())
+            check_in_flight(held, len(reqs), self.config.requests_per_client)
         # encode all first: a request that cannot be sent (it never should, after the edge's bounds)
         # is refused whole and leaves nothing registered behind
         try:
