@@ -1,0 +1,235 @@
+"""Hostile peers of a prefill-decode pair, over real sockets on loopback: fake prefill servers that lie
+to a real decode agent, fake decode servers that try to take or disturb a real prefill agent's rooms,
+and peers without the pair's secret. Truth: the decode pool's bytes (untouched unless the real
+prefill sent them), the events each real agent reports, and both agents still serving after.
+"""
+
+import json
+import time
+
+import orjson
+import pytest
+import torch
+import zmq
+from test_pd_agents import (
+    FIRST,
+    PAGE,
+    SECRET,
+    decode_link,
+    linked,
+    page,
+    pool,
+    prefill_link,
+    wait_events,
+)
+
+from radixrt.runtime.core.pd_link import Bootstrap, KVArrived, KVFailed, KVSent
+from radixrt.runtime.disaggregation.channel import bootstrap_socket, close_bootstrap, peer_socket
+from radixrt.runtime.disaggregation.kv_layout import KVLayout
+from radixrt.runtime.disaggregation.page_bytes import PageBytes
+from radixrt.runtime.disaggregation.peer_checks import PeerError, check_first
+from radixrt.runtime.processes import free_port
+
+
+class FakePrefill:
+    """A bootstrap port holding the pair's secret, driven by the test."""
+
+    def __init__(self, port):
+        self.ctx, self.sock, self.auth = bootstrap_socket(SECRET, f"tcp://127.0.0.1:{port}")
+
+    def registration(self, timeout=5.0):
+        assert self.sock.poll(int(timeout * 1000)), "no registration came"
+        ident, body = self.sock.recv_multipart()
+        return ident, orjson.loads(body)
+
+    def send(self, ident, op, *data, **fields):
+        # the stdlib's json: it writes what orjson refuses to (integers past 64 bits)
+        self.sock.send_multipart([ident, json.dumps({"op": op, **fields}).encode(), *data])
+
+    def close(self):
+        close_bootstrap(self.ctx, self.sock, self.auth)
+
+
+def _lying_prefill(lie):
+    """A real decode agent registers pages [5, 6] for room 9 with a fake prefill that answers
+    with lie(fake, ident, registration); returns (decode events, the decode pool)."""
+    port, dst = free_port(), pool(8, False)
+    fake, d = FakePrefill(port), decode_link(dst, port)
+    try:
+        d.expect(Bootstrap("127.0.0.1", port, 9), [5, 6], 0)
+        ident, reg = fake.registration()
+        assert reg["op"] == "register" and reg["num_pages"] == 2 and "session" not in reg
+        lie(fake, ident, reg)
+        return wait_events(d), dst
+    finally:
+        d.close()
+        fake.close()
+
+
+def one_page():
+    return bytes(PageBytes(pool(1, True), PAGE).gather([0]).numpy())
+
+
+LIES = {
+    "done without the pages": lambda f, i, r: f.send(i, "done", room=9, first=FIRST),
+    "pages of the wrong size": lambda f, i, r: (
+        f.send(i, "pages", b"x" * 7, room=9, count=1),
+        f.send(i, "done", room=9, first=FIRST),
+    ),
+    "more pages than registered": lambda f, i, r: f.send(
+        i, "pages", one_page() * 3, room=9, count=3
+    ),
+    "a first token outside the vocabulary": lambda f, i, r: (
+        f.send(i, "pages", one_page() * 2, room=9, count=2),
+        f.send(i, "done", room=9, first={"id": 100, "logprob": 0.0}),  # the vocabulary is 100
+    ),
+    "a logprob above 0": lambda f, i, r: (
+        f.send(i, "pages", one_page() * 2, room=9, count=2),
+        f.send(i, "done", room=9, first={"id": 1, "logprob": 3.5}),
+    ),
+    "top logprobs of no shape": lambda f, i, r: (
+        f.send(i, "pages", one_page() * 2, room=9, count=2),
+        f.send(i, "done", room=9, first={**FIRST, "top_logprobs": [[1, -0.1]] * 65}),
+    ),
+}
+
+
+@pytest.mark.parametrize("lie", list(LIES))
+def test_a_lying_prefill_server_fails_the_room_and_writes_nothing_unchecked(lie):
+    events, dst = _lying_prefill(LIES[lie])
+    (ev,) = events
+    assert isinstance(ev, KVFailed) and "sent an invalid" in ev.error, ev
+    if lie in ("done without the pages", "pages of the wrong size", "more pages than registered"):
+        assert not any(t.any() for t in dst)  # nothing was copied anywhere
+    untouched = [q for q in range(8) if q not in (5, 6)]
+    assert all(not page(t, q).any() for t in dst for q in untouched)
+
+
+def test_first_token_checks():
+    assert check_first({"id": 3, "logprob": -1, "top_logprobs": [[4, -2.0]]}, 10)["id"] == 3
+    for bad in (
+        {"id": 2**70},
+        {"id": True},
+        {"id": -1},
+        {"id": "3"},
+        [3],
+        {"id": 1, "logprob": 1e400},
+    ):
+        with pytest.raises(PeerError):
+            check_first(bad, 10)
+
+
+def test_messages_for_other_rooms_or_of_no_shape_are_ignored():
+    def lie(fake, ident, reg):
+        fake.sock.send_multipart([ident, b"\xff not json"])
+        fake.send(ident, "pages", one_page(), room=10, count=1)  # a room never registered
+        fake.send(ident, "staging", room=9, addr=12345)  # the old wire's write-anywhere
+        fake.send(ident, "pages", one_page() * 2, room=9, count=2)
+        fake.send(ident, "done", room=9, first=FIRST)
+
+    (ev,) = _lying_prefill(lie)[0]
+    assert isinstance(ev, KVArrived) and ev.first == FIRST  # the agent went on
+
+
+def test_a_decode_server_takes_kv_only_from_configured_prefill_servers():
+    d = decode_link(pool(2, False), free_port())
+    try:
+        d.expect(Bootstrap("10.1.2.3", 8998, 4), [0], 0)
+        (ev,) = wait_events(d, timeout=2)
+        assert isinstance(ev, KVFailed) and "not a configured prefill server" in ev.error
+    finally:
+        d.close()
+
+
+def _fake_decode(port, secret=SECRET):
+    ctx = zmq.Context()
+    return ctx, peer_socket(ctx, secret, f"127.0.0.1:{port}", 1 << 20)
+
+
+def _register(sock, room, num_pages=2, start=0, layout=None):
+    layout = layout or KVLayout.of_pool(pool(1, False), PAGE).to_wire()
+    msg = {"op": "register", "room": room, "layout": layout, "num_pages": num_pages, "start": start}
+    sock.send(json.dumps(msg).encode())
+
+
+def _answers(sock, timeout=2.0):
+    out, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if sock.poll(100):
+            out.append(orjson.loads(sock.recv_multipart()[0]))
+    return out
+
+
+def test_a_second_registration_cannot_take_a_rooms_kv_nor_cancel_it():
+    src, dst = pool(8, True), pool(8, False)
+    with linked(src, dst) as (p, d, port):
+        d.expect(Bootstrap("127.0.0.1", port, 31), [0, 1], 0)
+        time.sleep(0.2)
+        ctx, thief = _fake_decode(port)
+        try:
+            _register(thief, 31)
+            answers = _answers(thief)
+            assert [a["op"] for a in answers] == ["failed"], answers
+            assert "already registered" in answers[0]["error"]
+            thief.send(orjson.dumps({"op": "cancel", "room": 31}))  # not its room: ignored
+            time.sleep(0.2)
+            p.send(31, [4, 5], FIRST)
+            (arrived,) = wait_events(d)
+            assert isinstance(arrived, KVArrived)
+            assert torch.equal(page(dst[0], 0), page(src[0], 4))
+            assert torch.equal(page(dst[-1], 1), page(src[-1], 5))
+            assert _answers(thief, 0.5) == []
+        finally:
+            thief.close(linger=0)
+            ctx.term()
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"num_pages": -1},
+        {"start": 2**80},
+        {"layout": {"page_bytes": "many"}},
+        {"layout": {"page_bytes": [0]}},
+    ],
+)
+def test_a_malformed_registration_is_refused_and_the_prefill_agent_goes_on(fields):
+    src = pool(8, True)
+    port = free_port()
+    p = prefill_link(src, port)
+    ctx, peer = _fake_decode(port)
+    try:
+        _register(peer, 3, **fields)
+        answers = _answers(peer, 1.0)
+        assert [a["op"] for a in answers] == ["failed"] and "refused" in answers[0]["error"]
+        peer.send(orjson.dumps({"op": "ping"}))
+        assert [a["op"] for a in _answers(peer, 1.0)] == ["pong"]
+    finally:
+        peer.close(linger=0)
+        ctx.term()
+        p.close()
+
+
+def test_peers_without_the_secret_are_not_heard():
+    src, dst = pool(8, True), pool(8, False)
+    port = free_port()
+    p = prefill_link(src, port, timeout=1.0)
+    ctx, outsider = _fake_decode(port, secret="not-the-pair-secret")
+    raw = zmq.Context().socket(zmq.DEALER)  # no CURVE at all
+    raw.connect(f"tcp://127.0.0.1:{port}")
+    d = decode_link(dst, port, secret="another-wrong-secret")
+    try:
+        _register(outsider, 8)
+        raw.send(orjson.dumps({"op": "register", "room": 8}))
+        d.expect(Bootstrap("127.0.0.1", port, 8), [0, 1], 0)
+        p.send(8, [4, 5], FIRST)
+        (sent,) = wait_events(p, timeout=5)  # no registration ever reached it
+        assert isinstance(sent, KVSent) and "did not ask for the KV" in sent.error
+        assert _answers(outsider, 0.5) == []
+        assert not any(t.any() for t in dst)
+    finally:
+        for s in (outsider, raw):
+            s.close(linger=0)
+        ctx.term()
+        d.close()
+        p.close()
