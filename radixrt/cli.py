@@ -31,9 +31,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--url", default="http://127.0.0.1:30000", help="the server (default %(default)s)"
     )
     tree.add_argument(
+        "--admin-api-key",
         "--api-key",
-        default=os.environ.get("RADIXRT_API_KEY"),
-        help="the server's --api-key (default: $RADIXRT_API_KEY)",
+        dest="api_key",
+        default=os.environ.get("RADIXRT_ADMIN_API_KEY"),
+        help="the server's --admin-api-key (/cache_tree is an admin route; default: "
+        "$RADIXRT_ADMIN_API_KEY)",
     )
     tree.add_argument(
         "--max-depth",

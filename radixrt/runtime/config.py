@@ -145,16 +145,12 @@ class ServerConfig:
     host: str = _opt("127.0.0.1", "HTTP bind address (loopback by default)")
     port: int = _opt(30000, "HTTP port")
     api_key: str | None = _opt(
-        None,
-        "require Authorization: Bearer <key> on every route but /health (the admin routes: "
-        "--admin-api-key) (default: $RADIXRT_API_KEY)",
+        None, "require Authorization: Bearer <key> on every route but /health ($RADIXRT_API_KEY)"
     )
     admin_api_key: str | None = _opt(
-        None,
-        "the admin routes' key (SGLang's): flush, LoRA, profile, the cache view, server_info's "
-        "config and sessions; unset, those that read other tenants' data or touch files are "
-        "refused (default: $RADIXRT_ADMIN_API_KEY; docs/security.md)",
-    )
+        None, "the admin routes' key (SGLang's levels; unset, the cache view, LoRA loads and the "
+        "profiler are refused): docs/security.md ($RADIXRT_ADMIN_API_KEY)"
+    )  # fmt: skip
     allowed_origins: str | None = _opt(
         None,
         "comma-separated browser Origins allowed to call the API ('*': any); "
@@ -162,8 +158,8 @@ class ServerConfig:
     )
     allowed_hosts: str | None = _opt(
         None,
-        "comma-separated Host header names accepted ('*': any); default: the "
-        "bind address (loopback names for a loopback bind, any for 0.0.0.0)",
+        "comma-separated Host header names accepted ('*': any); default: the bind address "
+        "(0.0.0.0: IP addresses, loopback and this machine's names; loopback: loopback names)",
     )
     log_level: str = _opt("info", "logging level", ("debug", "info", "warning", "error"))
     request_timeout: float | None = _opt(600.0, "seconds before a request is aborted (0: none)")

@@ -179,7 +179,14 @@ def check_pd_trust(c: Any) -> None:
             raise ValueError(f"disaggregation_prefill_addrs: {addr!r} is not host:port")
 
 
+def check_keys(c: Any) -> None:
+    """The admin key must differ from the API key: one key for both makes every client an admin."""
+    if c.admin_api_key is not None and c.admin_api_key == c.api_key:
+        raise ValueError("admin_api_key must differ from api_key (or every client is an admin)")
+
+
 CHECKS = (
+    check_keys,
     check_sizes,
     check_parallelism,
     check_compile_and_speculation,

@@ -80,10 +80,17 @@ def few_shot() -> list[dict]:
     return msgs + [{"role": "user", "content": "What's the weather in Rome?"}]
 
 
+ADMIN_KEY = "agent-admin-key"
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     srv = ServerProcess(
-        ["--max-total-tokens", str(POOL_TOKENS), "--log-level", "warning"],
+        [
+            *("--max-total-tokens", str(POOL_TOKENS), "--log-level", "warning"),
+            *("--admin-api-key", ADMIN_KEY),  # the session table and the cache view are the admin's
+        ],
         tmp_path_factory.mktemp("agent"),
     )
     yield srv
@@ -281,7 +288,9 @@ def filler(server, i: int) -> None:
 
 
 def test_session_turns_stay_cached_under_pressure(server, client):
-    info = lambda: httpx.get(server.url + "/get_server_info", timeout=60).json()  # noqa: E731
+    info = lambda: httpx.get(  # noqa: E731
+        server.url + "/get_server_info", headers=ADMIN, timeout=60
+    ).json()
     msgs = [{"role": "user", "content": "Hi! Tell me about the sea."}]
     prev = None
     for turn in range(4):
@@ -305,9 +314,12 @@ def test_session_turns_stay_cached_under_pressure(server, client):
             {"role": "user", "content": f"And what about question {turn}?"},
         ]
     session = info()["sessions"]["chat-1"]
+    # others see the counts, never the ids
+    public = httpx.get(server.url + "/get_server_info", timeout=60).json()
+    assert "sessions" not in public and public["num_sessions"] == 1 and "chat-1" not in str(public)
     assert session["turns"] == 4 and session["cached_tokens"] > 0 and 0 < session["hit_rate"] < 1
     assert info()["num_pins"] == 1
-    tree = httpx.get(server.url + "/cache_tree", timeout=60).json()
+    tree = httpx.get(server.url + "/cache_tree", headers=ADMIN, timeout=60).json()
     stack, owned = [tree["root"]], []
     while stack:
         node = stack.pop()

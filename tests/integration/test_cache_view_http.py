@@ -32,6 +32,8 @@ QUESTIONS = [
     "What is the capital of France? Answer briefly.",
     "Why is the sky blue?",
 ]
+ADMIN_KEY = "cache-view-admin-key"  # /cache_tree is an admin route; the other routes stay open
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 ARTIFACTS = pathlib.Path(
     os.environ.get("RADIXRT_TEST_ARTIFACTS", pathlib.Path(__file__).parents[2] / "test-artifacts")
 )
@@ -40,7 +42,10 @@ ARTIFACTS = pathlib.Path(
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     srv = ServerProcess(
-        ["--page-size", str(PAGE_SIZE), "--max-total-tokens", "4096", "--log-level", "warning"],
+        [
+            *("--page-size", str(PAGE_SIZE), "--max-total-tokens", "4096"),
+            *("--admin-api-key", ADMIN_KEY, "--log-level", "warning"),
+        ],
         tmp_path_factory.mktemp("cache_view"),
     )
     yield srv
@@ -58,7 +63,7 @@ def generate(server, ids: list[int]) -> dict:
 
 
 def test_cache_tree_is_what_the_requests_imply(server, tokenizer):
-    assert httpx.post(server.url + "/flush_cache", timeout=60).status_code == 200
+    assert httpx.post(server.url + "/flush_cache", headers=ADMIN, timeout=60).status_code == 200
     prompts = [tokenizer.encode(SYSTEM + q, add_special_tokens=False) for q in QUESTIONS]
     prompts += [
         prompts[0],
@@ -70,7 +75,8 @@ def test_cache_tree_is_what_the_requests_imply(server, tokenizer):
         # max_new_tokens=1: the sampled token is never fed back, so the cached sequence is the prompt
         cached = generate(server, ids)["meta_info"]["cached_tokens"]
         assert cached == naive.request(ids[:-1], ids)
-    view = httpx.get(server.url + "/cache_tree", timeout=60).json()
+    assert httpx.get(server.url + "/cache_tree", timeout=60).status_code == 401
+    view = httpx.get(server.url + "/cache_tree", headers=ADMIN, timeout=60).json()
     assert canonical_view(view["root"]) == naive.canonical()
     assert view["num_nodes"] == view["num_nodes_shown"] == len(naive.nodes())
     assert view["num_tokens"] == sum(n["num_tokens"] for n in naive.nodes().values())
@@ -87,7 +93,10 @@ def test_cache_tree_is_what_the_requests_imply(server, tokenizer):
     )
     # a summarised view keeps the totals
     small = httpx.get(
-        server.url + "/cache_tree", params={"max_depth": 1, "max_nodes": 1}, timeout=60
+        server.url + "/cache_tree",
+        params={"max_depth": 1, "max_nodes": 1},
+        headers=ADMIN,
+        timeout=60,
     ).json()
     assert small["num_nodes_shown"] == 1 and small["num_nodes"] == view["num_nodes"]
     assert (
@@ -104,7 +113,7 @@ def test_cache_tree_refuses_bad_limits_by_name(server):
         ({"max_nodes": "99999999"}, "max_nodes"),
         ({"depth": "3"}, "depth"),
     ):
-        r = httpx.get(server.url + "/cache_tree", params=params, timeout=60)
+        r = httpx.get(server.url + "/cache_tree", params=params, headers=ADMIN, timeout=60)
         assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
     assert httpx.get(server.url + "/health", timeout=60).status_code == 200
 
@@ -115,9 +124,10 @@ def test_cli_prints_the_tree(server):
         capture_output=True,
         text=True,
         timeout=120,
+        env={**os.environ, "RADIXRT_ADMIN_API_KEY": ADMIN_KEY},
     )
     assert out.returncode == 0, out.stderr
-    view = httpx.get(server.url + "/cache_tree", timeout=60).json()
+    view = httpx.get(server.url + "/cache_tree", headers=ADMIN, timeout=60).json()
     lines = out.stdout.splitlines()
     assert lines[0].startswith(
         f"radix cache: {view['num_nodes']} nodes, {view['num_tokens']} tokens"
@@ -133,6 +143,8 @@ def test_cli_prints_the_tree(server):
             server.url,
             "--max-nodes",
             "0",
+            "--admin-api-key",
+            ADMIN_KEY,
         ],
         capture_output=True,
         text=True,
@@ -181,8 +193,13 @@ def _wait(browser, script: str, timeout: float = 60.0):
 def test_dashboard_in_a_real_browser(server, tokenizer):
     browser = _browser()
     try:
-        assert httpx.post(server.url + "/flush_cache", timeout=60).status_code == 200
+        assert httpx.post(server.url + "/flush_cache", headers=ADMIN, timeout=60).status_code == 200
         browser.get(server.url + "/dashboard")
+        # no key yet: the page asks for the admin key; given it, it draws
+        _wait(browser, "return document.getElementById('keybox').style.display === 'block'")
+        browser.execute_script(f"sessionStorage.setItem('radixrt-api-key', '{ADMIN_KEY}')")
+        browser.get_log("browser")  # drained: the refused fetches before the key was given
+        browser.refresh()
         _wait(
             browser,
             "const d = window.radixrtDashboard; return d && d.infoUpdates >= 2 && d.treeUpdates >= 1",

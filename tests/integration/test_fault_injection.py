@@ -77,7 +77,11 @@ def test_server_fails_only_the_culprit_and_keeps_serving(server, tokenizer):
         for p in ok
     ]
     first, bad, third = asyncio.run(run(MARK))  # attributable: only the culprit fails
-    assert bad.status_code == 500 and "injected fault" in bad.json()["error"]["message"], bad.text
+    # the client gets an error id, the server's log the exception's text
+    message = bad.json()["error"]["message"]
+    assert bad.status_code == 500 and "injected fault" not in message, bad.text
+    error_id = message.split("error id ")[1].split(";")[0]
+    assert f"error id {error_id}): internal error: PlanItemError: injected fault" in server.log()
     assert first.json()["output_ids"] == alone[0] and third.json()["output_ids"] == alone[2]
     # not attributable: the step's requests fail, the server goes on
     outs = asyncio.run(run(MARK + 1))

@@ -87,9 +87,13 @@ def sgl():
     return importlib.import_module("sglang")
 
 
+ADMIN_KEY = "sglang-client-admin-key"  # the profiler's; the routes SGLang's client uses stay open
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = ServerProcess([], tmp_path_factory.mktemp("sglang-client"))
+    srv = ServerProcess(["--admin-api-key", ADMIN_KEY], tmp_path_factory.mktemp("sglang-client"))
     yield srv
     srv.stop()
 
@@ -246,16 +250,21 @@ def test_stream_interval_sends_a_chunk_every_k_tokens(server):
 
 
 def test_profile_routes_write_a_trace(server, tmp_path):
-    res = httpx.post(server.url + "/start_profile", json={"output_dir": str(tmp_path)}, timeout=60)
+    body = {"output_dir": str(tmp_path)}
+    res = httpx.post(server.url + "/start_profile", json=body, headers=ADMIN, timeout=60)
     assert res.status_code == 200, res.text
     # already running
-    assert httpx.get(server.url + "/start_profile", timeout=60).status_code == 400
+    assert httpx.post(server.url + "/start_profile", headers=ADMIN, timeout=60).status_code == 400
+    # POST only (SGLang's also answer GET): a web page's GET cannot drive the profiler
+    assert httpx.get(server.url + "/stop_profile", headers=ADMIN, timeout=60).status_code == 405
+    assert httpx.post(server.url + "/stop_profile", timeout=60).status_code == 401
     assert generate(server, {**GREEDY, "max_new_tokens": 4}).status_code == 200
-    res = httpx.get(server.url + "/stop_profile", timeout=120)  # SGLang's client sends a GET
+    res = httpx.post(server.url + "/stop_profile", headers=ADMIN, timeout=120)
     assert res.status_code == 200, res.text
     traces = list(tmp_path.glob("radixrt-*.trace.json"))
     assert len(traces) == 1 and json.loads(traces[0].read_text())["traceEvents"]
-    assert httpx.post(server.url + "/stop_profile", timeout=60).status_code == 400  # not running
+    not_running = httpx.post(server.url + "/stop_profile", headers=ADMIN, timeout=60)
+    assert not_running.status_code == 400
 
 
 def test_concate_and_append_request(server):

@@ -1,5 +1,7 @@
 """BrowserGuard: the rules that keep a web page from driving the server through a browser."""
 
+import socket
+
 import pytest
 
 from radixrt.runtime.serving.browser_guard import BrowserGuard, host_name
@@ -27,8 +29,40 @@ def test_loopback_bind_accepts_loopback_names_only():
         assert not g.host_ok(bad), bad  # DNS rebinding: the browser sends the attacker's name
 
 
+def test_wildcard_bind_accepts_addresses_and_own_names_not_any_name(monkeypatch):
+    monkeypatch.setattr(socket, "gethostname", lambda: "box")
+    monkeypatch.setattr(socket, "getfqdn", lambda: "box.lab.internal")
+    for bind in ("0.0.0.0", "::"):
+        g = BrowserGuard(bind, 30000, None, None)
+        for ok in (
+            "10.0.0.5:30000",
+            "192.168.1.20",
+            "[fe80::1]:30000",
+            "[2001:db8::7]",
+            "127.0.0.1:30000",
+            "localhost:30000",
+            "localhost.:30000",
+            "box:30000",
+            "BOX.lab.internal",
+            None,
+        ):
+            assert g.host_ok(ok), (bind, ok)
+        # DNS rebinding: the browser sends the attacker's name, which resolved to this machine
+        for bad in (
+            "evil.example:30000",
+            "10.0.0.5.nip.io:30000",
+            "box.evil.example",
+            "lab.internal",
+            "attacker",
+        ):
+            assert not g.host_ok(bad), (bind, bad)
+    # other names: --allowed-hosts
+    named = BrowserGuard("0.0.0.0", 30000, "api.internal", None)
+    assert named.host_ok("api.internal:30000") and not named.host_ok("10.0.0.5:30000")
+    assert BrowserGuard("0.0.0.0", 30000, "*", None).host_ok("anything.example")
+
+
 def test_explicit_hosts_and_wildcards():
-    assert BrowserGuard("0.0.0.0", 1, None, None).host_ok("anything.example")
     g = BrowserGuard("127.0.0.1", 1, "api.internal, other.internal", None)
     assert (
         g.host_ok("api.internal:1") and g.host_ok("OTHER.internal") and not g.host_ok("localhost")

@@ -1,6 +1,7 @@
 """What an operator or SGLang's frontend asks the server to do: POST /flush_cache, /start_profile
-and /stop_profile (these two also answer GET, as SGLang's do), and POST /concate_and_append_request
-(SGLang's fork join, checked and acknowledged)."""
+and /stop_profile (POST only, unlike SGLang's: any web page can make a browser send a GET), and
+POST /concate_and_append_request (SGLang's fork join, checked and acknowledged). Their keys:
+auth_levels.py."""
 
 from __future__ import annotations
 
@@ -40,19 +41,15 @@ def add_admin_routes(app: FastAPI, tm: TokenizerManager) -> None:
         )
         return JSONResponse({"success": True, "src_rids": body.src_rids, "dst_rid": body.dst_rid})
 
-    @app.api_route("/start_profile", methods=["GET", "POST"])
+    @app.post("/start_profile")
     async def start_profile(request: Request) -> JSONResponse:
-        raw = (
-            await read_body(request, config.max_request_body_bytes)
-            if request.method == "POST"
-            else b""
-        )
+        raw = await read_body(request, config.max_request_body_bytes)
         body = parse_body(ProfileRequest, raw or b"{}")
         return await _profile_answer(
             ProfileReq(action="start", output_dir=body.output_dir, num_steps=body.num_steps)
         )
 
-    @app.api_route("/stop_profile", methods=["GET", "POST"])
+    @app.post("/stop_profile")
     async def stop_profile() -> JSONResponse:
         return await _profile_answer(ProfileReq(action="stop"))
 

@@ -3,8 +3,9 @@ figures).
 
 The dashboard is static files from this package plus plotly's own bundled `plotly.min.js`, served
 from the installed plotly package: no build step, and nothing is fetched from the network. The page
-itself carries no data, so it is served without the API key; the data routes it reads
-(/cache_tree, /get_server_info) need the key when one is set, and the page asks for it.
+itself carries no data, so it is served without a key; the data it reads needs the admin key
+(/cache_tree is an admin route, /get_server_info shows others a reduced view: auth_levels.py), and
+the page asks for it.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 from radixrt.runtime.config_checks import SECRET_ENVS
 from radixrt.runtime.processes import free_port, set_parent_death_signal, wait_until_healthy
+from radixrt.runtime.serving.router_main import ROUTER_KEY_ENV
 
 logger = logging.getLogger("radixrt.server")
 POLL_S = 0.5
@@ -139,12 +140,15 @@ def start_servers(configs: list[Any], servers: list[tuple[str, subprocess.Popen]
 
 
 def start_router(config: Any, workers: list[str]) -> subprocess.Popen:
-    """sglang-router on --host/--port in front of the servers (workers: its flags naming them)."""
+    """sglang-router on --host/--port in front of the servers (workers: its flags naming them).
+    With --api-key, the router asks its clients for the key and presents it to the servers (a PD
+    pair takes bootstrap fields only with it); router_main.py hands it over in the environment."""
+    key_env = {} if config.api_key is None else {ROUTER_KEY_ENV: config.api_key}
     return subprocess.Popen(
         [
             sys.executable,
             "-m",
-            "sglang_router.launch_router",
+            "radixrt.runtime.serving.router_main",
             "--host",
             config.host,
             "--port",
@@ -152,12 +156,10 @@ def start_router(config: Any, workers: list[str]) -> subprocess.Popen:
             "--prometheus-port",
             str(free_port()),  # its default port may be taken
             *workers,
-            # the router then asks its clients for the key and presents it to the servers (a PD
-            # pair takes bootstrap fields only with it); its argv is the one place the key shows
-            *(["--api-key", config.api_key] if config.api_key else []),
             "--log-level",
             "warn",
         ],
+        env={**os.environ, **key_env},
         # its own session: Ctrl-C in the terminal would reach it with the rest of the
         # group, and sglang-router's Python wrapper dies of it with a traceback; we stop
         # it with SIGTERM, and it still dies with us (parent-death signal)

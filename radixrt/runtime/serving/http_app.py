@@ -2,15 +2,15 @@
 /metrics, admin, OpenAI, pins, the cache view, tokenize), the error handlers, and the gate every
 request passes first.
 
-Every error is an OpenAI-style body {"error": {"message", "type", "param", "code"}}.
-With --api-key, every route but /health and the dashboard's static page (cache_routes.py) needs
-`Authorization: Bearer <key>`.
+Every error is an OpenAI-style body {"error": {"message", "type", "param", "code"}}; a crash
+answers a generic message with an error id, the detail goes to the log. Which key each route needs
+(--api-key, --admin-api-key): auth_levels.py.
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
+import secrets
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -19,8 +19,9 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from radixrt.runtime.serving.admin_routes import add_admin_routes
+from radixrt.runtime.serving.auth_levels import KeyCheck, mark_admin
 from radixrt.runtime.serving.browser_guard import BrowserGuard
-from radixrt.runtime.serving.cache_routes import PUBLIC_PATHS, add_cache_routes
+from radixrt.runtime.serving.cache_routes import add_cache_routes
 from radixrt.runtime.serving.generate_routes import add_generate_routes
 from radixrt.runtime.serving.http_io import ClientGone
 from radixrt.runtime.serving.lora_routes import add_lora_routes
@@ -37,19 +38,19 @@ logger = logging.getLogger(__name__)
 
 class GateMiddleware:
     """Pure ASGI (no BaseHTTPMiddleware: it would hide client disconnects): the browser guard (Host,
-    Origin, JSON bodies), the API key, and per-route counts (by the app's own paths, so a client
-    cannot grow the metric's labels)."""
+    Origin, JSON bodies), the keys by the route's level (auth_levels.py), and per-route counts (by
+    the app's own paths, so a client cannot grow the metric's labels)."""
 
     def __init__(
         self,
         app: Any,
-        api_key: str | None,
+        keys: KeyCheck,
         metrics: ServerMetrics,
         guard: BrowserGuard,
         routes: frozenset[str],
     ):
         self.app = app
-        self.expected = None if api_key is None else f"Bearer {api_key}".encode()
+        self.keys = keys
         self.metrics = metrics
         self.guard = guard
         self.routes = routes  # the app's paths: any other path is counted as "other"
@@ -75,19 +76,13 @@ class GateMiddleware:
                 param="content-type",
                 code="unsupported_media_type",
             )
-        if (
-            self.expected is not None
-            and scope["path"] != "/health"
-            and scope["path"] not in PUBLIC_PATHS
-        ):
-            if not hmac.compare_digest(
-                headers.get("authorization", "").encode("latin-1"), self.expected
-            ):
-                return 401, error_body(
-                    "invalid or missing API key (Authorization: Bearer <key>)",
-                    "invalid_request_error",
-                    code="invalid_api_key",
-                )
+        authorization = headers.get("authorization", "").encode("latin-1")
+        refused = self.keys.refusal(scope["path"], authorization)
+        if refused is not None:
+            return refused.status, error_body(
+                refused.message, "invalid_request_error", code=refused.code
+            )
+        mark_admin(scope, self.keys.holds(authorization)[1])
         return None
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
@@ -132,10 +127,11 @@ def add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def on_crash(request: Request, e: Exception) -> JSONResponse:
-        logger.exception("internal error on %s", request.url.path)
-        return JSONResponse(
-            error_body(f"internal error: {type(e).__name__}: {e}", "server_error", code=500), 500
-        )
+        # the exception's text may hold paths, config or another request's data: the log only
+        error_id = secrets.token_hex(6)
+        logger.exception("internal error %s on %s", error_id, request.url.path)
+        message = f"internal error (error id {error_id}; the server's log has the detail)"
+        return JSONResponse(error_body(message, "server_error", code=500), 500)
 
 
 def create_app(
@@ -156,7 +152,6 @@ def create_app(
     add_tokenize_routes(app, tm)
     guard = BrowserGuard(config.host, config.port, config.allowed_hosts, config.allowed_origins)
     routes = frozenset(route.path for route in app.routes)
-    app.add_middleware(
-        GateMiddleware, api_key=config.api_key, metrics=metrics, guard=guard, routes=routes
-    )
+    keys = KeyCheck(config.api_key, config.admin_api_key)
+    app.add_middleware(GateMiddleware, keys=keys, metrics=metrics, guard=guard, routes=routes)
     return app

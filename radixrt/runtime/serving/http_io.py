@@ -5,11 +5,15 @@ failed sequence becomes the HTTP error, or the error event a stream ends with).
 
 from __future__ import annotations
 
+import logging
+import secrets
 from typing import Any, AsyncIterator
 
 from radixrt.runtime.request_edge import SequenceResult
 from radixrt.runtime.serving.protocol import APIError
 
+logger = logging.getLogger(__name__)
+CRASH_PREFIX = "internal error"  # how the scheduler and the detokenizer word an exception
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -64,15 +68,20 @@ class ClientGone(Exception):
 
 
 def raise_error(res: SequenceResult) -> None:
-    """A sequence that ended in an error becomes the HTTP error (400: refused, 503: server died)."""
+    """A sequence that ended in an error becomes the HTTP error (400: refused, 503: server died).
+    A crash inside the server (a 500 "internal error: <exception>", the scheduler's and the
+    detokenizer's form) answers an error id: the exception's text, which may hold paths or another
+    request's data, goes to the log."""
     if res.server_error:
         raise APIError(res.error or "the server failed", 503, "server_error")
+    if res.error and res.error_status == 500 and res.error.startswith(CRASH_PREFIX):
+        error_id = secrets.token_hex(6)
+        logger.error("request %s failed (error id %s): %s", res.rid, error_id, res.error)
+        message = f"internal error (error id {error_id}; the server's log has the detail)"
+        raise APIError(message, res.error_status, "server_error")
     if res.error:
-        raise APIError(
-            res.error,
-            res.error_status,
-            "server_error" if res.error_status >= 500 else "invalid_request_error",
-        )
+        kind = "server_error" if res.error_status >= 500 else "invalid_request_error"
+        raise APIError(res.error, res.error_status, kind)
 
 
 def error_event(res: SequenceResult) -> bytes | None:

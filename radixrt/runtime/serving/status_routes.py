@@ -1,15 +1,22 @@
 """What the server reports about itself: GET /health, /get_model_info (/model_info),
 /get_server_info (/server_info) and the Prometheus /metrics. The replicas behind sglang-router
-answer the router's questions with these."""
+answer the router's questions with these.
+
+/get_server_info shows the whole config and the session ids only to a request carrying the admin
+key (--admin-api-key): the config names the operator's paths, and a session id is what continues
+(or closes) another tenant's session. Everyone else gets the model, the limits a client works
+within, and the scheduler's live counters (counts, none naming a request or a tenant).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from radixrt.runtime.serving.auth_levels import is_admin
 from radixrt.runtime.serving.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from radixrt.runtime.serving.protocol import APIError, error_body
 from radixrt.runtime.serving.tokenizer_manager import TokenizerManager
@@ -44,16 +51,15 @@ def add_status_routes(
 
     @app.get("/get_server_info")
     @app.get("/server_info")
-    async def get_server_info() -> dict[str, Any]:
+    async def get_server_info(request: Request) -> dict[str, Any]:
         info = await tm.server_info()
-        cfg = dataclasses.asdict(config)
-        cfg["api_key"] = None if config.api_key is None else "***"
-        return {
-            **cfg,
-            **info,
-            "num_inflight_requests": len(tm.states),
-            "served_model_name": served_model_name,
-        }
+        live = {"num_inflight_requests": len(tm.states), "served_model_name": served_model_name}
+        if is_admin(request):
+            return {**admin_config_view(config), **info, **live}
+        limits = {k: getattr(config, k) for k in CLIENT_LIMITS}
+        limits["context_length"] = tm.model_info.get("context_length")  # the model's, if unset
+        shown = {k: v for k, v in info.items() if k not in ADMIN_ONLY_INFO}
+        return {**limits, **shown, **live}
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
@@ -62,3 +68,26 @@ def add_status_routes(
         except APIError:
             pass  # still serve the counters this process has
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+# the config fields a client works within; the rest of the config is the admin's
+CLIENT_LIMITS = (
+    "max_running_requests",
+    "max_prompts_per_request",
+    "max_request_body_bytes",
+    "request_timeout",
+    "chunked_prefill_size",
+)
+# the scheduler's figures that name tenants' requests (session ids) or carry an error's text
+ADMIN_ONLY_INFO = frozenset({"sessions", "error"})
+
+SECRET_FIELDS = ("api_key", "admin_api_key", "disaggregation_secret")  # masked even for the admin
+
+
+def admin_config_view(config: Any) -> dict[str, Any]:
+    """The whole config, a set key shown as "***"."""
+    cfg = dataclasses.asdict(config)
+    for name in SECRET_FIELDS:
+        if cfg.get(name) is not None:
+            cfg[name] = "***"
+    return cfg

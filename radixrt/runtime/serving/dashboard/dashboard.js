@@ -33,9 +33,10 @@ document.getElementById("keybutton").addEventListener("click", () => {
 async function getJSON(path) {
   const headers = state.key ? {Authorization: "Bearer " + state.key} : {};
   const response = await fetch(path, {headers});
-  if (response.status === 401) {
+  if (response.status === 401 || response.status === 403) {  // the cache view is an admin route
     showKeyBox();
-    throw new Error("this server needs an API key");
+    const body = await response.json().catch(() => null);
+    throw new Error((body && body.error && body.error.message) || "this page needs the admin key");
   }
   if (!response.ok) throw new Error(path + ": HTTP " + response.status);
   return response.json();
