@@ -96,8 +96,11 @@ class FakeRunner:
     def lora_names(self) -> list[str]:
         return list(self.loras)
 
-    def load_lora(self, name: str, path: str) -> None:
-        self.loras.append(name)
+    def read_lora(self, name: str, path: str) -> str:
+        return name
+
+    def install_lora(self, adapter: str) -> None:
+        self.loras.append(adapter)
 
     def unload_lora(self, name: str) -> None:
         if name not in self.loras:

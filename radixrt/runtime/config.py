@@ -259,15 +259,9 @@ class ServerConfig:
         None, "projections adapters may target (default all: q_proj k_proj v_proj o_proj "
         "gate_proj up_proj down_proj)"
     )  # fmt: skip
-    lora_dir: tuple[str, ...] | None = _opt(
-        None, "directories /load_lora_adapter may read adapters from (symlinks resolved), several"
-    )
+    lora_dir: tuple[str, ...] | None = _opt(None, "directories /load_lora_adapter may read from")
     max_loaded_loras: int = _opt(32, "most adapters loaded at once (a load past it: a 400)")
-    profile_dir: str | None = _opt(
-        None,
-        "where /start_profile writes traces (default: $SGLANG_TORCH_PROFILER_DIR, else profiles/ "
-        "in the cache dir)",
-    )
+    profile_dir: str | None = _opt(None, "the directory /start_profile writes traces in")
 
     @property
     def prefill_bootstrap_addrs(self) -> tuple[str, ...]:

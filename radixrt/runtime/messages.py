@@ -179,6 +179,7 @@ class LoraAdapterOut:
     success: bool
     message: str
     adapters: list[str] = field(default_factory=list)  # loaded after the call
+    param: str = "lora_name"  # the field a refusal names
 
 
 @message

@@ -19,6 +19,7 @@ import torch
 
 from radixrt.runtime.core.namespaces import KEY_STRIDE
 from radixrt.runtime.engine import Engine
+from radixrt.runtime.model.lora_paths import REFUSED, LoraRefused
 
 PROMPTS = [
     "The capital of France is",
@@ -58,8 +59,14 @@ def make_adapter(model_dir, path, rank, targets, seed, alpha=None):
 
 
 @pytest.fixture(scope="module")
-def adapters(model_dir, tmp_path_factory):
-    root = tmp_path_factory.mktemp("lora")
+def lora_root(tmp_path_factory):
+    """The engine's --lora-dir: run-time loads read only under it."""
+    return tmp_path_factory.mktemp("lora")
+
+
+@pytest.fixture(scope="module")
+def adapters(model_dir, lora_root):
+    root = lora_root
     out = {}
     for name, (rank, targets, seed) in ADAPTERS.items():
         path = str(root / name)
@@ -68,9 +75,15 @@ def adapters(model_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def engine(adapters):
+def engine(adapters, lora_root):
     paths = [f"{name}={adapters[name][0]}" for name in ("qv4", "mlp8")]
-    eng = Engine(dtype="float32", lora_paths=paths, max_loras_per_batch=2, max_total_tokens=4096)
+    eng = Engine(
+        dtype="float32",
+        lora_paths=paths,
+        lora_dir=[str(lora_root)],
+        max_loras_per_batch=2,
+        max_total_tokens=4096,
+    )
     eng.load_lora_adapter("all4", adapters["all4"][0])  # loaded at run time
     yield eng
     eng.shutdown()
@@ -120,8 +133,8 @@ def test_the_cache_is_keyed_by_adapter(engine):
     engine.check_integrity()
 
 
-def test_load_use_unload(engine, adapters, model_dir, tmp_path):
-    path = str(tmp_path / "late")
+def test_load_use_unload(engine, adapters, model_dir, lora_root):
+    path = str(lora_root / "late")
     late = make_adapter(model_dir, path, 4, ["q_proj", "down_proj"], 7)
     engine.load_lora_adapter("late", path)
     out = engine.generate(PROMPTS[0], GREEDY, lora_path="late")
@@ -141,33 +154,38 @@ def test_load_use_unload(engine, adapters, model_dir, tmp_path):
     engine.check_integrity()
 
 
-def test_bad_adapters_are_refused_naming_the_problem(engine, adapters, model_dir, tmp_path):
-    with pytest.raises(ValueError, match="no adapter_model.safetensors"):
-        os.makedirs(tmp_path / "empty")
-        with open(tmp_path / "empty" / "adapter_config.json", "w") as f:
-            json.dump({"peft_type": "LORA", "r": 4, "lora_alpha": 8}, f)
-        engine.load_lora_adapter("empty", str(tmp_path / "empty"))
-    with pytest.raises(ValueError, match="no adapter_config.json"):
-        engine.load_lora_adapter("nothing", str(tmp_path / "does-not-exist"))
-    big = str(tmp_path / "big")
+def refused(engine, name, path, why):
+    """A run-time load refused with the one text (a client learns nothing of the file system);
+    the exception's detail, which the server log gets, names the problem."""
+    with pytest.raises(LoraRefused) as e:
+        engine.load_lora_adapter(name, path)
+    assert str(e.value) == REFUSED and why in e.value.detail, e.value.detail
+
+
+def test_bad_adapters_are_refused_naming_the_problem(engine, adapters, model_dir, lora_root):
+    bad = lora_root / "bad"
+    os.makedirs(bad / "empty")
+    with open(bad / "empty" / "adapter_config.json", "w") as f:
+        json.dump({"peft_type": "LORA", "r": 4, "lora_alpha": 8}, f)
+    refused(engine, "empty", str(bad / "empty"), "no adapter_model.safetensors")
+    refused(engine, "nothing", str(bad / "does-not-exist"), "no adapter_config.json")
+    refused(engine, "outside", os.path.dirname(lora_root), "outside every --lora-dir")
+    big = str(bad / "big")
     make_adapter(model_dir, big, 16, ["q_proj"], 4)
-    with pytest.raises(ValueError, match="rank 16, above --max-lora-rank 8"):
-        engine.load_lora_adapter("big", big)
-    head = str(tmp_path / "head")
+    refused(engine, "big", big, "rank 16, above --max-lora-rank 8")
+    head = str(bad / "head")
     make_adapter(model_dir, head, 4, ["q_proj", "lm_head"], 5)
-    with pytest.raises(ValueError, match="lm_head"):
-        engine.load_lora_adapter("head", head)
-    shapes = str(tmp_path / "shapes")
+    refused(engine, "head", head, "lm_head")
+    shapes = bad / "shapes"
     with open(os.path.join(adapters["qv4"][0], "adapter_config.json")) as f:
         config = json.load(f)
     os.makedirs(shapes)
-    with open(os.path.join(shapes, "adapter_config.json"), "w") as f:
+    with open(shapes / "adapter_config.json", "w") as f:
         json.dump({**config, "r": 2}, f)  # the weights are rank 4
     import shutil
 
     shutil.copy(os.path.join(adapters["qv4"][0], "adapter_model.safetensors"), shapes)
-    with pytest.raises(ValueError, match="has shape"):
-        engine.load_lora_adapter("shapes", shapes)
+    refused(engine, "shapes", str(shapes), "has shape")
     with pytest.raises(ValueError, match="'nope' is not loaded"):
         engine.generate("Hi", GREEDY, lora_path="nope")
     assert "big" not in engine.scheduler.runner.lora_names()

@@ -93,7 +93,8 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = ServerProcess(["--admin-api-key", ADMIN_KEY], tmp_path_factory.mktemp("sglang-client"))
+    tmp = tmp_path_factory.mktemp("sglang-client")
+    srv = ServerProcess(["--admin-api-key", ADMIN_KEY, "--profile-dir", str(tmp / "profiles")], tmp)
     yield srv
     srv.stop()
 
@@ -250,7 +251,11 @@ def test_stream_interval_sends_a_chunk_every_k_tokens(server):
 
 
 def test_profile_routes_write_a_trace(server, tmp_path):
-    body = {"output_dir": str(tmp_path)}
+    outside = {"output_dir": str(tmp_path)}  # not inside --profile-dir
+    res = httpx.post(server.url + "/start_profile", json=outside, headers=ADMIN, timeout=60)
+    assert res.status_code == 400 and res.json()["error"]["param"] == "output_dir", res.text
+    out_dir = server.tmp_dir / "profiles" / "run"
+    body = {"output_dir": str(out_dir)}
     res = httpx.post(server.url + "/start_profile", json=body, headers=ADMIN, timeout=60)
     assert res.status_code == 200, res.text
     # already running
@@ -261,7 +266,7 @@ def test_profile_routes_write_a_trace(server, tmp_path):
     assert generate(server, {**GREEDY, "max_new_tokens": 4}).status_code == 200
     res = httpx.post(server.url + "/stop_profile", headers=ADMIN, timeout=120)
     assert res.status_code == 200, res.text
-    traces = list(tmp_path.glob("radixrt-*.trace.json"))
+    traces = list(out_dir.glob("radixrt-*.trace.json"))
     assert len(traces) == 1 and json.loads(traces[0].read_text())["traceEvents"]
     not_running = httpx.post(server.url + "/stop_profile", headers=ADMIN, timeout=60)
     assert not_running.status_code == 400

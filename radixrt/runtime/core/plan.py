@@ -131,8 +131,13 @@ class Runner(Protocol):
         """The LoRA adapters loaded (by name)."""
         ...
 
-    def load_lora(self, name: str, path: str) -> None:
-        """Load the PEFT adapter at path as name (ValueError: why it cannot be served)."""
+    def read_lora(self, name: str, path: str) -> Any:
+        """The PEFT adapter at path, read and checked, for install_lora (ValueError: why it cannot
+        be served). Safe on another thread: it changes nothing."""
+        ...
+
+    def install_lora(self, adapter: Any) -> None:
+        """Serve an adapter read_lora returned, under its name."""
         ...
 
     def unload_lora(self, name: str) -> None:

@@ -115,9 +115,30 @@ class SchedulerAdmin:
 
     def load_lora(self, name: str, path: str) -> None:
         """Serve the PEFT adapter at path as name (ValueError: why it cannot be)."""
+        self.check_lora_load(name)
+        self.install_lora(self.read_lora(name, path))
+
+    def read_lora(self, name: str, path: str) -> Any:
+        """The adapter at path, read and checked (safe on another thread: it changes nothing)."""
+        return self.runner.read_lora(name, path)
+
+    def install_lora(self, adapter: Any) -> None:
+        self.runner.install_lora(adapter)
+
+    def check_lora_load(self, name: str) -> None:
+        """A load of adapter name may go ahead: a free name, below --max-loaded-loras (ValueError:
+        a 400). Checked before any file is read; the scheduler process then reads the adapter off
+        its loop (runner.read_lora) and installs it (runner.install_lora)."""
         if not isinstance(name, str) or not name or ":" in name:
             raise ValueError(f"lora_name must be a non-empty name without ':', got {name!r}")
-        self.runner.load_lora(name, path)
+        loaded = self.runner.lora_names()
+        if name in loaded:
+            raise ValueError(f"lora_name: a LoRA adapter named {name!r} is already loaded")
+        if len(loaded) >= self.config.max_loaded_loras:
+            raise ValueError(
+                f"lora_name: {len(loaded)} LoRA adapters are loaded, the most --max-loaded-loras "
+                "allows; unload one first"
+            )
 
     def unload_lora(self, name: str) -> None:
         """Stop serving adapter name: its slot and its radix tree entries go. Refused (ValueError)

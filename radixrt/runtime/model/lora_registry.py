@@ -1,6 +1,10 @@
 """The runner's adapters: every loaded adapter's weights in host memory (by name), the slot pool a
 forward reads (lora_pool.py), and per forward the slots its items name, filled first when a slot
-held another adapter."""
+held another adapter.
+
+A run-time load is two calls: read() (the files, on any thread: it touches no state here; the
+scheduler process runs it on a worker thread, serving/lora_loads.py) and install() (on the
+scheduler's thread). What read() may open is lora_paths.py's rule."""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from radixrt.runtime.model.lora_adapter import (
     load_adapter,
     parse_lora_path,
 )
+from radixrt.runtime.model.lora_paths import LoraPaths, LoraRefused
 from radixrt.runtime.model.lora_pool import LoraPool, LoraStep
 
 log = logging.getLogger(__name__)
@@ -47,6 +52,7 @@ class LoraRegistry:
         )
         for adapter in first:
             self._add(adapter)
+        self.paths = LoraPaths(config.lora_dir or (), [p for _, p in specs])
         self.pool = LoraPool(
             self.dims, config.max_loras_per_batch, self.max_rank, model.dtype, device
         )
@@ -65,11 +71,24 @@ class LoraRegistry:
             "LoRA adapter %s: rank %d, %s", adapter.name, adapter.rank, sorted(adapter.targets)
         )
 
-    def load(self, name: str, path: str) -> None:
-        """Read and check the adapter at path, served as name from now on (LoraError: why not)."""
-        if name in self.adapters:
-            raise LoraError(f"a LoRA adapter named {name!r} is already loaded")
-        self._add(load_adapter(name, path, self.dims, self.max_rank, self.targets))
+    def read(self, name: str, path: str) -> LoraAdapter:
+        """The adapter at path, read and checked (any thread). Every refusal is LoraRefused, one
+        text whatever the reason; the reason is logged."""
+        try:
+            real = self.paths.check(path)
+            return load_adapter(name, real, self.dims, self.max_rank, self.targets)
+        except LoraRefused as e:
+            detail = e.detail
+        except LoraError as e:
+            detail = str(e)
+        except Exception as e:  # a reader's own error (safetensors, torch, OSError) names files
+            detail = f"{type(e).__name__}: {e}"
+        log.warning("LoRA adapter %r from %r refused: %s", name, path, detail)
+        raise LoraRefused(detail)
+
+    def install(self, adapter: LoraAdapter) -> None:
+        """Serve a read() adapter as its name from now on (LoraError: the name is taken)."""
+        self._add(adapter)
 
     def unload(self, name: str) -> None:
         if self.adapters.pop(name, None) is None:

@@ -230,11 +230,14 @@ class ModelRunner:
     def lora_names(self) -> list[str]:
         return [] if self.lora is None else sorted(self.lora.adapters)
 
-    def load_lora(self, name: str, path: str) -> None:
+    def read_lora(self, name: str, path: str) -> Any:
         if self.lora is None:
-            raise ValueError("this server serves no LoRA adapters (start it with --lora-paths "
-                             "or --max-lora-rank)")  # fmt: skip
-        self.lora.load(name, path)
+            raise ValueError("this server serves no LoRA adapters (start it with --lora-dir, "
+                             "--lora-paths or --max-lora-rank)")  # fmt: skip
+        return self.lora.read(name, path)
+
+    def install_lora(self, adapter: Any) -> None:
+        self.lora.install(adapter)
 
     def unload_lora(self, name: str) -> None:
         if self.lora is None:

@@ -11,11 +11,13 @@ from fastapi.responses import JSONResponse
 from radixrt.runtime.messages import ProfileReq
 from radixrt.runtime.serving.http_io import read_body
 from radixrt.runtime.serving.protocol import (
+    APIError,
     ConcatAndAppendRequest,
     ProfileRequest,
     error_body,
     parse_body,
 )
+from radixrt.runtime.serving.step_profiler import check_output_dir, profile_root
 from radixrt.runtime.serving.tokenizer_manager import TokenizerManager
 
 
@@ -45,6 +47,10 @@ def add_admin_routes(app: FastAPI, tm: TokenizerManager) -> None:
     async def start_profile(request: Request) -> JSONResponse:
         raw = await read_body(request, config.max_request_body_bytes)
         body = parse_body(ProfileRequest, raw or b"{}")
+        try:  # traces only inside --profile-dir (the scheduler checks again where it writes)
+            check_output_dir(body.output_dir, profile_root(config))
+        except ValueError as e:
+            raise APIError(str(e), param="output_dir") from None
         return await _profile_answer(
             ProfileReq(action="start", output_dir=body.output_dir, num_steps=body.num_steps)
         )

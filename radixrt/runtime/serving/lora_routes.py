@@ -1,5 +1,7 @@
 """SGLang's routes for LoRA adapters at run time: POST /load_lora_adapter (lora_name, lora_path) and
-/unload_lora_adapter (lora_name); both answer with the adapters served afterwards (docs/lora.md)."""
+/unload_lora_adapter (lora_name); both answer with the adapters served afterwards (docs/lora.md).
+A load reads only under --lora-dir (model/lora_paths.py), up to --max-loaded-loras adapters, off
+the scheduler's loop (lora_loads.py); this request waits for the answer."""
 
 from __future__ import annotations
 
@@ -39,4 +41,4 @@ def add_lora_routes(app: FastAPI, tm: TokenizerManager) -> None:
             return JSONResponse(
                 {"success": True, "message": out.message, "loaded_adapters": out.adapters}
             )
-        return JSONResponse(error_body(out.message, param="lora_name", code=400), 400)
+        return JSONResponse(error_body(out.message, param=out.param, code=400), 400)

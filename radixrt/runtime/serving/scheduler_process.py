@@ -3,7 +3,8 @@
 Loop: take every message waiting on the socket without blocking (requests, aborts, admin
 queries), then run one `step()` if there is work, and push the token deltas to the
 detokenizer. With nothing to do it blocks on the socket (poll timeout) instead of spinning.
-Admin answers (flush, server info, health) go straight back to the tokenizer manager.
+Admin answers (flush, server info, health) go straight back to the tokenizer manager; LoRA loads
+are read on a worker thread and answered when installed (lora_loads.py).
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from radixrt.runtime.messages import (
     GetServerInfoReq,
     HealthCheckOut,
     HealthCheckReq,
-    LoraAdapterOut,
     LoraAdapterReq,
     ProcessFailed,
     ProcessReady,
@@ -42,12 +42,14 @@ from radixrt.runtime.messages import (
     UnpinReq,
 )
 from radixrt.runtime.processes import StopFlag, set_parent_death_signal
+from radixrt.runtime.serving.lora_loads import LoraLoads
 from radixrt.runtime.serving.step_profiler import StepProfiler
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_SCHEDULER_CLASS = "radixrt.runtime.scheduler_factory:create_scheduler"
 IDLE_POLL_MS = 100  # how long an idle loop sleeps on the socket before checking its parent again
+LORA_POLL_MS = 5  # ... while a LoRA adapter is being read: its answer waits on the next poll
 
 
 def load_class(path: str) -> type:
@@ -67,7 +69,8 @@ class SchedulerLoop:
         self.pull = pull
         self.to_detokenizer = to_detokenizer
         self.to_tokenizer = to_tokenizer
-        self.profiler = StepProfiler()
+        self.profiler = StepProfiler(scheduler.config)
+        self.loras = LoraLoads(scheduler, lambda out: to_tokenizer.send(messages.encode(out)))
         self.poller = zmq.Poller()
         self.poller.register(pull, zmq.POLLIN)
         # a disaggregated server's KV transfer events wake the loop too (disaggregation/link.py)
@@ -123,7 +126,7 @@ class SchedulerLoop:
         elif isinstance(msg, FlushCacheReq):
             self.to_tokenizer.send(messages.encode(FlushCacheOut(success=bool(s.flush_cache()))))
         elif isinstance(msg, LoraAdapterReq):
-            self.to_tokenizer.send(messages.encode(self._lora_adapter(msg)))
+            self.loras.submit(msg)  # answered in order, once installed (never raises)
         elif isinstance(msg, ProfileReq):
             if msg.action == "start":
                 ok, text = self.profiler.start(msg.output_dir, msg.num_steps)
@@ -132,21 +135,6 @@ class SchedulerLoop:
             self.to_tokenizer.send(messages.encode(ProfileOut(success=ok, message=text)))
         else:
             logger.warning("unexpected message %s", type(msg).__name__)
-
-    def _lora_adapter(self, msg: LoraAdapterReq) -> LoraAdapterOut:
-        """Load or unload an adapter; a refusal (ValueError) is the answer's message."""
-        s = self.scheduler
-        try:
-            if msg.action == "load":
-                s.load_lora(msg.lora_name, msg.lora_path)
-            else:
-                s.unload_lora(msg.lora_name)
-        except ValueError as e:
-            return LoraAdapterOut(success=False, message=str(e), adapters=s.runner.lora_names())
-        done = "loaded" if msg.action == "load" else "unloaded"
-        return LoraAdapterOut(
-            success=True, message=f"{done} {msg.lora_name}", adapters=s.runner.lora_names()
-        )
 
     def drain(self, timeout_ms: int) -> None:
         """Handle every waiting message; wait up to timeout_ms for the first one."""
@@ -174,9 +162,6 @@ class SchedulerLoop:
                     self.to_tokenizer.send(
                         messages.encode(CacheTreeOut(view={"error": f"{type(e).__name__}: {e}"}))
                     )
-                elif isinstance(msg, LoraAdapterReq):
-                    out = LoraAdapterOut(success=False, message=f"{type(e).__name__}: {e}")
-                    self.to_tokenizer.send(messages.encode(out))
                 elif isinstance(msg, ProfileReq):
                     self.to_tokenizer.send(
                         messages.encode(
@@ -188,10 +173,11 @@ class SchedulerLoop:
         s = self.scheduler
         idle_steps = 0
         while not flag.should_stop():
+            self.loras.poll()
             if self.kv_events is not None and s.poll_transfers():
                 self.send_outputs(s.take_outputs())
             if not s.has_work():
-                self.drain(IDLE_POLL_MS)
+                self.drain(LORA_POLL_MS if self.loras.busy else IDLE_POLL_MS)
                 continue
             # Requests whose grammar is still compiling are work without a forward: back off a
             # little.
@@ -244,9 +230,11 @@ def run_scheduler_process(
         info = {"model_info": scheduler.model_info, "server_info": scheduler.server_info()}
         to_tokenizer.send(messages.encode(ProcessReady(name="scheduler", info=info)))
         flag.enter_loop()
+        loop = SchedulerLoop(scheduler, pull, to_detokenizer, to_tokenizer)
         try:
-            SchedulerLoop(scheduler, pull, to_detokenizer, to_tokenizer).run(flag)
+            loop.run(flag)
         finally:
+            loop.loras.close()
             scheduler.close()
     finally:
         for sock in (pull, to_detokenizer, to_tokenizer):
