@@ -1,6 +1,6 @@
 """Prefill-decode disaggregation: one unified server vs `radixrt serve --pd 1p1d` (a prefill and a
-decode server behind sglang-router's PD mode, KV moved by Mooncake over TCP) on the same Poisson mix of
-long prompts (~2k tokens, a few output tokens) and short chats (a short prompt, a longer answer).
+decode server behind sglang-router's PD mode, KV moved over the pair's CURVE-authenticated ZeroMQ
+channel) on the same Poisson mix of long prompts (~2k tokens, a few output tokens) and short chats (a short prompt, a longer answer).
 
     python benchmarks/bench_pd.py [--requests 100] [--rate 0.5] [--long-every 5] [--repeats 1]
 
@@ -43,6 +43,10 @@ CHATS = [
 ]
 
 
+KEY = "bench-pd-router-and-pair-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
 def long_prompt(k: int) -> str:
     """~2k tokens, distinct per k (no cache hits between them), asking for a short answer."""
     items = " ".join(f"item {i} is number {(i * 7 + k) % 13};" for i in range(200))
@@ -64,7 +68,7 @@ def mix(args: argparse.Namespace, seed: int) -> list[tuple[str, int, bool]]:
 async def workload(url: str, args: argparse.Namespace, seed: int) -> list[dict]:
     reqs = mix(args, seed)
     starts = await poisson_starts(args.rate, len(reqs), random.Random(seed + 1))
-    async with httpx.AsyncClient(timeout=600) as client:
+    async with httpx.AsyncClient(timeout=600, headers=AUTH) as client:
         t0 = time.perf_counter()
 
         async def one(start: float, prompt: str, max_tokens: int, is_long: bool) -> dict:
@@ -83,15 +87,17 @@ async def workload(url: str, args: argparse.Namespace, seed: int) -> list[dict]:
 
 
 def info_of(url: str) -> dict:
-    return httpx.get(url + "/get_server_info", timeout=60).json()
+    return httpx.get(url + "/get_server_info", headers=AUTH, timeout=60).json()
 
 
 def decode_url(router: str) -> str:
-    workers = httpx.get(router + "/workers", timeout=30).json()["workers"]
+    workers = httpx.get(router + "/workers", headers=AUTH, timeout=30).json()["workers"]
     return next(w["url"] for w in workers if w["worker_type"] == "decode")
 
 
 def run(setup: str, args: argparse.Namespace, seed: int) -> dict:
+    # both setups behind the same key (--pd 1p1d needs one: the pair's secret), from the environment
+    os.environ["RADIXRT_API_KEY"] = KEY
     extra = ["--pd", "1p1d", "--disaggregation-bootstrap-port", str(free_port())]
     server = LaunchedServer(extra if setup == "1p1d" else [], args)
     try:

@@ -1,12 +1,13 @@
 """Prefill-decode disaggregation for real: a prefill server, a decode server and sglang-router's PD
-mode in front (`--pd-disaggregation --prefill URL BOOTSTRAP_PORT --decode URL`), the KV moved by
-Mooncake's transfer engine over TCP; a unified server beside them is the truth.
+mode in front (`--pd-disaggregation --prefill URL BOOTSTRAP_PORT --decode URL --api-key SECRET`), the KV
+moved over the pair's CURVE-authenticated ZeroMQ channel; a unified server beside them is the truth.
 
 Truth: the unified server's greedy output in float32 (token for token); the servers' own counters
 (/get_server_info: prompt tokens computed, pages and bytes moved, integrity); after every test both
 servers settle with every page free or in their trees.
 """
 
+import functools
 import json
 import os
 import signal
@@ -21,11 +22,15 @@ from conftest_server import ServerProcess, free_port, sse_events
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("sglang_router", reason="the PD router is sglang-router's")
-pytest.importorskip("mooncake.engine", reason="pip install mooncake-transfer-engine-non-cuda")
 
 PAGE = 4
 COMMON = ["--page-size", str(PAGE), "--max-total-tokens", "8192", "--log-level", "warning"]
 TIMEOUT_S = 10
+SECRET = "the-pair-secret-of-this-test"
+PD_ENV = {"RADIXRT_DISAGGREGATION_SECRET": SECRET}  # the servers take it from there, not argv
+# the router asks its clients for its --api-key and presents it to the servers (the pair's secret)
+AUTH = {"Authorization": f"Bearer {SECRET}"}
+post = functools.partial(httpx.post, headers=AUTH)
 SYSTEM = (
     "You are the assistant of a small bakery. You answer questions about bread, cakes, opening hours "
     "and orders in one or two friendly sentences, and you never invent prices. "
@@ -71,6 +76,8 @@ def start_router(prefill: ServerProcess, decode: ServerProcess, bootstrap_port: 
             str(port),
             "--prometheus-port",
             str(free_port()),
+            "--api-key",
+            SECRET,
             "--log-level",
             "warn",
         ],
@@ -82,7 +89,7 @@ def start_router(prefill: ServerProcess, decode: ServerProcess, bootstrap_port: 
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
-            if httpx.post(url + "/generate", json=body("Hi", 1), timeout=60).status_code == 200:
+            if post(url + "/generate", json=body("Hi", 1), timeout=60).status_code == 200:
                 return proc, url
         except httpx.HTTPError:
             pass
@@ -114,11 +121,9 @@ def unified_answers(tmp_dir) -> dict:
         gen = post_all([(url + "/generate", body(t)) for t in TEXTS])
         return {
             "texts": [r.json()["output_ids"] for r in gen],
-            "chat": httpx.post(url + "/v1/chat/completions", json=CHAT, timeout=120).json(),
-            "completion": httpx.post(url + "/v1/completions", json=COMPLETION, timeout=120).json(),
-            "water": httpx.post(
-                url + "/generate", json=body("Water boils at", 12), timeout=120
-            ).json(),
+            "chat": post(url + "/v1/chat/completions", json=CHAT, timeout=120).json(),
+            "completion": post(url + "/v1/completions", json=COMPLETION, timeout=120).json(),
+            "water": post(url + "/generate", json=body("Water boils at", 12), timeout=120).json(),
         }
     finally:
         unified.stop()
@@ -141,10 +146,20 @@ def pd(tmp_path_factory):
                 str(bootstrap_port),
             ],
             tmp_path_factory.mktemp("prefill"),
+            env=PD_ENV,
         )
+        prefill_addr = f"127.0.0.1:{bootstrap_port}"
         servers["decode"] = ServerProcess(
-            [*COMMON, *pd_flags, "--disaggregation-mode", "decode"],
+            [
+                *COMMON,
+                *pd_flags,
+                "--disaggregation-mode",
+                "decode",
+                "--disaggregation-prefill-addrs",
+                prefill_addr,
+            ],
             tmp_path_factory.mktemp("decode"),
+            env=PD_ENV,
         )
         router, url = start_router(servers["prefill"], servers["decode"], bootstrap_port)
     except Exception:
@@ -190,7 +205,7 @@ def pages_come_back(pd):
 
 def streamed(url: str, b: dict) -> list[str]:
     """The SSE payloads of a streamed POST."""
-    with httpx.stream("POST", url, json={**b, "stream": True}, timeout=120) as r:
+    with httpx.stream("POST", url, json={**b, "stream": True}, headers=AUTH, timeout=120) as r:
         return sse_events(list(r.iter_lines()))
 
 
@@ -200,7 +215,7 @@ def post_all(url_path_bodies, timeout=180):
 
     def go(i, url, b):
         try:
-            out[i] = httpx.post(url, json=b, timeout=timeout)
+            out[i] = post(url, json=b, timeout=timeout)
         except httpx.HTTPError as e:  # a server killed under its request
             out[i] = e
 
@@ -248,7 +263,7 @@ def test_outputs_through_the_router_equal_a_unified_server(pd, tokenizer):
 
 def test_openai_routes_and_streams_work_unchanged_through_the_router(pd):
     truth = pd["truth"]
-    a = httpx.post(pd["router"] + "/v1/chat/completions", json=CHAT, timeout=120).json()
+    a = post(pd["router"] + "/v1/chat/completions", json=CHAT, timeout=120).json()
     assert a["choices"][0]["message"] == truth["chat"]["choices"][0]["message"]
     events = streamed(pd["router"] + "/v1/chat/completions", CHAT)
     text = "".join(
@@ -257,16 +272,16 @@ def test_openai_routes_and_streams_work_unchanged_through_the_router(pd):
     assert text == truth["chat"]["choices"][0]["message"]["content"] and events[-1] == "[DONE]"
     events = streamed(pd["router"] + "/generate", body("Water boils at", 12))
     assert json.loads(events[-2])["output_ids"] == truth["water"]["output_ids"]
-    a = httpx.post(pd["router"] + "/v1/completions", json=COMPLETION, timeout=120).json()
+    a = post(pd["router"] + "/v1/completions", json=COMPLETION, timeout=120).json()
     assert a["choices"][0]["text"] == truth["completion"]["choices"][0]["text"]
 
 
 def test_a_follow_up_turn_finds_its_history_on_both_servers(pd):
     first = SYSTEM + "Tell me about your apple pie."
-    one = httpx.post(pd["router"] + "/generate", json=body(first, 16), timeout=120).json()
+    one = post(pd["router"] + "/generate", json=body(first, 16), timeout=120).json()
     before = {k: settled(pd[k]) for k in ("prefill", "decode")}
     follow = first + one["text"] + " And how much sugar is in it?"
-    two = httpx.post(pd["router"] + "/generate", json=body(follow, 8), timeout=120).json()
+    two = post(pd["router"] + "/generate", json=body(follow, 8), timeout=120).json()
     after = {k: settled(pd[k]) for k in ("prefill", "decode")}
     prompt_len = two["meta_info"]["prompt_tokens"]
     decode_cached = two["meta_info"]["cached_tokens"]  # the decode server's own tree
@@ -283,6 +298,7 @@ def test_aborts_free_pages_on_both_servers(pd):
         "POST",
         pd["router"] + "/generate",
         json=body("Count to a thousand:", 400, stream=True),
+        headers=AUTH,
         timeout=120,
     ) as r:
         for n, _ in enumerate(r.iter_lines()):
@@ -296,11 +312,32 @@ def test_aborts_free_pages_on_both_servers(pd):
         "bootstrap_room": 424242,
     }
     with pytest.raises(httpx.TimeoutException):
-        httpx.post(pd["decode"].url + "/generate", json=orphan, timeout=1.5)
+        post(pd["decode"].url + "/generate", json=orphan, timeout=1.5)
     settled(pd["decode"])
     # its late half on the prefill server is answered at once: the decode side cancelled the room
-    r = httpx.post(pd["prefill"].url + "/generate", json=orphan, timeout=60)
+    r = post(pd["prefill"].url + "/generate", json=orphan, timeout=60)
     assert r.status_code == 500 and "cancelled by the decode server" in r.text
+
+
+def test_bootstrap_fields_need_the_pair_secret_and_a_configured_prefill_server(pd):
+    """A plain client cannot name a room (another request's KV) nor a prefill server of its own."""
+    room = {"bootstrap_host": "127.0.0.1", "bootstrap_port": pd["bootstrap_port"]}
+    for server in ("prefill", "decode"):
+        for headers in ({}, {"Authorization": "Bearer not-the-secret"}):
+            for path, b in (
+                ("/generate", {**body("Hi", 2), **room, "bootstrap_room": 5}),
+                ("/v1/completions", {**COMPLETION, **room, "bootstrap_room": 5}),
+                ("/v1/chat/completions", {**CHAT, **room, "bootstrap_room": 5}),
+            ):
+                r = httpx.post(pd[server].url + path, json=b, headers=headers, timeout=30)
+                assert r.status_code == 403, (server, path, r.text)
+                assert r.json()["error"]["param"] == "bootstrap_room"
+    for host, port in (("10.9.9.9", pd["bootstrap_port"]), ("127.0.0.1", 1), ("!", None)):
+        b = {**body("Hi", 2), "bootstrap_host": host, "bootstrap_port": port, "bootstrap_room": 6}
+        r = post(pd["decode"].url + "/generate", json=b, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "bootstrap_host", r.text
+    assert httpx.post(pd["router"] + "/generate", json=body("Hi", 2), timeout=30).status_code == 401
+    assert post(pd["router"] + "/generate", json=body("Hi", 2), timeout=120).status_code == 200
 
 
 def test_transfer_timeouts_fail_the_request_alone(pd):
@@ -327,9 +364,7 @@ def test_transfer_timeouts_fail_the_request_alone(pd):
     )
     # and both keep serving
     assert (
-        httpx.post(
-            pd["router"] + "/generate", json=body("Still there?", 4), timeout=120
-        ).status_code
+        post(pd["router"] + "/generate", json=body("Still there?", 4), timeout=120).status_code
         == 200
     )
 
@@ -368,11 +403,12 @@ def test_a_killed_prefill_server_fails_its_requests_and_the_decode_server_goes_o
         got["integrity_ok"]
         and got["kv_pages_free"] + got["kv_pages_cached"] == got["kv_pages_total"]
     )
-    # the decode server goes on with another prefill server
-    port = free_port()
+    # the decode server goes on with a fresh prefill server at the configured address
+    port = pd["bootstrap_port"]
     fresh = ServerProcess(
         [*COMMON, "--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(port)],
         tmp_path_factory.mktemp("fresh"),  # short: the ipc socket paths live under it
+        env=PD_ENV,
     )
     try:
         b = {

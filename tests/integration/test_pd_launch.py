@@ -6,14 +6,16 @@ servers are up at once).
 """
 
 import httpx
+import psutil
 import pytest
 from conftest_server import ServerProcess, free_port
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("sglang_router", reason="the PD router is sglang-router's")
-pytest.importorskip("mooncake.engine", reason="pip install mooncake-transfer-engine-non-cuda")
 
 COMMON = ["--page-size", "4", "--max-total-tokens", "8192", "--log-level", "warning"]
+KEY = "the-launchers-router-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 BODY = {
     "text": "The opposite of hot is",
     "sampling_params": {"max_new_tokens": 12, "temperature": 0},
@@ -30,11 +32,16 @@ def test_pd_1p1d_starts_all_three_and_answers_like_a_unified_server(tmp_path_fac
     srv = ServerProcess(
         [*COMMON, "--pd", "1p1d", "--disaggregation-bootstrap-port", str(port)],
         tmp_path_factory.mktemp("pd"),
+        env={"RADIXRT_API_KEY": KEY},  # kept out of the launcher's argv, as out of its servers'
     )
     try:
-        got = httpx.post(srv.url + "/generate", json=BODY, timeout=120)
+        assert httpx.post(srv.url + "/generate", json=BODY, timeout=120).status_code == 401
+        got = httpx.post(srv.url + "/generate", json=BODY, headers=AUTH, timeout=120)
         assert got.status_code == 200 and got.json()["output_ids"] == want
         assert len(srv.alive_pids()) >= 3  # the launcher, its two servers (and theirs), the router
+        for pid in srv.alive_pids():  # the key is in no server's command line (the router's only)
+            cmdline = " ".join(psutil.Process(pid).cmdline())
+            assert KEY not in cmdline or "sglang_router" in cmdline, cmdline
     finally:
         code = srv.stop()
     assert code == 0
