@@ -5,64 +5,32 @@ Every generated token is at least one byte of text (the constrained backends all
 end), and a character is at most 4 UTF-8 bytes, so a constraint whose longest match is L characters
 cannot fill min_new_tokens > 4 L tokens (choices: their UTF-8 length): the request would reach a
 point where the constraint allows only its end and min_new_tokens forbids it. Known here for a regex
-(its automaton, interegular's) and for choices. What cannot be known before the step (a schema's
+(its parsed width) and for choices. What cannot be known before the step (a schema's
 shape against the tokenizer) fails only that request there, with a clear reason (scheduler:
 NoAllowedTokenError -> a 400 finish)."""
 
 from __future__ import annotations
 
 import functools
+import re
+from re import _parser as sre_parse
 
-# longer patterns are left to the step's check (building the automaton costs)
-MAX_CHECKED_REGEX_CHARS = 2000
+from radixrt.runtime.regex_bounds import parse
 
 
 @functools.lru_cache(maxsize=256)
 def longest_match_chars(regex: str) -> int | None:
-    """The most characters a full match of regex can have; None when unbounded or unknown."""
-    if len(regex) > MAX_CHECKED_REGEX_CHARS:
-        return None
+    """The most characters a full match of regex can have; None when unbounded or unknown.
+
+    Read from the parsed pattern's width, not from an automaton: an automaton can blow up
+    (`[ab]*a[ab]{26}`, 2**27 states) and this runs at the edge, on the event loop (#41); the width
+    costs one walk over the parse. Syntax Python's parser refuses (outlines and llguidance accept
+    some of it) gives no verdict here."""
     try:
-        import interegular
-
-        fsm = interegular.parse_pattern(regex).to_fsm()
-    except Exception:  # noqa: BLE001
-        # syntax outlines/llguidance accept and interegular does not: no verdict here
+        longest = parse(regex).getwidth()[1]
+    except (re.error, RecursionError, OverflowError):
         return None
-    succ = {s: set(fsm.map.get(s, {}).values()) for s in fsm.states}
-    live = set(fsm.finals)  # states from which a final state is reachable
-    changed = True
-    while changed:
-        changed = False
-        for s, nxt in succ.items():
-            if s not in live and nxt & live:
-                live.add(s)
-                changed = True
-    if fsm.initial not in live:
-        return 0  # nothing matches: the backend's own check refuses it
-    longest: dict[int, int] = {}
-    visiting: set[int] = set()
-
-    def walk(s: int) -> int | None:  # longest path from s to a final state; None on a live cycle
-        if s in longest:
-            return longest[s]
-        if s in visiting:
-            return None
-        visiting.add(s)
-        best = 0 if s in fsm.finals else -1
-        for t in succ[s] & live:
-            sub = walk(t)
-            if sub is None:
-                return None
-            best = max(best, sub + 1)
-        visiting.discard(s)
-        longest[s] = best
-        return best
-
-    try:
-        return walk(fsm.initial)
-    except RecursionError:
-        return None
+    return None if longest >= sre_parse.MAXWIDTH else longest
 
 
 def check_min_new_tokens(kind: str, spec, min_new_tokens: int) -> None:

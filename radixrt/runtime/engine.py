@@ -19,12 +19,9 @@ from radixrt.runtime.core.cache_view import DEFAULT_MAX_DEPTH, DEFAULT_MAX_NODES
 from radixrt.runtime.core.pins import MAX_PIN_TTL_S
 from radixrt.runtime.engine_sequence import Sequence
 from radixrt.runtime.messages import TokenizedGenerateReq, TokenOut
-from radixrt.runtime.request_edge import (
-    check_prompt,
-    constraint_of,
-    expand_n,
-)
+from radixrt.runtime.request_edge import check_prompt, constraint_of, expand_n
 from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.stop_regex_check import StopRegexChecker
 
 _CONFIG_FIELDS = {f.name for f in dataclasses.fields(ServerConfig)}
 
@@ -50,6 +47,7 @@ class Engine:
         self._sequences: dict[str, Sequence] = {}
         self._ids = itertools.count()
         self._prefix = uuid.uuid4().hex[:8]
+        self._stop_regex = StopRegexChecker(self.config.grammar_compile_memory_mb)
 
     # ---------------------------------------------------------------- public API
     def generate(
@@ -145,6 +143,7 @@ class Engine:
     ) -> list[TokenizedGenerateReq]:
         """One prompt's requests (n of them with n > 1), checked at the edge as the server does."""
         sp = SamplingParams.from_dict(params)
+        self._stop_regex.check(sp.stop_regex)  # built in a worker first (stop_regex_check.py)
         self._validate_constraint(sp)
         start = check_prompt(
             ids,
@@ -226,6 +225,7 @@ class Engine:
                 self.scheduler.abort(rid)
             self._sequences.clear()
             self.scheduler.close()
+        self._stop_regex.shutdown()
 
     def __enter__(self) -> "Engine":
         return self

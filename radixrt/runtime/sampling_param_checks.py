@@ -11,6 +11,7 @@ import math
 import re
 from typing import Any
 
+from radixrt.runtime.regex_bounds import check_regex_expansion
 from radixrt.runtime.sampling_param_names import CONSTRAINT_FIELDS, NOT_YET
 
 MAX_N = 16
@@ -212,6 +213,8 @@ def check_constraint_specs(p: Any) -> None:
         "regex",
         f"must be a string of at most {MAX_REGEX_CHARS} characters",
     )
+    if p.regex is not None:  # cheap: one walk over its parse
+        check_regex_expansion(p.regex)
     need(
         p,
         p.json_schema is None or is_short_str(p.json_schema, MAX_JSON_SCHEMA_CHARS),

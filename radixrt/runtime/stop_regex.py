@@ -8,12 +8,22 @@ earlier character, so each new character costs one step over that set, whatever 
 however long the output. Patterns use Python's syntax; what the automaton cannot express
 (backreferences, lookarounds, anchors) and patterns that match the empty string (they would stop
 every request at once) are refused by name at the edge.
+
+Building an automaton can blow up (`[ab]*a[ab]{26}` has 2**27 states), so the server's own
+processes never build one for a pattern that was not built before within bounds:
+`check_stop_regex` is cheap (the pattern's parse and its width: a shortest match of N characters
+needs more than N states), and the edge builds every request's automata in a compile worker,
+killed at a deadline (stop_regex_check.py); it accepts a request only when they were all built
+within a CPU budget and MAX_STATES. The scheduler and the detokenizer process build the automaton
+of an accepted pattern again (StopRegexSearch, below), so that rebuild costs at most about the
+budget, once per pattern in each process.
 """
 
 from __future__ import annotations
 
 import functools
 import re
+import time
 from re import _constants as sre_constants  # Python's own reading of the pattern
 from re import _parser as sre_parse
 
@@ -55,10 +65,12 @@ def _refused_construct(parsed) -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=256)
-def _fsm(pattern: str) -> interegular.FSM:
+def check_stop_regex(pattern: str) -> None:
+    """Raise ValueError naming the pattern when it can never run; cheap (no automaton is built)."""
     try:
-        construct = _refused_construct(sre_parse.parse(pattern))
+        parsed = sre_parse.parse(pattern)
+        construct = _refused_construct(parsed)
+        shortest, longest = parsed.getwidth()
     except (re.error, RecursionError) as e:
         raise ValueError(
             f"sampling parameter stop_regex {pattern!r} is not a valid regex: {e}"
@@ -67,8 +79,29 @@ def _fsm(pattern: str) -> interegular.FSM:
         raise ValueError(
             f"sampling parameter stop_regex {pattern!r} is not supported: it uses {construct}"
         )
+    if shortest == 0:
+        raise ValueError(f"sampling parameter stop_regex {pattern!r} matches the empty string")
+    # the states along a shortest match are all distinct, and so are those along a longest one
+    # when the language is finite: either length bounds the automaton from below
+    if shortest >= MAX_STATES or MAX_STATES <= longest < sre_parse.MAXWIDTH:
+        raise ValueError(
+            f"sampling parameter stop_regex {pattern!r} is too complex (a match of "
+            f"{shortest if shortest >= MAX_STATES else longest} characters needs more than "
+            f"{MAX_STATES} automaton states)"
+        )
+
+
+def build_fsm(pattern: str) -> interegular.FSM:
+    """The pattern's automaton, or ValueError naming the pattern. Unbounded: run it on a pattern
+    the edge accepted, or in a compile worker."""
+    check_stop_regex(pattern)
     try:
         fsm = interegular.parse_pattern(pattern).to_fsm()
+    except MemoryError:
+        raise ValueError(
+            f"sampling parameter stop_regex {pattern!r} is too complex (its automaton does not "
+            "fit in memory)"
+        ) from None
     except Exception as e:  # interegular's parse errors have several types
         raise ValueError(
             f"sampling parameter stop_regex {pattern!r} is not supported: {e or type(e).__name__}"
@@ -78,14 +111,26 @@ def _fsm(pattern: str) -> interegular.FSM:
             f"sampling parameter stop_regex {pattern!r} is too complex ({len(fsm.states)} states, "
             f"at most {MAX_STATES})"
         )
-    if fsm.initial in fsm.finals:
+    if fsm.initial in fsm.finals:  # the width check above already says so; interegular agrees
         raise ValueError(f"sampling parameter stop_regex {pattern!r} matches the empty string")
     return fsm
 
 
-def check_stop_regex(pattern: str) -> None:
-    """Raise ValueError naming the pattern unless it can run."""
-    _fsm(pattern)
+_fsm = functools.lru_cache(maxsize=256)(build_fsm)
+
+
+def build_seconds(patterns: tuple[str, ...]) -> list[float | str]:
+    """For the compile worker: each pattern's build, in CPU seconds, or the refusal that ends the
+    list. Built uncached, so a pattern seen before is timed as the scheduler would build it."""
+    out: list[float | str] = []
+    for pattern in patterns:
+        started = time.process_time()
+        try:
+            build_fsm(pattern)
+        except ValueError as e:
+            return [*out, str(e)]
+        out.append(time.process_time() - started)
+    return out
 
 
 class StopRegexSearch:

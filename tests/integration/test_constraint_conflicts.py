@@ -5,9 +5,12 @@ A logit_bias of -100 on every token the constraint allows is not a conflict (the
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from radixrt import Engine
+from radixrt.runtime.stop_regex_check import KILL_AFTER_S
 
 PROMPT = "Answer yes or no: is the sky blue?"
 
@@ -73,3 +76,22 @@ def test_logit_bias_against_every_allowed_token_still_finishes_inside_the_constr
     )
     assert out["text"] in ("yes", "no") and out["meta_info"]["finish_reason"]["type"] == "stop"
     engine.scheduler.check_integrity()
+
+
+@pytest.mark.parametrize(
+    "params, field",
+    [
+        (
+            {"stop_regex": "[ab]*a[ab]{26}"},
+            "stop_regex",
+        ),  # 2**27 states: built in a worker, stopped
+        ({"stop_regex": "(((a{9999}){9999}){9999})"}, "stop_regex"),
+        ({"regex": "(((a{9999}){9999}){9999})", "min_new_tokens": 4}, "regex"),
+    ],
+)
+def test_the_engine_refuses_explosive_patterns_in_bounded_time(engine, params, field):
+    """#41: the Engine checks as the server's edge does: no automaton blows up in its process."""
+    started = time.monotonic()
+    with pytest.raises(ValueError, match=field):
+        engine.generate(PROMPT, {"max_new_tokens": 2, **params})
+    assert time.monotonic() - started < KILL_AFTER_S + 5

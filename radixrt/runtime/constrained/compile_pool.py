@@ -10,6 +10,8 @@ queue of slow but valid compiles delays the last of them instead of refusing it 
 bounded all the same: at most `max_pending` jobs, each stopped at its own limit). Jobs:
   ("regex", key)  -> the regex (validation at the edge)
   ("index", key)  -> (regex, pickled outlines-core Index) for the scheduler's grammar
+  ("stop_regex", patterns) -> each pattern's automaton build in CPU seconds, or the refusal that
+                              ends the list (stop_regex.py's build_seconds; stop_regex_check.py)
 """
 
 from __future__ import annotations
@@ -64,6 +66,10 @@ class _Worker:
 class TransientGrammarError(GrammarError):
     """The pool could not judge the grammar (busy, a worker died, shut down, out of time under
     load): not a verdict on the grammar, so it is never cached."""
+
+
+class CompileTimeout(TransientGrammarError):
+    """The job ran past its time limit and its worker was killed."""
 
 
 def _settle(future: Future, exc: Exception | None = None, result: Any = None) -> None:
@@ -155,6 +161,7 @@ class CompilePool:
                     w,
                     f"compiling the {w.job[2][0]} grammar took longer than {w.job[3]:g} s "
                     f"(grammar_compile_timeout); the compile was stopped",
+                    CompileTimeout,
                 )
 
     def _next_job(self) -> tuple[Future, float, str, tuple] | None:
@@ -195,14 +202,14 @@ class CompilePool:
         else:
             _settle(future, GrammarError(value))  # the worker's verdict on the grammar itself
 
-    def _fail(self, worker: _Worker, message: str) -> None:
+    def _fail(self, worker: _Worker, message: str, error: type = TransientGrammarError) -> None:
         """Kill the worker (its CPU and memory come back at once) and fail its job; a replacement
         starts at once, so the next job need not wait for it."""
         future = worker.job[0]
         worker.kill()
         self.num_killed += 1
         self._workers.remove(worker)
-        _settle(future, TransientGrammarError(message))
+        _settle(future, error(message))
         if not self._closed:
             self._workers.append(_Worker(self._args))
 

@@ -4,7 +4,7 @@ child are the same program). The first frame sets it up: (token_map | None, fsm_
 
 A plain subprocess, not multiprocessing: spawning through multiprocessing re-imports the user's main
 module, which an Engine() script without an `if __name__ == "__main__"` guard cannot survive.
-Imports only the torch-free spec modules, budget.py and outlines-core.
+Imports only the torch-free spec modules, budget.py, stop_regex.py, outlines-core and interegular.
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ def serve(inp: BinaryIO, out: BinaryIO) -> None:
 
     from radixrt.runtime.constrained.regex_builder import GrammarError
     from radixrt.runtime.constrained.spec import spec_regex
+    from radixrt.runtime.stop_regex import build_seconds
 
     token_map, fsm_eos, memory_bytes = read_frame(inp)
     _die_with_parent()
@@ -83,6 +84,9 @@ def serve(inp: BinaryIO, out: BinaryIO) -> None:
             job, key = read_frame(inp)
         except EOFError:
             return
+        if job == "stop_regex":  # bounds no grammar: its own refusals are in the result
+            write_frame(out, ("ok", build_seconds(key)))
+            continue
         try:
             rx = spec_regex(key)
             if job == "regex":

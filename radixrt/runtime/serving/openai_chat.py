@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from typing import Any
@@ -70,7 +71,10 @@ class ChatRoute:
         else:
             msgs = tool_calls.fallback_messages(msgs, plan)
         try:
-            text = tokenizer.apply_chat_template(
+            # on a thread: the render (Jinja, pure Python) grows with the client's messages and
+            # tools, and a thread gives the loop the GIL back every few milliseconds (#41)
+            text = await asyncio.to_thread(
+                tokenizer.apply_chat_template,
                 msgs,
                 tokenize=False,
                 add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,

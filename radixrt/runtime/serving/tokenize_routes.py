@@ -11,6 +11,10 @@ from fastapi import FastAPI, Request
 from radixrt.runtime.serving.http_io import read_body
 from radixrt.runtime.serving.protocol import APIError, _Strict, parse_body
 
+# The tokenizer holds the GIL while it decodes (~0.4 us a token), so a thread would not free the
+# event loop: a longer list is refused before decoding (~50 ms at the bound); split it (#41)
+MAX_DETOKENIZE_TOKENS = 1 << 17
+
 
 class TokenizeRequest(_Strict):
     text: Union[str, list[str], None] = None
@@ -43,6 +47,12 @@ def add_tokenize_routes(app: FastAPI, tm: Any) -> None:
     @app.post("/detokenize")
     async def detokenize(request: Request) -> dict[str, Any]:
         req: DetokenizeRequest = parse_body(DetokenizeRequest, await read_body(request, limit))
+        if len(req.tokens) > MAX_DETOKENIZE_TOKENS:
+            raise APIError(
+                f"tokens must be at most {MAX_DETOKENIZE_TOKENS} token ids, got "
+                f"{len(req.tokens)}: split the list",
+                param="tokens",
+            )
         vocab = int(tm.model_info["vocab_size"])
         bad = [t for t in req.tokens if not 0 <= t < vocab]
         if bad:

@@ -32,6 +32,7 @@ from radixrt.runtime.serving.protocol import APIError, from_value_error
 from radixrt.runtime.serving.request_handle import ReqState, RequestHandle
 from radixrt.runtime.serving.scheduler_link import SchedulerLink
 from radixrt.runtime.serving.tenants import CompileShares, check_in_flight
+from radixrt.runtime.stop_regex_check import StopRegexChecker
 
 
 class TokenizerManager(SchedulerLink):
@@ -50,6 +51,7 @@ class TokenizerManager(SchedulerLink):
         self._rid_counter = itertools.count()
         self._grammar = None
         self._compiles = CompileShares()  # grammar compiles queued at the edge, per client
+        self._stop_regex = StopRegexChecker(config.grammar_compile_memory_mb)
 
     async def start(self, procs: dict[str, Any], timeout: float = 600.0) -> None:
         """Open the sockets, wait until every child process reported ready (model load: 10-40 s),
@@ -62,6 +64,7 @@ class TokenizerManager(SchedulerLink):
     async def close(self) -> None:
         for backend in self._grammar.built() if self._grammar is not None else []:
             backend.shutdown()
+        self._stop_regex.shutdown()
         await super().close()
 
     # ------------------------------------------------------------------ requests
@@ -98,10 +101,23 @@ class TokenizerManager(SchedulerLink):
             sp = SamplingParams.from_dict(params)
         except (ValueError, TypeError) as e:  # TypeError: a non-dict
             raise from_value_error(ValueError(str(e))) from None
+        if sp.stop_regex:
+            await self._check_stop_regex(sp.stop_regex, client)
         constraint = constraint_of(sp)
         if constraint is not None:
             await self._validate_constraint(*constraint, client)
         return sp
+
+    async def _check_stop_regex(self, patterns: list[str], client: str | None) -> None:
+        """Their automata are built in a compile worker and awaited off the event loop
+        (stop_regex_check.py), counted in the client's share of compiles."""
+        self._compiles.take(client)
+        try:
+            await asyncio.wrap_future(self._stop_regex.submit(patterns))
+        except ValueError as e:
+            raise APIError(str(e), param="stop_regex") from None
+        finally:
+            self._compiles.give_back(client)
 
     def _make_grammar_backend(self) -> Any:
         """For the synchronous 400 check of a constraint (a bad one never reaches the scheduler)."""
