@@ -48,7 +48,13 @@ class StubTM:
     async def server_info(self, timeout: float = 30.0) -> dict:
         if self.info_error is not None:
             raise self.info_error
-        return {"sessions": {SESSION: {"turns": 2}}, "num_sessions": 1, "kv_pages_free": 7}
+        return {
+            "sessions": {SESSION: {"turns": 2}},
+            "num_sessions": 1,
+            "kv_pages_free": 7,
+            "cached_tokens": 5,
+            "num_running": 1,
+        }
 
 
 def client(api_key: str | None, admin_api_key: str | None, **config) -> TestClient:
@@ -68,18 +74,23 @@ CALLERS = {"none": None, "api": API, "admin": ADMIN, "wrong": "nope"}
 ROUTES = {  # one route per level
     "normal": ("GET", "/get_model_info"),
     "admin_optional": ("POST", "/flush_cache"),
+    "admin_optional_metrics": ("GET", "/metrics"),
     "admin_force": ("GET", "/cache_tree"),
 }
 # status by (level, setup) for the callers none / api / admin / wrong
+EXPECTED_OPTIONAL = {
+    ("admin_optional", "no key"): (200, 200, 200, 200),
+    ("admin_optional", "api"): (401, 200, 401, 401),
+    ("admin_optional", "api+admin"): (401, 403, 200, 401),
+    ("admin_optional", "admin"): (401, 401, 200, 401),
+}
 EXPECTED = {
     ("normal", "no key"): (200, 200, 200, 200),
     ("normal", "api"): (401, 200, 401, 401),  # the admin key is not configured: a wrong key
     ("normal", "api+admin"): (401, 200, 200, 401),  # an admin key also opens NORMAL routes
     ("normal", "admin"): (200, 200, 200, 200),
-    ("admin_optional", "no key"): (200, 200, 200, 200),
-    ("admin_optional", "api"): (401, 200, 401, 401),
-    ("admin_optional", "api+admin"): (401, 403, 200, 401),
-    ("admin_optional", "admin"): (401, 401, 200, 401),
+    **EXPECTED_OPTIONAL,
+    **{("admin_optional_metrics", k[1]): v for k, v in list(EXPECTED_OPTIONAL.items())},
     ("admin_force", "no key"): (403, 403, 403, 403),  # refused outright without an admin key
     ("admin_force", "api"): (403, 403, 403, 403),
     ("admin_force", "api+admin"): (401, 403, 200, 401),
@@ -141,14 +152,17 @@ def test_server_info_config_and_sessions_only_for_the_admin():
         assert "model_path" not in info and "api_key" not in info
         # what a client works with stays: model, limits, live counts
         assert info["served_model_name"] == "stub-model" and info["context_length"] == 2048
-        assert info["max_running_requests"] == 64 and info["kv_pages_free"] == 7
+        assert info["max_running_requests"] == 64 and info["num_running"] == 1
+        # exact cache figures would tell how much of one's prompt someone else sent
+        assert "kv_pages_free" not in info and "cached_tokens" not in info
     full = c.get("/server_info", headers=auth(ADMIN)).json()
-    assert full["sessions"] == {SESSION: {"turns": 2}}
+    assert full["sessions"] == {SESSION: {"turns": 2}} and full["cached_tokens"] == 5
     assert full["model_path"] == "/srv/secret/model-dir"
     assert full["api_key"] == full["admin_api_key"] == "***" and ADMIN not in str(full)
     # no admin key configured: nobody gets the full view
     for c, key in ((client(API, None), API), (client(None, None), None)):
-        assert "sessions" not in c.get("/get_server_info", headers=auth(key)).json()
+        info = c.get("/get_server_info", headers=auth(key)).json()
+        assert "sessions" not in info and info["kv_pages_free"] == 7  # the figures: ADMIN_OPTIONAL
 
 
 def test_a_crash_answers_an_error_id_and_logs_the_detail(caplog):

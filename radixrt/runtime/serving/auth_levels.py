@@ -9,9 +9,11 @@ decision the gate (http_app.GateMiddleware) takes on every request.
   load, the profiler's traces), which one shared API key must not unlock.
 
 As SGLang's (python/sglang/srt/utils/auth.py), but an admin key also opens NORMAL routes, and
-/metrics is NORMAL (SGLang leaves it open for scrapers). /health and the dashboard's static
-page (cache_routes.PUBLIC_PATHS) take no key. /get_server_info is NORMAL; its config and session
-ids are shown only to a request carrying the admin key (status_routes.py).
+/metrics is ADMIN_OPTIONAL (SGLang leaves it open for scrapers; its exact hit counts tell a client
+how much of its prompt someone else sent: give the scraper the admin key). /health and the
+dashboard's static page (cache_routes.PUBLIC_PATHS) take no key. /get_server_info is NORMAL; its
+config and session ids are shown only to a request carrying the admin key, and its exact cache
+figures as an ADMIN_OPTIONAL route's answer (status_routes.py).
 
 "Pins of others": /unpin names its pin by handle, a 128-bit secret only the pinning client was
 given, so a client can only let go of its own pins (NORMAL); /close_session names a session by
@@ -44,6 +46,7 @@ ROUTE_LEVELS: dict[str, AuthLevel] = {
     "/stop_profile": AuthLevel.ADMIN_FORCE,
     "/flush_cache": AuthLevel.ADMIN_OPTIONAL,  # drops every tenant's cache and pins
     "/unload_lora_adapter": AuthLevel.ADMIN_OPTIONAL,  # takes an adapter away from everyone
+    "/metrics": AuthLevel.ADMIN_OPTIONAL,  # exact cache hit counts: an oracle of others' prompts
 }
 OPEN_PATHS = frozenset({"/health"}) | PUBLIC_PATHS
 ADMIN_STATE = "radixrt_admin"  # the request scope's state entry: it carried the admin key

@@ -58,7 +58,8 @@ def add_status_routes(
             return {**admin_config_view(config), **info, **live}
         limits = {k: getattr(config, k) for k in CLIENT_LIMITS}
         limits["context_length"] = tm.model_info.get("context_length")  # the model's, if unset
-        shown = {k: v for k, v in info.items() if k not in ADMIN_ONLY_INFO}
+        hidden = ADMIN_ONLY_INFO | (CACHE_FIGURES if config.admin_api_key is not None else set())
+        shown = {k: v for k, v in info.items() if k not in hidden}
         return {**limits, **shown, **live}
 
     @app.get("/metrics")
@@ -80,6 +81,22 @@ CLIENT_LIMITS = (
 )
 # the scheduler's figures that name tenants' requests (session ids) or carry an error's text
 ADMIN_ONLY_INFO = frozenset({"sessions", "error"})
+# exact figures of the cache: their change around one's own request tells how much of it was cached
+# (at page size 1, token by token) or how many new pages it added. Like the routes of level
+# ADMIN_OPTIONAL (/metrics among them), they are the admin's when an admin key is set.
+CACHE_FIGURES = frozenset(
+    {
+        "cache_hit_rate",
+        "cached_tokens",
+        "prompt_tokens",
+        "prompt_tokens_computed",
+        "kv_pages_cached",
+        "kv_pages_evictable",
+        "kv_pages_free",
+        "num_pinned_tokens",
+        "num_pins",
+    }
+)
 
 SECRET_FIELDS = ("api_key", "admin_api_key", "disaggregation_secret")  # masked even for the admin
 
