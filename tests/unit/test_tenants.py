@@ -200,13 +200,21 @@ def test_a_bad_salt_is_refused_naming_it(salt):
     assert run(s, "ok", PROMPT, "x" * MAX_CACHE_SALT_CHARS)[0] == 0
 
 
-def test_max_queued_requests_refuses_past_the_queue_with_503():
-    s = make(max_queued_requests=2)
-    assert ask(s, "q1", PROMPT) == [] and ask(s, "q2", PROMPT) == []
-    (out,) = ask(s, "q3", PROMPT)
+def test_max_queued_requests_refuses_past_running_plus_queued_with_503():
+    s = make(max_running_requests=2, max_queued_requests=1)
+    prompts = {f"q{i}": [i] + PROMPT for i in range(1, 7)}  # distinct: none waits for another
+    for rid in ("q1", "q2", "q3"):  # a burst: taken in before any step admits one
+        assert ask(s, rid, prompts[rid]) == []
+    (out,) = ask(s, "q4", prompts["q4"])
     assert out.error_status == 503 and "max-queued-requests" in out.error
+    s.step()
+    assert len(s.running) == 2 and len(s.waiting) == 1
+    (out,) = ask(s, "q5", prompts["q5"])  # still 3 held: refused
+    assert out.error_status == 503
     outs = drain(s)
-    assert set(outs) == {"q1", "q2"}
-    assert ask(s, "q4", PROMPT) == []  # room again once the queue drained
+    assert set(outs) == {"q1", "q2", "q3"}  # the refused ones were answered at once
+    for rid in ("q1", "q2", "q3"):
+        assert ids(outs, rid) == reference_output(prompts[rid], 4, VOCAB, None)
+    assert ask(s, "q6", prompts["q6"]) == []  # room again once they ended
     drain(s)
     assert_all_pages_back(s)

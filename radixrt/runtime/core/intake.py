@@ -30,12 +30,16 @@ class QueueFull(ValueError):
     status = 503
 
 
-def check_queue(num_waiting: int, max_queued: int) -> None:
-    """--max-queued-requests (SGLang's): a request past that many waiting is refused."""
-    if num_waiting >= max_queued:
+def check_queue(num_held: int, config: Any) -> None:
+    """--max-queued-requests (SGLang's): a request arriving when the requests held (running and
+    waiting) fill --max-running-requests + --max-queued-requests is refused. Counted with the
+    running ones so a burst that free rows will admit at the next step is not refused (every
+    message waiting on the socket is taken in before a step admits any)."""
+    limit = config.max_running_requests + config.max_queued_requests
+    if num_held >= limit:
         raise QueueFull(
-            f"the request queue is full ({num_waiting} waiting, the most --max-queued-requests "
-            "allows); try again later"
+            f"the request queue is full ({num_held} requests held, the most --max-running-requests"
+            " + --max-queued-requests allow); try again later"
         )
 
 

@@ -113,7 +113,7 @@ class Scheduler(SchedulerAdmin, SchedulerBeams, StepRecovery, SchedulerPD):
             req = new_req(msg, self.limits, self.tokenizer, self.faults.check)
             req.bootstrap = bootstrap_of(msg)
             self._check_room(req)
-            check_queue(len(self.waiting), self.config.max_queued_requests)
+            check_queue(len(self.waiting) + len(self.running), self.config)
             if req.lora is not None:
                 self.check_lora(req.lora)
             req.key_offset = self.namespaces.key_offset(req.lora, msg.cache_salt)
