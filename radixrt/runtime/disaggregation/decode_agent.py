@@ -183,7 +183,8 @@ class DecodeAgent(Agent):
                 continue
             if now - peer.heard > PEER_SILENT_S:
                 error = (
-                    f"the prefill server {addr} stopped answering (nothing for {PEER_SILENT_S:g} s)"
+                    f"the prefill server {addr} stopped answering (nothing for "
+                    f"{PEER_SILENT_S:g} s; one with another --disaggregation-secret is never heard)"
                 )
                 for room in list(peer.rooms):
                     self._finish(room, "failed", error=error)
