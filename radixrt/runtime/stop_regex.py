@@ -138,6 +138,8 @@ class StopRegexSearch:
 
     def __init__(self, pattern: str):
         self.pattern = pattern
+        # built again in each process that searches (scheduler, detokenizer, Engine), not shipped:
+        # bounded, as the edge accepts only patterns built within its budget (stop_regex_check.py)
         self.fsm = _fsm(pattern)
         self.live: frozenset[int] = frozenset()  # automaton states of the matches still open
         self.memo: dict[tuple[frozenset[int], int], frozenset[int]] = {}
