@@ -19,7 +19,7 @@ from radixrt.runtime.messages import TokenizedGenerateReq
 
 
 class MemoryLink:
-    """Both ends of a link in one process; pump() does what the agents and Mooncake do."""
+    """Both ends of a link in one process; pump() does what the agents do."""
 
     def __init__(self, src_runner, dst_runner, page_size):
         self.src, self.dst, self.page_size = src_runner, dst_runner, page_size

@@ -1,8 +1,8 @@
 """The seam between the scheduler and the KV transfer of prefill-decode disaggregation.
 
 core/ decides which pages travel and when a request may use them; disaggregation/ moves the bytes
-(Mooncake) and talks to the peer server. They meet through `KVLink`; what comes back is one of the
-frozen events below, read with `KVLink.events()`.
+(over the pair's CURVE channel) and talks to the peer server. They meet through `KVLink`; what
+comes back is one of the frozen events below, read with `KVLink.events()`.
 """
 
 from __future__ import annotations
