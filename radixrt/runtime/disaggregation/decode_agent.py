@@ -154,12 +154,15 @@ class DecodeAgent(Agent):
                 raise PeerError(f"{count} pages past the {len(entry['pages'])} registered")
             self.pages.scatter(data[0].buffer, entry["pages"][start : start + count])
             entry["received"] = start + count
+            entry.setdefault("first_chunk_at", time.monotonic())
         elif op == "done":
             if entry["received"] != len(entry["pages"]):
                 raise PeerError(f"{entry['received']} of {len(entry['pages'])} pages came")
             first = check_first(msg.get("first"), self.vocab_size)
             num_bytes = self.pages.nbytes(len(entry["pages"]))
-            seconds = time.monotonic() - entry["since"]
+            # on the wire from the first chunk's arrival (the wait for the prefill server to compute
+            # the prompt is not the transfer's); all but the first chunk's own transit
+            seconds = time.monotonic() - entry.get("first_chunk_at", time.monotonic())
             stats = {"num_pages": len(entry["pages"]), "num_bytes": num_bytes, "seconds": seconds}
             self._finish(room, "arrived", first=first, **stats)
         elif op == "failed":
