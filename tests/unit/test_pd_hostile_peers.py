@@ -24,6 +24,7 @@ from test_pd_agents import (
 )
 
 from radixrt.runtime.core.pd_link import Bootstrap, KVArrived, KVFailed, KVSent
+from radixrt.runtime.disaggregation import prefill_agent
 from radixrt.runtime.disaggregation.channel import bootstrap_socket, close_bootstrap, peer_socket
 from radixrt.runtime.disaggregation.kv_layout import KVLayout
 from radixrt.runtime.disaggregation.page_bytes import PageBytes
@@ -232,4 +233,27 @@ def test_peers_without_the_secret_are_not_heard():
             s.close(linger=0)
         ctx.term()
         d.close()
+        p.close()
+
+
+def test_a_flood_of_registrations_and_cancels_is_bounded(monkeypatch):
+    monkeypatch.setattr(prefill_agent, "MAX_ROOMS", 4)
+    port = free_port()
+    p = prefill_link(pool(8, True), port)
+    ctx, peer = _fake_decode(port)
+    try:
+        for room in range(6):
+            _register(peer, room)
+        for room in range(100, 110):
+            peer.send(json.dumps({"op": "cancel", "room": room}).encode())
+        answers = _answers(peer, 1.5)
+        refused = [a for a in answers if a["op"] == "failed"]
+        assert [a["room"] for a in refused] == [4, 5] and "4 rooms" in refused[0]["error"]
+        assert sum(a["op"] == "cancelled" for a in answers) == 10
+        agent = p.agent
+        assert len(agent.regs) == 4 and len(agent.ended) == 4  # the oldest ended rooms forgotten
+        assert set(agent.ended) == {106, 107, 108, 109}
+    finally:
+        peer.close(linger=0)
+        ctx.term()
         p.close()

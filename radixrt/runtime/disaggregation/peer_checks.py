@@ -59,12 +59,6 @@ def check_first(first: Any, vocab_size: int) -> dict[str, Any]:
     }
 
 
-def check_seconds(v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e6:
-        raise PeerError("seconds must be a number in [0, 1e6)")
-    return float(v)
-
-
 def error_text(v: Any) -> str:
     """A peer's error message, as text of bounded length."""
     return (v if isinstance(v, str) else repr(v))[:MAX_ERROR_CHARS]

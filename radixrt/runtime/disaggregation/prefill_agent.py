@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 8 << 20  # the pages travel in messages of about this size (whole pages each)
 MAX_PAGES = 1 << 24
+# rooms registered and rooms remembered as ended: a decode server (even an authenticated one) names
+# them, so neither table may grow without bound; the oldest ended room is forgotten first
+MAX_ROOMS = 1 << 16
 
 
 def chunk_pages(bytes_per_page: int) -> int:
@@ -75,9 +78,15 @@ class PrefillAgent(Agent):
             if self.sends.pop(room, None) is not None:
                 self.emit("sent", room=room, error=msg["error"])
 
+    def _remember_ended(self, room: int, error: str) -> None:
+        self.ended.pop(room, None)
+        self.ended[room] = (error, time.monotonic())  # newest last
+        if len(self.ended) > MAX_ROOMS:
+            del self.ended[next(iter(self.ended))]
+
     def _end(self, room: int, error: str) -> None:
         """The room will not be sent: its registered decode side is told now, a later one then."""
-        self.ended[room] = (error, time.monotonic())
+        self._remember_ended(room, error)
         reg = self.regs.pop(room, None)
         if reg is not None:
             self._tell(reg["ident"], "failed", room=room, error=error)
@@ -111,7 +120,7 @@ class PrefillAgent(Agent):
             if reg is not None and reg["ident"] != ident:
                 return  # only the decode server that registered a room may cancel it
             self.regs.pop(room, None)
-            self.ended[room] = ("cancelled by the decode server", time.monotonic())
+            self._remember_ended(room, "cancelled by the decode server")
             if self.sends.pop(room, None) is not None:
                 self.emit("sent", room=room, error="cancelled by the decode server")
             self._tell(ident, "cancelled", room=room)
@@ -122,6 +131,9 @@ class PrefillAgent(Agent):
             return
         if room in self.regs:  # the first registration stands; the second learns why not
             self._tell(ident, "failed", room=room, error=f"room {room} is already registered")
+            return
+        if len(self.regs) >= MAX_ROOMS:
+            self._tell(ident, "failed", room=room, error=f"{MAX_ROOMS} rooms already registered")
             return
         try:
             reg = {
@@ -144,7 +156,7 @@ class PrefillAgent(Agent):
         send, reg = self.sends.pop(room), self.regs.pop(room)
         started = time.perf_counter()
         # a room is sent once: a later registration of it is refused
-        self.ended[room] = (f"room {room} was already sent", time.monotonic())
+        self._remember_ended(room, f"room {room} was already sent")
         pages = send["pages"][reg["start"] :]
         try:
             self.layout.check_same(reg["layout"])
@@ -183,7 +195,7 @@ class PrefillAgent(Agent):
                 f"the decode server did not ask for the KV within {limit:g} s "
                 "(--disaggregation-transfer-timeout)"
             )
-            self.ended[room] = (error, now)
+            self._remember_ended(room, error)
             self.emit("sent", room=room, error=error)
         for room in [r for r, g in self.regs.items() if now - g["since"] > limit]:
             self._end(room, f"no request for this room reached the prefill server in {limit:g} s")
