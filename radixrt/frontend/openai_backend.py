@@ -7,11 +7,15 @@ would on the Engine. Chat (`is_chat_model=True`, the default for OpenAI's own mo
 sends the finished messages to /v1/chat/completions; the gen must then open the assistant's turn
 (`s += sgl.assistant(sgl.gen(...))`), as in SGLang's OpenAI backend.
 
-What is approximate: `select` has no prompt logprobs to rank choices by over this API (OpenAI's
-completions cannot echo the prompt's logprobs), so it generates one of the choices greedily under a
-regex constraint (a server without `regex` support generates freely and the choice the text starts
-with, or else the nearest, is taken); its meta_info says so. Constraints: regex (and gen dtype) go
-as the `regex` extra field (radixrt, SGLang and vLLM take it); json_schema as `response_format`.
+`select` in completion mode ranks the choices by their prompt logprobs, as on the Engine: one
+/v1/completions request with each prefix + choice as a prompt, `echo=True, logprobs=0, max_tokens=0`
+(the legacy OpenAI way; vLLM answers it); a choice's tokens are those ending past the prefix (text
+offsets counted from the end: a token merged across the boundary is the choice's). Where the server
+refuses that (a 400: radixrt's own server, OpenAI's hosted models) and in chat mode it is
+approximate: a greedy generation of one of the choices under a regex constraint (a server ignoring
+`regex` generates freely and the choice the text starts with, or else the nearest, is taken);
+meta_info says which ran. Constraints: regex (and gen dtype) go as the `regex` extra field (radixrt,
+SGLang); json_schema as `response_format` (vLLM's structured outputs take it too).
 Logprobs, pins and cache administration are not available here and raise NotImplementedError naming
 them.
 """
@@ -27,7 +31,7 @@ import requests
 
 from radixrt.frontend import chat_template as ct
 from radixrt.frontend.backends import Backend
-from radixrt.frontend.choices import ChoicesDecision
+from radixrt.frontend.choices import BUILTIN_METHODS, ChoicesDecision
 
 # completion models among OpenAI's own (the rest of its models are chat models)
 COMPLETION_MODELS = ("gpt-3.5-turbo-instruct", "babbage-002", "davinci-002")
@@ -70,6 +74,7 @@ class OpenAI(Backend):
             else is_chat_model
         )
         self.wants_messages = self.is_chat_model  # the interpreter passes the finished messages
+        self._echo_logprobs: bool | None = None  # does the server echo prompt logprobs? (select)
         if chat_template is not None:
             self.set_chat_template(chat_template)
 
@@ -214,8 +219,63 @@ class OpenAI(Backend):
         program_id: str | None = None,
         messages: list[dict] | None = None,
     ) -> ChoicesDecision:
-        """Approximate (see the module docstring): a greedy generation constrained to the
-        choices."""
+        """By prompt logprobs where the server echoes them, else approximate (module docstring)."""
+        unconditional = getattr(choices_method, "requires_unconditional_logprobs", False)
+        scored = None
+        if not self.is_chat_model and self._echo_logprobs is not False:
+            scored = self._echo_scores(prefix, choices, unconditional)
+        if scored is None:
+            return self._select_by_generation(prefix, choices, program_id, messages)
+        kwargs = dict(
+            choices=choices,
+            input_token_logprobs=scored[0],
+            output_token_logprobs=[[] for _ in choices],
+            unconditional_token_logprobs=scored[1],
+        )
+        if isinstance(choices_method, BUILTIN_METHODS):
+            kwargs.update(temperature=temperature, rng=self._rng)
+        decision = choices_method(**kwargs)
+        info = {"method": "prompt logprobs (echo)", **(decision.meta_info or {})}
+        return ChoicesDecision(decision.decision, info)
+
+    def _echo_scores(self, prefix: str, choices: list[str], unconditional: bool) -> tuple | None:
+        """Per choice, the (logprob, None, token) entries of its own tokens given the prefix (and
+        with `unconditional`, of the same tokens alone); None where the server refuses echo."""
+        echoed = self._echo([prefix + c for c in choices])
+        if echoed is None:
+            return None
+        cond = [_tail_entries(lp, len(c)) for lp, c in zip(echoed, choices)]
+        if not unconditional:
+            return cond, None
+        own = self._echo(["".join(e[2] for e in entries) for entries in cond])
+        return None if own is None else (cond, [_tail_entries(lp, 1 << 30) for lp in own])
+
+    def _echo(self, texts: list[str]) -> list[Any] | None:
+        """Each text's echoed prompt logprobs, from one /v1/completions request that generates
+        nothing; None, and not asked again, when the server refuses echo with logprobs."""
+        import openai
+
+        echoed = None
+        try:
+            response = self.client.completions.create(
+                model=self.model_name, prompt=texts, echo=True, logprobs=0, max_tokens=0
+            )
+            echoed = [c.logprobs for c in sorted(response.choices, key=lambda c: c.index)]
+            self._echo_logprobs = len(echoed) == len(texts) and all(
+                lp is not None and lp.tokens and lp.text_offset for lp in echoed
+            )
+        except (openai.BadRequestError, openai.UnprocessableEntityError):
+            self._echo_logprobs = False
+        return echoed if self._echo_logprobs else None
+
+    def _select_by_generation(
+        self,
+        prefix: str,
+        choices: list[str],
+        program_id: str | None,
+        messages: list[dict] | None,
+    ) -> ChoicesDecision:
+        """Approximate: a greedy generation constrained to the choices."""
         pattern = "(?:" + "|".join(re.escape(c) for c in choices) + ")"
         params = {"max_new_tokens": MAX_CHOICE_TOKENS, "temperature": 0.0, "regex": pattern}
         text, meta = self.generate(prefix, params, program_id, messages=messages)
@@ -246,3 +306,14 @@ class OpenAI(Backend):
 
     def get_model_name(self) -> str:
         return self.model_name
+
+
+def _tail_entries(logprobs: Any, tail_chars: int) -> list[tuple]:
+    """The (logprob, None, token) entries of the echoed tokens that end within the text's last
+    `tail_chars` characters (a token across that boundary included; at least the last token).
+    Counted from the end, so a character split over byte-level tokens earlier on shifts nothing."""
+    tokens, values, offsets = logprobs.tokens, logprobs.token_logprobs, logprobs.text_offset
+    total = offsets[-1] + len(tokens[-1])
+    ends = [*offsets[1:], total]
+    first = next((i for i, end in enumerate(ends) if end > total - tail_chars), len(tokens) - 1)
+    return [(values[i], None, tokens[i]) for i in range(first, len(tokens))]

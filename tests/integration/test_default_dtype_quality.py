@@ -16,6 +16,8 @@ default does where a C++ compiler exists.
 import os
 import sys
 
+import pytest
+
 from radixrt import Engine
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
@@ -31,26 +33,28 @@ def test_default_dtype_top1_agreement_with_transformers_fp32(hf_model, tokenizer
     agreement(hf_model, tokenizer)
 
 
-def test_four_bit_weights_top1_agreement_with_transformers_fp32(hf_model, tokenizer, monkeypatch):
-    """The default keeps 4-bit copies of the default model's Q4 weights for steps of a few rows (decode
-    at small batch), which a teacher-forced prompt never takes: force them at every row count and hold
-    them to the same floor."""
-    from radixrt.runtime.model import int4_weight
+@pytest.mark.parametrize("quantization", ["int4", "int8", "w8a8_int8"])
+def test_each_integer_weight_form_top1_agreement_with_transformers_fp32(
+    hf_model, tokenizer, quantization
+):
+    """The default's weight plan (weight_plan.py) reads the Q4 GGUF's weights in the integer form
+    measured fastest per step size, and a teacher-forced prompt takes only the large-step one: force
+    each form at every row count (eager: the same math as the compiled graphs') and hold it to the
+    same floor."""
+    agreement(hf_model, tokenizer, quantization=quantization)
 
-    monkeypatch.setattr(int4_weight, "MAX_ROWS", 1 << 30)
-    agreement(hf_model, tokenizer, need_int4=True)
 
-
-def agreement(hf_model, tokenizer, need_int4: bool = False) -> None:
-    engine = Engine(enable_torch_compile=True)
-    model = engine.scheduler.runner.model
-    if need_int4 and model.layers[0].qkv.int4 is None:
+def agreement(hf_model, tokenizer, quantization: str | None = None) -> None:
+    if quantization is None:
+        engine = Engine(enable_torch_compile=True)
+    else:
+        engine = Engine(quantization=quantization, disable_torch_compile=True)
+    runner = engine.scheduler.runner
+    if quantization is not None and not runner.int_copies:
         engine.shutdown()
-        import pytest
-
-        pytest.skip(f"no 4-bit copies on this machine (dtype {engine.scheduler.runner.dtype_name})")
+        pytest.skip(f"no integer weight forms here (device {runner.device})")
     try:
-        dtype = engine.scheduler.runner.dtype_name
+        dtype = runner.dtype_name
         agree, total, _ = teacher_forced(
             engine, references(hf_model, tokenizer, QUESTIONS, NUM_TOKENS)
         )
@@ -58,10 +62,7 @@ def agreement(hf_model, tokenizer, need_int4: bool = False) -> None:
     finally:
         engine.shutdown()
     rate = agree / total
-    print(
-        f"default dtype {dtype}{' 4-bit weights' if need_int4 else ''}: top-1 agreement {agree}/{total} = {rate:.4f}"
-    )
+    what = f"default dtype {dtype}" + (f", weights {quantization}" if quantization else "")
+    print(f"{what}: top-1 agreement {agree}/{total} = {rate:.4f}")
     assert total == len(QUESTIONS) * NUM_TOKENS
-    assert rate >= FLOOR, (
-        f"default dtype {dtype}: teacher-forced top-1 agreement {rate:.4f} < {FLOOR}"
-    )
+    assert rate >= FLOOR, f"{what}: teacher-forced top-1 agreement {rate:.4f} < {FLOOR}"

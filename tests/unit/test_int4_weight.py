@@ -1,13 +1,13 @@
 """4-bit copies of exactly-4-bit weights (model/int4_weight.py) against an independent truth: the codes
 are rebuilt into the float32 weight, the kernel's product is compared with x @ W^T in float32, and
-Linear picks the copy only for steps of a few rows."""
+Linear reads the copy for the row counts its plan gives it."""
 
 import pytest
 import torch
 
 from radixrt.runtime.model import int4_weight
 from radixrt.runtime.model.int4_weight import GROUP, Int4Weight
-from radixrt.runtime.model.linear import Linear
+from radixrt.runtime.model.linear import DENSE, INT4, MAX_ROWS, IntCopies, Linear
 
 pytestmark = pytest.mark.skipif(
     not int4_weight.available(), reason="this torch has no CPU int4 kernel"
@@ -46,29 +46,31 @@ def test_weights_that_are_not_four_bit_groups_get_none():
     assert Int4Weight.from_exact(torch.randn(16, GROUP + 1)) is None
 
 
-def test_linear_uses_the_copy_only_for_a_few_rows(monkeypatch):
+def test_linear_reads_the_copy_where_its_plan_says(monkeypatch):
     w = q4_weight(64, 2 * GROUP, seed=1)
-    lin = Linear(w.bfloat16(), int4=Int4Weight.from_exact(w))
+    lin = Linear(w.bfloat16(), copies=IntCopies.of(w))
+    lin.set_plan((4, INT4, MAX_ROWS, DENSE))
     calls = []
     # the 4-bit kernel, as Linear (and the compiled graphs' op) call it
     real = torch._weight_int4pack_mm_for_cpu
     monkeypatch.setattr(
         torch, "_weight_int4pack_mm_for_cpu", lambda x, *a: calls.append(x.shape[0]) or real(x, *a)
     )
-    for rows in (1, int4_weight.MAX_ROWS, int4_weight.MAX_ROWS + 1, 64):
+    for rows in (1, 4, 5, 64):
         # seeded: bf16 rounding against the tolerance is then the same every run
         x = torch.randn(rows, w.shape[1], generator=torch.Generator().manual_seed(rows)).bfloat16()
         out = lin(x).float()
         torch.testing.assert_close(
             out, x.float() @ w.t(), atol=0.02 * float(out.abs().max()), rtol=0.02
         )
-    assert calls == [1, int4_weight.MAX_ROWS]
-    # a float32 model (the token-exact parity path) or a biased linear never takes it
-    assert Linear(w, int4=Int4Weight.from_exact(w)).int4 is None
-    assert (
-        Linear(w.bfloat16(), bias=torch.zeros(64).bfloat16(), int4=Int4Weight.from_exact(w)).int4
-        is None
-    )
+    assert calls == [1, 4]
+    # a float32 model reads it too (its activations rounded to bf16 for the kernel)
+    lin32 = Linear(w, copies=IntCopies.of(w))
+    lin32.set_plan((MAX_ROWS, INT4))
+    x = torch.randn(3, w.shape[1], generator=torch.Generator().manual_seed(9))
+    out = lin32(x)
+    assert out.dtype == torch.float32 and lin32.weight is None
+    torch.testing.assert_close(out, x @ w.t(), atol=0.02 * float(out.abs().max()), rtol=0.02)
 
 
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K", "Q8_0"])

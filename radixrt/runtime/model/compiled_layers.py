@@ -38,7 +38,7 @@ from typing import Any, Callable
 
 import torch
 
-from radixrt.runtime.model import linear
+from radixrt.runtime.model import int8_weight, linear
 from radixrt.runtime.model.models import llama_layer
 from radixrt.runtime.model.models.llama_layer import LayerDims
 
@@ -64,6 +64,16 @@ def buckets(max_bs: int) -> list[Bucket]:
         Bucket("small batches", 2, max_bs),
         Bucket("large steps", max_bs + 1, MAX_TOKENS),
     ]
+
+
+def uniform_format(plan: tuple[int, ...], lo: int, hi: int) -> int | None:
+    """The one format a plan gives every row count in lo..hi, or None when it changes inside."""
+    formats, start = set(), 1
+    for i in range(0, len(plan), 2):
+        if plan[i] >= lo and start <= hi:
+            formats.add(plan[i + 1])
+        start = plan[i] + 1
+    return formats.pop() if len(formats) == 1 else None
 
 
 def compiler_missing(device: torch.device) -> str | None:
@@ -187,14 +197,27 @@ class CompiledLayers:
     """The compiled layer functions by bucket; model.forward calls attention_inputs / seam /
     final."""
 
-    def __init__(self, dims: LayerDims, max_bs: int, cache_dir: pathlib.Path):
+    def __init__(
+        self,
+        dims: LayerDims,
+        max_bs: int,
+        cache_dir: pathlib.Path,
+        plan: tuple[int, ...] = linear.DENSE_ONLY,
+    ):
+        """plan: the layers' weight plan (weight_plan.py); a bucket that reads int8 with dynamic
+        activations throughout has that path traced into its graphs."""
         self.buckets = buckets(max_bs)
         self.dims = LayerDims(**{**dims.__dict__, "compiled": True})
+        self.plan = plan
         self.cache_dir = cache_dir
         # (function name, bucket name) -> compiled
         self._graphs: dict[tuple[str, str], Callable] = {}
         self.num_compiles = 0  # graphs compiled (not loaded) in this process
         self.compile_seconds: dict[str, float] = {}
+
+    def dims_of(self, bucket: Bucket) -> LayerDims:
+        dynamic = uniform_format(self.plan, bucket.min_tokens, bucket.max_tokens) == linear.INT8_DYN
+        return LayerDims(**{**self.dims.__dict__, "int8_dynamic": dynamic})
 
     def bucket_of(self, num_tokens: int) -> Bucket:
         return next(b for b in self.buckets if b.min_tokens <= num_tokens <= b.max_tokens)
@@ -220,7 +243,7 @@ class CompiledLayers:
 
     def _load_or_compile(self, name: str, bucket: Bucket, args: tuple) -> Callable:
         flat, rebuild = flatten(args)
-        fn = partial(getattr(llama_layer, name), self.dims)
+        fn = partial(getattr(llama_layer, name), self.dims_of(bucket))
         path = self.cache_dir / self._key(name, bucket, flat, rebuild)
         if path.exists():
             try:
@@ -252,7 +275,7 @@ class CompiledLayers:
     def _key(self, name: str, bucket: Bucket, flat: list[torch.Tensor], rebuild: Callable) -> str:
         """What the compiled graph depends on: torch, the layer code, the dims, each input's dtype
         and shape (the token dim as the bucket), the constants (absent biases, out_features)."""
-        code = inspect.getsource(llama_layer) + inspect.getsource(linear)
+        code = "".join(inspect.getsource(m) for m in (llama_layer, linear, int8_weight))
         num_tokens = flat[0].shape[0]
         shapes = [
             (
@@ -263,7 +286,14 @@ class CompiledLayers:
             for t in flat
         ]
         text = repr(
-            (torch.__version__, code, self.dims, bucket, shapes, rebuild(list(range(len(flat)))))
+            (
+                torch.__version__,
+                code,
+                self.dims_of(bucket),
+                bucket,
+                shapes,
+                rebuild(list(range(len(flat)))),
+            )
         )
         return f"{name}-{bucket.min_tokens}-{hashlib.sha256(text.encode()).hexdigest()[:20]}"
 

@@ -7,7 +7,7 @@ groups as 4-bit codes instead of bf16 values reads a quarter of the bytes: on a 
 matmuls of a one-row step take 4 ms instead of 13 (benchmarks/bench_vs_vllm.py, batch-1). torch's
 CPU int4 kernel computes `(q - 8) * scale + zero` per group, so scale = d and zero = m + 8 d, both
 in bf16 (the zero refitted to the rounded scale). At more rows the kernel's dequantization costs
-more than the bytes it saves, so Linear uses this copy only up to MAX_ROWS rows.
+more than the bytes it saves: which row counts read this copy is weight_plan.py's measurement.
 
 Q4_0's groups ((q - 8) d) and Q4_K's 32-wide sub-blocks (d sc q - dmin m) are 4-bit grids too,
 though a group need not use its lowest or highest code: a group qualifies when its values lie on
@@ -20,9 +20,6 @@ from __future__ import annotations
 import torch
 
 GROUP = 32
-# int4 beats the bf16 GEMM up to here (one step's matmuls: 4.0 / 5.1 / 7.2 ms at 1 / 2 / 4 rows vs
-# ~13 ms bf16; 4x slower than bf16 at 16 rows in cache)
-MAX_ROWS = 4
 
 
 def available() -> bool:

@@ -1,20 +1,33 @@
-"""y = x W^T (+ b), with the weight prepacked for oneDNN where that is faster.
+"""y = x W^T (+ b), in the weight format the step's row count reads fastest (weight_plan.py).
 
-On a CPU with native bf16 (dtype_choice.py), oneDNN's GEMM reads a weight stored in its own blocked
-layout much faster than a plain row-major one: on a 2-core EPYC the default model's matmuls of a
-decode step take 18.5 ms instead of 29 ms at 16 rows, 13.4 instead of 19 at one row, and prefill
-chunks reach ~420 GFLOP/s instead of ~380 (benchmarks/bench_vs_vllm.py measures the engine). The
-packed weight serves any number of rows and gives the same values as F.linear. Elsewhere (float32,
-CUDA, a torch without the op) the weight stays a plain tensor and F.linear runs.
+A Linear may hold a weight in up to three forms:
+  dense     the model dtype's weight; on a CPU with native bf16 prepacked for oneDNN, whose GEMM
+            reads its own blocked layout much faster than a row-major one (13.4 ms instead of 19
+            for a one-row step of the default model on a 2-core EPYC)
+  int4      the exact 4-bit codes of a Q4 GGUF's groups (int4_weight.py)
+  int8      one int8 value per weight and a scale per output channel (int8_weight.py), read with
+            the activations as they are (int8) or quantised per row (int8-dyn)
+and a plan: for each range of row counts the format to read. A form no range reads is dropped once
+the plan is set, so only what runs is kept in memory. Without a plan the dense weight serves every
+row count.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
-from radixrt.runtime.model import int4_weight
+from radixrt.runtime.model import int4_weight, int8_weight
 from radixrt.runtime.model.int4_weight import Int4Weight
+from radixrt.runtime.model.int8_weight import Int8Weight
+
+# format codes in a plan (the operator below takes them as ints)
+DENSE, INT4, INT8, INT8_DYN = 0, 1, 2, 3
+FORMAT_NAMES = {DENSE: "dense", INT4: "int4", INT8: "int8", INT8_DYN: "int8-dyn"}
+MAX_ROWS = 1 << 30
+DENSE_ONLY = (MAX_ROWS, DENSE)  # a plan: (max rows, format, max rows, format, ...) ascending
 
 # The matmul as one operator that torch.compile'd graphs call (compiled_layers.py): Inductor lowers
 # oneDNN's packed linear only for frozen constants, and a graph whose weights are constants is one
@@ -24,20 +37,39 @@ from radixrt.runtime.model.int4_weight import Int4Weight
 # ~40 us, which is why it is not one.
 _LIB = torch.library.Library("radixrt", "DEF")
 _LIB.define(
-    "linear(Tensor x, Tensor w, Tensor? bias, Tensor? int4_packed, Tensor? int4_scales, "
-    "int out_features) -> Tensor"
+    "linear(Tensor x, Tensor? w, Tensor? bias, Tensor? int4_packed, Tensor? int4_scales, "
+    "Tensor? int8_weight, Tensor? int8_scales, int[] plan, int out_features) -> Tensor"
 )
 
 
-def linear_kernel(x, w, bias, int4_packed, int4_scales, out_features):
-    if int4_packed is not None and x.shape[0] <= int4_weight.MAX_ROWS:
-        return int4_weight.matmul(x, int4_packed, int4_scales)
-    if w.is_mkldnn:
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), w, bias, "none", [], "")
-    return F.linear(x, w, bias)
+def format_for(plan, rows: int) -> int:
+    for i in range(0, len(plan), 2):
+        if rows <= plan[i]:
+            return plan[i + 1]
+    return plan[-1]
 
 
-def _linear_shape(x, w, bias, int4_packed, int4_scales, out_features):
+def linear_kernel(x, w, bias, int4_packed, int4_scales, int8_q, int8_scales, plan, out_features):
+    fmt = format_for(plan, x.shape[0])
+    if fmt == DENSE:
+        if w.is_mkldnn:
+            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), w, bias, "none", [], "")
+        return F.linear(x, w, bias)
+    if fmt == INT4:  # the kernel takes bf16 activations
+        y = int4_weight.matmul(x.to(torch.bfloat16), int4_packed, int4_scales).to(x.dtype)
+    elif fmt == INT8:
+        y = int8_weight.matmul_weight_only(x, int8_q, int8_scales)
+    else:
+        y = int8_weight.matmul_dynamic(x, int8_q, int8_scales)
+    return y if bias is None else y + bias
+
+
+def run_format(fmt: int, x: torch.Tensor, args: tuple) -> torch.Tensor:
+    """One format of a Linear's op_args, whatever its plan (weight_plan.py's measurement)."""
+    return linear_kernel(x, *args[:6], (MAX_ROWS, fmt), args[7])
+
+
+def _linear_shape(x, w, bias, int4_packed, int4_scales, int8_q, int8_scales, plan, out_features):
     return x.new_empty((x.shape[0], out_features))
 
 
@@ -64,22 +96,35 @@ def can_prepack(weight: torch.Tensor) -> bool:
     return bool(supported()) if supported is not None else True
 
 
+@dataclass
+class IntCopies:
+    """A weight's integer forms, built from its unrounded float32 values (weight_plan.py picks)."""
+
+    int4: Int4Weight | None
+    int8: Int8Weight | None
+
+    @classmethod
+    def of(cls, weight: torch.Tensor) -> IntCopies:
+        return cls(Int4Weight.from_exact(weight), Int8Weight.from_float(weight))
+
+
 class Linear:
     def __init__(
         self,
         weight: torch.Tensor,
         bias: torch.Tensor | None = None,
         prepack: bool = True,
-        int4: Int4Weight | None = None,
+        copies: IntCopies | None = None,
     ):
-        """int4: the same weight as 4-bit groups (int4_weight.py), used for steps of at most
-        int4_weight.MAX_ROWS rows of a bf16 model; its bias-free matmul is the only difference."""
+        """copies: the same weight's integer forms (read once a plan says so: set_plan)."""
         self.out_features, self.in_features = weight.shape
         self.bias = bias
-        self.int4 = int4 if bias is None and weight.dtype == torch.bfloat16 else None
+        self.int4 = copies.int4 if copies else None
+        self.int8 = copies.int8 if copies else None
+        self.plan: tuple[int, ...] = DENSE_ONLY
         self.packed = prepack and can_prepack(weight)
         # the plain weight is dropped when packed: the packed copy is the only one kept
-        self.weight = weight
+        self.weight: torch.Tensor | None = weight
         if self.packed:
             try:
                 self.weight = torch.ops.mkldnn._reorder_linear_weight(
@@ -88,19 +133,41 @@ class Linear:
             except RuntimeError:  # the op exists but refuses this CPU: the plain path it is
                 self.packed = False
 
+    def formats(self) -> set[int]:
+        """The formats this Linear holds now."""
+        held = {DENSE: self.weight, INT4: self.int4, INT8: self.int8, INT8_DYN: self.int8}
+        return {f for f, form in held.items() if form is not None}
+
+    def set_plan(self, plan: tuple[int, ...]) -> None:
+        """Read each row range in its plan's format, where held (else int8, else dense); drop the
+        forms no range reads."""
+        fallback = INT8 if self.int8 is not None else DENSE
+        held = self.formats()
+        self.plan = tuple(v if i % 2 == 0 or v in held else fallback for i, v in enumerate(plan))
+        used = set(self.plan[1::2])
+        if DENSE not in used:
+            self.weight = None
+        if INT4 not in used:
+            self.int4 = None
+        if not used & {INT8, INT8_DYN}:
+            self.int8 = None
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, in_features] -> [T, out_features]."""
         return linear_kernel(x, *self.op_args())
 
     def op_args(self) -> tuple:
-        """What torch.ops.radixrt.linear takes after x: plain tensors, so a compiled graph can take
-        them as inputs (the same graph for every layer)."""
-        int4 = self.int4
+        """What torch.ops.radixrt.linear takes after x: plain tensors and ints, so a compiled graph
+        can take the tensors as inputs (the same graph for every layer)."""
+        int4, int8 = self.int4, self.int8
         return (
             self.weight,
             self.bias,
             int4.packed if int4 else None,
             int4.scales_and_zeros if int4 else None,
+            int8.qweight if int8 else None,
+            int8.scales if int8 else None,
+            list(self.plan),
             self.out_features,
         )
 

@@ -17,19 +17,26 @@ from __future__ import annotations
 
 import torch
 
-from radixrt.runtime.model.linear import Linear
+from radixrt.runtime.model.linear import DENSE, Linear
 
 BF16_MANTISSA_BITS = 7
 BLOCK = 64
 
 
 class LogitsHead:
-    def __init__(self, weight: torch.Tensor, int4=None):
+    def __init__(self, weight: torch.Tensor, copies=None):
         """weight [vocab, H]: the lm_head (or the tied embedding), kept plain for the recomputed
-        rows."""
-        self.linear = Linear(weight, int4=int4)
+        rows; copies: its integer forms (linear.IntCopies), read where the weight plan says."""
+        self.linear = Linear(weight, copies=copies)
         self.weight = weight  # the tied embedding's own tensor when tied: no second copy
-        self.refine = weight.dtype in (torch.bfloat16, torch.float16)
+
+    @property
+    def refine(self) -> bool:
+        """Whether the near-max logits are recomputed: the GEMM rounds its output to a half type,
+        or reads integer weights (whose error, ~0.01 at these logits, is well inside the margin)."""
+        return self.weight.dtype in (torch.bfloat16, torch.float16) or any(
+            f != DENSE for f in self.linear.plan[1::2]
+        )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [R, H] in the model dtype -> logits [R, vocab] float32."""

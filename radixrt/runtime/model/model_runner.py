@@ -11,7 +11,7 @@ import torch
 from radixrt.kernels.kv_quant import KV_CACHE_DTYPES
 from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.core.plan import ItemResult, PlanItem
-from radixrt.runtime.model import compiled_layers, int4_weight, kv_tier, tp
+from radixrt.runtime.model import compiled_layers, kv_tier, linear, tp, weight_plan
 from radixrt.runtime.model.dtype_choice import pick_dtype
 from radixrt.runtime.model.forward_batch import build_forward_batch
 from radixrt.runtime.model.kv_cache import KVCache, ReqToSlotTable
@@ -69,7 +69,7 @@ class ModelRunner:
             )
 
     def _load_model(self, config: ServerConfig) -> None:
-        """The weights (this rank's shard; 4-bit copies where they apply), tokenizer and EOS ids."""
+        """The weights (this rank's shard; integer forms where they apply), tokenizer, EOS ids."""
         from radixrt.runtime.model import gguf_weights
         from radixrt.runtime.model.models.registry import model_class
         from radixrt.runtime.model.weights import (
@@ -90,41 +90,28 @@ class ModelRunner:
                 f"{cls.__name__}: tensor parallelism is not supported yet (--tp-size 1)"
             )
         self.model = cls(hf_config, self.dtype, self.device, shard, self.tp)
-        int4 = (
-            self.model.supports_int4
-            and config.quantization == "auto"
-            and self.dtype == torch.bfloat16
-            and self.device.type == "cpu"
-            and int4_weight.available()
+        quantized = gguf_weights.is_quantized_dir(model_dir) and any(
+            t not in ("F32", "F16", "BF16") for t in gguf_weights.quantization_types(model_dir)
+        )
+        self.int_copies = (
+            self.model.supports_int_copies
+            and weight_plan.wants_copies(config.quantization, quantized, self.device)
             and shard is None  # 4-bit groups are not cut along ranks
         )
-        # the 4-bit copies are recovered from the unrounded float32 weights
-        state = load_state_dict(model_dir, torch.float32 if int4 else self.dtype)
+        # the integer forms are built from the unrounded float32 weights
+        state = load_state_dict(model_dir, torch.float32 if self.int_copies else self.dtype)
         if shard:
             state = shard_state_dict(self.model.standard_names(state), hf_config, shard)
-        self.model.load_weights(state, int4=int4)
+        self.model.load_weights(state, copies=self.int_copies)
         if gguf_weights.is_quantized_dir(model_dir):
             log.info(
                 "GGUF tensors %s, dequantised into %s at load",
                 gguf_weights.quantization_types(model_dir), self.dtype,
             )  # fmt: skip
-        if int4:
-            self._log_int4()
         self.vocab_size = self.model.vocab_size
         self.eos_token_ids = eos_token_ids(hf_config, model_dir, self.tokenizer)
         max_context = self.model.max_context
         self.context_length = min(config.context_length or max_context, max_context)
-
-    def _log_int4(self) -> None:
-        layers = self.model.layers
-        linears = [lin for ly in layers for lin in (ly.qkv, ly.o, ly.gate_up, ly.down)]
-        linears.append(self.model.lm_head.linear)
-        log.info(
-            "4-bit copies for steps of <= %d rows: %d of %d linear weights are exact 4-bit groups",
-            int4_weight.MAX_ROWS,
-            sum(lin.int4 is not None for lin in linears),
-            len(linears),
-        )
 
     def _make_pool(self, config: ServerConfig) -> None:
         """The KV pool, the req->slot table and the attention backend."""
@@ -178,12 +165,19 @@ class ModelRunner:
         why_eager = compiled_layers.why_eager(config, self.device, self.tp is not None)
         if not why_eager and not self.model.compilable:
             why_eager = f"{type(self.model).__name__} runs its layers eager"
+        plan = linear.DENSE_ONLY
+        if self.int_copies:
+            buckets = [(b.min_tokens, b.max_tokens) for b in compiled_layers.buckets(
+                config.torch_compile_max_bs)]  # fmt: skip
+            plan = weight_plan.apply(
+                self.model, config.quantization, buckets, not why_eager, self.dtype, cache_root()
+            )
         if why_eager:
             log.info("torch.compile off: %s; the model runs eager", why_eager)
             return
         compiled_layers.use_inductor_cache(str(cache_root()))
         self.graphs = compiled_layers.CompiledLayers(
-            self.model.eager_dims, config.torch_compile_max_bs, cache_root() / "compiled"
+            self.model.eager_dims, config.torch_compile_max_bs, cache_root() / "compiled", plan
         )
         self.graphs.warm_up(self._warm_up_forward)
 

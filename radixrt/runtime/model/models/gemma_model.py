@@ -32,7 +32,7 @@ from radixrt.runtime.model.models.positions import rope_tables
 
 
 class GemmaFamilyForCausalLM(LlamaForCausalLM):
-    compilable = supports_tp = supports_lora = supports_int4 = False
+    compilable = supports_tp = supports_lora = supports_int_copies = False
     layerwise = True
 
     def __init__(self, hf_config, dtype=torch.float32, device="cpu", shard=None, tp=None):
@@ -55,9 +55,9 @@ class GemmaFamilyForCausalLM(LlamaForCausalLM):
                 f"hidden_activation {act!r} is not supported (expected gelu_pytorch_tanh)"
             )
 
-    def load_weights(self, state_dict: dict[str, torch.Tensor], int4: bool = False) -> None:
+    def load_weights(self, state_dict: dict[str, torch.Tensor], copies: bool = False) -> None:
         self.ff_norms = []
-        super().load_weights(state_dict, int4)
+        super().load_weights(state_dict, copies)
         self.final_norm = 1.0 + self.final_norm
 
     def _read_layer(self, r: WeightReader, i: int, s: WeightShapes) -> LayerWeights:

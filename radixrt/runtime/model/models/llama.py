@@ -38,7 +38,7 @@ class LlamaForCausalLM:
     compilable = True  # the seams as torch.compile'd graphs (compiled_layers.py)
     supports_tp = True  # tensor parallel shards (tp_shard.py)
     supports_lora = True  # LoRA adapters on its projections (lora_pool.py)
-    supports_int4 = True  # 4-bit copies of a Q4 GGUF's weights (int4_weight.py)
+    supports_int_copies = True  # integer forms of a quantised checkpoint (weight_plan.py)
     layerwise = False  # every layer eager and one at a time (its feed-forward is its own)
 
     def __init__(
@@ -96,12 +96,12 @@ class LlamaForCausalLM:
         self.final_norm: torch.Tensor | None = None
         self.lm_head: LogitsHead | None = None
 
-    def load_weights(self, state_dict: dict[str, torch.Tensor], int4: bool = False) -> None:
+    def load_weights(self, state_dict: dict[str, torch.Tensor], copies: bool = False) -> None:
         """Takes HF parameter names (model.layers.N.self_attn.q_proj.weight, ...); fuses as it goes
-        (llama_weights.py). int4: also keep a 4-bit copy of every linear weight that is exactly
-        4-bit groups (a Q4 GGUF's), for steps of a few rows (int4_weight.py); the state dict must
-        then be float32, unrounded."""
-        r = WeightReader(self.standard_names(state_dict), self.device, self.dtype, int4)
+        (llama_weights.py). copies: also build every linear weight's integer forms
+        (linear.IntCopies; the runner's weight plan picks which each step size reads); the state
+        dict must then be float32, unrounded."""
+        r = WeightReader(self.standard_names(state_dict), self.device, self.dtype, copies)
         s = WeightShapes(
             self.hidden_size,
             self.head_dim,

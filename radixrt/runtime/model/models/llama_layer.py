@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from radixrt.runtime.model import int8_weight
 from radixrt.runtime.model.linear import linear_kernel
 
 Reduce = Callable[[torch.Tensor], torch.Tensor]
@@ -43,6 +44,9 @@ class LayerDims:
     attn_dtype: torch.dtype  # q/k/v as attention reads them
     # matmuls through torch.ops.radixrt.linear (graph-safe) instead of the kernel
     compiled: bool = False
+    # a compiled bucket whose weight plan reads int8 with dynamically quantised activations: the
+    # quantisation and rescale are traced into the graph around the integer GEMM (fused there)
+    int8_dynamic: bool = False
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -63,6 +67,11 @@ def norm(d: LayerDims, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def linear(d: LayerDims, x: torch.Tensor, args: tuple) -> torch.Tensor:
+    """x [T, K] times a Linear (its op_args) -> [T, N]."""
+    if d.int8_dynamic:
+        bias = args[1]
+        y = int8_weight.matmul_dynamic(x, args[4], args[5])
+        return y if bias is None else y + bias
     if d.compiled:
         return torch.ops.radixrt.linear(x, *args)
     return linear_kernel(x, *args)

@@ -3,7 +3,7 @@
 HF parameter names (model.layers.N.self_attn.q_proj.weight, ...) map onto fused weights: q/k/v
 into one qkv Linear, gate/up into one gate_up, Qwen3's per-head q/k norms stacked into one tensor.
 Each weight's shape is checked, a missing or a left-over weight is an error naming it, and with
-int4 a 4-bit copy is kept of every linear weight that is exactly 4-bit groups (int4_weight.py).
+copies every linear weight also gets its integer forms (linear.IntCopies: int4 where exact, int8).
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from typing import Any
 
 import torch
 
-from radixrt.runtime.model.int4_weight import Int4Weight
-from radixrt.runtime.model.linear import Linear
+from radixrt.runtime.model.linear import IntCopies, Linear
 from radixrt.runtime.model.logits_head import LogitsHead
 
 
@@ -54,11 +53,11 @@ class WeightReader:
         state_dict: dict[str, torch.Tensor],
         device: torch.device,
         dtype: torch.dtype,
-        int4: bool,
+        copies: bool,
     ):
         self.sd = {k.removeprefix("model."): v for k, v in state_dict.items()}
         self.used: set[str] = set()
-        self.device, self.dtype, self.int4 = device, dtype, int4
+        self.device, self.dtype, self.copies = device, dtype, copies
 
     def take(self, name: str, required: bool = True) -> torch.Tensor | None:
         if name not in self.sd:
@@ -68,9 +67,9 @@ class WeightReader:
         self.used.add(name)
         return self.sd[name].to(device=self.device, dtype=self.dtype)
 
-    def int4_of(self, *names: str) -> Int4Weight | None:
-        """The 4-bit copy of these weights stacked (None unless reading with int4, or inexact)."""
-        return Int4Weight.from_exact(torch.cat([self.sd[n] for n in names])) if self.int4 else None
+    def int_copies(self, *names: str) -> IntCopies | None:
+        """The integer forms of these weights stacked (None unless reading with copies)."""
+        return IntCopies.of(torch.cat([self.sd[n] for n in names])) if self.copies else None
 
     def check_all_used(self) -> None:
         """Refuse weights nothing took (an architecture this reader does not know)."""
@@ -100,7 +99,7 @@ def read_lm_head(
     tied = tie_word_embeddings or lm_head is None
     return LogitsHead(
         embed if tied else check_shape("lm_head.weight", lm_head, (s.vocab, s.hidden)),
-        int4=r.int4_of("embed_tokens.weight" if tied else "lm_head.weight"),
+        copies=r.int_copies("embed_tokens.weight" if tied else "lm_head.weight"),
     )
 
 
@@ -115,12 +114,12 @@ def read_layer(r: WeightReader, i: int, s: WeightShapes, dense: bool = True) -> 
         input_norm=check_shape(
             p + "input_layernorm", r.take(p + "input_layernorm.weight"), (H,)
         ).float(),
-        qkv=Linear(qkv_w, qkv_b, int4=r.int4_of(*(attn + n + "_proj.weight" for n in "qkv"))),
+        qkv=Linear(qkv_w, qkv_b, copies=r.int_copies(*(attn + n + "_proj.weight" for n in "qkv"))),
         qk_norm=qk_norm,
         o=Linear(
             check_shape(attn + "o_proj", r.take(attn + "o_proj.weight"), (H, Hq * D)),
             r.take(attn + "o_proj.bias", required=False),  # Llama attention_bias=True
-            int4=r.int4_of(attn + "o_proj.weight"),
+            copies=r.int_copies(attn + "o_proj.weight"),
         ),
         post_norm=check_shape(
             p + "post_attention_layernorm", r.take(p + "post_attention_layernorm.weight"), (H,)
@@ -137,11 +136,11 @@ def read_mlp(r: WeightReader, mlp: str, H: int, I: int) -> dict[str, Linear]:
     return {
         "gate_up": Linear(
             check_shape(mlp + "gate_up", torch.cat((gate, up), dim=0), (2 * I, H)),
-            int4=r.int4_of(mlp + "gate_proj.weight", mlp + "up_proj.weight"),
+            copies=r.int_copies(mlp + "gate_proj.weight", mlp + "up_proj.weight"),
         ),
         "down": Linear(
             check_shape(mlp + "down_proj", r.take(mlp + "down_proj.weight"), (H, I)),
-            int4=r.int4_of(mlp + "down_proj.weight"),
+            copies=r.int_copies(mlp + "down_proj.weight"),
         ),
     }
 

@@ -1,0 +1,220 @@
+"""Which weight format each step size reads, measured on the machine the engine runs on.
+
+A quantised checkpoint (a Q4 GGUF such as the default model's) is kept in integer forms
+(linear.py): its exact 4-bit codes where they are exact, int8 per output channel everywhere. Which
+one a step reads depends on the step's row count and the machine: at one to a few rows the matmuls
+stream the weights and the 4-bit codes read the fewest bytes; at more rows they are bound by
+arithmetic and an int8 GEMM over dynamically quantised activations (VNNI / AVX2 integer dot
+products) does the most per cycle; where the CPU multiplies bf16 natively its oneDNN GEMM may beat
+both. No rule of thumb holds on every CPU (a 2-core Zen 4 EPYC: 4-bit 4.7 ms a one-row step
+against bf16's 15; at 256 rows int8 83 ms against bf16's 188), so the engine times each candidate
+over the model's own linears at each bucket's row counts, picks the fastest per bucket, logs the
+table and caches it under $RADIXRT_CACHE_DIR keyed by the CPU, torch and the shapes.
+
+Under a compiled model the dynamic int8 path's activation quantisation and rescale are fused into
+the graph's loops around the integer GEMM (llama_layer.linear), so that candidate is timed as the
+GEMM alone; eager, as the whole eager sequence it runs.
+
+--quantization: auto (measured, among the integer forms for a quantised checkpoint; dense for a
+float one), none (dense only), int4 / int8 / w8a8_int8 (that form at every row count, int8 where
+a weight has no exact 4-bit form).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import pathlib
+import time
+from typing import Sequence
+
+import torch
+
+from radixrt.runtime.model import int8_weight
+from radixrt.runtime.model.dtype_choice import cpu_flags
+from radixrt.runtime.model.linear import (
+    DENSE,
+    FORMAT_NAMES,
+    INT4,
+    INT8,
+    INT8_DYN,
+    MAX_ROWS,
+    Linear,
+    run_format,
+)
+
+log = logging.getLogger(__name__)
+
+CHOICES = ("auto", "none", "int4", "int8", "w8a8_int8")
+FORCED = {"int4": INT4, "int8": INT8, "w8a8_int8": INT8_DYN}
+PLAN_FILE = "weight_plans.json"
+
+
+def wants_copies(quantization: str, quantized_checkpoint: bool, device: torch.device) -> bool:
+    """Whether the loader builds integer copies (from the unrounded float32 weights)."""
+    if device.type != "cpu" or quantization == "none" or not int8_weight.available():
+        return False
+    return quantization in FORCED or quantized_checkpoint
+
+
+def probe_rows(buckets: Sequence[tuple[int, int]]) -> list[list[int]]:
+    """The row counts each (min, max) bucket is timed at: its ends and their geometric middle (the
+    large-step bucket at 512 rows: a prompt chunk)."""
+    out = []
+    for lo, hi in buckets:
+        if hi >= MAX_ROWS or hi > 4096:
+            out.append([max(lo, 512)])
+        else:
+            mid = round((lo * hi) ** 0.5)
+            out.append(sorted({lo, mid, hi}))
+    return out
+
+
+def candidates(linears: Sequence[Linear], quantization: str) -> list[int]:
+    """The integer forms every linear can read (int4 where all layer weights have it)."""
+    if quantization in FORCED:
+        return [FORCED[quantization]]
+    held = set.intersection(*(lin.formats() for lin in linears))
+    return [f for f in (INT4, INT8, INT8_DYN) if f in held]
+
+
+# at this many rows a pass is bound by arithmetic, not by streaming the weights: a few layers' worth
+# of linears times it as well as all of them
+COMPUTE_BOUND_ROWS = 64
+COMPUTE_BOUND_LINEARS = 8
+
+
+def _time_pass(linears: Sequence[Linear], fmt: int, rows: int, compiled: bool, dtype) -> float:
+    """Seconds of one pass of every linear at `rows` rows in format fmt (best of 2 after a warm
+    pass); past COMPUTE_BOUND_ROWS, of the first few linears scaled to all of them."""
+    subset = list(linears[:COMPUTE_BOUND_LINEARS]) if rows >= COMPUTE_BOUND_ROWS else list(linears)
+    inputs = {}
+    for lin in subset:
+        if lin.in_features not in inputs:
+            inputs[lin.in_features] = torch.randn(rows, lin.in_features).to(dtype)
+    if fmt == INT8_DYN and compiled:  # the GEMM alone: the graph fuses the rest
+        quantized = {k: int8_weight.quantize_rows(x)[0] for k, x in inputs.items()}
+
+        def one(lin):
+            torch._int_mm(quantized[lin.in_features], lin.int8.qweight.t())
+    else:
+
+        def one(lin):
+            run_format(fmt, inputs[lin.in_features], lin.op_args())
+
+    best = float("inf")
+    for rep in range(3):
+        t0 = time.perf_counter()
+        for lin in subset:
+            one(lin)
+        if rep:
+            best = min(best, time.perf_counter() - t0)
+    return best * len(linears) / len(subset)
+
+
+def _key(linears, buckets, cands, compiled, dtype) -> str:
+    cpu = ""
+    try:
+        cpu = next(
+            (ln for ln in pathlib.Path("/proc/cpuinfo").read_text().splitlines()
+             if ln.startswith("model name")), "",
+        )  # fmt: skip
+    except OSError:
+        pass
+    shapes = sorted({(lin.out_features, lin.in_features) for lin in linears})
+    machine = (torch.__version__, cpu, sorted(cpu_flags()), os.cpu_count(), torch.get_num_threads())
+    text = repr((machine, str(dtype), shapes, list(buckets), cands, compiled))
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def choose(
+    linears: Sequence[Linear],
+    buckets: Sequence[tuple[int, int]],
+    quantization: str,
+    compiled: bool,
+    dtype: torch.dtype,
+    cache_dir: pathlib.Path | None,
+) -> tuple[tuple[int, ...], dict]:
+    """(the plan: max rows, format, ... ascending, the table behind it). One format per bucket:
+    the one with the least total time over the bucket's probe rows."""
+    cands = candidates(linears, quantization)
+    if not cands:
+        return (MAX_ROWS, DENSE), {}
+    key = _key(linears, buckets, cands, compiled, dtype)
+    path = cache_dir / PLAN_FILE if cache_dir else None
+    cached = _read(path).get(key) if path else None
+    if cached:
+        return tuple(cached["plan"]), cached["table"]
+    table: dict = {}
+    plan: list[int] = []
+    for (lo, hi), rows in zip(buckets, probe_rows(buckets)):
+        times = {f: [_time_pass(linears, f, r, compiled, dtype) for r in rows] for f in cands}
+        best = min(cands, key=lambda f: sum(times[f]))
+        plan += [hi, best]
+        table[f"{lo}-{hi}"] = {
+            FORMAT_NAMES[f]: [round(t * 1e3, 2) for t in ts] for f, ts in times.items()
+        } | {"rows": rows, "picked": FORMAT_NAMES[best]}
+    if path:
+        _write(path, key, {"plan": plan, "table": table})
+    return tuple(plan), table
+
+
+def apply(
+    model,
+    quantization: str,
+    buckets: Sequence[tuple[int, int]],
+    compiled: bool,
+    dtype: torch.dtype,
+    cache_root: pathlib.Path,
+) -> tuple[int, ...]:
+    """Choose the plan over the model's linears (its layers' and the lm_head's), set it on every
+    one (dropping the forms it does not read) and log it."""
+    layers = [lin for ly in model.layers for lin in (ly.qkv, ly.o, ly.gate_up, ly.down)]
+    t0 = time.perf_counter()
+    plan, table = choose(layers, buckets, quantization, compiled, dtype, cache_root)
+    for lin in [*layers, model.lm_head.linear]:
+        lin.set_plan(plan)
+    exact4 = sum(lin.int4 is not None for lin in layers)
+    log.info(
+        "weights by step size: %s; %d of %d layer weights exact 4-bit, %.1f s",
+        describe(plan, table), exact4, len(layers), time.perf_counter() - t0,
+    )  # fmt: skip
+    return plan
+
+
+def describe(plan: Sequence[int], table: dict) -> str:
+    parts, lo = [], 1
+    for i in range(0, len(plan), 2):
+        hi = plan[i]
+        span = f"{lo}..{hi}" if hi < MAX_ROWS else f"{lo}+"
+        parts.append(f"{span} rows {FORMAT_NAMES[plan[i + 1]]}")
+        lo = hi + 1
+    measured = "; ".join(
+        f"{span} at {row['rows']} rows: "
+        + ", ".join(
+            f"{k} {'/'.join(map(str, v))} ms" for k, v in row.items() if k not in ("rows", "picked")
+        )  # fmt: skip
+        for span, row in table.items()
+    )
+    return ", ".join(parts) + (f" (measured: {measured})" if measured else "")
+
+
+def _read(path: pathlib.Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _write(path: pathlib.Path, key: str, entry: dict) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = _read(path) | {key: entry}
+        tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, path)
+    except OSError as e:
+        log.warning("weight plan: could not save %s: %s", path, e)
