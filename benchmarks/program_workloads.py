@@ -1,5 +1,6 @@
 """The DSL programs bench_programs.py runs: few-shot multiple choice (select), multi-turn
-chat, tree of thought (nested fork/join), JSON decode (json_schema), ReAct agent loop."""
+chat, tree of thought (nested fork/join), JSON decode (json_schema), ReAct agent loop, and
+long-document QA (one ~1,500-token synthetic report, many questions about it, one program each)."""
 
 from __future__ import annotations
 
@@ -140,6 +141,42 @@ def agent_loop(s, task, num_steps=3):
         s += f"Observation {step + 1}: {fact}\n"
 
 
+REGIONS = ["North", "South", "East", "West", "Central", "Coastal", "Mountain", "Valley"]
+PRODUCTS = ["pumps", "valves", "sensors", "filters", "motors", "cables", "meters", "gears"]
+MANAGERS = ["Ada Moss", "Ben Ortiz", "Cleo Park", "Dev Rao", "Eva Lind", "Finn Hale"]
+
+
+def _section(i: int) -> str:
+    region, product = REGIONS[i % len(REGIONS)], PRODUCTS[(i * 3 + i // 8) % len(PRODUCTS)]
+    units, staff = 120 + (i * 37) % 880, 8 + (i * 11) % 60
+    return (
+        f"Section {i + 1}. In quarter {i % 4 + 1} the {region} office, led by "
+        f"{MANAGERS[i % len(MANAGERS)]}, sold {units} {product} with a staff of {staff}. "
+        f"Returns were {(i * 7) % 19 + 1} percent and the backlog stood at {(i * 53) % 400} "
+        f"orders; the office rated customer service {(i * 5) % 10 + 1} out of 10.\n"
+    )
+
+
+# deterministic synthetic text: ~1,500 tokens of the default model's tokenizer
+LONG_DOCUMENT = (
+    "Annual operations report of the Harbor Instruments Company.\n\n"
+    + "".join(_section(i) for i in range(24))
+    + "End of report.\n"
+)
+LONG_DOC_QUESTIONS = [
+    f"How many {PRODUCTS[(i * 3 + i // 8) % len(PRODUCTS)]} did the {REGIONS[i % len(REGIONS)]} "
+    f"office sell in quarter {i % 4 + 1}?"
+    for i in range(0, 24, 3)
+] + [f"Who led the office described in section {i + 1}?" for i in range(1, 24, 3)]
+
+
+@sgl.function
+def long_document_qa(s, question):
+    s += sgl.system("Answer questions about the report in a few words.")
+    s += sgl.user("Report:\n" + LONG_DOCUMENT + "\nQuestion: " + question)
+    s += sgl.assistant(sgl.gen("answer", max_tokens=16, stop="\n"))
+
+
 def workloads(scale: int) -> dict[str, tuple]:
     def times(items: list) -> list:
         return [x for _ in range(scale) for x in items]
@@ -150,4 +187,5 @@ def workloads(scale: int) -> dict[str, tuple]:
         "tot": (tree_of_thought, times([{"question": q} for q in TOT_QUESTIONS])),
         "json": (json_decode, times([{"text": t} for t in JSON_TEXTS])),
         "agent": (agent_loop, times([{"task": t} for t in AGENT_TASKS])),
+        "longdoc": (long_document_qa, times([{"question": q} for q in LONG_DOC_QUESTIONS])),
     }
