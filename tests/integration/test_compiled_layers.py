@@ -43,7 +43,26 @@ def generate_varied(engine: Engine) -> list[list[int]]:
     return outs
 
 
-def test_compiled_equals_eager_and_never_recompiles(cache_env):
+def common_prefix_fraction(got: list[list[int]], want: list[list[int]]) -> float:
+    """The share of tokens before each sequence's first difference from its reference."""
+    same = 0
+    for g, w in zip(got, want, strict=True):
+        same += next((i for i, (a, b) in enumerate(zip(g, w)) if a != b), min(len(g), len(w)))
+    return same / sum(len(w) for w in want)
+
+
+def compile_count() -> int:
+    """Graphs AOTAutograd has compiled in this process (every Inductor compile goes through it)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["aot_autograd"]["total"])
+
+
+# dense weights; int8 weights x dynamically quantised activations at every row count (the plan's
+# form traced into the graphs, quantisation fused there)
+@pytest.mark.parametrize("quantization", ["none", "w8a8_int8"])
+def test_compiled_equals_eager_and_never_recompiles(cache_env, quantization):
+    cache_env = {**cache_env, "quantization": quantization}
     eager = Engine(**cache_env, disable_torch_compile=True)
     try:
         assert eager.scheduler.runner.graphs is None
@@ -55,9 +74,14 @@ def test_compiled_equals_eager_and_never_recompiles(cache_env):
         graphs = engine.scheduler.runner.graphs
         # 3 functions x 3 buckets, at start-up
         assert graphs is not None and graphs.num_compiles == 9
+        compiled_at_start = compile_count()
         got = generate_varied(engine)
         assert graphs.num_compiles == 9, "a graph was compiled after start-up"
-        assert got == want
+        assert compile_count() == compiled_at_start, "Inductor compiled after start-up"
+        if quantization == "none":
+            assert got == want
+        else:  # the graph fuses quantisation differently: a near tie may flip, garbage would not
+            assert common_prefix_fraction(got, want) >= 0.8, (got, want)
         engine.check_integrity()
     finally:
         engine.shutdown()
@@ -65,7 +89,7 @@ def test_compiled_equals_eager_and_never_recompiles(cache_env):
     again = Engine(**cache_env, enable_torch_compile=True)
     try:
         assert again.scheduler.runner.graphs.num_compiles == 0
-        assert generate_varied(again) == want
+        assert common_prefix_fraction(generate_varied(again), got) == 1.0
     finally:
         again.shutdown()
 

@@ -6,9 +6,17 @@ import pytest
 import torch
 
 from radixrt.runtime.model import int8_weight, linear
-from radixrt.runtime.model.compiled_layers import uniform_format
 from radixrt.runtime.model.int8_weight import Int8Weight
-from radixrt.runtime.model.linear import DENSE, INT4, INT8, INT8_DYN, MAX_ROWS, IntCopies, Linear
+from radixrt.runtime.model.linear import (
+    DENSE,
+    INT4,
+    INT8,
+    INT8_DYN,
+    MAX_ROWS,
+    IntCopies,
+    Linear,
+    uniform_format,
+)
 
 pytestmark = pytest.mark.skipif(not int8_weight.available(), reason="no int8 CPU kernels")
 

@@ -66,16 +66,6 @@ def buckets(max_bs: int) -> list[Bucket]:
     ]
 
 
-def uniform_format(plan: tuple[int, ...], lo: int, hi: int) -> int | None:
-    """The one format a plan gives every row count in lo..hi, or None when it changes inside."""
-    formats, start = set(), 1
-    for i in range(0, len(plan), 2):
-        if plan[i] >= lo and start <= hi:
-            formats.add(plan[i + 1])
-        start = plan[i] + 1
-    return formats.pop() if len(formats) == 1 else None
-
-
 def compiler_missing(device: torch.device) -> str | None:
     """Why Inductor cannot compile here, or None. On a CPU its generated code is C++: it needs a
     compiler."""
@@ -216,7 +206,10 @@ class CompiledLayers:
         self.compile_seconds: dict[str, float] = {}
 
     def dims_of(self, bucket: Bucket) -> LayerDims:
-        dynamic = uniform_format(self.plan, bucket.min_tokens, bucket.max_tokens) == linear.INT8_DYN
+        dynamic = (
+            linear.uniform_format(self.plan, bucket.min_tokens, bucket.max_tokens)
+            == linear.INT8_DYN
+        )
         return LayerDims(**{**self.dims.__dict__, "int8_dynamic": dynamic})
 
     def bucket_of(self, num_tokens: int) -> Bucket:

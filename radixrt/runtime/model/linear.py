@@ -49,6 +49,16 @@ def format_for(plan, rows: int) -> int:
     return plan[-1]
 
 
+def uniform_format(plan: tuple[int, ...], lo: int, hi: int) -> int | None:
+    """The one format a plan gives every row count in lo..hi, or None when it changes inside."""
+    formats, start = set(), 1
+    for i in range(0, len(plan), 2):
+        if plan[i] >= lo and start <= hi:
+            formats.add(plan[i + 1])
+        start = plan[i] + 1
+    return formats.pop() if len(formats) == 1 else None
+
+
 def linear_kernel(x, w, bias, int4_packed, int4_scales, int8_q, int8_scales, plan, out_features):
     fmt = format_for(plan, x.shape[0])
     if fmt == DENSE:

@@ -188,7 +188,7 @@ def describe(plan: Sequence[int], table: dict) -> str:
     parts, lo = [], 1
     for i in range(0, len(plan), 2):
         hi = plan[i]
-        span = f"{lo}..{hi}" if hi < MAX_ROWS else f"{lo}+"
+        span = f"{lo}..{hi}" if hi < 1 << 20 else f"{lo}+"
         parts.append(f"{span} rows {FORMAT_NAMES[plan[i + 1]]}")
         lo = hi + 1
     measured = "; ".join(
