@@ -19,7 +19,9 @@ Buckets of the step's token count T, each compiled once (at start-up, warm_up) a
   large steps       T > --torch-compile-max-bs (prefill chunks and mixed steps; T symbolic)
 The compiled graphs are saved under $RADIXRT_CACHE_DIR/compiled (keyed by torch's version, the layer
 code and the shapes) and Inductor's own caches under $RADIXRT_CACHE_DIR/inductor, so a later start
-loads them. Without a C++ compiler (Inductor's CPU code generation needs one) the engine runs eager
+loads them (nothing traced or compiled: ~4 s for all nine on a 2-core EPYC); the start that compiled
+them loads them once in a child process, which builds what a first load builds. Tracing:
+layer_tracing.py. Without a C++ compiler (Inductor's CPU code generation needs one) the engine runs eager
 and says so once.
 """
 
@@ -31,6 +33,8 @@ import logging
 import os
 import pathlib
 import shutil
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -39,6 +43,13 @@ from typing import Any, Callable
 import torch
 
 from radixrt.runtime.model import int8_weight, linear
+from radixrt.runtime.model.layer_tracing import (
+    activations,
+    example_inputs,
+    flatten,
+    tensors_of,
+    trace,
+)
 from radixrt.runtime.model.models import llama_layer
 from radixrt.runtime.model.models.llama_layer import LayerDims
 
@@ -93,96 +104,6 @@ def why_eager(config: Any, device: torch.device, tensor_parallel: bool) -> str |
     return compiler_missing(device)
 
 
-def tensors_of(args: tuple) -> list[torch.Tensor]:
-    """The tensors of (possibly tuple-nested) args, in flatten's order: the per-call half of
-    flatten."""
-    out: list[torch.Tensor] = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            out.append(a)
-        elif isinstance(a, tuple):
-            out.extend(x for x in a if isinstance(x, torch.Tensor))
-    return out
-
-
-def flatten(args: tuple) -> tuple[list[torch.Tensor], Callable[[list[torch.Tensor]], tuple]]:
-    """Tensors of (possibly tuple-nested) args, and how to rebuild args from them: the graph's
-    inputs are the tensors; None and ints (absent biases, out_features) are constants of the
-    graph."""
-    tensors: list[torch.Tensor] = []
-
-    def skeleton(a):
-        if isinstance(a, torch.Tensor):
-            tensors.append(a)
-            return len(tensors) - 1
-        if isinstance(a, tuple):
-            return tuple(skeleton(x) for x in a)
-        return ("const", a)
-
-    shape = [skeleton(a) for a in args]
-
-    def rebuild(flat, s=None):
-        if s is None:
-            return tuple(rebuild(flat, x) for x in shape)
-        if isinstance(s, int):
-            return flat[s]
-        if len(s) == 2 and s[0] == "const":
-            return s[1]
-        return tuple(rebuild(flat, x) for x in s)
-
-    return tensors, rebuild
-
-
-T_ARGS = {
-    "attention_inputs": (0, -2, -1),
-    "seam": (0, 1, -2, -1),
-    "final": (0, 1),
-}  # args whose dim 0 is T
-
-
-def activations(name: str, args: tuple) -> set[int]:
-    """ids of the arguments whose first dimension is the step's token count (h, o, cos, sin)."""
-    return {id(args[i]) for i in T_ARGS[name]}
-
-
-def trace(
-    fn: Callable, flat: list[torch.Tensor], t_ids: set[int], static: bool
-) -> torch.fx.GraphModule:
-    """fn's FX graph over fake copies of flat: only dim 0 of the activations symbolic (or nothing,
-    static). make_fx's own symbolic mode would make every dim symbolic and unify equal sizes: a T of
-    2 traced that way becomes the same symbol as the 2 of a weight's shape."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.proxy_tensor import make_fx
-    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
-
-    mode = FakeTensorMode(shape_env=ShapeEnv())
-
-    def fake(t: torch.Tensor) -> torch.Tensor:
-        dims = [
-            DimDynamic.DYNAMIC if j == 0 and id(t) in t_ids and not static else DimDynamic.STATIC
-            for j in range(t.dim())
-        ]
-        return mode.from_tensor(t, symbolic_context=StatelessSymbolicContext(dynamic_sizes=dims))
-
-    fakes = [fake(t) for t in flat]
-    return make_fx(fn, tracing_mode="fake" if static else "symbolic")(*fakes)
-
-
-def example_inputs(flat: list[torch.Tensor], t_ids: set[int], bucket: Bucket) -> list[torch.Tensor]:
-    """flat with the activations at a token count no input has as another dimension: Inductor binds
-    the graph's symbolic T to an input dimension of the example's value, and a T of 2 bound to a
-    4-bit scale table's last dimension (2), or of 9 to the 9 heads of o, would size every later call
-    by that dimension."""
-    taken = {n for t in flat for j, n in enumerate(t.shape) if j or id(t) not in t_ids}
-    num_tokens = next(n for n in range(bucket.min_tokens, bucket.max_tokens + 1) if n not in taken)
-    return [
-        torch.zeros((num_tokens, *t.shape[1:]), dtype=t.dtype, device=t.device)
-        if id(t) in t_ids
-        else t
-        for t in flat
-    ]
-
-
 class CompiledLayers:
     """The compiled layer functions by bucket; model.forward calls attention_inputs / seam /
     final."""
@@ -203,6 +124,7 @@ class CompiledLayers:
         # (function name, bucket name) -> compiled
         self._graphs: dict[tuple[str, str], Callable] = {}
         self.num_compiles = 0  # graphs compiled (not loaded) in this process
+        self.saved: list[pathlib.Path] = []  # graphs this process compiled and saved
         self.compile_seconds: dict[str, float] = {}
 
     def dims_of(self, bucket: Bucket) -> LayerDims:
@@ -260,6 +182,7 @@ class CompiledLayers:
         try:
             artifact.save(path=str(tmp), format="unpacked")
             os.replace(tmp, path)  # whole entries only: another process may be loading
+            self.saved.append(path)
         except OSError as e:
             log.warning("torch.compile: could not save %s: %s", path, e)
             shutil.rmtree(tmp, ignore_errors=True)
@@ -297,6 +220,10 @@ class CompiledLayers:
             t0 = time.perf_counter()
             run_tokens(bucket.min_tokens)
             self.compile_seconds[bucket.name] = time.perf_counter() - t0
+        if self.saved:
+            t0 = time.perf_counter()
+            load_in_a_new_process(self.saved)
+            self.compile_seconds["first load"] = time.perf_counter() - t0
         log.info(
             "torch.compile: layer graphs for %s: %d compiled, %d loaded from %s in %.1f s (%s)",
             ", ".join(
@@ -310,6 +237,30 @@ class CompiledLayers:
             sum(self.compile_seconds.values()),
             ", ".join(f"{k} {v:.1f} s" for k, v in self.compile_seconds.items()),
         )
+
+
+# A saved graph's first load in a new process builds some of its C++ kernels again (~13 s of a warm
+# start on a 2-core EPYC; a load in the compiling process finds them in memory and builds nothing),
+# so the cold start that saved them loads them once in a child process, and warm starts find every
+# kernel built.
+_LOAD_ALL = """
+import sys, torch
+import radixrt.runtime.model.linear  # registers torch.ops.radixrt.linear, which the graphs call
+for path in sys.argv[1:]:
+    torch._inductor.CompiledArtifact.load(path=path, format="unpacked")
+"""
+
+
+def load_in_a_new_process(paths: list[pathlib.Path]) -> None:
+    try:
+        subprocess.run(
+            [sys.executable, "-c", _LOAD_ALL, *map(str, paths)],
+            check=True, capture_output=True, timeout=600,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError) as e:  # only the next start is slower
+        err = getattr(e, "stderr", b"") or b""
+        log.warning("torch.compile: loading the saved graphs in a new process failed: %s %s",
+                    e, err.decode(errors="replace")[-500:])  # fmt: skip
 
 
 def use_inductor_cache(cache_dir: str) -> None:
