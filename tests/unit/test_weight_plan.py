@@ -5,7 +5,7 @@ import torch
 
 from radixrt.runtime.model import weight_plan
 from radixrt.runtime.model.int8_weight import Int8Weight
-from radixrt.runtime.model.linear import INT4, INT8, INT8_DYN, MAX_ROWS, IntCopies, Linear
+from radixrt.runtime.model.linear import DENSE, INT4, INT8, INT8_DYN, MAX_ROWS, IntCopies, Linear
 
 BUCKETS = [(1, 1), (2, 32), (33, 1 << 20)]
 
@@ -27,14 +27,16 @@ def fake_times(table: dict[int, dict[int, float]], calls: list):
 
 def test_each_bucket_gets_its_fastest_form_and_the_cache_answers_next_time(tmp_path, monkeypatch):
     calls: list = []
-    times = {INT8: {1: 0.001, 2: 0.002, 6: 0.01, 32: 0.05, 512: 1.0},
-             INT8_DYN: {1: 0.002, 2: 0.003, 6: 0.005, 32: 0.02, 512: 0.3}}  # fmt: skip
+    # int8 at few rows, dense beyond; the small-batch bucket split after FEW_ROWS
+    times = {INT8: {1: 0.001, 2: 0.002, 3: 0.002, 4: 0.003, 5: 0.01, 13: 0.02, 32: 0.05, 512: 1.0},
+             DENSE: {1: 0.002, 2: 0.003, 3: 0.003, 4: 0.004, 5: 0.005, 13: 0.01, 32: 0.02, 512: 0.3}}  # fmt: skip
     monkeypatch.setattr(weight_plan, "_time_pass", fake_times(times, calls))
     lins = linears()
     plan, table = weight_plan.choose(lins, BUCKETS, "auto", True, torch.float32, tmp_path)
-    assert plan == (1, INT8, 32, INT8_DYN, 1 << 20, INT8_DYN)
-    assert table["2-32"]["rows"] == [2, 8, 32] and table["2-32"]["picked"] == "int8-dyn"
-    assert {rows for _, rows in calls} == {1, 2, 8, 32, 512}
+    assert plan == (1, INT8, 4, INT8, 32, DENSE, 1 << 20, DENSE)
+    assert table["5-32"]["rows"] == [5, 13, 32] and table["5-32"]["picked"] == "dense"
+    assert {rows for _, rows in calls} == {1, 2, 3, 4, 5, 13, 32, 512}
+    assert INT8_DYN not in {fmt for fmt, _ in calls}  # below the quality floor: never in auto
     calls.clear()
     again, _ = weight_plan.choose(lins, BUCKETS, "auto", True, torch.float32, tmp_path)
     assert again == plan and calls == []  # read from the cache
@@ -45,7 +47,7 @@ def test_each_bucket_gets_its_fastest_form_and_the_cache_answers_next_time(tmp_p
 
 def test_candidates_and_when_copies_are_built():
     lins = linears()
-    assert weight_plan.candidates(lins, "auto") == [INT8, INT8_DYN]  # no exact 4-bit form
+    assert weight_plan.candidates(lins, "auto") == [DENSE, INT8]  # no exact 4-bit form
     assert weight_plan.candidates(lins, "int4") == [INT4]  # forced; int8 stands in where absent
     cpu = torch.device("cpu")
     assert weight_plan.wants_copies("auto", True, cpu)

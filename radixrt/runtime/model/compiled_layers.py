@@ -21,8 +21,8 @@ The compiled graphs are saved under $RADIXRT_CACHE_DIR/compiled (keyed by torch'
 code and the shapes) and Inductor's own caches under $RADIXRT_CACHE_DIR/inductor, so a later start
 loads them (nothing traced or compiled: ~4 s for all nine on a 2-core EPYC); the start that compiled
 them loads them once in a child process, which builds what a first load builds. Tracing:
-layer_tracing.py. Without a C++ compiler (Inductor's CPU code generation needs one) the engine runs eager
-and says so once.
+layer_tracing.py. Without a C++ compiler (Inductor's CPU code generation needs one) the engine runs
+eager and says so once.
 """
 
 from __future__ import annotations

@@ -1,23 +1,24 @@
 """Which weight format each step size reads, measured on the machine the engine runs on.
 
-A quantised checkpoint (a Q4 GGUF such as the default model's) is kept in integer forms
+A quantised checkpoint (a Q4 GGUF such as the default model's) is also kept in integer forms
 (linear.py): its exact 4-bit codes where they are exact, int8 per output channel everywhere. Which
-one a step reads depends on the step's row count and the machine: at one to a few rows the matmuls
-stream the weights and the 4-bit codes read the fewest bytes; at more rows they are bound by
-arithmetic and an int8 GEMM over dynamically quantised activations (VNNI / AVX2 integer dot
-products) does the most per cycle; where the CPU multiplies bf16 natively its oneDNN GEMM may beat
-both. No rule of thumb holds on every CPU (a 2-core Zen 4 EPYC: 4-bit 4.7 ms a one-row step
-against bf16's 15; at 256 rows int8 83 ms against bf16's 188), so the engine times each candidate
-over the model's own linears at each bucket's row counts, picks the fastest per bucket, logs the
-table and caches it under $RADIXRT_CACHE_DIR keyed by the CPU, torch and the shapes.
+form a step reads depends on its row count and the machine: at one to a few rows the matmuls stream
+the weights and the 4-bit codes read the fewest bytes; at more rows they are bound by arithmetic,
+where oneDNN's bf16 GEMM (on a CPU that multiplies bf16 natively) or an int8 GEMM does the most per
+cycle. No rule of thumb holds on every CPU (a 2-core Zen 4 EPYC: 4-bit 4.7 ms for a one-row step's
+matmuls against bf16's 15; at 32 rows 4-bit 54 ms against bf16's 28), so the engine times each
+candidate over the model's own linears at each range's row counts, keeps the fastest per range,
+logs the table and caches it under $RADIXRT_CACHE_DIR keyed by the CPU, torch and the shapes. A
+form no range reads is dropped (a plan without dense keeps only integer weights).
 
 Under a compiled model the dynamic int8 path's activation quantisation and rescale are fused into
 the graph's loops around the integer GEMM (llama_layer.linear), so that candidate is timed as the
 GEMM alone; eager, as the whole eager sequence it runs.
 
---quantization: auto (measured, among the integer forms for a quantised checkpoint; dense for a
-float one), none (dense only), int4 / int8 / w8a8_int8 (that form at every row count, int8 where
-a weight has no exact 4-bit form).
+--quantization: auto (measured among dense, the exact 4-bit codes and int8 weights for a quantised
+checkpoint; dense for a float one), none (dense only), int4 / int8 / w8a8_int8 (that form at every
+row count, int8 where a weight has no exact 4-bit form; w8a8_int8 is below the quality floor, see
+AUTO).
 """
 
 from __future__ import annotations
@@ -72,12 +73,34 @@ def probe_rows(buckets: Sequence[tuple[int, int]]) -> list[list[int]]:
     return out
 
 
+# auto's candidates: the forms that hold the default model's quality floor. int8 x dynamically
+# quantised activations does not (teacher-forced top-1 agreement with transformers fp32 91.8%
+# eager at every row count against the floor's 95.8%; per-row activation scales cannot follow
+# this model's activation outliers), so it is opt-in: --quantization w8a8_int8.
+AUTO = (DENSE, INT4, INT8)
+FEW_ROWS = 4
+
+
 def candidates(linears: Sequence[Linear], quantization: str) -> list[int]:
-    """The integer forms every linear can read (int4 where all layer weights have it)."""
+    """The forms every linear can read (int4 where all layer weights have it)."""
     if quantization in FORCED:
         return [FORCED[quantization]]
     held = set.intersection(*(lin.formats() for lin in linears))
-    return [f for f in (INT4, INT8, INT8_DYN) if f in held]
+    return [f for f in AUTO if f in held]
+
+
+def plan_ranges(buckets: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The row ranges a plan gives a form each: the compiled buckets, the small-batch one split
+    after FEW_ROWS (the 4-bit kernel's range on most CPUs). A form read through radixrt::linear
+    may change inside a bucket (the operator picks by rows at run time); only int8-dyn, traced into
+    the graphs, needs a whole bucket, and it is only ever forced, for every row count."""
+    out = []
+    for lo, hi in buckets:
+        if lo <= FEW_ROWS < hi < 1 << 20:
+            out += [(lo, FEW_ROWS), (FEW_ROWS + 1, hi)]
+        else:
+            out.append((lo, hi))
+    return out
 
 
 # at this many rows a pass is bound by arithmetic, not by streaming the weights: a few layers' worth
@@ -114,7 +137,7 @@ def _time_pass(linears: Sequence[Linear], fmt: int, rows: int, compiled: bool, d
     return best * len(linears) / len(subset)
 
 
-def _key(linears, buckets, cands, compiled, dtype) -> str:
+def _key(linears, ranges, cands, compiled, dtype) -> str:
     cpu = ""
     try:
         cpu = next(
@@ -125,7 +148,7 @@ def _key(linears, buckets, cands, compiled, dtype) -> str:
         pass
     shapes = sorted({(lin.out_features, lin.in_features) for lin in linears})
     machine = (torch.__version__, cpu, sorted(cpu_flags()), os.cpu_count(), torch.get_num_threads())
-    text = repr((machine, str(dtype), shapes, list(buckets), cands, compiled))
+    text = repr((machine, str(dtype), shapes, list(ranges), cands, compiled))
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
@@ -137,19 +160,20 @@ def choose(
     dtype: torch.dtype,
     cache_dir: pathlib.Path | None,
 ) -> tuple[tuple[int, ...], dict]:
-    """(the plan: max rows, format, ... ascending, the table behind it). One format per bucket:
-    the one with the least total time over the bucket's probe rows."""
+    """(the plan: max rows, format, ... ascending, the table behind it). One format per range of
+    plan_ranges: the one with the least total time over the range's probe rows."""
     cands = candidates(linears, quantization)
     if not cands:
         return (MAX_ROWS, DENSE), {}
-    key = _key(linears, buckets, cands, compiled, dtype)
+    key = _key(linears, plan_ranges(buckets), cands, compiled, dtype)
     path = cache_dir / PLAN_FILE if cache_dir else None
     cached = _read(path).get(key) if path else None
     if cached:
         return tuple(cached["plan"]), cached["table"]
     table: dict = {}
     plan: list[int] = []
-    for (lo, hi), rows in zip(buckets, probe_rows(buckets)):
+    ranges = plan_ranges(buckets)
+    for (lo, hi), rows in zip(ranges, probe_rows(ranges)):
         times = {f: [_time_pass(linears, f, r, compiled, dtype) for r in rows] for f in cands}
         best = min(cands, key=lambda f: sum(times[f]))
         plan += [hi, best]
