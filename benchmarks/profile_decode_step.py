@@ -50,7 +50,7 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--top", type=int, default=12)
     args = ap.parse_args()
-    cases = build_cases(load_tokenizer(str(resolve_model(None))))
+    cases = build_cases(load_tokenizer(str(resolve_model(None))))[0]
     engine = Engine()
     runner = engine.scheduler.runner
     try:
