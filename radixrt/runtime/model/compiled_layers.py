@@ -19,10 +19,10 @@ Buckets of the step's token count T, each compiled once (at start-up, warm_up) a
   large steps       T > --torch-compile-max-bs (prefill chunks and mixed steps; T symbolic)
 The compiled graphs are saved under $RADIXRT_CACHE_DIR/compiled (keyed by torch's version, the layer
 code and the shapes) and Inductor's own caches under $RADIXRT_CACHE_DIR/inductor, so a later start
-loads them (nothing traced or compiled: ~4 s for all nine on a 2-core EPYC); the start that compiled
-them loads them once in a child process, which builds what a first load builds. Tracing:
-layer_tracing.py. Without a C++ compiler (Inductor's CPU code generation needs one) the engine runs
-eager and says so once.
+loads them (nothing traced or compiled: ~4 s for all nine on a 2-core EPYC); the start that
+compiled them has a child process load them once in the background, which builds what a first load
+builds. Tracing: layer_tracing.py. Without a C++ compiler (Inductor's CPU code generation needs one)
+the engine runs eager and says so once.
 """
 
 from __future__ import annotations
@@ -221,9 +221,7 @@ class CompiledLayers:
             run_tokens(bucket.min_tokens)
             self.compile_seconds[bucket.name] = time.perf_counter() - t0
         if self.saved:
-            t0 = time.perf_counter()
             load_in_a_new_process(self.saved)
-            self.compile_seconds["first load"] = time.perf_counter() - t0
         log.info(
             "torch.compile: layer graphs for %s: %d compiled, %d loaded from %s in %.1f s (%s)",
             ", ".join(
@@ -241,8 +239,8 @@ class CompiledLayers:
 
 # A saved graph's first load in a new process builds some of its C++ kernels again (~13 s of a warm
 # start on a 2-core EPYC; a load in the compiling process finds them in memory and builds nothing),
-# so the cold start that saved them loads them once in a child process, and warm starts find every
-# kernel built.
+# so the cold start that saved them has a child process load them once, in the background (the cold
+# start does not wait for it), and warm starts find every kernel built.
 _LOAD_ALL = """
 import sys, torch
 import radixrt.runtime.model.linear  # registers torch.ops.radixrt.linear, which the graphs call
@@ -251,16 +249,16 @@ for path in sys.argv[1:]:
 """
 
 
-def load_in_a_new_process(paths: list[pathlib.Path]) -> None:
+def load_in_a_new_process(paths: list[pathlib.Path]) -> subprocess.Popen | None:
+    """Start the child that loads the saved graphs (its own session: it outlives a short run)."""
     try:
-        subprocess.run(
+        return subprocess.Popen(
             [sys.executable, "-c", _LOAD_ALL, *map(str, paths)],
-            check=True, capture_output=True, timeout=600,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
-    except (OSError, subprocess.SubprocessError) as e:  # only the next start is slower
-        err = getattr(e, "stderr", b"") or b""
-        log.warning("torch.compile: loading the saved graphs in a new process failed: %s %s",
-                    e, err.decode(errors="replace")[-500:])  # fmt: skip
+    except OSError as e:  # only the next start is slower
+        log.warning("torch.compile: could not load the saved graphs in a new process: %s", e)
+        return None
 
 
 def use_inductor_cache(cache_dir: str) -> None:
