@@ -55,6 +55,10 @@ def test_candidates_and_when_copies_are_built():
     assert weight_plan.wants_copies("int8", False, cpu)
     assert not weight_plan.wants_copies("none", True, cpu)
     assert not weight_plan.wants_copies("auto", True, torch.device("meta"))
+    # an explicit float32 asks for float32 arithmetic; auto dtype (float32 without native bf16) plans
+    assert not weight_plan.wants_copies("auto", True, cpu, "float32")
+    assert weight_plan.wants_copies("auto", True, cpu, "auto")
+    assert weight_plan.wants_copies("int4", True, cpu, "float32")
 
 
 def test_describe_names_each_range_and_the_timings():

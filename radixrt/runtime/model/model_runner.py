@@ -95,7 +95,7 @@ class ModelRunner:
         )
         self.int_copies = (
             self.model.supports_int_copies
-            and weight_plan.wants_copies(config.quantization, quantized, self.device)
+            and weight_plan.wants_copies(config.quantization, quantized, self.device, config.dtype)
             and shard is None  # 4-bit groups are not cut along ranks
         )
         # the integer forms are built from the unrounded float32 weights

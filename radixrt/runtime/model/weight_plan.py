@@ -53,11 +53,17 @@ FORCED = {"int4": INT4, "int8": INT8, "w8a8_int8": INT8_DYN}
 PLAN_FILE = "weight_plans.json"
 
 
-def wants_copies(quantization: str, quantized_checkpoint: bool, device: torch.device) -> bool:
-    """Whether the loader builds integer copies (from the unrounded float32 weights)."""
+def wants_copies(
+    quantization: str, quantized_checkpoint: bool, device: torch.device, dtype: str = "auto"
+) -> bool:
+    """Whether the loader builds integer copies (from the unrounded float32 weights). An explicit
+    --dtype float32 under auto asks for float32 arithmetic (token-exact with transformers' float32),
+    so it stays dense; dtype auto (float32 on a CPU without native bf16) takes the plan."""
     if device.type != "cpu" or quantization == "none" or not int8_weight.available():
         return False
-    return quantization in FORCED or quantized_checkpoint
+    if quantization in FORCED:
+        return True
+    return quantized_checkpoint and dtype != "float32"
 
 
 def probe_rows(buckets: Sequence[tuple[int, int]]) -> list[list[int]]:
