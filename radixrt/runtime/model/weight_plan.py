@@ -71,7 +71,7 @@ def probe_rows(buckets: Sequence[tuple[int, int]]) -> list[list[int]]:
     large-step bucket at 512 rows: a prompt chunk)."""
     out = []
     for lo, hi in buckets:
-        if hi >= MAX_ROWS or hi > 4096:
+        if hi > 4096:  # the large-step bucket
             out.append([max(lo, 512)])
         else:
             mid = round((lo * hi) ** 0.5)
