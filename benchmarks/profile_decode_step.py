@@ -1,6 +1,7 @@
-"""Where one decode step goes, by torch.profiler: the engine's own forward (compiled or eager, as
-the default config runs it) on a captured decode batch of bench_vs_vllm.py's cases, the ops ranked
-by their self CPU time, plus the wall time of the step without the profiler.
+"""Where one decode step goes, by torch.profiler: the engine's own forward (the whole-step graph,
+layer graphs or eager, as the default config runs it) on a captured decode batch of
+bench_vs_vllm.py's cases, the ops ranked by their self CPU time, plus the wall time of the step
+without the profiler.
 
     python benchmarks/profile_decode_step.py [--cases batch-1,shared-16,shared-32] [--iters 20]
 
@@ -28,20 +29,26 @@ from bench_vs_vllm import build_cases, run_radixrt  # noqa: E402
 
 def captured_decode(engine: Engine, case: dict):
     """Run the case once and keep the first forward whose rows are all of its requests' decodes."""
-    model = engine.scheduler.runner.model
-    forward, captured = model.forward, {}
+    runner = engine.scheduler.runner
+    forward, captured = runner.forward, {}
 
     def capture(fb, *args, **kwargs):
         if fb.num_decode == fb.num_tokens == len(case["prompts"]) and "fb" not in captured:
             captured["fb"] = fb
         return forward(fb, *args, **kwargs)
 
-    model.forward = capture
+    runner.forward = capture
     try:
         run_radixrt(engine, case)
     finally:
-        model.forward = forward
+        del runner.forward
     return captured["fb"]
+
+
+def how_run(runner, fb) -> str:
+    if runner.step_graphs is not None and runner.step_graphs.takes(fb):
+        return "the whole-step graph"
+    return "layer graphs" if runner.graphs else "eager"
 
 
 def main() -> None:
@@ -58,7 +65,7 @@ def main() -> None:
             fb = captured_decode(engine, cases[name])
 
             def step(fb=fb):
-                runner.model.forward(fb, runner.kv, runner.attn, runner.graphs)
+                runner.forward(fb)
 
             with torch.inference_mode():
                 for _ in range(3):
@@ -73,7 +80,7 @@ def main() -> None:
             events = prof.key_averages()
             total = sum(e.self_cpu_time_total for e in events) / args.iters / 1e3
             print(f"\n{name}: {fb.num_tokens} rows, {runner.dtype_name}, "
-                  f"{'compiled' if runner.graphs else 'eager'}: step {wall:.2f} ms "
+                  f"{how_run(runner, fb)}: step {wall:.2f} ms "
                   f"(profiled {total:.2f} ms)")  # fmt: skip
             ranked = sorted(events, key=lambda e: -e.self_cpu_time_total)[: args.top]
             for e in ranked:

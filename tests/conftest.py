@@ -104,6 +104,8 @@ class PagedDriver:
         self.free_pages = list(range(num_pages))
         random.Random(seed).shuffle(self.free_pages)
         self.reqs: dict[str, dict] = {}
+        # the forward of a planned batch (a test may route some batches elsewhere)
+        self.forward = lambda fb: self.model.forward(fb, self.kv, self.attn)
 
     def step(self, feeds: list[tuple[str, list[int], bool]]) -> dict[str, torch.Tensor]:
         """feeds: (request name, new token ids, want logits for every new token). Returns logits per name:
@@ -138,7 +140,7 @@ class PagedDriver:
         fb = build_forward_batch(items, self.table.table, self.model.device)
         with torch.inference_mode():
             self.attn.init_forward_metadata(fb)
-            logits = self.model.forward(fb, self.kv, self.attn)
+            logits = self.forward(fb)
         assert (
             logits.shape == (fb.logits_rows.shape[0], self.model.vocab_size)
             and logits.dtype == torch.float32
@@ -151,9 +153,18 @@ class PagedDriver:
         assert row == logits.shape[0]
         return out
 
+    def share(self, name: str, source: str, length: int) -> None:
+        """A new request whose first `length` positions read source's slots, as a radix-cache hit
+        does (page_size 1)."""
+        assert self.page_size == 1 and self.reqs[source]["kv_len"] >= length
+        row = self.rows.alloc()
+        pages = list(self.reqs[source]["pages"][:length])
+        self.table.table[row, :length] = torch.tensor(pages, dtype=self.table.table.dtype)
+        self.reqs[name] = {"row": row, "pages": pages, "kv_len": length, "borrowed": length}
+
     def release(self, name: str) -> None:
         req = self.reqs.pop(name)
-        self.free_pages.extend(req["pages"])
+        self.free_pages.extend(req["pages"][req.get("borrowed", 0) :])
         self.rows.free(req["row"])
 
 

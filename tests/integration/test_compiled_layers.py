@@ -1,7 +1,8 @@
-"""The compiled layer graphs (model/compiled_layers.py) on the default model in float32: the same greedy
-tokens as the eager model for batches of every bucket (one token, small decode batches, prefill chunks and
-mixed steps); no graph compiled after start-up however the batches vary; a second engine over the same cache
-loads every graph instead of compiling it."""
+"""The compiled layer graphs (model/compiled_layers.py) and whole-step decode graphs (model/step_graph.py)
+on the default model in float32: the same greedy tokens as the eager model for batches of every bucket (one
+token, small decode batches with and without a shared prefix, prefill chunks and mixed steps); no graph
+compiled after start-up however the batches vary; a second engine over the same cache loads every graph
+instead of compiling it."""
 
 from __future__ import annotations
 
@@ -40,6 +41,10 @@ def generate_varied(engine: Engine) -> list[list[int]]:
     # ~600 tokens: chunks of 512, then a mixed step with the others
     long_prompt = " ".join(PROMPTS) * 12
     outs += [o["output_ids"] for o in engine.generate([long_prompt] + PROMPTS[:3], params)]
+    # decode batches borrowing one cached prefix (the whole-step graph's cascade)
+    prefix = " ".join(PROMPTS) * 2
+    engine.generate(prefix, {"temperature": 0, "max_new_tokens": 1})
+    outs += [o["output_ids"] for o in engine.generate([prefix + p for p in PROMPTS], params)]
     return outs
 
 
@@ -73,10 +78,14 @@ def test_compiled_equals_eager_and_never_recompiles(cache_env, quantization):
     try:
         graphs = engine.scheduler.runner.graphs
         # 3 functions x 3 buckets, at start-up
+        steps = engine.scheduler.runner.step_graphs
         assert graphs is not None and graphs.num_compiles == 9
+        # the whole decode step: one token; small batches without and with a shared prefix
+        assert steps is not None and steps.num_compiles == 3
         compiled_at_start = compile_count()
         got = generate_varied(engine)
-        assert graphs.num_compiles == 9, "a graph was compiled after start-up"
+        assert graphs.num_compiles == 9 and steps.num_compiles == 3, "compiled after start-up"
+        assert {variant for _, variant in steps.runs} == {"plain", "cascade"}, steps.runs
         assert compile_count() == compiled_at_start, "Inductor compiled after start-up"
         if quantization == "none":
             assert got == want
@@ -89,6 +98,7 @@ def test_compiled_equals_eager_and_never_recompiles(cache_env, quantization):
     again = Engine(**cache_env, enable_torch_compile=True)
     try:
         assert again.scheduler.runner.graphs.num_compiles == 0
+        assert again.scheduler.runner.step_graphs.num_compiles == 0
         assert common_prefix_fraction(generate_varied(again), got) == 1.0
     finally:
         again.shutdown()

@@ -1,4 +1,5 @@
-"""The layer math as Inductor-compiled graphs: the CPU's analogue of CUDA graphs.
+"""The layer math as Inductor-compiled graphs, for the steps the whole-step decode graph
+(step_graph.py) does not take: prefill chunks, mixed steps, drafts to verify.
 
 What is compiled: the three pure functions of models/llama_layer.py (the first layer's attention
 inputs, the seam between two attentions, the last layer's tail), with the weights as graph inputs,
@@ -159,33 +160,17 @@ class CompiledLayers:
     def _load_or_compile(self, name: str, bucket: Bucket, args: tuple) -> Callable:
         flat, rebuild = flatten(args)
         fn = partial(getattr(llama_layer, name), self.dims_of(bucket))
-        path = self.cache_dir / self._key(name, bucket, flat, rebuild)
-        if path.exists():
-            try:
-                return torch._inductor.CompiledArtifact.load(path=str(path), format="unpacked")
-            except Exception as e:  # a stale or partial entry: compile it again
-                log.warning(
-                    "torch.compile: could not load %s (%s: %s); compiling",
-                    path,
-                    type(e).__name__,
-                    e,
-                )
         t_ids = activations(name, args)
-        gm = trace(lambda *t: fn(*rebuild(list(t))), flat, t_ids, bucket.static)
-        artifact = torch._inductor.standalone_compile(
-            gm,
-            flat if bucket.static else example_inputs(flat, t_ids, bucket),
-            dynamic_shapes="from_example_inputs" if bucket.static else "from_graph",
-        )
-        self.num_compiles += 1
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        try:
-            artifact.save(path=str(tmp), format="unpacked")
-            os.replace(tmp, path)  # whole entries only: another process may be loading
+
+        def graph() -> tuple[torch.fx.GraphModule, list[torch.Tensor]]:
+            gm = trace(lambda *t: fn(*rebuild(list(t))), flat, t_ids, bucket.static)
+            return gm, (flat if bucket.static else example_inputs(flat, t_ids, bucket))
+
+        path = self.cache_dir / self._key(name, bucket, flat, rebuild)
+        artifact, compiled = load_or_compile(path, graph, bucket.static)
+        self.num_compiles += compiled
+        if compiled and path.exists():
             self.saved.append(path)
-        except OSError as e:
-            log.warning("torch.compile: could not save %s: %s", path, e)
-            shutil.rmtree(tmp, ignore_errors=True)
         return artifact
 
     def _key(self, name: str, bucket: Bucket, flat: list[torch.Tensor], rebuild: Callable) -> str:
@@ -235,6 +220,34 @@ class CompiledLayers:
             sum(self.compile_seconds.values()),
             ", ".join(f"{k} {v:.1f} s" for k, v in self.compile_seconds.items()),
         )
+
+
+def load_or_compile(
+    path: pathlib.Path,
+    graph: Callable[[], tuple[torch.fx.GraphModule, list[torch.Tensor]]],
+    static: bool,
+) -> tuple[Callable, bool]:
+    """The compiled graph saved at path, or graph() (an FX graph and example inputs) compiled by
+    Inductor now and saved there -> (callable, whether it was compiled)."""
+    if path.exists():
+        try:
+            return torch._inductor.CompiledArtifact.load(path=str(path), format="unpacked"), False
+        except Exception as e:  # a stale or partial entry: compile it again
+            log.warning(
+                "torch.compile: could not load %s (%s: %s); compiling", path, type(e).__name__, e
+            )
+    gm, examples = graph()
+    artifact = torch._inductor.standalone_compile(
+        gm, examples, dynamic_shapes="from_example_inputs" if static else "from_graph"
+    )
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    try:
+        artifact.save(path=str(tmp), format="unpacked")
+        os.replace(tmp, path)  # whole entries only: another process may be loading
+    except OSError as e:
+        log.warning("torch.compile: could not save %s: %s", path, e)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return artifact, True
 
 
 # A saved graph's first load in a new process builds some of its C++ kernels again (~13 s of a warm

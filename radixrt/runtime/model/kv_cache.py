@@ -36,8 +36,12 @@ class KVCache:
         device: torch.device | str = "cpu",
     ):
         shape = (num_slots, num_kv_heads, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        # one tensor over all layers, [layers, slots, Hkv, D], each layer's K a contiguous view:
+        # the whole-step graph (step_graph.py) reads every layer from one input and its new keys
+        # are written with one copy
+        self.k_all = torch.zeros((num_layers, *shape), dtype=dtype, device=device)
+        self.v_all = torch.zeros((num_layers, *shape), dtype=dtype, device=device)
+        self.k, self.v = list(self.k_all.unbind(0)), list(self.v_all.unbind(0))
         self.k_scale = self.v_scale = None
         if is_quantized(dtype):
             self.k_scale = [

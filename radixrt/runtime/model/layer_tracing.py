@@ -65,23 +65,33 @@ def trace(
     fn: Callable, flat: list[torch.Tensor], t_ids: set[int], static: bool
 ) -> torch.fx.GraphModule:
     """fn's FX graph over fake copies of flat: only dim 0 of the activations symbolic (or nothing,
-    static). make_fx's own symbolic mode would make every dim symbolic and unify equal sizes: a T of
-    2 traced that way becomes the same symbol as the 2 of a weight's shape."""
+    static)."""
+    dims = [(0,) if id(t) in t_ids and not static else () for t in flat]
+    return trace_dims(fn, flat, dims)
+
+
+def trace_dims(
+    fn: Callable, flat: list[torch.Tensor], dims: list[tuple[int, ...]]
+) -> torch.fx.GraphModule:
+    """fn's FX graph over fake copies of flat whose dims[i] dimensions (only those) are symbolic.
+    make_fx's own symbolic mode would make every dim symbolic and unify equal sizes: a T of 2 traced
+    that way becomes the same symbol as the 2 of a weight's shape."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
     mode = FakeTensorMode(shape_env=ShapeEnv())
 
-    def fake(t: torch.Tensor) -> torch.Tensor:
-        dims = [
-            DimDynamic.DYNAMIC if j == 0 and id(t) in t_ids and not static else DimDynamic.STATIC
-            for j in range(t.dim())
-        ]
-        return mode.from_tensor(t, symbolic_context=StatelessSymbolicContext(dynamic_sizes=dims))
+    def fake(t: torch.Tensor, dyn: tuple[int, ...]) -> torch.Tensor:
+        sizes = [DimDynamic.DYNAMIC if j in dyn else DimDynamic.STATIC for j in range(t.dim())]
+        return mode.from_tensor(t, symbolic_context=StatelessSymbolicContext(dynamic_sizes=sizes))
 
-    fakes = [fake(t) for t in flat]
-    return make_fx(fn, tracing_mode="fake" if static else "symbolic")(*fakes)
+    fakes = [fake(t, dyn) for t, dyn in zip(flat, dims)]
+    symbolic = any(dims)
+    # a tracing context: the regions fn marks (torch's invoke_subgraph) are traced once and every
+    # call of one refers to the same subgraph
+    with torch._guards.tracing(torch._guards.TracingContext(mode)):
+        return make_fx(fn, tracing_mode="symbolic" if symbolic else "fake")(*fakes)
 
 
 def example_inputs(flat: list[torch.Tensor], t_ids: set[int], bucket) -> list[torch.Tensor]:

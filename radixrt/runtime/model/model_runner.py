@@ -11,9 +11,9 @@ import torch
 from radixrt.kernels.kv_quant import KV_CACHE_DTYPES
 from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.core.plan import ItemResult, PlanItem
-from radixrt.runtime.model import compiled_layers, kv_tier, linear, tp, weight_plan
+from radixrt.runtime.model import compiled_layers, kv_tier, linear, step_graph, tp, weight_plan
 from radixrt.runtime.model.dtype_choice import pick_dtype
-from radixrt.runtime.model.forward_batch import build_forward_batch
+from radixrt.runtime.model.forward_batch import ForwardBatch, build_forward_batch
 from radixrt.runtime.model.kv_cache import KVCache, ReqToSlotTable
 from radixrt.runtime.model.lora_registry import LoraRegistry
 from radixrt.runtime.model.runner_setup import (
@@ -43,6 +43,8 @@ class ModelRunner:
         sources into the allowed-token mask (constrained/state.py's; handed in: model/ never imports
         grammars)."""
         self.fill_masks = fill_masks
+        # before anything asks Inductor for its cache dir, which fixes it for the process
+        compiled_layers.use_inductor_cache(str(cache_root()))
         self.device = setup_device(config, tp_rank)
         self.exit_on_rank_loss = False  # the scheduler process sets it: a lost rank ends it
         self._start_tp(config, tp_rank, init_method)
@@ -54,6 +56,7 @@ class ModelRunner:
         self.page_size = config.page_size
         self._make_pool(config)
         self.graphs: compiled_layers.CompiledLayers | None = None  # eager until compiled
+        self.step_graphs: step_graph.StepGraphs | None = None  # decode steps as one graph
         self._compile_layers(config)
 
     def _start_tp(self, config: ServerConfig, tp_rank: int, init_method: str | None) -> None:
@@ -175,10 +178,16 @@ class ModelRunner:
         if why_eager:
             log.info("torch.compile off: %s; the model runs eager", why_eager)
             return
-        compiled_layers.use_inductor_cache(str(cache_root()))
         self.graphs = compiled_layers.CompiledLayers(
             self.model.eager_dims, config.torch_compile_max_bs, cache_root() / "compiled", plan
         )
+        why_not = step_graph.why_not(self.model, self.kv, self.attn)
+        if why_not is None:
+            self.step_graphs = step_graph.StepGraphs(self.graphs, self.model)
+        else:
+            log.info("decode steps run the layer graphs, not one graph: %s", why_not)
+        if self.step_graphs is not None:
+            self.step_graphs.warm_up(self.kv)
         self.graphs.warm_up(self._warm_up_forward)
 
     @torch.inference_mode()
@@ -219,6 +228,13 @@ class ModelRunner:
         fb = build_forward_batch(plan, self.table.table, self.device)
         self.attn.init_forward_metadata(fb)
         lora = self.lora.step(plan) if self.lora is not None else None
+        return self.forward(fb, lora)
+
+    def forward(self, fb: ForwardBatch, lora: Any = None) -> torch.Tensor | None:
+        """The model on a forward batch whose attention is planned: a decode batch as the whole-step
+        graph, any other step layer by layer (compiled or eager)."""
+        if lora is None and self.step_graphs is not None and self.step_graphs.takes(fb):
+            return self.model.head(self.step_graphs.run(fb, self.kv), fb)
         return self.model.forward(fb, self.kv, self.attn, self.graphs, lora)
 
     def lora_names(self) -> list[str]:

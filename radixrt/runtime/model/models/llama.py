@@ -256,6 +256,10 @@ class LlamaForCausalLM:
             x = llama_layer.norm(d, self._feed_forward(last, h, o, lora), self.final_norm)
         else:
             x = llama_layer.final(d, h, o, *self._ffn_args(last), self.final_norm)
+        return self.head(x, fb)
+
+    def head(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        """Logits of rows fb.logits_rows from the final-normed hidden rows x [T, H]."""
         if fb.logits_rows.shape[0] != fb.num_tokens:
             x = x.index_select(0, fb.logits_rows)
         logits = self.lm_head(x)
