@@ -5,13 +5,21 @@ One ~520-token few-shot prompt (bench_vs_vllm.py's prefix and a question) and 64
            generate(64 tokens) - generate(1 token); llama.cpp: its 63 single-token evals)
   prefill  prompt tok/s of the whole prompt, nothing cached
 radixrt runs its default config (`Engine()`). llama.cpp is llama-cpp-python in its own venv, built from
-source for this CPU (GGML_NATIVE: every ISA extension the CPU reports) without AMX (its AMX build crashes on
-some VMs); a list of explicit flags breaks on a CPU that lacks one (AVX-VNNI on a Zen 4: the worker dies
-of SIGILL). When it is missing the script says how to make it and skips it, never faking its figures:
+source for this CPU without AMX (its AMX code crashes in llama_decode on these VMs: SIGSEGV, exit -11).
+GGML_NATIVE compiles for every ISA extension the CPU reports, AMX included where it has AMX whatever the
+GGML_AMX_* flags say, so on a CPU without AMX (a Zen 4, whose lack of AVX-VNNI breaks the explicit list
+with SIGILL) build with
 
     python -m venv ~/.cache/radixrt/llamacpp-venv
-    CMAKE_ARGS="-DGGML_NATIVE=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" \\
+    CMAKE_ARGS="-DGGML_NATIVE=ON" ~/.cache/radixrt/llamacpp-venv/bin/pip install llama-cpp-python==0.3.36
+
+and on a CPU with AMX (an Intel Xeon since Sapphire Rapids) with the extensions listed, AMX left out:
+
+    CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON \\
+      -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" \\
       ~/.cache/radixrt/llamacpp-venv/bin/pip install llama-cpp-python==0.3.36
+
+When it is missing the script says how to make it and skips it, never faking its figures:
 
     python benchmarks/bench_vs_llamacpp.py [--repeats 5]
 Results: results/vs_llamacpp.json.

@@ -184,10 +184,9 @@ class ModelRunner:
         why_not = step_graph.why_not(self.model, self.kv, self.attn)
         if why_not is None:
             self.step_graphs = step_graph.StepGraphs(self.graphs, self.model)
+            self.step_graphs.warm_up(self.kv)
         else:
             log.info("decode steps run the layer graphs, not one graph: %s", why_not)
-        if self.step_graphs is not None:
-            self.step_graphs.warm_up(self.kv)
         self.graphs.warm_up(self._warm_up_forward)
 
     @torch.inference_mode()
