@@ -26,11 +26,11 @@ def compile_count() -> int:
 
 def routed(driver, model, cache_dir) -> StepGraphs:
     """driver's decode batches through a StepGraphs, the other steps eager."""
-    graphs = StepGraphs(CompiledLayers(model.eager_dims, MAX_BS, cache_dir), model)
+    graphs = StepGraphs(CompiledLayers(model.eager_dims, MAX_BS, cache_dir), model, driver.kv)
 
     def forward(fb):
         if graphs.takes(fb):
-            return model.head(graphs.run(fb, driver.kv), fb)
+            return model.head(graphs.run(fb), fb)
         return model.forward(fb, driver.kv, driver.attn)
 
     driver.forward = forward

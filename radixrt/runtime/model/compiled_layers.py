@@ -28,8 +28,6 @@ the engine runs eager and says so once.
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 import logging
 import os
 import pathlib
@@ -48,6 +46,7 @@ from radixrt.runtime.model.layer_tracing import (
     activations,
     example_inputs,
     flatten,
+    graph_key,
     tensors_of,
     trace,
 )
@@ -176,27 +175,12 @@ class CompiledLayers:
     def _key(self, name: str, bucket: Bucket, flat: list[torch.Tensor], rebuild: Callable) -> str:
         """What the compiled graph depends on: torch, the layer code, the dims, each input's dtype
         and shape (the token dim as the bucket), the constants (absent biases, out_features)."""
-        code = "".join(inspect.getsource(m) for m in (llama_layer, linear, int8_weight))
         num_tokens = flat[0].shape[0]
-        shapes = [
-            (
-                str(t.dtype),
-                t.is_mkldnn,
-                tuple(-1 if j == 0 and n == num_tokens else n for j, n in enumerate(t.shape)),
-            )
-            for t in flat
-        ]
-        text = repr(
-            (
-                torch.__version__,
-                code,
-                self.dims_of(bucket),
-                bucket,
-                shapes,
-                rebuild(list(range(len(flat)))),
-            )
-        )
-        return f"{name}-{bucket.min_tokens}-{hashlib.sha256(text.encode()).hexdigest()[:20]}"
+        dims = [(0,) if t.shape and t.shape[0] == num_tokens else () for t in flat]
+        modules = (llama_layer, linear, int8_weight)
+        constants = rebuild(list(range(len(flat))))
+        return graph_key(f"{name}-{bucket.min_tokens}", modules, flat, dims,
+                         self.dims_of(bucket), bucket, constants)  # fmt: skip
 
     def warm_up(self, run_tokens: Callable[[int], None]) -> None:
         """Compile (or load) every bucket now: run_tokens(T) runs one forward of T tokens."""

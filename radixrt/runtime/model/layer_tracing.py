@@ -4,6 +4,8 @@ activations symbolic, and example inputs whose token count cannot be mistaken fo
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 from typing import Callable
 
 import torch
@@ -100,10 +102,29 @@ def example_inputs(flat: list[torch.Tensor], t_ids: set[int], bucket) -> list[to
     4-bit scale table's last dimension (2), or of 9 to the 9 heads of o, would size every later call
     by that dimension."""
     taken = {n for t in flat for j, n in enumerate(t.shape) if j or id(t) not in t_ids}
-    num_tokens = next(n for n in range(bucket.min_tokens, bucket.max_tokens + 1) if n not in taken)
+    num_tokens = free_size(taken, bucket.min_tokens, bucket.max_tokens)
     return [
         torch.zeros((num_tokens, *t.shape[1:]), dtype=t.dtype, device=t.device)
         if id(t) in t_ids
         else t
         for t in flat
     ]
+
+
+def free_size(taken: set[int], lo: int, hi: int) -> int:
+    """The smallest size in lo..hi that no other dimension has (lo when all do), now taken too."""
+    n = next((n for n in range(lo, hi + 1) if n not in taken), lo)
+    taken.add(n)
+    return n
+
+
+def graph_key(name: str, modules: tuple, inputs: list, dims: list, *extra) -> str:
+    """A saved graph's file name: what it depends on (torch, the code of modules, each input's
+    dtype, layout and shape with its symbolic dims as -1, and extra: the constants)."""
+    code = "".join(inspect.getsource(m) for m in modules)
+    shapes = [
+        (str(t.dtype), t.is_mkldnn, tuple(-1 if j in dyn else n for j, n in enumerate(t.shape)))
+        for t, dyn in zip(inputs, dims)
+    ]
+    text = repr((torch.__version__, code, shapes, extra))
+    return f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:20]}"

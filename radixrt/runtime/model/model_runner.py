@@ -183,8 +183,8 @@ class ModelRunner:
         )
         why_not = step_graph.why_not(self.model, self.kv, self.attn)
         if why_not is None:
-            self.step_graphs = step_graph.StepGraphs(self.graphs, self.model)
-            self.step_graphs.warm_up(self.kv)
+            self.step_graphs = step_graph.StepGraphs(self.graphs, self.model, self.kv)
+            self.step_graphs.warm_up()
         else:
             log.info("decode steps run the layer graphs, not one graph: %s", why_not)
         self.graphs.warm_up(self._warm_up_forward)
@@ -233,7 +233,7 @@ class ModelRunner:
         """The model on a forward batch whose attention is planned: a decode batch as the whole-step
         graph, any other step layer by layer (compiled or eager)."""
         if lora is None and self.step_graphs is not None and self.step_graphs.takes(fb):
-            return self.model.head(self.step_graphs.run(fb, self.kv), fb)
+            return self.model.head(self.step_graphs.run(fb), fb)
         return self.model.forward(fb, self.kv, self.attn, self.graphs, lora)
 
     def lora_names(self) -> list[str]:

@@ -24,8 +24,6 @@ run() writes into the pool after it.
 from __future__ import annotations
 
 import collections
-import hashlib
-import inspect
 import logging
 import time
 from functools import partial
@@ -39,7 +37,7 @@ from radixrt.runtime.model import int8_weight, linear
 from radixrt.runtime.model.compiled_layers import Bucket, CompiledLayers, load_or_compile
 from radixrt.runtime.model.forward_batch import ForwardBatch
 from radixrt.runtime.model.kv_cache import KVCache
-from radixrt.runtime.model.layer_tracing import flatten, trace_dims
+from radixrt.runtime.model.layer_tracing import flatten, free_size, graph_key, trace_dims
 from radixrt.runtime.model.models import llama_layer, llama_step
 
 log = logging.getLogger(__name__)
@@ -49,7 +47,7 @@ PLAIN, CASCADE = "plain", "cascade"
 
 def why_not(model: Any, kv: KVCache, attn: Any) -> str | None:
     """Why this engine's decode steps cannot run as one graph, or None."""
-    if not model.compilable or model.layerwise or model.tp is not None:
+    if not model.compilable or model.layerwise:
         return f"{type(model).__name__} runs its layers one graph at a time"
     if any(w is not None for w in model.layer_windows):
         return "sliding-window layers"
@@ -61,14 +59,16 @@ def why_not(model: Any, kv: KVCache, attn: Any) -> str | None:
 
 
 class StepGraphs:
-    def __init__(self, layers: CompiledLayers, model: Any):
-        """layers: the engine's layer graphs, whose buckets, weight plan and cache this shares."""
+    def __init__(self, layers: CompiledLayers, model: Any, kv: KVCache):
+        """layers: the engine's layer graphs, whose buckets, weight plan and cache this shares; kv:
+        the pool the graphs read."""
         self.layers = layers
         self.max_bs = layers.buckets[1].max_tokens
-        self.model = model
         self.scale = model.scale
+        self.kv = kv
         weights = (model.embed, model.rope_cos, model.rope_sin, model.final_norm, _layers(model))
-        self._weights, self._rebuild = flatten(weights)  # fixed for the engine's life
+        weights, self._rebuild = flatten(weights)
+        self._fixed = [kv.k_all, kv.v_all, *weights]  # every graph's inputs after the step's own
         self._graphs: dict[tuple[str, str], Callable] = {}
         self.num_compiles = 0
         self.runs: collections.Counter = collections.Counter()  # steps by (bucket, variant)
@@ -82,30 +82,29 @@ class StepGraphs:
             and not meta.extends
         )
 
-    def run(self, fb: ForwardBatch, kv: KVCache) -> torch.Tensor:
-        """The step's final-normed hidden rows [B, H] (model dtype); writes its K/V into kv."""
+    def run(self, fb: ForwardBatch) -> torch.Tensor:
+        """The step's final-normed hidden rows [B, H] (model dtype); writes its K/V to the pool."""
         d = fb.attn_meta.decode
         shared = d.shared
         kv_idx = d.kv_idx.view(d.num_reqs, d.kv_len)
         own_lens = fb.seq_lens - (shared.kv_len if shared else 0)
         if d.kv_len < 2:  # graphs are traced for L >= 2: a masked column (slot 0) pads it
             kv_idx = torch.cat((kv_idx, torch.zeros_like(kv_idx)), dim=1)
-        inputs = [fb.input_ids, fb.positions, kv_idx, own_lens]
+        own = [fb.input_ids, fb.positions, kv_idx, own_lens]
         if shared is not None:
-            inputs.append(shared.kv_idx)
-        inputs += [kv.k_all, kv.v_all, *self._weights]
+            own.append(shared.kv_idx)
         bucket = self.layers.bucket_of(d.num_reqs)
         key = (bucket.name, CASCADE if shared else PLAIN)
         graph = self._graphs.get(key)
         if graph is None:  # not warmed up (a test's engine)
-            graph = self._graphs[key] = self._load_or_compile(bucket, key[1], kv)
+            graph = self._graphs[key] = self._load_or_compile(bucket, key[1])
         self.runs[key] += 1
-        x, new_k, new_v = graph(*inputs)
-        kv.k_all.index_copy_(1, fb.out_slots, new_k)
-        kv.v_all.index_copy_(1, fb.out_slots, new_v)
+        x, new_k, new_v = graph(*own, *self._fixed)
+        self.kv.k_all.index_copy_(1, fb.out_slots, new_k)
+        self.kv.v_all.index_copy_(1, fb.out_slots, new_v)
         return x
 
-    def warm_up(self, kv: KVCache) -> None:
+    def warm_up(self) -> None:
         """Compile (or load) every variant now, and call each once on throwaway inputs (the graph
         writes nothing)."""
         one, small = self.layers.buckets[0], self.layers.buckets[1]
@@ -113,14 +112,12 @@ class StepGraphs:
             if bucket.max_tokens < bucket.min_tokens:  # --torch-compile-max-bs 1
                 continue
             t0 = time.perf_counter()
-            graph = self._graphs[(bucket.name, variant)] = self._load_or_compile(
-                bucket, variant, kv
-            )
-            graph(*self._example_inputs(bucket, variant, kv))
+            graph = self._graphs[(bucket.name, variant)] = self._load_or_compile(bucket, variant)
+            graph(*self._example_inputs(bucket, variant))
             seconds = time.perf_counter() - t0
             self.layers.compile_seconds[f"decode step ({bucket.name}, {variant})"] = seconds
 
-    def _load_or_compile(self, bucket: Bucket, variant: str, kv: KVCache) -> Callable:
+    def _load_or_compile(self, bucket: Bucket, variant: str) -> Callable:
         num_act = 5 if variant == CASCADE else 4
         # the one-token graph unrolled (its own Python calls per layer are a seventh of a batch-1
         # step), the batch graphs with each layer a region compiled once (half the compile time)
@@ -132,9 +129,13 @@ class StepGraphs:
             return fn(*t[:4], shared, *t[num_act:num_act + 2],
                       *self._rebuild(list(t[num_act + 2:])))  # fmt: skip
 
-        examples = self._example_inputs(bucket, variant, kv)
+        examples = self._example_inputs(bucket, variant)
         dims = _dynamic_dims(bucket, variant, len(examples))
-        path = self.layers.cache_dir / self._key(bucket, variant, examples, dims)
+        modules = (llama_step, llama_layer, linear, int8_weight, attention_math)
+        skeleton = self._rebuild(list(range(len(self._fixed) - 2)))
+        name = graph_key(f"step-{variant}-{bucket.min_tokens}", modules, examples, dims,
+                         self.layers.dims_of(bucket), bucket, self.scale, skeleton)  # fmt: skip
+        path = self.layers.cache_dir / name
         t0 = time.perf_counter()
         artifact, compiled = load_or_compile(
             path, lambda: (trace_dims(run, examples, dims), examples), static=False
@@ -151,38 +152,18 @@ class StepGraphs:
         )
         return artifact
 
-    def _example_inputs(self, bucket: Bucket, variant: str, kv: KVCache) -> list[torch.Tensor]:
+    def _example_inputs(self, bucket: Bucket, variant: str) -> list[torch.Tensor]:
         """Throwaway inputs of a variant: B (within the bucket), L >= 2 and S >= 2 at sizes no
         static dim has (Inductor binds a symbol to an input dimension of its value: see
         layer_tracing.example_inputs)."""
-        fixed = [kv.k_all, kv.v_all, *self._weights]
-        taken = {n for t in fixed for n in t.shape}
-
-        def free(lo: int, hi: int) -> int:
-            n = next((n for n in range(lo, hi + 1) if n not in taken), lo)
-            taken.add(n)
-            return n
-
-        b = 1 if bucket.static else free(bucket.min_tokens, bucket.max_tokens)
-        kv_len, shared_len = free(2, 1 << 20), free(2, 1 << 20)
-        ids = torch.zeros((b,), dtype=torch.int64, device=kv.k_all.device)
-        inputs = [ids, ids.clone(), ids.new_zeros((b, kv_len)), ids.new_full((b,), kv_len)]
+        taken = {n for t in self._fixed for n in t.shape}
+        b = 1 if bucket.static else free_size(taken, bucket.min_tokens, bucket.max_tokens)
+        kv_len, shared_len = free_size(taken, 2, 1 << 20), free_size(taken, 2, 1 << 20)
+        ids = torch.zeros((b,), dtype=torch.int64, device=self.kv.k_all.device)
+        own = [ids, ids.clone(), ids.new_zeros((b, kv_len)), ids.new_full((b,), kv_len)]
         if variant == CASCADE:
-            inputs.append(ids.new_zeros((shared_len,)))
-        return inputs + fixed
-
-    def _key(self, bucket: Bucket, variant: str, inputs: list, dims: list) -> str:
-        modules = (llama_step, llama_layer, linear, int8_weight, attention_math)
-        code = "".join(inspect.getsource(m) for m in modules)
-        shapes = [
-            (str(t.dtype), t.is_mkldnn, tuple(-1 if j in dyn else n for j, n in enumerate(t.shape)))
-            for t, dyn in zip(inputs, dims)
-        ]
-        skeleton = self._rebuild(list(range(len(self._weights))))
-        text = repr((torch.__version__, code, self.layers.dims_of(bucket), bucket, variant,
-                     self.scale, shapes, skeleton))  # fmt: skip
-        digest = hashlib.sha256(text.encode()).hexdigest()[:20]
-        return f"step-{variant}-{bucket.min_tokens}-{digest}"
+            own.append(ids.new_zeros((shared_len,)))
+        return own + self._fixed
 
 
 def _layers(model: Any) -> tuple:

@@ -19,8 +19,10 @@ from functools import partial
 
 import torch
 import torch.nn.functional as F
+from torch._higher_order_ops.invoke_subgraph import invoke_subgraph
 
 from radixrt.kernels.attention_math import merge
+from radixrt.runtime.model.layer_tracing import flatten
 from radixrt.runtime.model.models import llama_layer
 from radixrt.runtime.model.models.llama_layer import LayerDims
 
@@ -80,20 +82,16 @@ def _region(regions: bool, fn, name: str, args: tuple):
     """fn(*args); with regions, traced as one region that Inductor compiles once however many
     layers call it (torch's invoke_subgraph); the constants of args (absent biases, the weight plan)
     are part of the region's identity."""
-    if not regions:
+    if regions:
+        flat, rebuild = flatten(args)
+        skeleton = rebuild(list(range(len(flat))))
+        out = invoke_subgraph(lambda *t: fn(*rebuild(list(t))), f"{name}{skeleton}", *flat)
+    else:
         out = fn(*args)
-        return out[0] if len(out) == 1 else out
-    from torch._higher_order_ops.invoke_subgraph import invoke_subgraph
-
-    from radixrt.runtime.model.layer_tracing import flatten
-
-    flat, rebuild = flatten(args)
-    skeleton = rebuild(list(range(len(flat))))
-    out = invoke_subgraph(lambda *t: fn(*rebuild(list(t))), f"{name}{skeleton}", *flat)
     return out[0] if len(out) == 1 else tuple(out)
 
 
-def _layer_attention(d, scale, h, q, k, v, k_pool, v_pool, kv_idx, mask, rows, cols, shared_idx):
+def _layer_attention(d, scale, q, k, v, k_pool, v_pool, kv_idx, mask, rows, cols, shared_idx):
     keys = k_pool[kv_idx].index_put((rows, cols), k)  # [B, L, Hkv, D]
     values = v_pool[kv_idx].index_put((rows, cols), v)
     if shared_idx is None:
@@ -105,7 +103,7 @@ def _layer_attention(d, scale, h, q, k, v, k_pool, v_pool, kv_idx, mask, rows, c
 
 def _layer(d, scale, h, q, k, v, k_pool, v_pool, kv_idx, mask, rows, cols, shared_idx, ffn, nxt):
     """One layer's attention and feed-forward, then the next layer's q/k/v: (h, q, k, v)."""
-    o = _layer_attention(d, scale, h, q, k, v, k_pool, v_pool, kv_idx, mask, rows, cols, shared_idx)
+    o = _layer_attention(d, scale, q, k, v, k_pool, v_pool, kv_idx, mask, rows, cols, shared_idx)
     h, q, k, v = llama_layer.seam(d, h, o, *ffn, *nxt)
     return h, *_copies(q, k, v)
 
@@ -118,7 +116,7 @@ def _copies(*views: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 def _last_layer(d, scale, h, q, k, v, k_pool, v_pool, kv_idx, mask, rows, cols, shared_idx, ffn,
                 final_norm):  # fmt: skip
-    o = _layer_attention(d, scale, h, q, k, v, k_pool, v_pool, kv_idx, mask, rows, cols, shared_idx)
+    o = _layer_attention(d, scale, q, k, v, k_pool, v_pool, kv_idx, mask, rows, cols, shared_idx)
     return (llama_layer.final(d, h, o, *ffn, final_norm),)
 
 
