@@ -67,7 +67,7 @@ global_config = _GlobalConfig()
 def __getattr__(name: str) -> Any:
     # Engine pulls in torch and the model code: import it only when it is asked for.
     if name == "Engine":
-        from radixrt.runtime.engine import Engine
+        from radixrt.runtime.engine.engine import Engine
 
         return Engine
     raise AttributeError(f"module 'radixrt' has no attribute {name!r}")

@@ -264,7 +264,7 @@ class EngineBackend(Backend):
     def __init__(self, engine: Any = None, **engine_kwargs: Any):
         super().__init__()
         if engine is None:
-            from radixrt.runtime.engine import Engine  # imports torch: only when asked for
+            from radixrt.runtime.engine.engine import Engine  # imports torch: only when asked for
 
             engine = Engine(**engine_kwargs)
         elif engine_kwargs:

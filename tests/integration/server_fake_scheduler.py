@@ -13,7 +13,7 @@ import os
 import time
 
 from radixrt.runtime.messages import TokenizedGenerateReq, TokenOut
-from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.request.sampling_params import SamplingParams
 
 STEP_SECONDS = 0.01
 NUM_PAGES = 512

@@ -16,7 +16,7 @@ import re
 import pytest
 import torch
 
-from radixrt.runtime.engine import Engine
+from radixrt.runtime.engine.engine import Engine
 
 PROMPTS = [
     "The capital of France is",

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from radixrt import Engine
-from radixrt.runtime.stop_regex_check import KILL_AFTER_S
+from radixrt.runtime.request.stop_regex_check import KILL_AFTER_S
 
 PROMPT = "Answer yes or no: is the sky blue?"
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from radixrt.runtime.core.namespaces import KEY_STRIDE
-from radixrt.runtime.engine import Engine
+from radixrt.runtime.engine.engine import Engine
 from radixrt.runtime.model.lora_paths import REFUSED, LoraRefused
 
 PROMPTS = [

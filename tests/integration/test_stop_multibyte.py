@@ -1,7 +1,7 @@
 """Stop strings of multi-byte characters (CJK, emoji) end the request where the text shows them, on the
 Engine and over HTTP. A regex forces the model to write the stop string (each emoji is several byte-level
 tokens), so the test does not depend on what the model would say. Before the one incremental matcher
-(runtime/incremental_detokenizer.py), the scheduler looked back `1 + len(stop) + 4` tokens with len in
+(runtime/request/incremental_detokenizer.py), the scheduler looked back `1 + len(stop) + 4` tokens with len in
 characters, and a stop string spanning more tokens than that never matched on the Engine."""
 
 from __future__ import annotations

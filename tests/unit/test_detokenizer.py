@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixrt.runtime.incremental_detokenizer import IncrementalDetokenizer
 from radixrt.runtime.messages import BatchTokenOut, DetokenizeReq
+from radixrt.runtime.request.incremental_detokenizer import IncrementalDetokenizer
 from radixrt.runtime.serving.detokenizer import DetokenizerManager
 
 EOS = 1000

@@ -121,7 +121,9 @@ def test_core_reaches_no_torch_by_any_path():
 
 def test_imports_reach_torch_finds_a_lazy_path():
     assert imports_torch("radixrt.runtime.model.model_runner")
-    assert "radixrt.runtime.model.model_runner" in reachable("radixrt.runtime.scheduler_factory")
+    assert "radixrt.runtime.model.model_runner" in reachable(
+        "radixrt.runtime.engine.scheduler_factory"
+    )
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from radixrt.runtime.core.namespaces import KEY_STRIDE, TreeNamespaces
 from radixrt.runtime.core.req import Req
 from radixrt.runtime.core.scheduler import Scheduler
 from radixrt.runtime.messages import TokenizedGenerateReq
-from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.request.sampling_params import SamplingParams
 
 
 def running(*slots):

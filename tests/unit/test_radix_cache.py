@@ -16,7 +16,7 @@ from radixrt.runtime.core.page_allocator import PageAllocator, TableRows
 from radixrt.runtime.core.radix_cache import RadixCache
 from radixrt.runtime.core.req import Req
 from radixrt.runtime.core.req_memory import ReqMemory
-from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.request.sampling_params import SamplingParams
 
 
 def make(num_pages=64, page_size=1, disable=False):

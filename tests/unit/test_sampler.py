@@ -13,7 +13,7 @@ from torch.overrides import TorchFunctionMode
 from radixrt.runtime.core.plan import SampleRow
 from radixrt.runtime.model import sampler
 from radixrt.runtime.model.sampler import apply_penalties, sample, truncated_probs
-from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.request.sampling_params import SamplingParams
 
 
 def row(output_ids=(), prompt_ids=(), **kw) -> SampleRow:

@@ -277,7 +277,7 @@ def test_a_stopped_transfer_fails_what_it_held_instead_of_hanging():
 def test_settings_disaggregation_cannot_serve_are_refused_by_name():
     import pytest
 
-    from radixrt.runtime.engine import Engine
+    from radixrt.runtime.engine.engine import Engine
 
     with pytest.raises(ValueError, match="--tp-size 1 and --dp-size 1"):
         ServerConfig(disaggregation_mode="decode", tp_size=2)
@@ -307,7 +307,7 @@ def test_the_request_edge_names_the_bootstrap_field_at_fault():
     import pytest
 
     from radixrt.runtime.disaggregation.edge import check_bootstrap
-    from radixrt.runtime.request_edge import RequestError
+    from radixrt.runtime.request.edge import RequestError
 
     ok = dict(num_prompts=1, n=1, is_beam=False, logprob_start_len=None, prefill_addrs=("h:8998",))
     assert check_bootstrap("null", None, None, None, **ok) == {}  # ignored, as SGLang does

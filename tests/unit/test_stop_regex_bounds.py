@@ -13,13 +13,13 @@ from re import _parser as sre_parse
 import interegular
 import pytest
 
-from radixrt.runtime import stop_regex_check
 from radixrt.runtime.constrained.compile_pool import CompilePool, CompileTimeout
-from radixrt.runtime.constraint_conflicts import longest_match_chars
-from radixrt.runtime.regex_bounds import MAX_REGEX_EXPANSION, expanded_size
-from radixrt.runtime.sampling_params import SamplingParams
-from radixrt.runtime.stop_regex import MAX_STATES, check_stop_regex
-from radixrt.runtime.stop_regex_check import StopRegexChecker
+from radixrt.runtime.request import stop_regex_check
+from radixrt.runtime.request.constraint_conflicts import longest_match_chars
+from radixrt.runtime.request.regex_bounds import MAX_REGEX_EXPANSION, expanded_size
+from radixrt.runtime.request.sampling_params import SamplingParams
+from radixrt.runtime.request.stop_regex import MAX_STATES, check_stop_regex
+from radixrt.runtime.request.stop_regex_check import StopRegexChecker
 
 NESTED = "(((a{9999}){9999}){9999})"
 EXPLOSIVE = "[ab]*a[ab]{26}"  # 2**27 states

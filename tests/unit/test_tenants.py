@@ -16,8 +16,8 @@ from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.core.namespaces import TreeNamespaces
 from radixrt.runtime.core.scheduler import Scheduler
 from radixrt.runtime.messages import TokenizedGenerateReq
-from radixrt.runtime.request_edge import MAX_CACHE_SALT_CHARS, RequestError, expand_n
-from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.request.edge import MAX_CACHE_SALT_CHARS, RequestError, expand_n
+from radixrt.runtime.request.sampling_params import SamplingParams
 
 PROMPT = [(k * 7) % 40 + 3 for k in range(40)]
 

@@ -63,7 +63,7 @@ def serve(inp: BinaryIO, out: BinaryIO) -> None:
 
     from radixrt.runtime.constrained.regex_builder import GrammarError
     from radixrt.runtime.constrained.spec import spec_regex
-    from radixrt.runtime.stop_regex import build_seconds
+    from radixrt.runtime.request.stop_regex import build_seconds
 
     token_map, fsm_eos, memory_bytes = read_frame(inp)
     _die_with_parent()

@@ -54,7 +54,7 @@ def fork_donor(req: Req, running: list[Req], cached: int, page_size: int) -> Req
     """A running request with the same prompt whose KV covers all of it but the last token, when the
     tree supplied every whole page of that (cached) and a partial page remains: req then copies the
     donor's partial page instead of recomputing its tokens, and computes only the last prompt token
-    (for its own logits and seed). This is how the `n` samples of one prompt (request_edge.expand_n)
+    (for its own logits and seed). This is how the `n` samples of one prompt (edge.expand_n)
     share its prefill: the first one computes the prompt, the others wait for it
     (shares_inflight_prefix) and fork. The copy is made in the step that admits req, before its
     first write into that page, so no page is ever written by two requests and pages need no

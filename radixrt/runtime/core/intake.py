@@ -10,10 +10,10 @@ from typing import Any, Callable, Protocol
 from radixrt.runtime.core.finish_reason import FinishReason
 from radixrt.runtime.core.req import Req
 from radixrt.runtime.core.sessions import session_key
-from radixrt.runtime.incremental_detokenizer import IncrementalDetokenizer
 from radixrt.runtime.messages import TokenizedGenerateReq, TokenOut
-from radixrt.runtime.request_edge import EdgeLimits, check_cache_salt, check_prompt
-from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.request.edge import EdgeLimits, check_cache_salt, check_prompt
+from radixrt.runtime.request.incremental_detokenizer import IncrementalDetokenizer
+from radixrt.runtime.request.sampling_params import SamplingParams
 
 
 class GrammarBackends(Protocol):

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from radixrt.runtime.core.finish_reason import FinishReason
-from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.request.sampling_params import SamplingParams
 
 
 class Req:

@@ -40,7 +40,7 @@ from radixrt.runtime.core.sessions import SessionTable
 from radixrt.runtime.core.step_recovery import StepRecovery
 from radixrt.runtime.core.tiered_cache import make_tree
 from radixrt.runtime.messages import TokenizedGenerateReq, TokenOut
-from radixrt.runtime.request_edge import EdgeLimits, constraint_of
+from radixrt.runtime.request.edge import EdgeLimits, constraint_of
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from radixrt.runtime.core.scheduler_pd import DEFAULT_BOOTSTRAP_PORT
-from radixrt.runtime.request_edge import RequestError
+from radixrt.runtime.request.edge import RequestError
 
 MAX_ROOM = 2**64 - 1
 

@@ -31,7 +31,7 @@ import torch
 from radixrt.runtime.core.plan import SampleRow
 from radixrt.runtime.model.sampler_draw import draw_inverse_cdf, draw_race, use_race
 from radixrt.runtime.model.sampler_logits import apply_masks, apply_penalties, index_tensor
-from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.request.sampling_params import SamplingParams
 
 
 class NoAllowedTokenError(AssertionError):

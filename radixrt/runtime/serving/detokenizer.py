@@ -9,7 +9,6 @@ from typing import Any
 import zmq
 
 from radixrt.runtime import messages
-from radixrt.runtime.incremental_detokenizer import IncrementalDetokenizer
 from radixrt.runtime.messages import (
     BatchTextOut,
     BatchTokenOut,
@@ -17,6 +16,7 @@ from radixrt.runtime.messages import (
     ProcessFailed,
     ProcessReady,
 )
+from radixrt.runtime.request.incremental_detokenizer import IncrementalDetokenizer
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
 from radixrt.runtime.messages import TokenizedGenerateReq
-from radixrt.runtime.request_edge import SequenceResult, expand_beams, generate_output
+from radixrt.runtime.request.edge import SequenceResult, expand_beams, generate_output
 from radixrt.runtime.serving.http_io import (
     SSE_DONE,
     SSE_HEADERS,

@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from radixrt.runtime.request_edge import SequenceResult
+from radixrt.runtime.request.edge import SequenceResult
 from radixrt.runtime.serving import tool_calls
 from radixrt.runtime.serving.http_io import SSE_HEADERS, read_body, sse
 from radixrt.runtime.serving.openai_chat_tools import answer_with_tools

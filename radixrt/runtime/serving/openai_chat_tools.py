@@ -17,7 +17,7 @@ from typing import Any, AsyncIterator
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from radixrt.runtime.request_edge import SequenceResult
+from radixrt.runtime.request.edge import SequenceResult
 from radixrt.runtime.serving import tool_calls
 from radixrt.runtime.serving.http_io import (
     SSE_DONE,

@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from radixrt.runtime.request_edge import SequenceResult
+from radixrt.runtime.request.edge import SequenceResult
 from radixrt.runtime.serving.http_io import SSE_HEADERS, read_body, sse
 from radixrt.runtime.serving.pd_auth import check_bootstrap_auth
 from radixrt.runtime.serving.protocol import APIError, CompletionRequest, parse_body

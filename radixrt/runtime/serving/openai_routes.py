@@ -15,7 +15,7 @@ from typing import Any, AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from radixrt.runtime.request_edge import SequenceResult, expand_beams
+from radixrt.runtime.request.edge import SequenceResult, expand_beams
 from radixrt.runtime.serving.http_io import SSE_DONE, accumulate, collect_results, sse
 from radixrt.runtime.serving.openai_chat import ChatRoute
 from radixrt.runtime.serving.openai_completions import CompletionRoute
@@ -83,7 +83,7 @@ class OpenAIRoutes:
 
     def default_max_tokens(self, prompt_len: int, beam_width: int = 1) -> int:
         """What the rest of the context allows; a beam search: what its beams may all hold in
-        the pool even unshared (request_edge.check_beam_request)."""
+        the pool even unshared (edge.check_beam_request)."""
         room = max(0, min(self.tm.context_len, self.tm.pool_tokens) - prompt_len)
         if beam_width > 1:
             page = self.tm.limits.page_size

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from radixrt.runtime.core.pins import MAX_PIN_TTL_S
 from radixrt.runtime.messages import CloseSessionReq, UnpinReq
-from radixrt.runtime.request_edge import MAX_CACHE_SALT_CHARS, SequenceResult
+from radixrt.runtime.request.edge import MAX_CACHE_SALT_CHARS, SequenceResult
 from radixrt.runtime.serving.http_io import collect_results, read_body
 from radixrt.runtime.serving.protocol import APIError, parse_body
 from radixrt.runtime.serving.tenants import client_of

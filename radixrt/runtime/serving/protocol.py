@@ -9,7 +9,7 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from radixrt.runtime.request_edge import MAX_CACHE_SALT_CHARS, RequestError
+from radixrt.runtime.request.edge import MAX_CACHE_SALT_CHARS, RequestError
 
 
 class APIError(Exception):

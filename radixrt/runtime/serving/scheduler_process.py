@@ -47,7 +47,7 @@ from radixrt.runtime.serving.step_profiler import StepProfiler
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_SCHEDULER_CLASS = "radixrt.runtime.scheduler_factory:create_scheduler"
+DEFAULT_SCHEDULER_CLASS = "radixrt.runtime.engine.scheduler_factory:create_scheduler"
 IDLE_POLL_MS = 100  # how long an idle loop sleeps on the socket before checking its parent again
 LORA_POLL_MS = 5  # ... while a LoRA adapter is being read: its answer waits on the next poll
 

@@ -19,20 +19,20 @@ from radixrt.runtime.cache_tree_text import add_previews
 from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.disaggregation.edge import check_bootstrap
 from radixrt.runtime.messages import CacheTreeOut, GetCacheTreeReq, TokenizedGenerateReq
-from radixrt.runtime.request_edge import (
+from radixrt.runtime.request.edge import (
     EdgeLimits,
     RequestError,
     check_prompt,
     constraint_of,
     expand_n,
 )
-from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.request.sampling_params import SamplingParams
+from radixrt.runtime.request.stop_regex_check import StopRegexChecker
 from radixrt.runtime.serving.metrics import ServerMetrics
 from radixrt.runtime.serving.protocol import APIError, from_value_error
 from radixrt.runtime.serving.request_handle import ReqState, RequestHandle
 from radixrt.runtime.serving.scheduler_link import SchedulerLink
 from radixrt.runtime.serving.tenants import CompileShares, check_in_flight
-from radixrt.runtime.stop_regex_check import StopRegexChecker
 
 
 class TokenizerManager(SchedulerLink):

@@ -11,8 +11,8 @@ import math
 import re
 from typing import Any
 
-from radixrt.runtime.regex_bounds import check_regex_expansion
-from radixrt.runtime.sampling_param_names import CONSTRAINT_FIELDS, NOT_YET
+from radixrt.runtime.request.regex_bounds import check_regex_expansion
+from radixrt.runtime.request.sampling_param_names import CONSTRAINT_FIELDS, NOT_YET
 
 MAX_N = 16
 MAX_BEAM_WIDTH = 16
@@ -121,7 +121,9 @@ def check_stop_conditions(p: Any) -> None:
         f"must be a regex or a list of at most {MAX_STOP_REGEX} regexes of at most "
         f"{MAX_STOP_STRING_CHARS} characters",
     )
-    from radixrt.runtime.stop_regex import check_stop_regex  # names the pattern it cannot run
+    from radixrt.runtime.request.stop_regex import (
+        check_stop_regex,
+    )  # names the pattern it cannot run
 
     for pattern in p.stop_regex:
         check_stop_regex(pattern)
@@ -287,7 +289,7 @@ def check_one_constraint(p: Any) -> None:
     if len(constraints) > 1:
         raise ValueError(f"sampling parameters {' and '.join(constraints)} cannot be combined")
     if constraints and not p.ignore_eos:
-        from radixrt.runtime.constraint_conflicts import check_min_new_tokens
+        from radixrt.runtime.request.constraint_conflicts import check_min_new_tokens
 
         check_min_new_tokens(constraints[0], getattr(p, constraints[0]), p.min_new_tokens)
 

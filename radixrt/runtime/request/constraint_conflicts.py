@@ -15,7 +15,7 @@ import functools
 import re
 from re import _parser as sre_parse
 
-from radixrt.runtime.regex_bounds import parse
+from radixrt.runtime.request.regex_bounds import parse
 
 
 @functools.lru_cache(maxsize=256)

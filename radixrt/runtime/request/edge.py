@@ -15,8 +15,12 @@ from typing import Any
 
 from radixrt.runtime.core.sessions import MAX_SESSION_ID_CHARS
 from radixrt.runtime.messages import TokenizedGenerateReq
-from radixrt.runtime.sampling_params import CONSTRAINT_FIELDS, MAX_TOP_LOGPROBS, SamplingParams
-from radixrt.runtime.sequence_result import SequenceResult, expand_beams, generate_output
+from radixrt.runtime.request.sampling_params import (
+    CONSTRAINT_FIELDS,
+    MAX_TOP_LOGPROBS,
+    SamplingParams,
+)
+from radixrt.runtime.request.sequence_result import SequenceResult, expand_beams, generate_output
 
 __all__ = [
     "CONSTRAINT_KINDS",

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from radixrt.runtime.incremental_detokenizer import IncrementalDetokenizer
 from radixrt.runtime.messages import TokenizedGenerateReq, TokenOut
-from radixrt.runtime.request_edge import SequenceResult, expand_beams, generate_output
+from radixrt.runtime.request.edge import SequenceResult, expand_beams, generate_output
+from radixrt.runtime.request.incremental_detokenizer import IncrementalDetokenizer
 
 
 class Sequence:

@@ -1,6 +1,6 @@
 """A sequence's result as its deltas add up (SequenceResult), a beam search's beams as results of
 their own (expand_beams), and SGLang's /generate result dict (generate_output). Re-exported by
-request_edge.py; no torch, no HTTP framework here."""
+request/edge.py; no torch, no HTTP framework here."""
 
 from __future__ import annotations
 

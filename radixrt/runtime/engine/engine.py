@@ -17,11 +17,11 @@ from radixrt.runtime.cache_tree_text import add_previews, check_view_limits
 from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.core.cache_view import DEFAULT_MAX_DEPTH, DEFAULT_MAX_NODES
 from radixrt.runtime.core.pins import MAX_PIN_TTL_S
-from radixrt.runtime.engine_sequence import Sequence
+from radixrt.runtime.engine.sequence import Sequence
 from radixrt.runtime.messages import TokenizedGenerateReq, TokenOut
-from radixrt.runtime.request_edge import check_prompt, constraint_of, expand_n
-from radixrt.runtime.sampling_params import SamplingParams
-from radixrt.runtime.stop_regex_check import StopRegexChecker
+from radixrt.runtime.request.edge import check_prompt, constraint_of, expand_n
+from radixrt.runtime.request.sampling_params import SamplingParams
+from radixrt.runtime.request.stop_regex_check import StopRegexChecker
 
 _CONFIG_FIELDS = {f.name for f in dataclasses.fields(ServerConfig)}
 
@@ -31,7 +31,7 @@ class Engine:
         unknown = sorted(set(kwargs) - _CONFIG_FIELDS)
         if unknown:
             raise ValueError(f"unknown Engine argument(s): {', '.join(unknown)}")
-        from radixrt.runtime.scheduler_factory import (
+        from radixrt.runtime.engine.scheduler_factory import (
             create_scheduler,  # torch is imported only here
         )
 

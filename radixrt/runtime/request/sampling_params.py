@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixrt.runtime.sampling_param_checks import (
+from radixrt.runtime.request.sampling_param_checks import (
     MAX_CHOICE_CHARS,
     MAX_CHOICES,
     MAX_CUSTOM_PARAMS_KEYS,
@@ -31,7 +31,7 @@ from radixrt.runtime.sampling_param_checks import (
     MIN_TEMPERATURE,
     validate_sampling_params,
 )
-from radixrt.runtime.sampling_param_names import (
+from radixrt.runtime.request.sampling_param_names import (
     CONSTRAINT_FIELDS,
     NOT_YET,
     RADIXRT_SAMPLING_PARAMS,

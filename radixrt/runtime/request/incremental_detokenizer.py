@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from radixrt.runtime.stop_regex import StopRegexSearch
+from radixrt.runtime.request.stop_regex import StopRegexSearch
 
 REPLACEMENT_CHAR = "\ufffd"  # what a decoder shows for an incomplete UTF-8 sequence
 
