@@ -53,7 +53,7 @@ def build(
             PlanItem(
                 row=row,
                 new_ids=[1] * new_len,
-                prefix_len=seq_len - new_len,
+                computed_len=seq_len - new_len,
                 slots=slots,
                 write_start=0,
             )

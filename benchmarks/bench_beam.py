@@ -100,7 +100,7 @@ def main() -> None:
     engine = Engine()
     dtype = getattr(torch, engine.scheduler.model_info["dtype"])
     page_size = engine.config.page_size
-    hf = Transformers(str(transformers_dir()), dtype, engine.scheduler._eos_list)
+    hf = Transformers(str(transformers_dir()), dtype, sorted(engine.scheduler.eos_ids))
     print(
         f"dtype {dtype}, {len(prompts)} prompts, {args.new_tokens} new tokens, page size {page_size}"
     )

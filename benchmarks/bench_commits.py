@@ -37,10 +37,11 @@ REPO = HERE.parent
 RESULTS = HERE / "results"
 MARK = "BENCH_COMMITS "  # the child's result line on stdout
 SIZES = {  # (scheduler: requests, prefix, own, new tokens, timed rounds), engine: shared requests, tokens
-    "full": {"sched": (64, 320, 16, 64, 5), "shared": 16, "tokens": 64, "repeats": 3},
+    "full": {"sched": (64, 320, 16, 64, 10), "shared": 16, "tokens": 64, "repeats": 3},
     "quick": {"sched": (8, 64, 8, 8, 1), "shared": 4, "tokens": 8, "repeats": 1},
 }
 VOCAB, PAGE_SIZE = 50, 16
+REMOVE_AT_EXIT: set[pathlib.Path] = set()
 
 
 # ---------------------------------------------------------------- child: one tree, one measurement
@@ -63,13 +64,15 @@ def check_tree(tree: pathlib.Path) -> None:
         raise SystemExit(f"radixrt imported from {got}, not from the tree under test {tree}")
 
 
-def sched_round(tree: pathlib.Path, num: int, prefix: int, own: int, new: int) -> tuple[int, float]:
+def sched_round(num: int, prefix: int, own: int, new: int) -> tuple[int, float]:
     """One scheduler run over the fake runner: (steps, seconds outside the runner)."""
     from fake_runner import FakeRunner
 
     ServerConfig = first("ServerConfig", "radixrt.runtime.config")
     Scheduler = first("Scheduler", "radixrt.runtime.core.scheduler", "radixrt.runtime.core")
-    Req = first("TokenizedGenerateReq", "radixrt.runtime.messages", "radixrt.runtime.request.messages")
+    Req = first(
+        "TokenizedGenerateReq", "radixrt.runtime.messages", "radixrt.runtime.request.messages"
+    )
     cfg = ServerConfig(page_size=PAGE_SIZE, max_running_requests=num)
     pages = num * (prefix + own + new) // PAGE_SIZE + 2 * num
     runner = FakeRunner(num_pages=pages, page_size=PAGE_SIZE, vocab_size=VOCAB, max_rows=num + 1)
@@ -90,12 +93,18 @@ def sched_round(tree: pathlib.Path, num: int, prefix: int, own: int, new: int) -
     rng = random.Random(0)
     shared = [rng.randrange(1, VOCAB) for _ in range(prefix)]
     params = {"max_new_tokens": new, "ignore_eos": True}
+    msgs = [
+        Req(
+            rid=str(i),
+            input_ids=shared + [rng.randrange(1, VOCAB) for _ in range(own)],
+            sampling_params=dict(params),
+        )
+        for i in range(num)
+    ]
     outs, steps = [], 0
     t0 = time.perf_counter()
-    for i in range(num):
-        ids = shared + [rng.randrange(1, VOCAB) for _ in range(own)]
-        # today add_request returns outputs; after the refactor only take_outputs() does
-        outs += s.add_request(Req(rid=str(i), input_ids=ids, sampling_params=params)) or []
+    for msg in msgs:  # add_request returns outputs today; after the refactor only take_outputs()
+        outs += s.add_request(msg) or []
     outs += s.take_outputs()
     while s.has_work() and steps < 100_000:
         s.step()
@@ -112,10 +121,10 @@ def sched_round(tree: pathlib.Path, num: int, prefix: int, own: int, new: int) -
     return steps, seconds
 
 
-def scheduler_rate(tree: pathlib.Path, size: tuple) -> float:
+def scheduler_rate(size: tuple) -> float:
     *shape, rounds = size
-    sched_round(tree, *shape)  # warm-up: imports, first-call costs
-    runs = [sched_round(tree, *shape) for _ in range(rounds)]
+    sched_round(*shape)  # warm-up: imports, first-call costs
+    runs = [sched_round(*shape) for _ in range(rounds)]
     return sum(n for n, _ in runs) / sum(t for _, t in runs)
 
 
@@ -127,8 +136,12 @@ def engine_rates(num_shared: int, tokens: int) -> dict[str, float]:
         "shared-16": shared_prefix_prompts(num_shared),
         "batch-1": [f"Question: {QUESTIONS[0]}\nAnswer:"],
     }
-    params = {"temperature": 0, "max_new_tokens": tokens, "min_new_tokens": tokens}
-    params["ignore_eos"] = True
+    params = {
+        "temperature": 0,
+        "max_new_tokens": tokens,
+        "min_new_tokens": tokens,
+        "ignore_eos": True,
+    }
     engine = Engine()
 
     def run(prompts: list[str]) -> float:
@@ -155,7 +168,7 @@ def child(tree: pathlib.Path, quick: bool) -> None:
 
     if tree.resolve() not in pathlib.Path(fake_runner.__file__).resolve().parents:
         raise SystemExit(f"fake_runner imported from {fake_runner.__file__}, not from {tree}")
-    figures = {"scheduler": scheduler_rate(tree, size["sched"])}
+    figures = {"scheduler": scheduler_rate(size["sched"])}
     figures.update(engine_rates(size["shared"], size["tokens"]))
     print(MARK + json.dumps(figures), flush=True)
 
@@ -176,7 +189,11 @@ def checkout(rev: str) -> tuple[pathlib.Path, str]:
         git("worktree", "add", "--detach", str(path), sha)
     elif git("-C", str(path), "rev-parse", "HEAD") != sha:
         raise SystemExit(f"{path} exists but is not a checkout of {sha}")
-    atexit.register(git, "worktree", "remove", "--force", str(path))
+    if path not in REMOVE_AT_EXIT:  # base and head may be one commit
+        REMOVE_AT_EXIT.add(path)
+        atexit.register(
+            subprocess.run, ["git", "worktree", "remove", "--force", str(path)], cwd=REPO
+        )
     return path, f"{rev} ({sha[:12]})"
 
 
@@ -184,7 +201,9 @@ def measure(tree: pathlib.Path, quick: bool) -> dict[str, float]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tree), env.get("PYTHONPATH")) if p)
     cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), "--child", str(tree)]
-    out = subprocess.run(cmd + ["--quick"] * quick, cwd=tree, env=env, capture_output=True, text=True)
+    out = subprocess.run(
+        cmd + ["--quick"] * quick, cwd=tree, env=env, capture_output=True, text=True
+    )
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith(MARK)]
     if out.returncode or not lines:
         sys.stderr.write(out.stdout[-4000:] + out.stderr[-8000:])
@@ -211,13 +230,16 @@ def save(text: str, base_label: str, head_label: str, repeats: int, quick: bool)
     from run_info import machine
 
     m = machine()
+    load = " ".join(f"{x:.2f}" for x in m["loadavg_at_start"] or ())
     kind = "--quick: smoke-test sizes, not figures to compare" if quick else "full sizes"
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "bench_commits.md").write_text(
         f"# bench_commits.py\n\n- base: {base_label}\n- head: {head_label}\n"
         f"- medians of {repeats} alternating run(s), {kind}\n"
         f"- machine: {m['cpu']}, {m['cpu_count']} CPUs, {m['platform']}, Python {m['python']}, "
-        f"load at start {m['loadavg_at_start']}\n\n{text}\n"
+        f"load at start {load}\n"
+        f"- RADIXRT_DISABLE_TORCH_COMPILE: {os.environ.get('RADIXRT_DISABLE_TORCH_COMPILE', 'unset')}"
+        f"\n\n{text}\n"
     )
 
 
@@ -247,7 +269,11 @@ def main() -> None:
         for name, tree in (("base", base_tree), ("head", head_tree)):
             t0 = time.perf_counter()
             runs[name].append(measure(tree, args.quick))
-            print(f"  repeat {r + 1} {name}: {runs[name][-1]} ({time.perf_counter() - t0:.0f} s)")
+            figures = ", ".join(f"{k} {v:,.1f}" for k, v in runs[name][-1].items())
+            print(
+                f"  repeat {r + 1} {name}: {figures} ({time.perf_counter() - t0:.0f} s)",
+                file=sys.stderr,
+            )
     text = table(runs["base"], runs["head"], size)
     print(f"\nbase: {base_label}\nhead: {head_label}\n\n{text}")
     save(text, base_label, head_label, repeats, args.quick)

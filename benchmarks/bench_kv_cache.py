@@ -175,7 +175,9 @@ def n_samples(fork: bool) -> dict:
         peak, run = [0], sched.runner.run
 
         def counting(plan, mask_sources=()):
-            peak[0] = max(peak[0], sched.allocator.num_pages - sched.allocator.num_free)
+            peak[0] = max(
+                peak[0], sched.memory.allocator.num_pages - sched.memory.allocator.num_free
+            )
             return run(plan, mask_sources)
 
         sched.runner.run = counting

@@ -51,7 +51,7 @@ def make_case(
             PlanItem(
                 row=i + 1,
                 new_ids=[gen.randrange(100) for _ in range(e)],
-                prefix_len=p,
+                computed_len=p,
                 slots=slots,
                 write_start=0,
             )

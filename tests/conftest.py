@@ -130,7 +130,7 @@ class PagedDriver:
                 PlanItem(
                     row=req["row"],
                     new_ids=list(ids),
-                    prefix_len=prefix_len,
+                    computed_len=prefix_len,
                     slots=slots_of(req["pages"], prefix_len, seq_len, self.page_size),
                     write_start=prefix_len,
                     logits_start=0 if all_rows else None,

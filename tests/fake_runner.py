@@ -115,9 +115,9 @@ class FakeRunner:
         assert len(set(rows)) == len(rows), "a table row twice in one batch"
         slots: dict[int, str] = {}
         for it in plan:  # one adapter per slot in a step, and a slot for every adapter's item
-            assert (it.lora_name is None) == (it.lora_slot is None)
+            assert (it.lora is None) == (it.lora_slot is None)
             if it.lora_slot is not None:
-                assert slots.setdefault(it.lora_slot, it.lora_name) == it.lora_name
+                assert slots.setdefault(it.lora_slot, it.lora) == it.lora
         self.lora_steps.append(slots)
         written: set[int] = set()
         results = []
@@ -132,16 +132,16 @@ class FakeRunner:
                         self.kv.pop(dst * self.page_size + off, None)
                 self.num_page_copies += 1
         for it in plan:
-            end = it.prefix_len + len(it.new_ids)
+            end = it.computed_len + len(it.new_ids)
             row = self.table.setdefault(it.row, {})
             for k, pos in enumerate(range(it.write_start, end)):
                 row[pos] = it.slots[k]
             fill = it.prompt_ids + it.output_ids
             num_own = len(it.new_ids) - it.num_draft  # the request's own tokens, then its draft
-            assert fill[it.prefix_len : it.prefix_len + num_own] == it.new_ids[:num_own], (
+            assert fill[it.computed_len : it.computed_len + num_own] == it.new_ids[:num_own], (
                 "new_ids are not the next tokens"
             )
-            assert it.prefix_len + num_own == len(fill) or not it.num_draft, (
+            assert it.computed_len + num_own == len(fill) or not it.num_draft, (
                 "a draft fed before the last token"
             )
             assert len(it.picks) in (
@@ -150,13 +150,13 @@ class FakeRunner:
             for j, pick in enumerate(it.picks):  # pick j sees draft tokens 0..j-1 as output
                 assert pick.output_ids == it.output_ids + it.new_ids[num_own : num_own + j]
             seq = []
-            for pos in range(it.prefix_len):
+            for pos in range(it.computed_len):
                 got = self.kv.get(row[pos])
                 assert got == (pos, fill[pos]), (
                     f"row {it.row}: slot {row[pos]} of position {pos} holds {got}"
                 )
                 seq.append(got[1])
-            for pos, tok in zip(range(it.prefix_len, end), it.new_ids):
+            for pos, tok in zip(range(it.computed_len, end), it.new_ids):
                 slot = row[pos]
                 assert slot not in written, "two tokens written to one slot in a step"
                 written.add(slot)
@@ -167,12 +167,12 @@ class FakeRunner:
             if it.picks:
                 # a pick after the own tokens and after each draft token
                 picks = [
-                    next_token(seq[: it.prefix_len + num_own + j], self.vocab_size)
+                    next_token(seq[: it.computed_len + num_own + j], self.vocab_size)
                     for j in range(it.num_draft + 1)
                 ]
                 res.next_id, res.logprob = picks[0], -1.0
                 if it.picks[0].beam_candidates:
-                    own = seq[: it.prefix_len + num_own]
+                    own = seq[: it.computed_len + num_own]
                     res.beam_offers = beam_offers(own, self.vocab_size, it.picks[0].beam_candidates)
                 if it.num_draft:
                     res.draft_results = [ItemResult(next_id=t, logprob=-1.0) for t in picks[1:]]

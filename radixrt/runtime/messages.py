@@ -12,6 +12,8 @@ from typing import Any
 
 import orjson
 
+from radixrt.runtime.request.options import RequestOptions
+
 _TYPES: dict[str, type] = {}
 
 
@@ -42,24 +44,12 @@ class TokenizedGenerateReq:
     rid: str
     input_ids: list[int]
     sampling_params: dict[str, Any]  # SamplingParams.to_dict(), already validated
-    return_logprob: bool = False
-    logprob_start_len: int = -1  # -1: no prompt logprobs; k: logprobs of prompt tokens k..end
-    top_logprobs_num: int = 0
-    stream: bool = False
-    program_id: str | None = None
+    # stream, logprobs, program/session/pin, LoRA, cache salt, bootstrap: built once at the entry
+    options: RequestOptions = field(default_factory=RequestOptions)
     arrival_time: float = 0.0
-    # keep the prompt pinned in the cache after it finishes (handle = rid)
-    pin_ttl_s: float | None = None
-    # a turn of this session: pinned when finished, until the next turn (sessions.py)
-    session_id: str | None = None
-    lora_path: str | None = None  # the LoRA adapter's name (SGLang's field; None: the base model)
-    # vLLM's field: KV is shared only between requests of the same salt (core/namespaces.py)
-    cache_salt: str | None = None
-    # prefill-decode disaggregation (SGLang's fields): the prefill server's bootstrap address and
-    # the room both servers know this request by (None: not disaggregated)
-    bootstrap_host: str | None = None
-    bootstrap_port: int | None = None
-    bootstrap_room: int | None = None
+
+    def __post_init__(self) -> None:
+        self.options = RequestOptions.from_wire(self.options)  # a dict when decoded
 
 
 @message

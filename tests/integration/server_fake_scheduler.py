@@ -40,7 +40,7 @@ class FakeScheduler:
         self.hang = False
         self.num_tokens_generated = 0
         self.num_aborted = 0
-        self.outputs: list[TokenOut] = []  # produced by step(), handed out by take_outputs()
+        self.outputs: list[TokenOut] = []  # produced by every call, handed out by take_outputs()
 
     def _out(
         self, r: dict, new_ids: list[int], reason: dict | None, error: str | None = None
@@ -56,7 +56,12 @@ class FakeScheduler:
             output_top_logprobs=[[[-0.5, t]] for t in new_ids] if r["logprob"] else [],
         )
 
-    def add_request(self, msg: TokenizedGenerateReq) -> list[TokenOut]:
+    @property
+    def admin(self) -> FakeScheduler:
+        """The admin calls (flush_cache, server_info) are this object's own."""
+        return self
+
+    def add_request(self, msg: TokenizedGenerateReq) -> None:
         self.num_added += 1
         sp = SamplingParams.from_dict(msg.sampling_params)
         r = {
@@ -64,27 +69,25 @@ class FakeScheduler:
             "input_ids": msg.input_ids,
             "sp": sp,
             "out": [],
-            "stream": msg.stream,
+            "stream": msg.options.stream,
             "sent": 0,
-            "logprob": msg.return_logprob,
+            "logprob": msg.options.return_logprob,
         }
         if len(msg.input_ids) + sp.max_new_tokens > NUM_PAGES:
-            return [
-                self._out(
-                    r, [], {"type": "abort", "message": "too long"}, error="too long for the pool"
-                )
-            ]
+            reason = {"type": "abort", "message": "too long"}
+            self.outputs.append(self._out(r, [], reason, error="too long for the pool"))
+            return
         if "CRASH" in self.tokenizer.decode(msg.input_ids):
             self.crash = True
         if "HANG" in self.tokenizer.decode(msg.input_ids):
             self.hang = True
         self.running[msg.rid] = r
-        return []
 
-    def abort(self, rid: str) -> list[TokenOut]:
+    def abort(self, rid: str) -> None:
         r = self.running.pop(rid, None)
         self.num_aborted += r is not None
-        return [] if r is None else [self._out(r, [], {"type": "abort", "message": "aborted"})]
+        if r is not None:
+            self.outputs.append(self._out(r, [], {"type": "abort", "message": "aborted"}))
 
     def has_work(self) -> bool:
         return bool(self.running)

@@ -71,7 +71,7 @@ def assert_same_beams(ours, theirs, pad):
 
 @pytest.mark.parametrize("width", [2, 4])
 def test_beams_equal_transformers(engine, prompts, hf_model, width):
-    eos = engine.scheduler._eos_list
+    eos = sorted(engine.scheduler.eos_ids)
     results = engine.beam_search(prompts, beam_width=width, max_new_tokens=14)
     ended_early = 0
     for prompt, ours in zip(prompts, results):
@@ -99,7 +99,7 @@ def test_beams_equal_transformers(engine, prompts, hf_model, width):
     ids=str,
 )
 def test_length_penalty_and_early_stopping_equal_transformers(engine, prompts, hf_model, options):
-    eos = engine.scheduler._eos_list
+    eos = sorted(engine.scheduler.eos_ids)
     for prompt in (prompts[0], prompts[-1]):
         ours = engine.beam_search(prompt, beam_width=3, max_new_tokens=10, **options)
         theirs, pad = hf_beams(hf_model, engine.tokenizer, prompt, 3, 10, eos, **options)
@@ -175,7 +175,9 @@ def test_a_preempted_beam_search_ends_the_same(engine, prompts):
         assert outs[0]["output_ids"] == engine.generate(long_prompt, other)["output_ids"]
         small.check_integrity()
         assert small.flush_cache()
-        assert small.scheduler.allocator.num_free == small.scheduler.allocator.num_pages
+        assert (
+            small.scheduler.memory.allocator.num_free == small.scheduler.memory.allocator.num_pages
+        )
     finally:
         small.shutdown()
 

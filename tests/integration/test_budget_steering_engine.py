@@ -32,9 +32,7 @@ def engine():
 
 
 def shortest(engine, schema) -> int:
-    fut = engine.scheduler.get_grammar_backend("json_schema").request(
-        "json_schema", json.dumps(schema)
-    )
+    fut = engine.scheduler.grammar_backend("json_schema").request("json_schema", json.dumps(schema))
     while not fut.done():
         time.sleep(0.01)
     state = fut.result()
@@ -134,7 +132,7 @@ def test_auto_steers_what_llguidance_serves(engine):
         for name, schema in UNBOUNDED.items():
             k = shortest(engine, schema)
             # outlines, cached once compiled
-            shadow = auto.scheduler.get_grammar_backend("json_schema").secondary
+            shadow = auto.scheduler.grammar_backend("json_schema").secondary
             fut = shadow.request("json_schema", json.dumps(schema))
             while not fut.done():
                 time.sleep(0.01)
@@ -170,7 +168,7 @@ def test_auto_steers_ebnf_grammars():
         cases = []
         for name, (gbnf, lark_text) in GRAMMARS.items():
             # outlines, cached once compiled
-            shadow = auto.scheduler.get_grammar_backend("ebnf").secondary
+            shadow = auto.scheduler.grammar_backend("ebnf").secondary
             fut = shadow.request("regex", cfg_regex(gbnf))
             while not fut.done():
                 time.sleep(0.01)

@@ -593,7 +593,7 @@ def test_regex_and_choices(engine):
 
 def test_bad_constraints_are_refused_before_any_work(engine):
     forwards = engine.scheduler.stats.num_forwards
-    killed = engine.scheduler.get_grammar_backend().pool.num_killed
+    killed = engine.scheduler.grammar_backend().pool.num_killed
     for params in (
         {"json_schema": '{"type": "array", "uniqueItems": true}'},
         {"json_schema": "{not json"},
@@ -602,6 +602,6 @@ def test_bad_constraints_are_refused_before_any_work(engine):
         with pytest.raises(ValueError):
             engine.generate("hi", {**params, "max_new_tokens": 4})
     assert engine.scheduler.stats.num_forwards == forwards, "a refused request reached the model"
-    assert engine.scheduler.get_grammar_backend().pool.num_killed == killed, (
+    assert engine.scheduler.grammar_backend().pool.num_killed == killed, (
         "refusal waited for a compile timeout"
     )

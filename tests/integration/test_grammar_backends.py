@@ -51,7 +51,7 @@ def engines():
 def test_schemas_give_valid_json_under_llguidance(engines):
     engine = engines["llguidance"]
     schemas = {**SCHEMAS, **{n: SUITE[n][0] for n in SUITE_NAMES}}
-    backend = engine.scheduler.get_grammar_backend("json_schema")
+    backend = engine.scheduler.grammar_backend("json_schema")
     refused = []
     # llguidance refuses what it does not implement, by name
     for name, schema in list(schemas.items()):

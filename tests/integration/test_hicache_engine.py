@@ -79,7 +79,7 @@ def test_outputs_are_token_identical_with_the_tier(baseline, tier, tmp_path):
             assert os.listdir(tmp_path) == []
         assert chat_rounds(engine) == chats
         s = engine.scheduler
-        info = s.server_info()
+        info = s.admin.server_info()
         assert info["hicache_tokens_loaded"] > 0 and info["hicache_hits"] > 0
         assert (
             info["hicache_bytes_loaded"]
@@ -97,7 +97,7 @@ def test_outputs_are_token_identical_with_the_tier(baseline, tier, tmp_path):
         )
         engine.check_integrity()
         assert engine.flush_cache()
-        info = s.server_info()
+        info = s.admin.server_info()
         assert info["hicache_pages_used"] == 0 and info["kv_pages_cached"] == 0
     finally:
         engine.shutdown()
@@ -164,7 +164,7 @@ def test_quantized_pages_and_their_scales_come_back_exactly(tmp_path):
         try:
             outputs[tier] = chat_rounds(engine, rounds=2)
             if tier:
-                assert engine.scheduler.server_info()["hicache_tokens_loaded"] > 0
+                assert engine.scheduler.admin.server_info()["hicache_tokens_loaded"] > 0
             engine.check_integrity()
         finally:
             engine.shutdown()

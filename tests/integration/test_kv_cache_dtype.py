@@ -31,7 +31,7 @@ def test_quantized_kv_top1_agreement_with_transformers_fp32(refs, kv):
     engine = Engine(dtype="float32", kv_cache_dtype=kv, chunked_prefill_size=8, page_size=8)
     try:
         assert (
-            engine.scheduler.server_info()["kv_cache_dtype"]
+            engine.scheduler.admin.server_info()["kv_cache_dtype"]
             == {"int8": "int8", "fp8_e4m3": "float8_e4m3fn"}[kv]
         )
         agree, total, delta = teacher_forced(engine, refs)

@@ -97,6 +97,8 @@ def test_family_with_int8_kv_grammar_preemption_and_second_tier(kind, model_dir,
         jsonschema.validate(json.loads(outs[1]["text"]), schema)
         small.check_integrity()
         assert small.flush_cache()
-        assert small.scheduler.allocator.num_free == small.scheduler.allocator.num_pages
+        assert (
+            small.scheduler.memory.allocator.num_free == small.scheduler.memory.allocator.num_pages
+        )
     finally:
         small.shutdown()

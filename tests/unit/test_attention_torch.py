@@ -76,7 +76,7 @@ def make_batch(
             PlanItem(
                 row=row,
                 new_ids=[rng.randrange(100) for _ in range(extend_len)],
-                prefix_len=prefix_len,
+                computed_len=prefix_len,
                 slots=slots[write_start:],
                 write_start=write_start,
             )
@@ -400,7 +400,7 @@ def test_reference_is_causal_softmax():
     """The reference itself against a hand computation: one request, one head, 2 cached + 2 new tokens."""
     table = torch.zeros((1, 8), dtype=torch.int64)
     fb = build_forward_batch(
-        [PlanItem(row=0, new_ids=[1, 2], prefix_len=2, slots=[3, 1, 0, 2], write_start=0)], table
+        [PlanItem(row=0, new_ids=[1, 2], computed_len=2, slots=[3, 1, 0, 2], write_start=0)], table
     )
     k_cache = torch.randn(4, 1, 2)
     v_cache = torch.randn(4, 1, 2)

@@ -25,18 +25,27 @@ class StubTM:
 
     def __init__(self, config: ServerConfig):
         self.config = config
+        self.scheduler = StubScheduler(config)
+        self.tokenizer = SimpleNamespace(chat_template=None, bos_token=None, eos_token="</s>")
+
+    async def cache_tree(self, max_depth: int, max_nodes: int) -> dict:
+        return {"root": {"children": []}}
+
+
+class StubScheduler:
+    """What the routes under test ask of the tokenizer manager's scheduler client."""
+
+    def __init__(self, config: ServerConfig):
+        self.config = config
         self.metrics = ServerMetrics()
         self.states: dict = {}
         self.model_info = {"context_length": 2048, "vocab_size": 100}
-        self.tokenizer = SimpleNamespace(chat_template=None, bos_token=None, eos_token="</s>")
+        self.dead_reason: str | None = None
         self.profiled: list = []
         self.info_error: Exception | None = None
 
     async def flush_cache(self) -> bool:
         return True
-
-    async def cache_tree(self, max_depth: int, max_nodes: int) -> dict:
-        return {"root": {"children": []}}
 
     async def profile(self, msg) -> ProfileOut:
         self.profiled.append(msg.action)
@@ -60,7 +69,7 @@ class StubTM:
 def client(api_key: str | None, admin_api_key: str | None, **config) -> TestClient:
     tm = StubTM(ServerConfig(api_key=api_key, admin_api_key=admin_api_key, **config))
     app = create_app(tm, "stub-model")
-    app.state.stub = tm
+    app.state.stub = tm.scheduler
     return TestClient(app, base_url="http://127.0.0.1:30000", raise_server_exceptions=False)
 
 

@@ -35,6 +35,7 @@ from transformers import GenerationConfig, GenerationMixin, PretrainedConfig, Pr
 from transformers.modeling_outputs import CausalLMOutput
 
 from radixrt.runtime.core.beam_search import BeamSearch
+from radixrt.runtime.request.options import RequestOptions
 
 # ------------------------------------------------------------------ the search vs transformers
 
@@ -223,7 +224,7 @@ def test_beams_and_ordinary_requests_under_preemption_and_aborts(seed, page_size
             continue
         got = beam_ids(outs, rid) if kind == "beams" else ids(outs, rid)
         assert got == want, rid
-    assert not s.beam_groups
+    assert not s.beams.groups
     assert_all_pages_back(s)
 
 
@@ -233,7 +234,7 @@ def test_a_preempted_beam_search_starts_again_and_ends_the_same():
     submit(s, "x", list(range(5, 40)), max_new_tokens=40)
     submit(s, "b", prompt, beam_width=4, max_new_tokens=16)
     outs = drain(s)
-    assert s.stats.num_preemptions > 0 and s.beam_groups == {}
+    assert s.stats.num_preemptions > 0 and s.beams.groups == {}
     assert beam_ids(outs, "b") == reference_beams(prompt, 4, 16, 4, eos=())
     assert ids(outs, "x") == reference_output(list(range(5, 40)), 40, VOCAB, None)
     assert_all_pages_back(s)
@@ -267,9 +268,10 @@ def test_an_abort_ends_every_beam_and_frees_their_pages():
     for _ in range(6):
         s.step()
     assert len([r for r in s.running if r.beam is not None]) == 6
-    (out,) = s.abort("b")
+    s.abort("b")
+    (out,) = s.take_outputs()
     assert out.finished_reason["type"] == "abort" and out.error is None and not out.new_ids
-    assert not s.running and not s.beam_groups
+    assert not s.running and not s.beams.groups
     assert_all_pages_back(s)
 
 
@@ -293,9 +295,15 @@ def test_bad_beam_requests_are_refused_naming_the_problem(params, needle):
     s = make(1, 1000, max_running=12)
     stream = params.pop("stream", False)
     params.setdefault("max_new_tokens", 8)
-    (out,) = s.add_request(
-        TokenizedGenerateReq(rid="r", input_ids=[1, 2, 3], sampling_params=params, stream=stream)
+    s.add_request(
+        TokenizedGenerateReq(
+            rid="r",
+            input_ids=[1, 2, 3],
+            sampling_params=params,
+            options=RequestOptions(stream=stream),
+        )
     )
+    (out,) = s.take_outputs()
     assert out.finished_reason["type"] == "abort" and out.error_status == 400
     assert needle in out.error, out.error
-    assert not s.waiting and not s.beam_groups
+    assert not s.waiting and not s.beams.groups

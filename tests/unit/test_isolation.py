@@ -39,9 +39,10 @@ def make(faults: str, page_size: int = 1, num_tokens: int = 600) -> Scheduler:
 def run(s: Scheduler, prompts: dict[str, list[int]], max_new: int = 12) -> dict[str, list]:
     outs: dict[str, list] = {}
     for rid, p in prompts.items():
-        for o in s.add_request(
+        s.add_request(
             TokenizedGenerateReq(rid=rid, input_ids=p, sampling_params={"max_new_tokens": max_new})
-        ):
+        )
+        for o in s.take_outputs():
             outs.setdefault(o.rid, []).append(o)
     for _ in range(2000):
         if not s.has_work():
@@ -82,7 +83,9 @@ def check(s: Scheduler, outs: dict, prompts: dict, failed: set[str], max_new: in
             got = [t for o in outs[rid] for t in o.new_ids]
             assert got == reference_output(p, max_new, VOCAB, 0), rid
     s.check_integrity()
-    assert s.flush_cache() and s.allocator.num_free == s.allocator.num_pages, "pages leaked"
+    assert s.admin.flush_cache() and s.memory.allocator.num_free == s.memory.allocator.num_pages, (
+        "pages leaked"
+    )
     assert s.memory.rows.num_free == s.memory.rows.num_rows, "table rows leaked"
 
 

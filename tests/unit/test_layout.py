@@ -29,11 +29,25 @@ def module_name(path: pathlib.Path) -> str:
 MODULES = {module_name(p): p for p in PACKAGE_DIR.rglob("*.py")}
 
 
-def imported_modules(path: pathlib.Path) -> set[str]:
-    """Every radixrt module a file imports, anywhere in it (function-level imports count too)."""
+def type_checking_imports(tree: ast.AST) -> set[int]:
+    """ids of the import nodes under `if TYPE_CHECKING:` (type names only: never run)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            found |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    return found
+
+
+def imported_modules(path: pathlib.Path, type_checking: bool = True) -> set[str]:
+    """Every radixrt module a file imports, anywhere in it (function-level imports count too;
+    those under `if TYPE_CHECKING:` unless type_checking is False)."""
     found: set[str] = set()
     pkg = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    skip = set() if type_checking else type_checking_imports(tree)
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -55,11 +69,20 @@ def imported_modules(path: pathlib.Path) -> set[str]:
 
 
 GRAPH = {name: imported_modules(path) - {name} for name, path in MODULES.items()}
+# what runs: a type-only import back into a module that imports this one is not a cycle
+RUN_GRAPH = {name: imported_modules(path, False) - {name} for name, path in MODULES.items()}
 
 
 def test_the_subpackages_exist():
-    for sub in ("core", "model", "constrained", "constrained.json_schema", "serving"):
+    for sub in ("core", "model", "constrained", "constrained.json_schema", "serving", "request",
+                "engine"):  # fmt: skip
         assert f"radixrt.runtime.{sub}" in MODULES, sub
+
+
+def test_runtime_top_level_keeps_at_most_six_modules():
+    """The rest lives in subsystems a newcomer can find: request/, engine/, core/, model/..."""
+    top = [p.name for p in (PACKAGE_DIR / "runtime").glob("*.py") if p.name != "__init__.py"]
+    assert len(top) <= 6, sorted(top)
 
 
 def test_core_imports_without_torch():
@@ -148,6 +171,22 @@ def test_arrows_run_one_way(importer, forbidden):
     assert not bad, bad
 
 
+@pytest.mark.parametrize(
+    "forbidden", ["radixrt.runtime.model", "radixrt.runtime.constrained", "radixrt.kernels"]
+)
+def test_core_reaches_neither_model_nor_constrained_by_any_path(forbidden):
+    """Grammars and the runner are handed in (engine/scheduler_factory.py): no import chain from
+    core, through request/ or messages.py say, leads to them."""
+    bad = {
+        (name, dep, importer)
+        for name in MODULES
+        if name.startswith("radixrt.runtime.core")
+        for dep, importer in reachable(name).items()
+        if dep == forbidden or dep.startswith(forbidden + ".")
+    }
+    assert not bad, sorted(bad)
+
+
 def test_kernels_do_not_import_the_runtime():
     for name in MODULES:
         if name.startswith("radixrt.kernels"):
@@ -191,7 +230,14 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_no_import_cycles_between_files():
-    assert find_cycle(GRAPH) is None, find_cycle(GRAPH)
+    assert find_cycle(RUN_GRAPH) is None, find_cycle(RUN_GRAPH)
+
+
+def test_type_checking_imports_are_left_out_of_the_run_graph():
+    """core/req.py names BeamGroup, whose module imports req.py, only for type checking."""
+    req, beams = "radixrt.runtime.core.req", "radixrt.runtime.core.beam_group"
+    assert beams in GRAPH[req] and beams not in RUN_GRAPH[req]
+    assert req in RUN_GRAPH[beams]
 
 
 def test_find_cycle_finds_one():

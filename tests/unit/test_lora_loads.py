@@ -1,6 +1,6 @@
 """LoRA loads in the scheduler process (serving/lora_loads.py): the read runs on a worker thread, so
-the loop's call returns at once while it runs; answers come back in arrival order (the tokenizer
-manager pairs them by order); refusals name their field, a read's failure of any kind is the one
+the loop's call returns at once while it runs; answers come back in arrival order (the scheduler
+client pairs them by order); refusals name their field, a read's failure of any kind is the one
 text. Truth: a scheduler stand-in whose read blocks until the test releases it, and which records
 what was installed."""
 
@@ -21,6 +21,7 @@ class SlowScheduler:
         self.release = threading.Event()
         self.reads: list[str] = []
         self.runner = types.SimpleNamespace(lora_names=lambda: sorted(self.loaded))
+        self.admin = self  # the admin calls (Scheduler.admin) are this fake's own
 
     def check_lora_load(self, name):
         if name in self.loaded:

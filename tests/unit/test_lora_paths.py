@@ -149,12 +149,12 @@ def test_the_cap_on_loaded_adapters_refuses_a_load_before_reading_it():
     s = Scheduler(config, runner)
     runner.read_lora = lambda name, path: pytest.fail("read past the cap")
     with pytest.raises(ValueError, match="2 LoRA adapters are loaded, the most --max-loaded-loras"):
-        s.load_lora("c", "/anywhere")
+        s.admin.load_lora("c", "/anywhere")
     with pytest.raises(ValueError, match="'a' is already loaded"):
-        s.load_lora("a", "/anywhere")
-    s.unload_lora("a")
+        s.admin.load_lora("a", "/anywhere")
+    s.admin.unload_lora("a")
     del runner.read_lora
-    s.load_lora("c", "/anywhere")
+    s.admin.load_lora("c", "/anywhere")
     assert sorted(runner.lora_names()) == ["b", "c"]
 
 

@@ -15,6 +15,7 @@ from radixrt.runtime.core.namespaces import KEY_STRIDE, TreeNamespaces
 from radixrt.runtime.core.req import Req
 from radixrt.runtime.core.scheduler import Scheduler
 from radixrt.runtime.messages import TokenizedGenerateReq
+from radixrt.runtime.request.options import RequestOptions
 from radixrt.runtime.request.sampling_params import SamplingParams
 
 
@@ -58,11 +59,15 @@ def make(loras=("a", "b", "c"), max_loras=2, num_tokens=2000):
 
 
 def submit(s, rid, prompt, lora, max_new=8):
-    return s.add_request(
+    s.add_request(
         TokenizedGenerateReq(
-            rid=rid, input_ids=prompt, sampling_params={"max_new_tokens": max_new}, lora_path=lora
+            rid=rid,
+            input_ids=prompt,
+            sampling_params={"max_new_tokens": max_new},
+            options=RequestOptions(lora=lora),
         )
     )
+    return s.take_outputs()
 
 
 def test_more_adapters_than_slots_wait_their_turn_and_finish_right():
@@ -96,10 +101,10 @@ def test_unknown_adapters_are_refused_and_unloading_evicts_their_entries():
     submit(s, "y", list(range(1, 40)), "a")
     s.step()
     with pytest.raises(ValueError, match="in flight"):
-        s.unload_lora("a")
+        s.admin.unload_lora("a")
     drain(s)
     in_tree = s.tree.total_pages()
-    s.unload_lora("a")
+    s.admin.unload_lora("a")
     assert s.tree.total_pages() < in_tree and s.tree.total_pages() == 0
     (out,) = submit(s, "z", [1, 2, 3], "a")
     assert "'a' is not loaded" in out.error

@@ -13,14 +13,15 @@ import time
 import pytest
 import torch
 
-from radixrt.runtime.core.pd_link import Bootstrap, KVArrived, KVFailed, KVSent
+from radixrt.runtime.core.kv_transfer import KVArrived, KVFailed, KVSent
 from radixrt.runtime.disaggregation import decode_agent, prefill_agent
 from radixrt.runtime.disaggregation.decode_agent import DecodeAgent
 from radixrt.runtime.disaggregation.kv_layout import KVLayout
-from radixrt.runtime.disaggregation.link import ThreadLink
 from radixrt.runtime.disaggregation.page_bytes import PageBytes
 from radixrt.runtime.disaggregation.prefill_agent import PrefillAgent
+from radixrt.runtime.disaggregation.transfer import ThreadTransfer
 from radixrt.runtime.processes import free_port
+from radixrt.runtime.request.options import Bootstrap
 
 PAGE = 4
 FIRST = {"id": 17, "logprob": -0.5, "top_logprobs": None}
@@ -53,7 +54,7 @@ def linked(prefill_pool, decode_pool, prefill_timeout=30.0, decode_timeout=30.0,
 def prefill_link(src, port, timeout=30.0):
     import zmq
 
-    p = ThreadLink(zmq.Context.instance())
+    p = ThreadTransfer(zmq.Context.instance())
     layout, pages = KVLayout.of_pool(src, PAGE), PageBytes(src, PAGE)
     bind = f"tcp://127.0.0.1:{port}"
     p.start(PrefillAgent(p.ctx, p.cmd_addr, p.evt_addr, timeout, layout, pages, SECRET, bind))
@@ -63,7 +64,7 @@ def prefill_link(src, port, timeout=30.0):
 def decode_link(dst, port, timeout=30.0, secret=SECRET):
     import zmq
 
-    d = ThreadLink(zmq.Context.instance())
+    d = ThreadTransfer(zmq.Context.instance())
     layout, pages = KVLayout.of_pool(dst, PAGE), PageBytes(dst, PAGE)
     peers = (frozenset({f"127.0.0.1:{port}"}), VOCAB)
     d.start(DecodeAgent(d.ctx, d.cmd_addr, d.evt_addr, timeout, layout, pages, secret, *peers))

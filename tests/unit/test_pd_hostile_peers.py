@@ -23,13 +23,14 @@ from test_pd_agents import (
     wait_events,
 )
 
-from radixrt.runtime.core.pd_link import Bootstrap, KVArrived, KVFailed, KVSent
+from radixrt.runtime.core.kv_transfer import KVArrived, KVFailed, KVSent
 from radixrt.runtime.disaggregation import prefill_agent
 from radixrt.runtime.disaggregation.channel import bootstrap_socket, close_bootstrap, peer_socket
 from radixrt.runtime.disaggregation.kv_layout import KVLayout
 from radixrt.runtime.disaggregation.page_bytes import PageBytes
 from radixrt.runtime.disaggregation.peer_checks import PeerError, check_first
 from radixrt.runtime.processes import free_port
+from radixrt.runtime.request.options import Bootstrap
 
 
 class FakePrefill:

@@ -13,8 +13,8 @@ import pytest
 
 from radixrt.runtime import messages
 from radixrt.runtime.config import ServerConfig
-from radixrt.runtime.request.edge import SequenceResult
 from radixrt.runtime.request.sampling_params import SamplingParams
+from radixrt.runtime.request.sequence_result import SequenceResult
 from radixrt.runtime.serving.http_io import raise_error, sse
 from radixrt.runtime.serving.openai_sampling import (
     JSON_OBJECT_LARK,

@@ -172,15 +172,15 @@ def test_disable_mode():
     req = new_req([1, 2, 3], alloc.alloc(3), kv_len=3)
     mem = memory(alloc, cache)
     mem.cache_unfinished(req, req.fill_ids)
-    assert req.cached_len == 0 and len(req.page_ids) == 3
+    assert req.kv.borrowed_len == 0 and len(req.kv.page_ids) == 3
     mem.cache_finished(req, req.fill_ids)
-    assert req.page_ids == [] and alloc.num_free == alloc.num_pages
+    assert req.kv.page_ids == [] and alloc.num_free == alloc.num_pages
     assert cache.total_pages() == 0 and cache.evict(3) == 0 and cache.reset()
 
 
 def new_req(ids, page_ids, kv_len, cached_len=0, last_node=None):
     req = Req("r", ids, SamplingParams())
-    req.page_ids, req.kv_len, req.cached_len, req.last_node = (
+    req.kv.page_ids, req.kv.computed_len, req.kv.borrowed_len, req.kv.last_node = (
         list(page_ids),
         kv_len,
         cached_len,
@@ -196,10 +196,15 @@ def test_cache_finished_req_accounting():
     ids = list(range(10))
     r1 = new_req(ids, alloc.alloc(4), kv_len=10)  # 2 full pages, 1 partial, 1 unused
     r2 = new_req(ids[:8] + [50, 51, 52], alloc.alloc(3), kv_len=11)  # same 8 tokens, computed alone
-    r1_pages, r2_pages = list(r1.page_ids), list(r2.page_ids)
-    assert_partition(alloc, cache, r1.page_ids + r2.page_ids)
+    r1_pages, r2_pages = list(r1.kv.page_ids), list(r2.kv.page_ids)
+    assert_partition(alloc, cache, r1.kv.page_ids + r2.kv.page_ids)
     mem.cache_finished(r1, r1.fill_ids)
-    assert (r1.page_ids, r1.kv_len, r1.cached_len, r1.last_node) == ([], 0, 0, None)
+    assert (r1.kv.page_ids, r1.kv.computed_len, r1.kv.borrowed_len, r1.kv.last_node) == (
+        [],
+        0,
+        0,
+        None,
+    )
     assert cache.match_prefix(ids)[0] == r1_pages[:2]
     assert alloc.free_page_set() >= set(r1_pages[2:])
     mem.cache_finished(r2, r2.fill_ids)
@@ -216,7 +221,7 @@ def test_cache_finished_req_accounting():
         cached_len=8,
         last_node=node,
     )
-    own = r3.page_ids[2:]
+    own = r3.kv.page_ids[2:]
     assert cache.protected_pages == 2
     with pytest.raises(ValueError):
         mem.cache_finished(r3, r3.fill_ids[:12])
@@ -235,29 +240,29 @@ def test_cache_unfinished_req():
     ids = [1, 2, 3, 4, 5]
     r1 = new_req(ids, alloc.alloc(3), kv_len=5)
     r2 = new_req(ids, alloc.alloc(3), kv_len=5)  # same prompt, prefilled concurrently
-    r1_pages, r2_pages = list(r1.page_ids), list(r2.page_ids)
+    r1_pages, r2_pages = list(r1.kv.page_ids), list(r2.kv.page_ids)
     mem.cache_unfinished(r1, r1.fill_ids)
-    assert r1.cached_len == 4 and r1.page_ids == r1_pages and depth(r1.last_node) == 4
+    assert r1.kv.borrowed_len == 4 and r1.kv.page_ids == r1_pages and depth(r1.kv.last_node) == 4
     assert cache.protected_pages == 2 and cache.evictable_pages == 0
     mem.cache_unfinished(r2, r2.fill_ids)
-    assert r2.cached_len == 4 and r2.page_ids == r1_pages[:2] + r2_pages[2:], (
+    assert r2.kv.borrowed_len == 4 and r2.kv.page_ids == r1_pages[:2] + r2_pages[2:], (
         "now borrows the tree's pages"
     )
     assert set(r2_pages[:2]) <= alloc.free_page_set()
-    assert r1.last_node.lock_ref == 2
-    assert_partition(alloc, cache, r1.page_ids[2:] + r2.page_ids[2:])
+    assert r1.kv.last_node.lock_ref == 2
+    assert_partition(alloc, cache, r1.kv.page_ids[2:] + r2.kv.page_ids[2:])
     # r1 decodes 3 more tokens into its partial page and a new one, then is cached again
     r1.output_ids = [6, 7, 8]
-    r1.page_ids += alloc.alloc(1)
-    r1.kv_len = 8
-    old_last = r1.last_node
+    r1.kv.page_ids += alloc.alloc(1)
+    r1.kv.computed_len = 8
+    old_last = r1.kv.last_node
     mem.cache_unfinished(r1, r1.fill_ids)
-    assert r1.cached_len == 8 and depth(r1.last_node) == 8
-    assert old_last.lock_ref == 2 and r1.last_node.lock_ref == 1, (
+    assert r1.kv.borrowed_len == 8 and depth(r1.kv.last_node) == 8
+    assert old_last.lock_ref == 2 and r1.kv.last_node.lock_ref == 1, (
         "lock moved down, r2 keeps its own"
     )
     assert cache.protected_pages == 4
-    assert_partition(alloc, cache, r1.page_ids[4:] + r2.page_ids[2:])
+    assert_partition(alloc, cache, r1.kv.page_ids[4:] + r2.kv.page_ids[2:])
     cache.check_integrity()
     mem.cache_finished(r1, r1.fill_ids)
     mem.cache_finished(r2, r2.fill_ids)
@@ -353,7 +358,7 @@ class RadixMachine(RuleBasedStateMachine):
 
     def locked(self):
         held = [prefix for _, prefix in self.locks]
-        held += [tuple(r.fill_ids[: r.cached_len]) for r in self.reqs]
+        held += [tuple(r.fill_ids[: r.kv.borrowed_len]) for r in self.reqs]
         return {h[:end] for h in held for end in range(self.P, len(h) + 1, self.P)}
 
     def tree(self):
@@ -449,7 +454,7 @@ class RadixMachine(RuleBasedStateMachine):
             return
         self.write(own[: len(own) - num_extra], ids, len(pages))
         req = Req(f"r{self.clock}", ids, SamplingParams())
-        req.page_ids, req.kv_len, req.cached_len, req.last_node = (
+        req.kv.page_ids, req.kv.computed_len, req.kv.borrowed_len, req.kv.last_node = (
             pages + own,
             len(ids),
             len(pages) * self.P,
@@ -462,26 +467,26 @@ class RadixMachine(RuleBasedStateMachine):
     def extend_req(self, data, more):
         req = self.reqs[data.draw(st.integers(0, len(self.reqs) - 1))]
         ids = req.fill_ids + more
-        num_needed = -(-len(ids) // self.P) - len(req.page_ids)
+        num_needed = -(-len(ids) // self.P) - len(req.kv.page_ids)
         if num_needed > 0:
             own = self.take(num_needed)
             if own is None:
                 return
-            req.page_ids += own
+            req.kv.page_ids += own
         req.output_ids += more
-        first_own = req.cached_len // self.P
-        self.write(req.page_ids[first_own : -(-len(ids) // self.P)], ids, first_own)
-        req.kv_len = len(ids)
+        first_own = req.kv.borrowed_len // self.P
+        self.write(req.kv.page_ids[first_own : -(-len(ids) // self.P)], ids, first_own)
+        req.kv.computed_len = len(ids)
 
     @precondition(lambda self: self.reqs)
     @rule(data=st.data())
     def cache_unfinished(self, data):
         req = self.reqs[data.draw(st.integers(0, len(self.reqs) - 1))]
-        ids = req.fill_ids[: req.kv_len]
+        ids = req.fill_ids[: req.kv.computed_len]
         aligned = self.aligned(ids)
         self.mem.cache_unfinished(req, ids)
-        assert req.cached_len == len(aligned) == depth(req.last_node)
-        self.check_pages(req.page_ids[: len(aligned) // self.P], ids)
+        assert req.kv.borrowed_len == len(aligned) == depth(req.kv.last_node)
+        self.check_pages(req.kv.page_ids[: len(aligned) // self.P], ids)
         self.touch(ids, len(aligned))  # the insert
         self.touch(ids, len(aligned))  # the match that finds the tree's pages
 
@@ -489,9 +494,14 @@ class RadixMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def finish_req(self, data):
         req = self.reqs.pop(data.draw(st.integers(0, len(self.reqs) - 1)))
-        ids = req.fill_ids[: req.kv_len]
+        ids = req.fill_ids[: req.kv.computed_len]
         self.mem.cache_finished(req, ids)
-        assert (req.page_ids, req.kv_len, req.cached_len, req.last_node) == ([], 0, 0, None)
+        assert (req.kv.page_ids, req.kv.computed_len, req.kv.borrowed_len, req.kv.last_node) == (
+            [],
+            0,
+            0,
+            None,
+        )
         self.touch(ids, len(self.aligned(ids)))
 
     # -- after every step
@@ -502,7 +512,7 @@ class RadixMachine(RuleBasedStateMachine):
         assert set(tree) == set(self.model)
         for prefix, page in tree.items():
             assert self.content[page] == prefix
-        own = [p for r in self.reqs for p in r.page_ids[r.cached_len // self.P :]]
+        own = [p for r in self.reqs for p in r.kv.page_ids[r.kv.borrowed_len // self.P :]]
         free = self.alloc.free_page_set()
         assert len(free) + len(tree) + len(own) == self.alloc.num_pages, (
             "a page leaked or is held twice"
@@ -510,10 +520,10 @@ class RadixMachine(RuleBasedStateMachine):
         assert free | set(tree.values()) | set(own) == set(range(self.alloc.num_pages))
         for r in self.reqs:
             fill = r.fill_ids
-            assert r.page_ids[: r.cached_len // self.P] == [
-                tree[tuple(fill[:end])] for end in range(self.P, r.cached_len + 1, self.P)
+            assert r.kv.page_ids[: r.kv.borrowed_len // self.P] == [
+                tree[tuple(fill[:end])] for end in range(self.P, r.kv.borrowed_len + 1, self.P)
             ]
-            assert len(r.page_ids) >= -(-r.kv_len // self.P)
+            assert len(r.kv.page_ids) >= -(-r.kv.computed_len // self.P)
         locked = self.locked()
         assert self.cache.protected_pages == len(locked)
         assert self.cache.evictable_pages == len(tree) - len(locked)
@@ -524,7 +534,7 @@ class RadixMachine(RuleBasedStateMachine):
         for node, _ in self.locks:
             self.cache.dec_lock_ref(node)
         for r in self.reqs:
-            self.mem.cache_finished(r, r.fill_ids[: r.kv_len])
+            self.mem.cache_finished(r, r.fill_ids[: r.kv.computed_len])
         self.cache.check_integrity()
         assert self.cache.protected_pages == 0
         assert all(n.lock_ref == 0 for n in self.cache._nodes()), "locks return to zero"

@@ -24,6 +24,7 @@ from test_scheduler import (
 )
 
 from radixrt.runtime.core.admission import Admission
+from radixrt.runtime.request.options import RequestOptions
 
 
 @pytest.mark.parametrize("page_size", [4, 16])
@@ -65,8 +66,7 @@ def test_no_fork_without_a_partial_page_or_with_prompt_logprobs():
                 rid=str(i),
                 input_ids=prompt,
                 sampling_params={"max_new_tokens": 3},
-                return_logprob=True,
-                logprob_start_len=0,
+                options=RequestOptions(return_logprob=True, logprob_start_len=0),
             )
         )
     drain(s)

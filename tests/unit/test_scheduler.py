@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.core.scheduler import Scheduler
 from radixrt.runtime.messages import TokenizedGenerateReq
+from radixrt.runtime.request.options import RequestOptions
 
 VOCAB = 50
 
@@ -39,7 +40,8 @@ def make(page_size=1, num_tokens=400, chunk=32, disable=False, max_running=16, e
 
 def submit(s, rid, prompt, **params):
     params.setdefault("max_new_tokens", 16)
-    return s.add_request(TokenizedGenerateReq(rid=rid, input_ids=prompt, sampling_params=params))
+    s.add_request(TokenizedGenerateReq(rid=rid, input_ids=prompt, sampling_params=params))
+    return s.take_outputs()
 
 
 def drain(s, outs=None, max_steps=10_000):
@@ -66,7 +68,8 @@ def drain_aborting(s, rng, rids, num_abort, at_step):
         if steps == at_step and num_abort:
             for rid in rng.sample(sorted(rids), num_abort):
                 aborted.add(rid)
-                for o in s.abort(rid):
+                s.abort(rid)
+                for o in s.take_outputs():
                     outs.setdefault(o.rid, []).append(o)
         assert steps < 5000
     return outs, aborted
@@ -77,9 +80,9 @@ def ids(outs, rid):
 
 
 def assert_all_pages_back(s):
-    assert s.flush_cache()
+    assert s.admin.flush_cache()
     s.check_integrity()
-    assert s.allocator.num_free == s.allocator.num_pages
+    assert s.memory.allocator.num_free == s.memory.allocator.num_pages
 
 
 @pytest.mark.parametrize("page_size", [1, 4, 16])
@@ -134,7 +137,7 @@ def test_in_batch_prefix_sharing_computes_shared_prefix_once():
     drain(s)
     # one request prefills 205 tokens, the other nine only their 5-token tails (+ the last shared token)
     assert s.runner.forward_tokens <= 205 + 9 * 6, s.runner.forward_tokens
-    assert s.server_info()["cached_tokens"] >= 9 * 199
+    assert s.admin.server_info()["cached_tokens"] >= 9 * 199
 
 
 def test_prefix_reuse_across_requests_reports_cached_tokens():
@@ -156,10 +159,12 @@ def test_abort_frees_pages_at_once():
     for _ in range(5):
         s.step()
         s.take_outputs()  # this step's outputs are not looked at
-    outs = s.abort("x")
+    s.abort("x")
+    outs = s.take_outputs()
     assert outs[-1].finished_reason["type"] == "abort"
     s.check_integrity()
-    outs = s.abort("y")
+    s.abort("y")
+    outs = s.take_outputs()
     assert not s.running and not s.waiting
     assert_all_pages_back(s)
 
@@ -246,7 +251,8 @@ def test_fuzz_random_arrivals_aborts_and_sizes(
         if s.has_work() and rng.random() < 0.05:
             rid = rng.choice(list(prompts))
             aborted.add(rid)
-            for o in s.abort(rid):
+            s.abort(rid)
+            for o in s.take_outputs():
                 outs.setdefault(o.rid, []).append(o)
         s.step()
         for o in s.take_outputs():
@@ -317,7 +323,7 @@ def test_rejected_drafts_give_their_pages_back_and_never_preempt():
                     outs.setdefault(o.rid, []).append(o)
                 s.check_integrity()
                 for req in s.running:
-                    assert len(req.page_ids) <= s.allocator.pages_for(req.seq_len), req
+                    assert len(req.kv.page_ids) <= s.memory.allocator.pages_for(req.seq_len), req
             for rid, p in prompts.items():
                 assert ids(outs, rid) == reference_output(p, 11, VOCAB, None)
             preemptions.append(s.stats.num_preemptions)
@@ -369,7 +375,10 @@ def test_pins_hold_a_prefix_against_eviction_until_unpinned_or_expired():
     p = [7] * 5 + list(range(1, 40))
     s.add_request(
         TokenizedGenerateReq(
-            rid="pin", input_ids=p, sampling_params={"max_new_tokens": 0}, pin_ttl_s=60
+            rid="pin",
+            input_ids=p,
+            sampling_params={"max_new_tokens": 0},
+            options=RequestOptions(pin_ttl_s=60),
         )
     )
     outs = drain(s)
@@ -378,7 +387,7 @@ def test_pins_hold_a_prefix_against_eviction_until_unpinned_or_expired():
         reason
     )  # unguessable, not the rid
     handle = reason["pin_handle"]
-    assert s.server_info()["num_pinned_tokens"] >= len(p) - 1
+    assert s.admin.server_info()["num_pinned_tokens"] >= len(p) - 1
     # fill the pool with unrelated work: the pinned prefix must survive
     for i in range(6):
         submit(
@@ -392,20 +401,23 @@ def test_pins_hold_a_prefix_against_eviction_until_unpinned_or_expired():
     submit(s, "use", p + [3], max_new_tokens=2)
     outs = drain(s)
     assert outs["use"][-1].cached_tokens >= len(p) - 1
-    assert not s.flush_cache(), "a pinned prefix is locked: flush must refuse"
-    assert not s.unpin("pin"), "the request id is not the handle"
-    assert s.unpin(handle) and not s.unpin(handle)
+    assert not s.admin.flush_cache(), "a pinned prefix is locked: flush must refuse"
+    assert not s.admin.unpin("pin"), "the request id is not the handle"
+    assert s.admin.unpin(handle) and not s.admin.unpin(handle)
     assert_all_pages_back(s)
     # expiry: a pin whose ttl passed is released on the next step
     s.add_request(
         TokenizedGenerateReq(
-            rid="short", input_ids=p, sampling_params={"max_new_tokens": 0}, pin_ttl_s=1e-6
+            rid="short",
+            input_ids=p,
+            sampling_params={"max_new_tokens": 0},
+            options=RequestOptions(pin_ttl_s=1e-6),
         )
     )
     drain(s)
     s.step()
     s.take_outputs()  # this step's outputs are not looked at
-    assert s.server_info()["num_pins"] == 0
+    assert s.admin.server_info()["num_pins"] == 0
     assert_all_pages_back(s)
 
 
@@ -416,15 +428,24 @@ def test_one_pin_is_capped_at_a_quarter_of_the_pool_and_its_ttl_is_capped():
     big = [(k * 3) % 40 + 5 for k in range(60)]  # 59 cached tokens > 50
     s.add_request(
         TokenizedGenerateReq(
-            rid="big", input_ids=big, sampling_params={"max_new_tokens": 0}, pin_ttl_s=60
+            rid="big",
+            input_ids=big,
+            sampling_params={"max_new_tokens": 0},
+            options=RequestOptions(pin_ttl_s=60),
         )
     )
     outs = drain(s)
-    assert outs["big"][-1].finished_reason["pinned"] is False and s.server_info()["num_pins"] == 0
+    assert (
+        outs["big"][-1].finished_reason["pinned"] is False
+        and s.admin.server_info()["num_pins"] == 0
+    )
     small = big[:40]
     s.add_request(
         TokenizedGenerateReq(
-            rid="small", input_ids=small, sampling_params={"max_new_tokens": 0}, pin_ttl_s=1e9
+            rid="small",
+            input_ids=small,
+            sampling_params={"max_new_tokens": 0},
+            options=RequestOptions(pin_ttl_s=1e9),
         )
     )
     outs = drain(s)
@@ -432,7 +453,7 @@ def test_one_pin_is_capped_at_a_quarter_of_the_pool_and_its_ttl_is_capped():
     import time
 
     assert s.pins.expiry(handle) <= time.monotonic() + MAX_PIN_TTL_S + 1
-    assert s.unpin(handle)
+    assert s.admin.unpin(handle)
     assert_all_pages_back(s)
 
 
@@ -450,8 +471,11 @@ def test_abort_in_the_middle_of_a_chunked_prefill(page_size):
     s.step()
     s.take_outputs()  # this step's outputs are not looked at
     (req,) = s.running
-    assert 0 < req.kv_len < len(p) and not req.output_ids, "not in the middle of its prefill"
-    outs = s.abort("long")
+    assert 0 < req.kv.computed_len < len(p) and not req.output_ids, (
+        "not in the middle of its prefill"
+    )
+    s.abort("long")
+    outs = s.take_outputs()
     assert outs[-1].finished_reason["type"] == "abort" and not s.running and not s.waiting
     s.check_integrity()
     assert s.tree.protected_pages == 0
@@ -475,17 +499,17 @@ def test_pins_and_sessions_yield_to_a_request_that_cannot_otherwise_run(chunk):
             TokenizedGenerateReq(
                 rid=f"turn-{sid}",
                 input_ids=prompt,
-                session_id=sid,
+                options=RequestOptions(session_id=sid),
                 sampling_params={"max_new_tokens": 2},
             )
         )
         drain(s)
-    assert s.server_info()["num_pins"] == 2 and s.server_info()["num_sessions"] == 2
+    assert s.admin.server_info()["num_pins"] == 2 and s.admin.server_info()["num_sessions"] == 2
     big = [(k * 3) % 40 + 10 for k in range(150)]  # 150 + 20 > 200 - 90 pinned
     submit(s, "big", big, max_new_tokens=20, ignore_eos=True)
     outs = drain(s, max_steps=500)
     assert ids(outs, "big") == reference_output(big, 20, VOCAB, eos=None)
-    info = s.server_info()
+    info = s.admin.server_info()
     assert info["num_pins"] < 2 and info["num_sessions"] < 2  # the oldest went first
     s.sessions.clear()
     assert_all_pages_back(s)
@@ -500,7 +524,7 @@ def test_session_keeps_its_last_turn_and_counts_hits():
             TokenizedGenerateReq(
                 rid=f"t{turn}",
                 input_ids=prompt,
-                session_id="chat",
+                options=RequestOptions(session_id="chat"),
                 sampling_params={"max_new_tokens": 5, "ignore_eos": True},
             )
         )
@@ -519,7 +543,7 @@ def test_session_keeps_its_last_turn_and_counts_hits():
         drain(s)
         kept = len(prompt) + len(out) - 1
         prompt = prompt + out + [3, 4]
-    info = s.server_info()["sessions"]["chat"]
+    info = s.admin.server_info()["sessions"]["chat"]
     assert info["turns"] == 3 and info["cached_tokens"] > 0
-    assert s.close_session("chat") and not s.close_session("chat")
+    assert s.admin.close_session("chat") and not s.admin.close_session("chat")
     assert_all_pages_back(s)

@@ -1,5 +1,5 @@
-"""Prefill-decode disaggregation in the scheduler (core/scheduler_pd.py), on two fake runners joined
-by an in-memory link that moves the fake "KV" (position, token) of the pages the decode scheduler
+"""Prefill-decode disaggregation in the scheduler (its KV roles, core/kv_roles_pd.py), on two fake
+runners joined by an in-memory KV transfer that moves the fake "KV" (position, token) of the pages the decode scheduler
 registered.
 
 Truth: `reference_output` from the token ids alone; the decode runner asserts every prefix slot it
@@ -9,17 +9,21 @@ page or a missing page shows up), and it must never be fed a prompt token.
 
 import random
 
+import pytest
 from fake_runner import FakeRunner, reference_output
 from test_scheduler import VOCAB, ids
 
 from radixrt.runtime.config import ServerConfig
-from radixrt.runtime.core.pd_link import KVArrived, KVFailed, KVSent
+from radixrt.runtime.core.kv_transfer import KVArrived, KVFailed, KVSent
 from radixrt.runtime.core.scheduler import Scheduler
+from radixrt.runtime.disaggregation.edge import check_bootstrap, check_disaggregated
 from radixrt.runtime.messages import TokenizedGenerateReq
+from radixrt.runtime.request.edge import RequestError
+from radixrt.runtime.request.options import Bootstrap, RequestOptions
 
 
-class MemoryLink:
-    """Both ends of a link in one process; pump() does what the agents do."""
+class MemoryTransfer:
+    """Both ends of a KV transfer in one process; pump() does what the agents do."""
 
     def __init__(self, src_runner, dst_runner, page_size):
         self.src, self.dst, self.page_size = src_runner, dst_runner, page_size
@@ -89,7 +93,7 @@ class MemoryLink:
 
 
 class End:
-    """One scheduler's view of the MemoryLink."""
+    """One scheduler's view of the MemoryTransfer."""
 
     def __init__(self, link, mode):
         self.link, self.mode = link, mode
@@ -113,12 +117,12 @@ def make_pair(page_size=4, num_tokens=800):
     runners, scheds = {}, {}
     for mode in ("prefill", "decode"):
         runners[mode] = FakeRunner(num_tokens // page_size, page_size, VOCAB, eos=0, max_rows=17)
-    link = MemoryLink(runners["prefill"], runners["decode"], page_size)
+    link = MemoryTransfer(runners["prefill"], runners["decode"], page_size)
     for mode in ("prefill", "decode"):
         cfg = ServerConfig(
             page_size=page_size, chunked_prefill_size=32, disaggregation_mode=mode, **PD_TRUST
         )
-        scheds[mode] = Scheduler(cfg, runners[mode], kv_link=End(link, mode))
+        scheds[mode] = Scheduler(cfg, runners[mode], kv_transfer=End(link, mode))
     return scheds["prefill"], scheds["decode"], link
 
 
@@ -130,11 +134,10 @@ def submit_both(p, d, rid, prompt, room, max_new=12, only=("prefill", "decode"))
                 rid=rid,
                 input_ids=prompt,
                 sampling_params={"max_new_tokens": max_new},
-                bootstrap_host="127.0.0.1",
-                bootstrap_port=8998,
-                bootstrap_room=room,
+                options=RequestOptions(bootstrap=Bootstrap("127.0.0.1", 8998, room)),
             )
-            outs += s.add_request(msg)
+            s.add_request(msg)
+            outs += s.take_outputs()
     return outs
 
 
@@ -148,10 +151,10 @@ def run_pair(p, d, link, outs=None, max_steps=5000):
                 s.step()
                 busy = True
             for o in s.take_outputs():
-                outs.setdefault((s.pd_mode, o.rid), []).append(o)
+                outs.setdefault((s.role.name, o.rid), []).append(o)
             s.check_integrity()
         link.pump()
-        if not busy and not (p.pd_held() or d.pd_held()):
+        if not busy and not (p.role.held() or d.role.held()):
             return outs
     raise AssertionError("the pair did not finish")
 
@@ -182,7 +185,7 @@ def test_outputs_match_the_reference_and_the_decode_side_computes_no_prompt():
     assert d.stats.kv_transfer_pages == p.stats.kv_transfer_pages == link.moved_pages
     for s in (p, d):  # everything back: free + the trees, nothing held
         s.check_integrity()
-        assert not s.pd_held() and s.flush_cache()
+        assert not s.role.held() and s.admin.flush_cache()
 
 
 def test_only_the_pages_the_decode_tree_lacks_travel():
@@ -210,9 +213,9 @@ def test_a_decode_abort_while_the_kv_is_in_flight_frees_pages_on_both_sides():
     for _ in range(3):  # registered; the prefill server has not seen the request yet
         d.step()
         d.poll_transfers()
-    assert d.pd_held()
-    out = d.abort("x")
-    assert not out and d.pd_held()  # held until the link lets go of its pages
+    assert d.role.held()
+    d.abort("x")
+    assert not d.take_outputs() and d.role.held()  # held until the link lets go of its pages
     outs = run_pair(p, d, link)
     assert outs[("decode", "x")][-1].finished_reason["type"] == "abort"
     submit_both(p, d, "x", prompt, room=5, only=("prefill",))  # the late half
@@ -220,7 +223,7 @@ def test_a_decode_abort_while_the_kv_is_in_flight_frees_pages_on_both_sides():
     assert "cancelled" in outs[("prefill", "x")][-1].finished_reason["message"]
     for s in (p, d):
         s.check_integrity()
-        assert s.flush_cache()
+        assert s.admin.flush_cache()
 
 
 def test_a_request_the_prefill_server_refuses_fails_on_the_decode_side():
@@ -230,18 +233,17 @@ def test_a_request_the_prefill_server_refuses_fails_on_the_decode_side():
         rid="bad",
         input_ids=[1, 2, VOCAB + 5],  # out of the vocabulary: refused at intake
         sampling_params={"max_new_tokens": 4},
-        bootstrap_host="h",
-        bootstrap_room=10,
+        options=RequestOptions(bootstrap=Bootstrap("h", 8998, 10)),
     )
-    refusal = p.add_request(bad)
+    p.add_request(bad)
+    refusal = p.take_outputs()
     assert refusal and refusal[0].finished_reason["type"] == "abort"
     d.add_request(
         TokenizedGenerateReq(
             rid="bad",
             input_ids=[1, 2, 3, 4],
             sampling_params={"max_new_tokens": 4},
-            bootstrap_host="h",
-            bootstrap_room=10,
+            options=RequestOptions(bootstrap=Bootstrap("h", 8998, 10)),
         )
     )
     outs = run_pair(p, d, link)
@@ -255,7 +257,8 @@ def test_a_request_the_prefill_server_refuses_fails_on_the_decode_side():
 def test_a_disaggregated_scheduler_refuses_requests_without_a_room():
     p, d, _ = make_pair()
     for s in (p, d):
-        out = s.add_request(TokenizedGenerateReq(rid="plain", input_ids=[1, 2], sampling_params={}))
+        s.add_request(TokenizedGenerateReq(rid="plain", input_ids=[1, 2], sampling_params={}))
+        out = s.take_outputs()
         assert out[0].finished_reason["type"] == "abort"
         assert "bootstrap_room" in out[0].finished_reason["message"]
 
@@ -265,12 +268,12 @@ def test_a_stopped_transfer_fails_what_it_held_instead_of_hanging():
     submit_both(p, d, "y", list(range(1, 20)), room=11, only=("decode",))
     for _ in range(2):
         d.step()
-    assert d.pd_held()
+    assert d.role.held()
     link.alive = False
     d.poll_transfers()
     (out,) = d.take_outputs()
     assert out.error_status == 500 and "transfer agent stopped" in out.error
-    assert not d.pd_held()
+    assert not d.role.held()
     d.check_integrity()
 
 
@@ -304,18 +307,14 @@ def test_settings_disaggregation_cannot_serve_are_refused_by_name():
 
 
 def test_the_request_edge_names_the_bootstrap_field_at_fault():
-    import pytest
-
-    from radixrt.runtime.disaggregation.edge import check_bootstrap
-    from radixrt.runtime.request.edge import RequestError
-
-    ok = dict(num_prompts=1, n=1, is_beam=False, logprob_start_len=None, prefill_addrs=("h:8998",))
-    assert check_bootstrap("null", None, None, None, **ok) == {}  # ignored, as SGLang does
-    assert check_bootstrap("decode", "h", None, 2**64 - 1, **ok)["bootstrap_room"] == 2**64 - 1
-    assert check_bootstrap("decode", "h", 8998, 1, **ok)["bootstrap_port"] == 8998
-    assert check_bootstrap("prefill", "anything", 5, 1, **ok)["bootstrap_room"] == 1
+    addrs = dict(prefill_addrs=("h:8998",))
+    ok = dict(num_prompts=1, n=1, is_beam=False, logprob_start_len=None)
+    assert check_bootstrap("null", None, None, None, **addrs) is None  # ignored, as SGLang does
+    assert check_bootstrap("decode", "h", None, 2**64 - 1, **addrs).room == 2**64 - 1
+    assert check_bootstrap("decode", "h", 8998, 1, **addrs).port == 8998
+    assert check_bootstrap("prefill", "anything", 5, 1, **addrs).room == 1
     cases = [
-        (("decode", "evil", None, 3), ok, "bootstrap_host"),  # not a configured prefill server
+        (("decode", "evil", None, 3), ok, "bootstrap_host"),
         (("decode", "h", 8999, 3), ok, "bootstrap_host"),
         (("decode", "!", None, 3), ok, "bootstrap_host"),
         (("decode", "h", None, None), ok, "bootstrap_room"),
@@ -328,8 +327,14 @@ def test_the_request_edge_names_the_bootstrap_field_at_fault():
     ]
     for args, kwargs, field in cases:
         with pytest.raises(RequestError) as e:
-            check_bootstrap(*args, **kwargs)
+            boot = check_bootstrap(*args, **addrs)
+            check_disaggregated(args[0], boot, **kwargs)
         assert e.value.param == field, (args, kwargs)
+    check_disaggregated("null", None, **{**ok, "n": 2})
+    with pytest.raises(RequestError) as e:
+        check_disaggregated("decode", None, **ok)  # options built without a bootstrap
+    assert e.value.param == "bootstrap_room" and "bootstrap_room is required" in str(e.value)
+    assert check_bootstrap("decode", "h", None, 3, **addrs) == Bootstrap("h", 8998, 3)
 
 
 def test_a_second_request_naming_a_room_in_use_is_refused_and_the_first_goes_on():

@@ -17,6 +17,7 @@ from radixrt.runtime.core.namespaces import TreeNamespaces
 from radixrt.runtime.core.scheduler import Scheduler
 from radixrt.runtime.messages import TokenizedGenerateReq
 from radixrt.runtime.request.edge import MAX_CACHE_SALT_CHARS, RequestError, expand_n
+from radixrt.runtime.request.options import RequestOptions
 from radixrt.runtime.request.sampling_params import SamplingParams
 
 PROMPT = [(k * 7) % 40 + 3 for k in range(40)]
@@ -33,10 +34,13 @@ def make(page_size=1, num_tokens=400, loras=(), **cfg):
 def ask(s, rid, prompt, salt=None, **fields):
     params = fields.pop("params", {})
     params.setdefault("max_new_tokens", 4)
-    msg = TokenizedGenerateReq(
-        rid=rid, input_ids=prompt, sampling_params=params, cache_salt=salt, **fields
+    if "lora_path" in fields:  # the HTTP field's name for the adapter
+        fields["lora"] = fields.pop("lora_path")
+    options = RequestOptions(cache_salt=salt, **fields)
+    s.add_request(
+        TokenizedGenerateReq(rid=rid, input_ids=prompt, sampling_params=params, options=options)
     )
-    return s.add_request(msg)
+    return s.take_outputs()
 
 
 def run(s, rid, prompt, salt=None, **fields):
@@ -89,7 +93,7 @@ def test_the_second_tier_serves_a_salt_only_its_own_kv():
     assert cached == len(PROMPT) - 1 and out == reference_output(PROMPT, 4, VOCAB, None)
     assert s.tree.tier_stats.tokens_loaded > loaded, "salt x's own KV did not come back"
     s.check_integrity()
-    assert s.flush_cache() and s.tree.host.num_free == s.tree.host.num_pages
+    assert s.admin.flush_cache() and s.tree.host.num_free == s.tree.host.num_pages
 
 
 def test_prompt_lookup_drafts_come_from_the_request_alone():
@@ -119,25 +123,25 @@ def test_pins_are_in_their_salts_namespace():
     assert handle
     assert run(s, "y", PROMPT + [3], "y")[0] == 0, "salt y read salt x's pinned prefix"
     assert run(s, "x", PROMPT + [3], "x")[0] == len(PROMPT)
-    assert s.unpin(handle)
+    assert s.admin.unpin(handle)
     assert_all_pages_back(s)
 
 
 def test_a_session_belongs_to_its_salt():
     s = make()
     run(s, "x1", PROMPT, "salt-x", session_id="chat")
-    assert s.server_info()["num_sessions"] == 1
+    assert s.admin.server_info()["num_sessions"] == 1
     # salt y naming the same session has a session of its own: salt x's pin is not replaced
     run(s, "y1", PROMPT[:10], "salt-y", session_id="chat")
-    info = s.server_info()
+    info = s.admin.server_info()
     assert info["num_sessions"] == 2 and info["num_pinned_tokens"] >= len(PROMPT) + 3
     listed = sorted(info["sessions"])
     assert len(listed) == 2 and all(k.startswith("chat@") and "salt" not in k for k in listed)
-    assert not s.close_session("chat"), "an unsalted close named a salted session"
-    assert s.close_session("chat", "salt-y") and not s.close_session("chat", "salt-y")
+    assert not s.admin.close_session("chat"), "an unsalted close named a salted session"
+    assert s.admin.close_session("chat", "salt-y") and not s.admin.close_session("chat", "salt-y")
     cached, _ = run(s, "x2", PROMPT + [1, 2], "salt-x", session_id="chat")
     assert cached >= len(PROMPT), "salt x's session lost its pinned turn"
-    assert s.close_session("chat", "salt-x")
+    assert s.admin.close_session("chat", "salt-x")
     assert_all_pages_back(s)
 
 
@@ -157,7 +161,7 @@ def test_unloading_an_adapter_evicts_its_salted_entries_too():
     run(s, "a", PROMPT, lora_path="a")
     run(s, "base", PROMPT, "x")
     held = s.tree.total_pages()
-    s.unload_lora("a")
+    s.admin.unload_lora("a")
     assert s.tree.total_pages() == held // 3, "the adapter's namespaces were not all evicted"
     assert run(s, "base2", PROMPT, "x")[0] == len(PROMPT) - 1  # the base model's salt x: kept
     assert_all_pages_back(s)
@@ -179,7 +183,7 @@ def test_the_cache_view_shows_no_salted_tokens():
     s = make()
     run(s, "plain", PROMPT)
     run(s, "salted", PROMPT[::-1], "secret")
-    nodes = s.cache_tree(max_depth=1)["root"]["children"]
+    nodes = s.admin.cache_tree(max_depth=1)["root"]["children"]
     plain = [n for n in nodes if not n["salted"]]
     salted = [n for n in nodes if n["salted"]]
     assert len(plain) == 1 and len(salted) == 1
@@ -194,7 +198,7 @@ def test_a_bad_salt_is_refused_naming_it(salt):
     (out,) = ask(s, "bad", PROMPT, salt)
     assert out.error_status == 400 and "cache_salt" in out.error
     with pytest.raises(RequestError) as e:
-        expand_n("r", PROMPT, SamplingParams(), cache_salt=salt)
+        expand_n("r", PROMPT, SamplingParams(), RequestOptions(cache_salt=salt))
     assert e.value.param == "cache_salt"
     assert not s.has_work()
     assert run(s, "ok", PROMPT, "x" * MAX_CACHE_SALT_CHARS)[0] == 0

@@ -55,9 +55,9 @@ def conversations(s, rng, num_conv=6, turns=4, user_tokens=30, out_tokens=12, hi
 
 
 def assert_both_tiers_empty_after_flush(s):
-    assert s.flush_cache()
+    assert s.admin.flush_cache()
     s.check_integrity()
-    assert s.allocator.num_free == s.allocator.num_pages
+    assert s.memory.allocator.num_free == s.memory.allocator.num_pages
     assert s.tree.host.num_free == s.tree.host.num_pages
 
 
@@ -70,7 +70,7 @@ def test_multi_turn_history_comes_back_from_the_tier(page_size, policy):
         conversations(s, random.Random(page_size))
         computed[tier] = s.stats.prompt_tokens - s.stats.cached_tokens
         if tier:
-            info = s.server_info()
+            info = s.admin.server_info()
             assert (
                 info["hicache_enabled"]
                 and info["hicache_tokens_loaded"] > 0
@@ -136,9 +136,9 @@ def test_tier_figures_reach_server_info_and_metrics():
 
     s = make(True, page_size=1)
     conversations(s, random.Random(2), turns=2)
-    info = s.server_info()
+    info = s.admin.server_info()
     assert (
-        info["hicache_tokens_loaded"] == s.runner.kv_tier.pages_read * s.page_size > 0
+        info["hicache_tokens_loaded"] == s.runner.kv_tier.pages_read * s.config.page_size > 0
     )  # what the tier copied
     assert info["hicache_pages_used"] == len(s.tree.host_page_ids()) > 0
     assert (

@@ -5,15 +5,15 @@ promised fit in free + evictable memory; nobody overtakes a request that does no
 fairness). Admission borrows the longest cached prefix from the radix tree.
 
 One admission step per job: order the candidates (_order), match a request's prefix in the pool and
-the second tier (_match), hold it back for a prefill in flight (_must_wait), check it fits (_fits),
-load its tier part back (_load_back), take its memory and a fork's page copy (_take: ReqMemory does
-the moving), then count it (_count_admission).
+the second tier (_match), hold it back for a prefill in flight (_must_wait), then ReqMemory.admit
+locks the match, checks it fits, loads its tier part back and gives the request its memory (or
+refuses, holding nothing); a fork copies its donor's page (_fork), then it is counted
+(_count_admission).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Callable
 
 from radixrt.runtime.config import ServerConfig
@@ -21,8 +21,8 @@ from radixrt.runtime.core import schedule_policy as policy
 from radixrt.runtime.core.lora_slots import LoraSlots
 from radixrt.runtime.core.plan import PlanItem
 from radixrt.runtime.core.radix_cache import RadixCache
-from radixrt.runtime.core.req import Req
-from radixrt.runtime.core.req_memory import ReqMemory
+from radixrt.runtime.core.req import Req, ReqStatus
+from radixrt.runtime.core.req_memory import PrefixMatch, ReqMemory
 from radixrt.runtime.core.scheduler_stats import SchedulerStats
 from radixrt.runtime.core.sessions import SessionTable
 from radixrt.runtime.core.tree_node import TreeNode
@@ -34,31 +34,15 @@ ExtendItem = Callable[[Req, int, int, tuple[tuple[int, int], ...]], PlanItem]
 req's KV up to `target` positions, its table row written from write_start, after the page copies."""
 
 
-@dataclass
-class PrefixMatch:
-    """A waiting request's cached prefix: pool pages ending at `node`, then nodes only in the
-    tier."""
-
-    pages: list[int]
-    node: TreeNode
-    in_tier: list[TreeNode]
-    page_size: int
-
-    @property
-    def cached(self) -> int:
-        """Tokens the match supplies, the tier's included."""
-        return (len(self.pages) + sum(len(n.host_value) for n in self.in_tier)) * self.page_size
-
-
-def fork_donor(req: Req, running: list[Req], cached: int, page_size: int) -> Req | None:
-    """A running request with the same prompt whose KV covers all of it but the last token, when the
-    tree supplied every whole page of that (cached) and a partial page remains: req then copies the
-    donor's partial page instead of recomputing its tokens, and computes only the last prompt token
-    (for its own logits and seed). This is how the `n` samples of one prompt (edge.expand_n)
-    share its prefill: the first one computes the prompt, the others wait for it
-    (shares_inflight_prefix) and fork. The copy is made in the step that admits req, before its
-    first write into that page, so no page is ever written by two requests and pages need no
-    reference count."""
+def fork_donor(req: Req, running: list[Req], matched_len: int, page_size: int) -> Req | None:
+    """A running request with the same prompt whose KV covers all of it but the last token, when
+    the tree supplied every whole page of that (matched_len) and a partial page remains: req then
+    copies the donor's partial page instead of recomputing its tokens, and computes only the last
+    prompt token (for its own logits and seed). This is how the `n` samples of one prompt
+    (request/edge.py's expand_n) share its prefill: the first one computes the prompt, the others
+    wait for it (shares_inflight_prefix) and fork. The copy is made in the step that admits req,
+    before its first write into that page, so no page is ever written by two requests and pages
+    need no reference count."""
     prompt = req.origin_input_ids
     last = len(prompt) - 1
     if (
@@ -67,16 +51,16 @@ def fork_donor(req: Req, running: list[Req], cached: int, page_size: int) -> Req
         or req.output_ids
         or req.admitted
         or wants_prompt_logprobs(req)
-        or cached != last - last % page_size
+        or matched_len != last - last % page_size
     ):
         return None
     for d in running:
         if (
-            d.kv_len >= last
+            d.kv.computed_len >= last
             and d.key_offset == req.key_offset  # the same adapter's KV only
             and len(d.origin_input_ids) == len(prompt)
             and d.origin_input_ids == prompt
-            and len(d.page_ids) > last // page_size
+            and len(d.kv.page_ids) > last // page_size
         ):
             return d
     return None
@@ -143,11 +127,13 @@ class Admission:
         budget: int,
         inflight: list[list[int]],
         extend_item: ExtendItem,
+        status: ReqStatus = ReqStatus.RUNNING,
     ) -> list[tuple[Req, PlanItem]]:
-        """Move the requests that fit from waiting to running; their first extend items.
-        inflight holds the token lists prefilling this step (a request sharing an uncached prefix
-        with one of them waits for it)."""
-        ready = [r for r in waiting if r.grammar_future is None]
+        """Move the requests that fit from waiting to running (with `status`: a decode server's
+        requests whose KV is to come wait for it instead); their first extend items. inflight holds
+        the token lists prefilling this step (a request sharing an uncached prefix with one of them
+        waits for it)."""
+        ready = [r for r in waiting if r.status is ReqStatus.WAITING]
         if not ready:
             return []
         reserve = policy.decode_reserve_tokens(running)
@@ -161,27 +147,28 @@ class Admission:
             ):
                 break
             match = self._match(req)
-            if self._must_wait(req, match.cached, inflight):
+            if self._must_wait(req, match.matched_len, inflight):
                 continue  # wait for it: then match its pages, or fork from it
-            target = min(req.seq_len, match.cached + budget)
-            if not self._fits(match, target, reserve):
+            left = self.memory.admit(req, match, budget, reserve)
+            if left is None:
                 break  # keep arrival fairness: nobody overtakes the request that does not fit
-            if match.in_tier:
-                budget = self._load_back(match, budget)
-                target = min(req.seq_len, match.cached + budget)
-            donor = self._fork_donor(req, running, match)
-            copies = self._take(req, match, target, donor)
-            if donor is not None:
+            budget = left
+            target = min(req.seq_len, match.matched_len + budget)
+            if wants_prompt_logprobs(req):
+                req.input_logprobs = req.input_top_logprobs = None  # a resumed prefill rescores
+            copies = self._fork(req, running, match)
+            if copies:
                 target = req.seq_len  # a fork computes only its last prompt token
-            cached = req.kv_len  # the fork's copied positions count as cached: never computed here
-            self._count_admission(req, match.node, cached)
+            computed = req.kv.computed_len  # a fork's copied positions count: never computed here
+            self._count_admission(req, match.node, computed)
             waiting.remove(req)
+            req.move_to(status)
             running.append(req)
             held += rows_of(req)
             items.append((req, extend_item(req, target, 0, copies)))
-            if donor is None:  # a fork computes one token: its siblings fork too, not wait
+            if not copies:  # a fork computes one token: its siblings fork too, not wait
                 inflight.append(req.tree_ids(req.fill_ids))
-            budget -= target - cached
+            budget -= target - computed
             reserve += int(req.sampling.max_new_tokens * policy.NEW_TOKEN_RESERVE_RATIO)
         return items
 
@@ -217,84 +204,29 @@ class Admission:
         in_tier = self.tree.match_tier(ids, node, len(pages) * self.memory.page_size)
         return PrefixMatch(pages, node, in_tier, self.memory.page_size)
 
-    def _must_wait(self, req: Req, cached: int, inflight: list[list[int]]) -> bool:
+    def _must_wait(self, req: Req, matched_len: int, inflight: list[list[int]]) -> bool:
         """A prefill in flight this step computes req's uncached prefix (then req matches its pages)
         or its whole prompt (then req forks from it): req waits one step."""
-        if policy.shares_inflight_prefix(req.tree_ids(req.fill_ids), cached, inflight):
+        if policy.shares_inflight_prefix(req.tree_ids(req.fill_ids), matched_len, inflight):
             return True
         return self.fork_samples and waits_to_fork(req, inflight, self.memory.page_size)
 
-    def _fork_donor(self, req: Req, running: list[Req], match: PrefixMatch) -> Req | None:
-        """The running request req forks from (fork_donor), if forks are on."""
+    def _fork(self, req: Req, running: list[Req], match: PrefixMatch) -> tuple:
+        """The page copy of req forking from a running request's prompt (fork_donor), if forks are
+        on and there is a donor; () otherwise."""
         if not self.fork_samples:
-            return None
-        return fork_donor(req, running, match.cached, match.page_size)
-
-    def _fits(self, match: PrefixMatch, target: int, reserve: int) -> bool:
-        """Lock the match and check that the pages up to target past it (those loaded back from the
-        tier included) and the decode reserve fit in free + evictable memory; unlocked when not."""
-        allocator = self.memory.allocator
-        self.tree.inc_lock_ref(match.node)
-        need = allocator.pages_for(target) - len(match.pages)
-        if need + allocator.pages_for(reserve) > allocator.num_free + self.tree.evictable_pages:
-            self.tree.dec_lock_ref(match.node)
-            return False
-        return True
-
-    def _load_back(self, match: PrefixMatch, budget: int) -> int:
-        """Copy the match's tier-only nodes back into the pool (one batched copy); the lock moves to
-        the last node loaded. Returns the step's budget less the copy, counted at
-        policy.TIER_LOAD_TOKENS_PER_BUDGET_TOKEN."""
-        loaded, last = self.tree.load_back(match.in_tier)
-        match.in_tier = []
-        if last is None:  # nothing came back (a corrupt first page): recompute it
-            return budget
-        self.tree.inc_lock_ref(last)  # lock the longer path before unlocking the old one
-        self.tree.dec_lock_ref(match.node)
-        match.pages, match.node = match.pages + loaded, last
-        cost = len(loaded) * match.page_size // policy.TIER_LOAD_TOKENS_PER_BUDGET_TOKEN
-        return max(budget - cost, 1)
-
-    def _take(
-        self, req: Req, match: PrefixMatch, target: int, donor: Req | None
-    ) -> tuple[tuple[int, int], ...]:
-        """req borrows the (locked) match and gets pages up to target, and a row; forking from
-        donor, it copies the donor's partial page. Returns the page copies."""
-        self.memory.take(req, match.pages, match.node)
-        if wants_prompt_logprobs(req):
-            req.input_logprobs = req.input_top_logprobs = None  # a resumed prefill scores them anew
-        if not self.memory.grow(req, target):  # cannot fail: counted by _fits
-            raise AssertionError("admission accounting is wrong")
+            return ()
+        donor = fork_donor(req, running, match.matched_len, match.page_size)
         return () if donor is None else (self.memory.fork(req, donor),)
 
-    def _count_admission(self, req: Req, node: TreeNode, cached: int) -> None:
+    def _count_admission(self, req: Req, node: TreeNode, computed: int) -> None:
         """On a request's first admission (not a resumption): its prefix hit in the stats, its
         session's figures and the cache view's per-prefix hits."""
         if req.admitted:
             return
         req.admitted = True
-        req.prefix_hit_len = cached
-        self.stats.on_admit(len(req.origin_input_ids), cached)
+        req.cached_tokens = computed
+        self.stats.on_admit(len(req.origin_input_ids), computed)
         self.tree.record_hit(node)
-        if req.session_id is not None:
-            self.sessions.on_admit(req.session_id, len(req.origin_input_ids), cached)
-
-    @staticmethod
-    def collect_grammars(waiting: list[Req], check_fault: Callable, fail: Callable) -> None:
-        """Waiting requests whose grammar compile finished get it (then they can be admitted), or
-        fail alone: 400 when the grammar was refused (a ValueError), 500 for anything else."""
-        for req in list(waiting):
-            fut = req.grammar_future
-            if fut is None or not fut.done():
-                continue
-            req.grammar_future = None
-            try:
-                check_fault("grammar", req.origin_input_ids)
-                req.grammar = fut.result()
-            except Exception as e:
-                waiting.remove(req)
-                if isinstance(e, ValueError):
-                    fail(req, str(e), 400, f"invalid constraint: {e}")
-                else:
-                    log.exception("collecting the grammar of %s failed", req.rid)
-                    fail(req, f"internal error: {type(e).__name__}: {e}", 500)
+        if req.session_key is not None:
+            self.sessions.on_admit(req.session_key, len(req.origin_input_ids), computed)

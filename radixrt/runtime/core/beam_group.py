@@ -24,7 +24,7 @@ from typing import Any
 
 from radixrt.runtime.core.beam_search import BeamSearch, Continuation, Hypothesis
 from radixrt.runtime.core.finish_reason import FinishReason
-from radixrt.runtime.core.req import Req
+from radixrt.runtime.core.req import GrammarState, Req
 from radixrt.runtime.core.req_memory import ReqMemory
 from radixrt.runtime.messages import TokenOut
 
@@ -48,7 +48,9 @@ class BeamGroup:
         self.beams: list[Req] = [root]  # live beams, best first after each advance
         self.offers: dict[int, list[tuple[float, int]]] = {}  # id(beam) -> its offers this step
         self.peak_pages = 0  # most distinct pages the live beams held at once
-        self.pristine_grammar: Any = None  # the root's grammar before any token (for a restart)
+        self.pristine_grammar: GrammarState | None = (
+            None  # the root's grammar before any token (for a restart)
+        )
         self._num_forks = 0
 
     def _new_search(self) -> BeamSearch:
@@ -76,7 +78,7 @@ class BeamGroup:
 
     def advance(self, memory: ReqMemory) -> BeamMoves:
         """One search step mapped onto the beams' requests and pages."""
-        self.peak_pages = max(self.peak_pages, len({p for b in self.beams for p in b.page_ids}))
+        self.peak_pages = max(self.peak_pages, len({p for b in self.beams for p in b.kv.page_ids}))
         if self.pristine_grammar is None and self.root.grammar is not None:
             self.pristine_grammar = self.root.grammar.fork([])
         offers = [self.offers[id(b)] for b in self.beams]
@@ -123,12 +125,13 @@ class BeamGroup:
             f"{root.rid}/beam{self._num_forks}",
             root.origin_input_ids,
             root.sampling,
+            root.options,
             arrival_time=root.arrival_time,  # preemption takes a group's beams together
         )
         child.output_ids = list(parent.output_ids)
         child.beam, child.beam_logprob = self, parent.beam_logprob
-        child.admitted, child.prefix_hit_len = True, root.prefix_hit_len
-        child.lora, child.lora_slot, child.key_offset = root.lora, root.lora_slot, root.key_offset
+        child.admitted, child.cached_tokens = True, root.cached_tokens
+        child.lora_slot, child.key_offset = root.lora_slot, root.key_offset
         if parent.grammar is not None:
             child.grammar = parent.grammar.fork(parent.output_ids)
         return child
@@ -162,7 +165,7 @@ class BeamGroup:
             finished_reason=reason,
             prompt_tokens=len(self.root.origin_input_ids),
             completion_tokens=len(best),
-            cached_tokens=self.root.prefix_hit_len,
+            cached_tokens=self.root.cached_tokens,
             beams=beams,
         )
 

@@ -183,10 +183,10 @@ def _omitted(rest: list[tuple[int, int, int]]) -> dict[str, int]:
     }
 
 
-def pretty_print(tree: Any) -> str:
+def pretty_print(tree: RadixCache) -> str:
     """The whole tree, one node per line, children in key order (for debugging and tests)."""
 
-    def walk(node: Any, depth: int):
+    def walk(node: TreeNode, depth: int):
         if node is not tree.root:
             yield node, depth
         for child in sorted(node.children.values(), key=lambda n: n.key):

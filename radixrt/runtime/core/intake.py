@@ -5,23 +5,37 @@ outside (GrammarBackends: constrained/choose.py's BackendChooser; core never imp
 
 from __future__ import annotations
 
+import logging
+from concurrent.futures import Future
 from typing import Any, Callable, Protocol
 
+from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.core.finish_reason import FinishReason
-from radixrt.runtime.core.req import Req
-from radixrt.runtime.core.sessions import session_key
+from radixrt.runtime.core.req import GrammarState, Req, ReqStatus
 from radixrt.runtime.messages import TokenizedGenerateReq, TokenOut
 from radixrt.runtime.request.edge import EdgeLimits, check_cache_salt, check_prompt
 from radixrt.runtime.request.incremental_detokenizer import IncrementalDetokenizer
 from radixrt.runtime.request.sampling_params import SamplingParams
 
+log = logging.getLogger(__name__)
+
+
+class GrammarBackend(Protocol):
+    """One grammar backend (constrained/backend.py): compiles a constraint off the loop."""
+
+    def request(self, kind: str, spec: Any) -> Future[GrammarState]: ...
+
+    def validate(self, kind: str, spec: Any) -> None: ...  # ValueError: it would not compile
+
+    def shutdown(self) -> None: ...
+
 
 class GrammarBackends(Protocol):
     """The grammar backends by constraint kind, built on first use."""
 
-    def for_kind(self, kind: str) -> Any: ...
+    def for_kind(self, kind: str) -> GrammarBackend: ...
 
-    def built(self) -> list[Any]: ...
+    def built(self) -> list[GrammarBackend]: ...
 
 
 class QueueFull(ValueError):
@@ -30,7 +44,7 @@ class QueueFull(ValueError):
     status = 503
 
 
-def check_queue(num_held: int, config: Any) -> None:
+def check_queue(num_held: int, config: ServerConfig) -> None:
     """--max-queued-requests (SGLang's): a request arriving when the requests held (running and
     waiting) fill --max-running-requests + --max-queued-requests is refused. Counted with the
     running ones so a burst that free rows will admit at the next step is not refused (every
@@ -51,38 +65,24 @@ def new_req(
 ) -> Req:
     """The Req for msg, checked as the request edge checks it (ValueError: refused)."""
     sampling = SamplingParams.from_dict(msg.sampling_params)
-    start = check_prompt(
-        msg.input_ids,
-        sampling,
-        limits,
-        return_logprob=msg.return_logprob,
-        logprob_start_len=msg.logprob_start_len,
-        top_logprobs_num=msg.top_logprobs_num,
-        stream=msg.stream,
-    )
-    check_cache_salt(msg.cache_salt)
+    options = msg.options
+    check_prompt(msg.input_ids, sampling, limits, options)
+    check_cache_salt(options.cache_salt)
     check_fault("intake", msg.input_ids)
     # the output may not run past the context
     room = limits.context_len - len(msg.input_ids)
     sampling.max_new_tokens = min(sampling.max_new_tokens, room)
-    req = Req(
-        msg.rid,
-        msg.input_ids,
-        sampling,
-        return_logprob=msg.return_logprob,
-        logprob_start_len=start,
-        top_logprobs_num=msg.top_logprobs_num,
-        stream=msg.stream,
-        program_id=msg.program_id,
-        arrival_time=msg.arrival_time or None,
-    )
-    req.pin_ttl_s = msg.pin_ttl_s
-    if msg.session_id is not None:  # a tenant's session is its own (sessions.session_key)
-        req.session_id = session_key(msg.session_id, msg.cache_salt)
-    req.lora = msg.lora_path
+    req = Req(msg.rid, msg.input_ids, sampling, options, arrival_time=msg.arrival_time or None)
     if sampling.stop or sampling.stop_regex:
         req.stop_matcher = IncrementalDetokenizer.for_request(tokenizer, sampling)
     return req
+
+
+def check_lora(name: str | None, loaded: list[str]) -> None:
+    """A request's adapter must be loaded (ValueError naming it: a 400)."""
+    if name is not None and (not isinstance(name, str) or name not in loaded):
+        names = ", ".join(loaded) or "none"
+        raise ValueError(f"lora_path: LoRA adapter {name!r} is not loaded (loaded: {names})")
 
 
 def refusal(msg: TokenizedGenerateReq, error: Exception) -> TokenOut:
@@ -99,3 +99,30 @@ def refusal(msg: TokenizedGenerateReq, error: Exception) -> TokenOut:
         error_status=status,
         prompt_tokens=len(msg.input_ids) if isinstance(msg.input_ids, list) else 0,
     )
+
+
+def collect_grammars(
+    waiting: list[Req], check_fault: Callable[[str, list[int]], None]
+) -> list[tuple[Req, str, int, str]]:
+    """Waiting requests whose grammar compile finished get it (then they can be admitted), or leave
+    waiting to fail alone: (request, error, status, finish reason) with 400 when the grammar was
+    refused (a ValueError), 500 for anything else."""
+    failed = []
+    for req in [r for r in waiting if r.status is ReqStatus.WAITING_FOR_GRAMMAR]:
+        fut = req.grammar_future
+        if not fut.done():
+            continue
+        req.grammar_future = None
+        try:
+            check_fault("grammar", req.origin_input_ids)
+            req.grammar = fut.result()
+            req.move_to(ReqStatus.WAITING)
+        except Exception as e:
+            waiting.remove(req)
+            if isinstance(e, ValueError):
+                failed.append((req, str(e), 400, f"invalid constraint: {e}"))
+            else:
+                log.exception("collecting the grammar of %s failed", req.rid)
+                error = f"internal error: {type(e).__name__}: {e}"
+                failed.append((req, error, 500, error))
+    return failed

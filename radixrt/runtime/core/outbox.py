@@ -23,11 +23,11 @@ class Outbox:
             finished_reason=None if req.finished_reason is None else req.finished_reason.to_dict(),
             prompt_tokens=len(req.origin_input_ids),
             completion_tokens=len(req.output_ids),
-            cached_tokens=req.prefix_hit_len,
+            cached_tokens=req.cached_tokens,
             error=req.error,
             error_status=req.error_status,
         )
-        if req.return_logprob:
+        if req.options.return_logprob:
             out.output_logprobs = req.output_logprobs[first:]
             out.output_top_logprobs = req.output_top_logprobs[first:]
             if not req.input_logprobs_sent and req.input_logprobs is not None:

@@ -3,15 +3,20 @@ runner returns, and the Runner interface the scheduler drives.
 
 The runner turns a list of PlanItem into a ForwardBatch (tensors). Nothing here is a tensor, a
 request or a grammar: the runner sees ids, table rows, slots and sampling rows; a constrained row
-carries the index of its mask source, a list the scheduler passes beside the plan.
+carries the index of its mask source, a list the scheduler passes beside the plan (StepPlan).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from radixrt.runtime.request.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # the plan holds requests only beside the items the runner sees
+    from radixrt.runtime.config import ServerConfig
+    from radixrt.runtime.core.req import Req
+    from radixrt.runtime.core.tiered_cache import TierStore
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,9 +40,9 @@ class PlanItem:
     """One request's part of a step. Built by keyword; crosses processes by field name (to_wire)."""
 
     row: int  # the request's row of the req->slot table
-    new_ids: list[int]  # tokens fed this step: fill_ids[prefix_len : prefix_len + len(new_ids)]
-    prefix_len: int  # KV already stored before the step
-    slots: list[int]  # pool slots of positions [write_start, prefix_len + len(new_ids))
+    new_ids: list[int]  # tokens fed this step: fill_ids[computed_len : computed_len + len(new_ids)]
+    computed_len: int  # positions whose KV is stored before the step (the request's computed_len)
+    slots: list[int]  # pool slots of positions [write_start, computed_len + len(new_ids))
     write_start: int  # first position whose slot is (re)written into the table row
     logits_start: int | None = None  # prompt logprobs from this position on (None: last token)
     # tokens to pick: none (a prefill chunk that does not complete the prompt), one after the last
@@ -54,18 +59,18 @@ class PlanItem:
     page_copies: tuple[tuple[int, int], ...] = ()
     # the LoRA adapter of the request (None: the base model) and the slot the scheduler put it in
     # (core/lora_slots.py); the runner copies it there first when the slot held another
-    lora_name: str | None = None
+    lora: str | None = None
     lora_slot: int | None = None
 
     @property
     def logits_from(self) -> int | None:
         """First position whose logits the forward keeps (None: the last fed token's only): a draft
-        wants every new position's, like prompt logprobs from prefix_len on."""
-        return self.prefix_len if self.num_draft else self.logits_start
+        wants every new position's, like prompt logprobs from computed_len on."""
+        return self.computed_len if self.num_draft else self.logits_start
 
     # the fields a forward needs: what tensor parallelism sends to the other ranks (they sample
     # nothing, so picks stay behind)
-    WIRE_FIELDS = ("row", "new_ids", "prefix_len", "slots", "write_start", "logits_start",
+    WIRE_FIELDS = ("row", "new_ids", "computed_len", "slots", "write_start", "logits_start",
                    "num_draft", "page_copies")  # fmt: skip
 
     def to_wire(self) -> dict[str, Any]:
@@ -92,6 +97,24 @@ class ItemResult:
     # a beam's pick: its best (logprob, id) continuations, best first: log_softmax of the raw
     # logits, masked ids left out (SampleRow.beam_candidates of them at most)
     beam_offers: list[tuple[float, int]] | None = None
+
+
+@dataclass
+class StepPlan:
+    """One step as planned: each request with its item (decodes first, then drafts, then extends),
+    and the mask sources its constrained picks index (live grammar states, kept no longer than the
+    step: the runner reads them for the masks and nothing else)."""
+
+    reqs: list[Req] = field(default_factory=list)  # one per item
+    items: list[PlanItem] = field(default_factory=list)
+    mask_sources: list[Any] = field(default_factory=list)
+
+    def add(self, req: Req, item: PlanItem) -> None:
+        self.reqs.append(req)
+        self.items.append(item)
+
+    def __len__(self) -> int:
+        return len(self.items)
 
 
 class PlanItemError(RuntimeError):
@@ -144,7 +167,7 @@ class Runner(Protocol):
         """Forget adapter name (ValueError: none of that name)."""
         ...
 
-    def make_kv_tier(self, config: Any) -> Any:
+    def make_kv_tier(self, config: ServerConfig) -> TierStore:
         """The second cache tier's page store (tiered_cache.TierStore)."""
         ...
 

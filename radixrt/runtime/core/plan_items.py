@@ -2,8 +2,8 @@
 
 A decode feeds the request's last token (plus its jump-forward draft, when it has one); an extend
 feeds the next chunk of its prompt. Building an item also claims the request's table row for the
-step (the row is rewritten from write_start) and collects each constrained pick's mask source: the
-plan carries only its index (core/plan.py)."""
+step (the row is rewritten from write_start) and puts each constrained pick's mask source on the
+step's list (StepPlan.mask_sources): the item carries only its index (core/plan.py)."""
 
 from __future__ import annotations
 
@@ -24,37 +24,37 @@ class ItemBuilder:
         self.page_size = memory.page_size
         self.eos_ids = eos_ids
         self.check_fault = check_fault
-        self.mask_sources: list[Any] = []  # the step's, indexed by SampleRow.mask
 
-    def start_step(self) -> list[Any]:
-        """A new step: a fresh list of mask sources (the runner gets it with the plan)."""
-        self.mask_sources = []
-        return self.mask_sources
-
-    def decode(self, req: Req, draft_budget: int) -> tuple[PlanItem, int]:
-        """req's last token and as much of its draft as draft_budget and its pages allow."""
+    def decode(self, req: Req, draft_budget: int, masks: list[Any]) -> tuple[PlanItem, int]:
+        """req's last token and as much of its draft as draft_budget and its pages allow; its
+        constrained picks' mask sources go on masks (the step's: StepPlan.mask_sources)."""
         self.check_fault("plan", req.origin_input_ids)
         num_draft = fit_draft(req, self.memory, draft_budget)
-        pos = req.kv_len
+        pos = req.kv.computed_len
         start = self._claim_row(req)
         item = PlanItem(
-            row=req.table_row,
+            row=req.kv.table_row,
             new_ids=[req.output_ids[-1]] + req.draft_ids,
-            prefix_len=pos,
-            slots=slots_of(req.page_ids, start, pos + 1 + num_draft, self.page_size),
+            computed_len=pos,
+            slots=slots_of(req.kv.page_ids, start, pos + 1 + num_draft, self.page_size),
             write_start=start,
-            picks=self._picks(req, req.draft_ids, req.draft_states),
+            picks=self._picks(req, req.draft_ids, req.draft_states, masks),
             num_draft=num_draft,
             prompt_ids=req.origin_input_ids,
             output_ids=req.output_ids,
-            page_copies=tuple(req.pending_copies),
-            lora_name=req.lora,
+            page_copies=tuple(req.kv.pending_copies),
+            lora=req.lora,
             lora_slot=req.lora_slot,
         )
         return item, num_draft
 
     def extend(
-        self, req: Req, target: int, write_start: int | None = None, page_copies: tuple = ()
+        self,
+        req: Req,
+        target: int,
+        masks: list[Any],
+        write_start: int | None = None,
+        page_copies: tuple = (),
     ) -> PlanItem:
         """req's tokens from kv_len up to target; a pick when the chunk completes the prompt. The
         table row is written from write_start (admission: 0, a new row), by default from kv_len or,
@@ -65,18 +65,18 @@ class ItemBuilder:
         if wants_prompt_logprobs(req):
             logits_start = max(req.logprob_start_len - 1, 0)
         return PlanItem(
-            row=req.table_row,
-            new_ids=req.fill_ids[req.kv_len : target],
-            prefix_len=req.kv_len,
-            slots=slots_of(req.page_ids, write_start, target, self.page_size),
+            row=req.kv.table_row,
+            new_ids=req.fill_ids[req.kv.computed_len : target],
+            computed_len=req.kv.computed_len,
+            slots=slots_of(req.kv.page_ids, write_start, target, self.page_size),
             write_start=write_start,
             logits_start=logits_start,
-            picks=self._picks(req, [], []) if target == req.seq_len else (),
+            picks=self._picks(req, [], [], masks) if target == req.seq_len else (),
             prompt_ids=req.origin_input_ids,
             output_ids=req.output_ids,
-            top_logprobs_num=req.top_logprobs_num,
+            top_logprobs_num=req.options.top_logprobs_num,
             page_copies=tuple(page_copies),
-            lora_name=req.lora,
+            lora=req.lora,
             lora_slot=req.lora_slot,
         )
 
@@ -85,5 +85,7 @@ class ItemBuilder:
         self.memory.row_planned(req)
         return start
 
-    def _picks(self, req: Req, draft_ids: list[int], draft_states: list) -> tuple[SampleRow, ...]:
-        return sample_rows(req, draft_ids, draft_states, self.eos_ids, self.mask_sources)
+    def _picks(
+        self, req: Req, draft_ids: list[int], draft_states: list, masks: list[Any]
+    ) -> tuple[SampleRow, ...]:
+        return sample_rows(req, draft_ids, draft_states, self.eos_ids, masks)

@@ -1,88 +1,157 @@
-"""A request inside the scheduler. It owns its memory state: no side tables by rid.
+"""A request inside the scheduler: its tokens, its lifecycle (one ReqStatus), its KV (one ReqKV
+record) and its results.
 
-Tokens of a request are `fill_ids = origin_input_ids + output_ids`. The first `kv_len`
-of them have KV stored in the pages `page_ids` (token i lives in slot
-`page_ids[i // page_size] * page_size + i % page_size`). The first `cached_len` of those
-are borrowed, read-only, from the radix tree and locked through `last_node`; the rest
-the request wrote itself.
+Tokens of a request are `fill_ids = origin_input_ids + output_ids`. The first `kv.computed_len`
+of them have KV stored in the pages `kv.page_ids` (token i lives in slot
+`page_ids[i // page_size] * page_size + i % page_size`). The first `kv.borrowed_len` of those
+are borrowed, read-only, from the radix tree and locked through `kv.last_node`; the rest the
+request wrote itself.
 """
 
 from __future__ import annotations
 
+import enum
 import time
-from typing import Any
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
 from radixrt.runtime.core.finish_reason import FinishReason
+from radixrt.runtime.core.sessions import SessionKey, session_key
+from radixrt.runtime.request.options import RequestOptions
 from radixrt.runtime.request.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # type names only: these modules import this one
+    from radixrt.runtime.core.beam_group import BeamGroup
+    from radixrt.runtime.core.prompt_lookup import PromptLookup
+    from radixrt.runtime.core.tree_node import TreeNode
+
+
+class ReqStatus(enum.Enum):
+    WAITING_FOR_GRAMMAR = "waiting for its grammar"  # its constraint compiles off the loop
+    WAITING = "waiting"  # queued for admission (new, or preempted)
+    WAITING_FOR_KV = "waiting for its KV"  # decode server: pages registered, the KV on its way
+    RUNNING = "running"  # holds pages and a table row, planned each step
+    SENDING = "sending"  # prefill server: computed, pages held until the decode server has them
+    FINISHED = "finished"
+
+
+S = ReqStatus
+TRANSITIONS: dict[ReqStatus, frozenset[ReqStatus]] = {
+    S.WAITING_FOR_GRAMMAR: frozenset({S.WAITING, S.FINISHED}),
+    S.WAITING: frozenset({S.RUNNING, S.WAITING_FOR_KV, S.FINISHED}),
+    S.WAITING_FOR_KV: frozenset({S.RUNNING}),  # arrived, failed or aborted: it ends as running
+    S.RUNNING: frozenset({S.WAITING, S.SENDING, S.FINISHED}),  # WAITING: preempted
+    S.SENDING: frozenset({S.RUNNING}),  # sent or failed: it ends as running
+    S.FINISHED: frozenset(),
+}
+
+
+class GrammarState(Protocol):
+    """What core asks of a constrained request's grammar (constrained/state.py's GrammarState)."""
+
+    def accept(self, token: int) -> None: ...
+    def is_terminated(self) -> bool: ...
+    def is_final(self) -> bool: ...
+    def ends_at(self, state: int) -> bool: ...
+    def draft(self, room: int) -> tuple[list[int], list[int]]: ...
+    def fork(self, output_ids: list[int]) -> GrammarState: ...
+    def for_budget(self, budget: int) -> Any: ...  # the mask source of its next pick
+    def at(self, state: int, budget: int) -> Any: ...  # the mask source after a draft token
+
+
+class StopMatcher(Protocol):
+    """Stop strings and regexes over the output (request/incremental_detokenizer.py)."""
+
+    finished: bool
+    matched_stop: str | None
+
+    def feed(self, token_ids: list[int]) -> None: ...
+
+
+@dataclass
+class ReqKV:
+    """A request's memory: what ReqMemory moves and check_integrity() verifies."""
+
+    page_ids: list[int] = field(default_factory=list)
+    computed_len: int = 0  # positions whose KV is stored (in page_ids)
+    borrowed_len: int = 0  # of those, the first ones read from the radix tree (whole pages)
+    last_node: TreeNode | None = None  # the tree node locked on the request's behalf
+    table_row: int | None = None  # its row of the req->slot table while it holds memory
+    table_stale: bool = False  # page_ids changed under the row (shared with the tree): rewrite
+    pending_copies: list[tuple[int, int]] = field(default_factory=list)  # (page, own page) to copy
 
 
 class Req:
-    # prefill-decode disaggregation (scheduler_pd.py), set on the instance when they change:
-    # prefill: how it ends once its pages are sent (set when handed off to the transfer);
-    # decode: aborted while its KV was in flight
-    pd_reason: FinishReason | None = None
-    pd_abort: FinishReason | None = None
-
     def __init__(
         self,
         rid: str,
         input_ids: list[int],
         sampling: SamplingParams,
-        *,
-        return_logprob: bool = False,
-        logprob_start_len: int = -1,
-        top_logprobs_num: int = 0,
-        stream: bool = False,
-        program_id: str | None = None,
+        options: RequestOptions | None = None,
         arrival_time: float | None = None,
     ):
         self.rid = rid
         self.origin_input_ids = list(input_ids)
         self.output_ids: list[int] = []
         self.sampling = sampling
-        self.return_logprob = return_logprob
-        self.logprob_start_len = logprob_start_len
-        self.top_logprobs_num = top_logprobs_num
-        self.stream = stream
-        self.program_id = program_id
-        self.pin_ttl_s: float | None = None  # pin the prompt in the tree when finished
-        self.session_id: Any = None  # a session's turn, pinned when finished (session_key)
+        self.options = options or RequestOptions()
         self.arrival_time = time.time() if arrival_time is None else arrival_time
-
-        # memory
-        self.page_ids: list[int] = []
-        self.kv_len = self.cached_len = 0
-        self.last_node: Any = None  # radix node locked on our behalf
-        self.table_row: int | None = None  # row of the req->slot table while running
-        self.table_stale = False  # page_ids changed under the row (shared with the tree): rewrite
-        self.beam: Any = None  # the BeamGroup (beam_group.py) this request is a beam of
+        self.status = ReqStatus.WAITING
+        self.kv = ReqKV()
+        self.beam: BeamGroup | None = None  # the beam search this request is a beam of
         self.beam_logprob = 0.0  # that beam's cumulative logprob
-        self.pending_copies: list[tuple[int, int]] = []  # (page, own page) before its next forward
-        self.lora: str | None = None  # its LoRA adapter (None: the base model)
-        self.lora_slot: int | None = None  # the adapter's slot while running (lora_slots.py)
+        self.lora_slot: int | None = None  # its adapter's slot while running (lora_slots.py)
         self.key_offset = 0  # its (adapter, cache_salt) namespace in the tree (namespaces.py)
-        self.bootstrap: Any = None  # disaggregated: where its KV comes from / goes (pd_link.py)
 
         # progress and results
-        self.prefix_hit_len = 0  # cached tokens on first admission (reported as cached_tokens)
-        self.admitted = False
+        self.cached_tokens = 0  # tokens the cache supplied on first admission (usage's figure)
+        self.admitted = False  # admitted at least once (a resumption is not counted again)
         self.num_preemptions = 0
         self.finished_reason: FinishReason | None = None
         self.num_sent = 0  # output ids already sent out as deltas
-        self.grammar: Any = None  # GrammarState while constrained
-        self.grammar_future: Any = None  # its grammar's compile in flight (a Future): it waits
-        self.stop_matcher: Any = None  # an IncrementalDetokenizer over output_ids (stop strings)
+        self.grammar: GrammarState | None = None
+        self.grammar_future: Future[GrammarState] | None = None  # its compile, in flight
+        self.stop_matcher: StopMatcher | None = None
         # jump-forward: tokens the grammar forces after output_ids, fed for verification next decode
         self.draft_ids: list[int] = []
         self.draft_states: list[int] = []  # the grammar state after each draft token
-        self.lookup: Any = None  # PromptLookup (n-gram drafts) once it decodes unconstrained
+        self.lookup: PromptLookup | None = None  # n-gram drafts once it decodes unconstrained
         self.error: str | None = None  # why it failed, for the client
         self.error_status = 400  # 400: refused as given; 500: failed inside the server
-        self.output_logprobs: list[list[Any]] = []
+        self.output_logprobs: list[list[Any]] = []  # [logprob, id]
         self.output_top_logprobs: list[list[list[Any]]] = []
         self.input_logprobs: list[list[Any]] | None = None
         self.input_top_logprobs: list[list[list[Any]]] | None = None
         self.input_logprobs_sent = False
+
+    def move_to(self, status: ReqStatus) -> None:
+        """The one way a request changes status (a transition the lifecycle lacks is a bug)."""
+        assert status in TRANSITIONS[self.status], f"{self}: {self.status.name} -> {status.name}"
+        self.status = status
+
+    def wait_for_grammar(self, compile: Future[GrammarState]) -> None:
+        """A new request's constraint compiles off the loop: it waits for it before admission."""
+        assert self.status is ReqStatus.WAITING and not self.admitted, f"{self} is not new"
+        self.grammar_future, self.status = compile, ReqStatus.WAITING_FOR_GRAMMAR
+
+    def end(self, reason: FinishReason) -> None:
+        self.move_to(ReqStatus.FINISHED)
+        self.finished_reason = reason
+
+    @property
+    def logprob_start_len(self) -> int:
+        return self.options.logprob_start
+
+    @property
+    def lora(self) -> str | None:
+        return self.options.lora
+
+    @property
+    def session_key(self) -> SessionKey | None:
+        """Its session's key (a tenant's session is its own), None when it is no session's turn."""
+        o = self.options
+        return None if o.session_id is None else session_key(o.session_id, o.cache_salt)
 
     @property
     def fill_ids(self) -> list[int]:
@@ -99,15 +168,16 @@ class Req:
 
     @property
     def finished(self) -> bool:
-        return self.finished_reason is not None
+        return self.status is ReqStatus.FINISHED
 
     @property
     def is_decoding(self) -> bool:
         """All tokens but the last have KV: the next step feeds one token."""
-        return self.kv_len == self.seq_len - 1 and bool(self.output_ids)
+        return self.kv.computed_len == self.seq_len - 1 and bool(self.output_ids)
 
     def __repr__(self) -> str:
         return (
-            f"Req({self.rid!r}, in={len(self.origin_input_ids)}, out={len(self.output_ids)}, "
-            f"kv={self.kv_len}, cached={self.cached_len})"
+            f"Req({self.rid!r}, {self.status.name}, in={len(self.origin_input_ids)}, "
+            f"out={len(self.output_ids)}, computed={self.kv.computed_len}, "
+            f"borrowed={self.kv.borrowed_len})"
         )

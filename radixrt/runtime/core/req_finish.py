@@ -27,7 +27,7 @@ def apply_sampled_token(req: Req, res: ItemResult, eos_ids: set[int]) -> FinishR
     sp = req.sampling
     tok = res.next_id
     req.output_ids.append(tok)
-    if req.return_logprob:
+    if req.options.return_logprob:
         req.output_logprobs.append([res.logprob, tok])
         req.output_top_logprobs.append([list(x) for x in res.top_logprobs or []])
     if req.grammar is not None:
@@ -84,8 +84,8 @@ def sample_rows(
                 params=req.sampling,
                 output_ids=output_ids,
                 prompt_ids=req.origin_input_ids,
-                return_logprob=req.return_logprob,
-                top_logprobs_num=req.top_logprobs_num,
+                return_logprob=req.options.return_logprob,
+                top_logprobs_num=req.options.top_logprobs_num,
                 blocked_ids=blocked_ids(req, len(output_ids), eos_ids),
                 mask=mask,
                 beam_candidates=0 if req.beam is None else req.beam.num_candidates,

@@ -32,15 +32,16 @@ def order_waiting(waiting: list[Req], match_len: dict[int, int], policy: str) ->
     if policy == "lpm" and len(waiting) <= LPM_MAX_QUEUE:
         # stable sort: ties keep arrival order, and a program's requests stay adjacent by program_id
         return sorted(
-            waiting, key=lambda r: (-match_len.get(id(r), 0), r.program_id or "", r.arrival_time)
+            waiting,
+            key=lambda r: (-match_len.get(id(r), 0), r.options.program_id or "", r.arrival_time),
         )
     return list(waiting)
 
 
-def shares_inflight_prefix(ids: list[int], cached_len: int, inflight: list[list[int]]) -> bool:
+def shares_inflight_prefix(ids: list[int], matched_len: int, inflight: list[list[int]]) -> bool:
     """True when `ids` shares >= SHARE_MIN_TOKENS uncached tokens with a prefill in flight."""
     for other in inflight:
-        if common_prefix_len(ids, other) - cached_len >= SHARE_MIN_TOKENS:
+        if common_prefix_len(ids, other) - matched_len >= SHARE_MIN_TOKENS:
             return True
     return False
 

@@ -37,7 +37,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.core.page_allocator import PageAllocator
+from radixrt.runtime.core.plan import Runner
 from radixrt.runtime.core.radix_cache import RadixCache
 from radixrt.runtime.core.tree_node import TreeNode
 
@@ -305,7 +307,7 @@ class TieredRadixCache(RadixCache):
 MIN_SWAP_TOKENS = 4
 
 
-def make_tree(config: Any, allocator: PageAllocator, runner: Any) -> RadixCache:
+def make_tree(config: ServerConfig, allocator: PageAllocator, runner: Runner) -> RadixCache:
     """The scheduler's radix tree: with --enable-hierarchical-cache, on the runner's second tier."""
     if not config.enable_hierarchical_cache:
         return RadixCache(allocator, config.page_size, disable=config.disable_radix_cache)

@@ -1,8 +1,8 @@
 """The transfer agent: a thread in the scheduler process that talks to the peer server over the
 authenticated channel (channel.py: ZeroMQ over TCP with CURVE) and moves the pages' bytes, so that
 neither a slow peer nor a transfer holds up the scheduler's loop. The scheduler's commands come in,
-and its events go out, over two inproc PAIR sockets (link.py holds their other ends); each socket
-is used by this thread alone.
+and its events go out, over two inproc PAIR sockets (transfer.py holds their other ends); each
+socket is used by this thread alone.
 
 Wire messages (orjson dicts, "op" names them), decode -> prefill's bootstrap port:
   register {room, layout, num_pages, start}  cancel {room}  ping {}
@@ -73,7 +73,7 @@ class Agent(threading.Thread):
                 log.exception("handling a KV transfer message failed")
 
     def emit(self, kind: str, **fields: Any) -> None:
-        """An event for the scheduler (link.py turns it into a pd_link event)."""
+        """An event for the scheduler (link.py turns it into a kv_transfer event)."""
         self.evt.send(orjson.dumps({"kind": kind, **fields}))
 
     @staticmethod

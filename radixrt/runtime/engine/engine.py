@@ -16,10 +16,13 @@ from typing import Any, Iterator
 from radixrt.runtime.cache_tree_text import add_previews, check_view_limits
 from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.core.cache_view import DEFAULT_MAX_DEPTH, DEFAULT_MAX_NODES
+from radixrt.runtime.core.intake import check_lora
 from radixrt.runtime.core.pins import MAX_PIN_TTL_S
+from radixrt.runtime.engine.arguments import per_prompt
 from radixrt.runtime.engine.sequence import Sequence
 from radixrt.runtime.messages import TokenizedGenerateReq, TokenOut
 from radixrt.runtime.request.edge import check_prompt, constraint_of, expand_n
+from radixrt.runtime.request.options import RequestOptions
 from radixrt.runtime.request.sampling_params import SamplingParams
 from radixrt.runtime.request.stop_regex_check import StopRegexChecker
 
@@ -75,27 +78,18 @@ class Engine:
             raise ValueError(
                 "session_id needs a single prompt (a session continues one conversation)"
             )
-        params = (
-            sampling_params
-            if isinstance(sampling_params, list)
-            else [sampling_params] * len(ids_list)
-        )
-        loras = lora_path if isinstance(lora_path, list) else [lora_path] * len(ids_list)
-        if len(params) != len(ids_list) or len(loras) != len(ids_list):
-            raise ValueError(
-                f"got {len(params)} sampling_params and {len(loras)} lora_path for "
-                f"{len(ids_list)} prompts"
-            )
-        options = dict(
+        params, loras = per_prompt(sampling_params, lora_path, len(ids_list))
+        options = RequestOptions(  # once per call: the prompts differ only in their LoRA adapter
             stream=stream,
             return_logprob=return_logprob,
+            logprob_start_len=-1 if logprob_start_len is None else logprob_start_len,
             top_logprobs_num=top_logprobs_num,
             program_id=program_id,
             session_id=session_id,
             cache_salt=cache_salt,
         )
         msgs = [
-            self._messages(ids, p, logprob_start_len, {**options, "lora_path": lora})
+            self._messages(ids, p, dataclasses.replace(options, lora=lora))
             for ids, p, lora in zip(ids_list, params, loras)
         ]
         flat = [m for copies in msgs for m in copies]
@@ -139,25 +133,17 @@ class Engine:
         return beams[0] if single else beams
 
     def _messages(
-        self, ids: list[int], params: dict | None, logprob_start_len: int | None, options: dict
+        self, ids: list[int], params: dict | None, options: RequestOptions
     ) -> list[TokenizedGenerateReq]:
         """One prompt's requests (n of them with n > 1), checked at the edge as the server does."""
         sp = SamplingParams.from_dict(params)
         self._stop_regex.check(sp.stop_regex)  # built in a worker first (stop_regex_check.py)
         self._validate_constraint(sp)
-        start = check_prompt(
-            ids,
-            sp,
-            self.scheduler.limits,
-            return_logprob=options["return_logprob"],
-            logprob_start_len=logprob_start_len,
-            top_logprobs_num=options["top_logprobs_num"],
-            stream=options["stream"],
-        )
-        if options.get("lora_path") is not None:
+        check_prompt(ids, sp, self.scheduler.limits, options)
+        if options.lora is not None:
             with self._lock:
-                self.scheduler.check_lora(options["lora_path"])
-        return expand_n(self._new_rid(), ids, sp, logprob_start_len=start, **options)
+                check_lora(options.lora, self.scheduler.runner.lora_names())
+        return expand_n(self._new_rid(), ids, sp, options)
 
     def pin_prefix(
         self,
@@ -173,38 +159,40 @@ class Engine:
         if not (isinstance(ttl_s, (int, float)) and 0 < ttl_s <= MAX_PIN_TTL_S):
             raise ValueError(f"ttl_s must be a number in (0, {MAX_PIN_TTL_S:g}], got {ttl_s!r}")
         sp = SamplingParams(max_new_tokens=0)
-        check_prompt(ids_list[0], sp, self.scheduler.limits)
-        opts = dict(program_id=program_id, pin_ttl_s=float(ttl_s), cache_salt=cache_salt)
-        msg = expand_n(self._new_rid(), ids_list[0], sp, **opts)[0]
+        options = RequestOptions(
+            program_id=program_id, pin_ttl_s=float(ttl_s), cache_salt=cache_salt
+        )
+        check_prompt(ids_list[0], sp, self.scheduler.limits, options)
+        msg = expand_n(self._new_rid(), ids_list[0], sp, options)[0]
         reason = self._run([msg])[msg.rid].result.finished_reason or {}
         return reason.get("pin_handle")
 
     def load_lora_adapter(self, lora_name: str, lora_path: str) -> None:
         """Serve the PEFT adapter at lora_path as lora_name (ValueError: why it cannot be)."""
         with self._lock:
-            self.scheduler.load_lora(lora_name, lora_path)
+            self.scheduler.admin.load_lora(lora_name, lora_path)
 
     def unload_lora_adapter(self, lora_name: str) -> None:
         with self._lock:
-            self.scheduler.unload_lora(lora_name)
+            self.scheduler.admin.unload_lora(lora_name)
 
     def unpin(self, handle: str) -> bool:
         with self._lock:
-            return self.scheduler.unpin(handle)
+            return self.scheduler.admin.unpin(handle)
 
     def close_session(self, session_id: str, cache_salt: str | None = None) -> bool:
         """End a session (of cache_salt's): its pinned turn may be evicted again. False when there
         is no such session."""
         with self._lock:
-            return self.scheduler.close_session(session_id, cache_salt)
+            return self.scheduler.admin.close_session(session_id, cache_salt)
 
     def flush_cache(self) -> bool:
         with self._lock:
-            return self.scheduler.flush_cache()
+            return self.scheduler.admin.flush_cache()
 
     def get_server_info(self) -> dict:
         with self._lock:
-            return {**dataclasses.asdict(self.config), **self.scheduler.server_info()}
+            return {**dataclasses.asdict(self.config), **self.scheduler.admin.server_info()}
 
     def get_cache_tree(
         self, max_depth: int = DEFAULT_MAX_DEPTH, max_nodes: int = DEFAULT_MAX_NODES
@@ -212,7 +200,7 @@ class Engine:
         """What the radix tree holds, as `GET /cache_tree` returns it (text previews included)."""
         check_view_limits(max_depth, max_nodes)
         with self._lock:
-            view = self.scheduler.cache_tree(max_depth, max_nodes)
+            view = self.scheduler.admin.cache_tree(max_depth, max_nodes)
         return add_previews(view, self.tokenizer)
 
     def check_integrity(self) -> None:
@@ -256,7 +244,7 @@ class Engine:
         constraint = constraint_of(sp)
         if constraint is not None:
             with self._lock:
-                grammar = self.scheduler.get_grammar_backend(constraint[0])
+                grammar = self.scheduler.grammar_backend(constraint[0])
             # thread-safe; outside the lock so other callers' steps go on
             grammar.validate(*constraint)
 
@@ -265,7 +253,8 @@ class Engine:
         with self._lock:
             self._sequences.update(seqs)
             for m in msgs:
-                self._dispatch(self.scheduler.add_request(m))
+                self.scheduler.add_request(m)
+            self._dispatch(self.scheduler.take_outputs())
         return seqs
 
     def _dispatch(self, outs: list[TokenOut]) -> None:
@@ -316,5 +305,6 @@ class Engine:
         finally:
             with self._lock:
                 if not seq.finished:
-                    self._dispatch(self.scheduler.abort(msg.rid))
+                    self.scheduler.abort(msg.rid)
+                    self._dispatch(self.scheduler.take_outputs())
                 self._sequences.pop(msg.rid, None)

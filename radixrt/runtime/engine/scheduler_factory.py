@@ -14,16 +14,16 @@ def create_scheduler(config: ServerConfig):
     from radixrt.runtime.model.model_runner import ModelRunner
 
     runner = ModelRunner(config, fill_masks=fill_masks)
-    kv_link = None
+    kv_transfer = None
     if config.disaggregation_mode != "null":
-        from radixrt.runtime.disaggregation.link import make_link
+        from radixrt.runtime.disaggregation.transfer import make_transfer
 
         try:
-            kv_link = make_link(config, runner)
+            kv_transfer = make_transfer(config, runner)
         except Exception:
             runner.close()
             raise
-    return Scheduler(config, runner, grammar_backends(config, runner), kv_link)
+    return Scheduler(config, runner, grammar_backends(config, runner), kv_transfer)
 
 
 def grammar_backends(config: ServerConfig, runner: Any) -> Any:

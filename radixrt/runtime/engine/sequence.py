@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from radixrt.runtime.messages import TokenizedGenerateReq, TokenOut
-from radixrt.runtime.request.edge import SequenceResult, expand_beams, generate_output
 from radixrt.runtime.request.incremental_detokenizer import IncrementalDetokenizer
+from radixrt.runtime.request.sequence_result import SequenceResult, expand_beams, generate_output
 
 
 class Sequence:
@@ -44,6 +44,8 @@ class Sequence:
             (lambda t: self.tokenizer.decode([t])) if self.text_in_logprobs else (lambda t: None)
         )
         return [
-            generate_output(res, self.msg.return_logprob, token_text, logprobs_from=logprobs_from)
+            generate_output(
+                res, self.msg.options.return_logprob, token_text, logprobs_from=logprobs_from
+            )
             for res in expand_beams(self.result)
         ]

@@ -44,27 +44,27 @@ def build_forward_batch(
     for it in items:
         n = len(it.new_ids)
         assert n >= 1, "every item feeds at least one token"
-        seq_len = it.prefix_len + n
+        seq_len = it.computed_len + n
         assert len(it.slots) == seq_len - it.write_start, (len(it.slots), seq_len, it.write_start)
         if (
             n == 1
             and it.logits_from is None
             and len(extend_lens) == num_decode
-            and it.prefix_len > 0
+            and it.computed_len > 0
         ):
             num_decode += 1
         start = qo_indptr[-1]
         input_ids.extend(it.new_ids)
-        positions.extend(range(it.prefix_len, seq_len))
-        out_slots.extend(it.slots[it.prefix_len - it.write_start :])
+        positions.extend(range(it.computed_len, seq_len))
+        out_slots.extend(it.slots[it.computed_len - it.write_start :])
         rows.append(it.row)
         seq_lens.append(seq_len)
-        prefix_lens.append(it.prefix_len)
+        prefix_lens.append(it.computed_len)
         extend_lens.append(n)
         qo_indptr.append(start + n)
         if it.logits_from is not None:
-            first = max(it.logits_from, it.prefix_len)
-            logits_rows.extend(range(start + first - it.prefix_len, start + n - 1))
+            first = max(it.logits_from, it.computed_len)
+            logits_rows.extend(range(start + first - it.computed_len, start + n - 1))
         logits_rows.append(start + n - 1)
 
     def t(x: list[int]) -> torch.Tensor:
@@ -89,7 +89,7 @@ def build_forward_batch(
 
 
 def write_table_rows(items: list[PlanItem], req_to_slot: torch.Tensor, t) -> None:
-    """Each item's slots of positions [write_start, prefix_len + len(new_ids)) into its table
+    """Each item's slots of positions [write_start, computed_len + len(new_ids)) into its table
     row."""
     rows = [it.row for it in items for _ in it.slots]
     cols = [pos for it in items for pos in range(it.write_start, it.write_start + len(it.slots))]

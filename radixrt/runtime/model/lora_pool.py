@@ -3,7 +3,7 @@ forward's application of them (LoraStep).
 
 Which adapter sits in which slot is the scheduler's decision (core/lora_slots.py: least recently
 used among slots no running request holds); the plan names it per item (PlanItem.lora_slot /
-lora_name) and the runner copies an adapter in when its slot held another (lora_registry.py).
+lora) and the runner copies an adapter in when its slot held another (lora_registry.py).
 
 Weights are stacked per group of targets that read the same input (q/k/v, o, gate/up, down), every
 slot's rank padded to --max-lora-rank with zeros: A [n*S*R, in] (target i, slot s, rank r in rows

@@ -101,7 +101,7 @@ class LoraRegistry:
         if all(s is None for s in slots):
             return None
         for it in plan:
-            if it.lora_slot is not None and self.pool.names[it.lora_slot] != it.lora_name:
-                self.pool.load(it.lora_slot, self.adapters[it.lora_name])
+            if it.lora_slot is not None and self.pool.names[it.lora_slot] != it.lora:
+                self.pool.load(it.lora_slot, self.adapters[it.lora])
         lengths = [len(it.new_ids) for it in plan]
         return LoraStep.for_items(self.pool, slots, lengths, self.device)

@@ -195,7 +195,7 @@ class ModelRunner:
         cached yet)."""
         slots = [i % (self.num_pages * self.page_size) for i in range(num_tokens)]
         self._forward(
-            [PlanItem(row=0, new_ids=[0] * num_tokens, prefix_len=0, slots=slots, write_start=0)]
+            [PlanItem(row=0, new_ids=[0] * num_tokens, computed_len=0, slots=slots, write_start=0)]
         )
 
     @torch.inference_mode()

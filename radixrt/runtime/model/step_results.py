@@ -21,7 +21,7 @@ def pick_positions(plan: list[PlanItem], logits: torch.Tensor, results: list[Ite
     picks: list[tuple[int, int]] = []  # pick 0 follows the last fed token, pick j draft token j
     row = 0
     for i, it in enumerate(plan):
-        end = it.prefix_len + len(it.new_ids)  # positions prefix_len..end-1 were fed
+        end = it.computed_len + len(it.new_ids)  # positions computed_len..end-1 were fed
         if it.num_draft:
             first_pick = row + len(it.new_ids) - 1 - it.num_draft
             pick_rows.extend(range(first_pick, first_pick + len(it.picks)))
@@ -29,7 +29,7 @@ def pick_positions(plan: list[PlanItem], logits: torch.Tensor, results: list[Ite
             row += len(it.new_ids)
             continue
         if it.logits_start is not None:
-            first = min(max(it.logits_start, it.prefix_len), end - 1)
+            first = min(max(it.logits_start, it.computed_len), end - 1)
             scored = prompt_logprobs(it, logits[row : row + end - first], first)
             results[i].prompt_logprobs, results[i].prompt_top_logprobs = scored
             row += end - first

@@ -1,5 +1,5 @@
 """The request edge: what every way in (HTTP, the in-process Engine, the scheduler's intake) checks,
-how one prompt becomes n scheduler requests, and how a sequence's deltas add up to its result.
+and how one prompt becomes n scheduler requests (a sequence's result: sequence_result.py).
 
 One module so the three entries cannot drift apart: the tokenizer manager turns a RequestError into
 a 4xx naming the field, the Engine raises it, the scheduler turns it into an abort of that request.
@@ -15,12 +15,12 @@ from typing import Any
 
 from radixrt.runtime.core.sessions import MAX_SESSION_ID_CHARS
 from radixrt.runtime.messages import TokenizedGenerateReq
+from radixrt.runtime.request.options import RequestOptions
 from radixrt.runtime.request.sampling_params import (
     CONSTRAINT_FIELDS,
     MAX_TOP_LOGPROBS,
     SamplingParams,
 )
-from radixrt.runtime.request.sequence_result import SequenceResult, expand_beams, generate_output
 
 __all__ = [
     "CONSTRAINT_KINDS",
@@ -31,10 +31,6 @@ __all__ = [
     "check_prompt",
     "constraint_of",
     "expand_n",
-    # the result side, sequence_result.py's, importable from here too
-    "SequenceResult",
-    "expand_beams",
-    "generate_output",
 ]
 
 CONSTRAINT_KINDS = CONSTRAINT_FIELDS  # a constraint's kind is the name of its sampling parameter
@@ -80,7 +76,7 @@ def constraint_of(sp: SamplingParams) -> tuple[str, Any] | None:
         spec = getattr(sp, kind)
         if spec is not None:
             if kind == "structural_tag":  # served as the grammar it stands for
-                from radixrt.runtime.constrained.structural_tag import structural_tag_grammar
+                from radixrt.runtime.request.structural_tag import structural_tag_grammar
 
                 return "ebnf", structural_tag_grammar(spec)
             return kind, spec
@@ -88,16 +84,9 @@ def constraint_of(sp: SamplingParams) -> tuple[str, Any] | None:
 
 
 def check_prompt(
-    input_ids: Any,
-    sp: SamplingParams,
-    limits: EdgeLimits,
-    *,
-    return_logprob: bool = False,
-    logprob_start_len: int | None = None,
-    top_logprobs_num: int = 0,
-    stream: bool = False,
-) -> int:
-    """RequestError unless the prompt can run; else the logprob start (-1: no prompt logprobs)."""
+    input_ids: Any, sp: SamplingParams, limits: EdgeLimits, options: RequestOptions
+) -> None:
+    """RequestError unless the prompt can run with these sampling parameters and options."""
     if not isinstance(input_ids, list) or not input_ids:
         raise RequestError("the prompt is empty", param="prompt")
     n = len(input_ids)
@@ -127,18 +116,20 @@ def check_prompt(
             code="context_length_exceeded",
         )
     if sp.is_beam:
-        check_beam_request(n, sp, limits, stream=stream, return_logprob=return_logprob)
-    start = -1 if not return_logprob or logprob_start_len is None else logprob_start_len
-    if return_logprob and not (isinstance(start, int) and -1 <= start < n):
+        check_beam_request(
+            n, sp, limits, stream=options.stream, return_logprob=options.return_logprob
+        )
+    start = options.logprob_start
+    if not (isinstance(start, int) and -1 <= start < n):
         raise RequestError(
             f"logprob_start_len must be in [-1, {n - 1}], got {start}", param="logprob_start_len"
         )
-    if not (isinstance(top_logprobs_num, int) and 0 <= top_logprobs_num <= MAX_TOP_LOGPROBS):
+    top = options.top_logprobs_num
+    if not (isinstance(top, int) and 0 <= top <= MAX_TOP_LOGPROBS):
         raise RequestError(
-            f"top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS}], got {top_logprobs_num}",
+            f"top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS}], got {top}",
             param="top_logprobs",
         )
-    return start
 
 
 def _check_token_ids(sp: SamplingParams, vocab: int) -> None:
@@ -192,24 +183,13 @@ def check_beam_request(
 
 
 def expand_n(
-    base_rid: str,
-    input_ids: list[int],
-    sp: SamplingParams,
-    *,
-    stream: bool = False,
-    return_logprob: bool = False,
-    logprob_start_len: int = -1,
-    top_logprobs_num: int = 0,
-    program_id: str | None = None,
-    pin_ttl_s: float | None = None,
-    session_id: str | None = None,
-    lora_path: str | None = None,
-    bootstrap: dict[str, Any] | None = None,
-    cache_salt: str | None = None,
+    base_rid: str, input_ids: list[int], sp: SamplingParams, options: RequestOptions
 ) -> list[TokenizedGenerateReq]:
     """One prompt -> sp.n scheduler requests: rid base (n = 1) or base-0..base-{n-1}, seeds
-    seed+i. A beam search is one request whatever n (its n is the beams it returns)."""
-    check_cache_salt(cache_salt)
+    seed+i, each with the same options. A beam search is one request whatever n (its n is the
+    beams it returns)."""
+    check_cache_salt(options.cache_salt)
+    session_id = options.session_id
     if session_id is not None:
         if not isinstance(session_id, str) or not 0 < len(session_id) <= MAX_SESSION_ID_CHARS:
             raise RequestError(
@@ -231,17 +211,8 @@ def expand_n(
                 rid=base_rid if copies == 1 else f"{base_rid}-{i}",
                 input_ids=list(input_ids),
                 sampling_params=params.to_dict(),
-                return_logprob=return_logprob,
-                logprob_start_len=logprob_start_len,
-                top_logprobs_num=top_logprobs_num,
-                stream=stream,
-                program_id=program_id,
+                options=options,
                 arrival_time=time.time(),
-                pin_ttl_s=pin_ttl_s,
-                session_id=session_id,
-                lora_path=lora_path,
-                cache_salt=cache_salt,
-                **(bootstrap or {}),
             )
         )
     return reqs

@@ -278,7 +278,7 @@ def check_structural_tag(p: Any) -> None:
     if p.structural_tag == "":
         p.structural_tag = None  # as SGLang: an empty constraint is no constraint
     if p.structural_tag is not None:
-        from radixrt.runtime.constrained.structural_tag import structural_tag_grammar
+        from radixrt.runtime.request.structural_tag import structural_tag_grammar
 
         structural_tag_grammar(p.structural_tag)
 

@@ -47,7 +47,7 @@ RADIXRT_SAMPLING_PARAMS = (
 # otherwise
 NOT_YET = {"watermark": "watermarking"}
 # constrained decoding, at most one per request; a structural_tag is served as the ebnf grammar it
-# becomes (constrained/structural_tag.py)
+# becomes (request/structural_tag.py)
 CONSTRAINT_FIELDS = (
     "regex",
     "json_schema",

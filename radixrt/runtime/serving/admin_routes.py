@@ -26,7 +26,7 @@ def add_admin_routes(app: FastAPI, tm: TokenizerManager) -> None:
 
     @app.post("/flush_cache")  # state-changing routes are POST only
     async def flush_cache() -> JSONResponse:
-        ok = await tm.flush_cache()
+        ok = await tm.scheduler.flush_cache()
         if ok:
             return JSONResponse({"success": True, "message": "cache flushed"})
         return JSONResponse(error_body("cache not flushed: requests are running", code=400), 400)
@@ -60,7 +60,7 @@ def add_admin_routes(app: FastAPI, tm: TokenizerManager) -> None:
         return await _profile_answer(ProfileReq(action="stop"))
 
     async def _profile_answer(msg: ProfileReq) -> JSONResponse:
-        out = await tm.profile(msg)
+        out = await tm.scheduler.profile(msg)
         if out.success:
             return JSONResponse({"success": True, "message": out.message})
         return JSONResponse(error_body(out.message, code=400), 400)

@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
 from radixrt.runtime.messages import TokenizedGenerateReq
-from radixrt.runtime.request.edge import SequenceResult, expand_beams, generate_output
+from radixrt.runtime.request.sequence_result import SequenceResult, expand_beams, generate_output
 from radixrt.runtime.serving.http_io import (
     SSE_DONE,
     SSE_HEADERS,
@@ -23,6 +23,7 @@ from radixrt.runtime.serving.http_io import (
 from radixrt.runtime.serving.pd_auth import check_bootstrap_auth
 from radixrt.runtime.serving.protocol import APIError, GenerateRequest, parse_body
 from radixrt.runtime.serving.request_handle import RequestHandle
+from radixrt.runtime.serving.request_options import request_options
 from radixrt.runtime.serving.tenants import client_of
 from radixrt.runtime.serving.tokenizer_manager import TokenizerManager
 
@@ -99,25 +100,25 @@ async def _scheduler_requests(
     reqs, flat_logprob = [], []
     for i, ids in enumerate(prompts):
         sp = await tm.validate_sampling(params[i], client)
-        if req.session() is not None and len(prompts) > 1:
+        session_id = req.session()
+        if session_id is not None and len(prompts) > 1:
             raise APIError(
                 "session_id needs a single prompt (a session continues one conversation)",
                 param="session_id",
             )
-        copies = tm.make_requests(
-            ids,
-            sp,
+        options = request_options(
+            tm.config,
+            req.bootstrap(),
             stream=req.stream,
             return_logprob=return_logprob[i],
             logprob_start_len=starts[i],
             top_logprobs_num=tops[i],
             program_id=req.program_id,
-            session_id=req.session(),
-            lora_path=loras[i],
-            bootstrap=req.bootstrap(),
-            num_prompts=num,
+            session_id=session_id,
+            lora=loras[i],
             cache_salt=req.cache_salt,
         )
+        copies = tm.make_requests(ids, sp, options, num_prompts=num)
         reqs += copies
         flat_logprob += [return_logprob[i]] * len(copies)
     return reqs, flat_logprob

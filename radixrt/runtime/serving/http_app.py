@@ -137,7 +137,7 @@ def add_error_handlers(app: FastAPI) -> None:
 def create_app(
     tm: TokenizerManager, served_model_name: str, metrics: ServerMetrics | None = None
 ) -> FastAPI:
-    metrics = metrics or tm.metrics
+    metrics = metrics or tm.scheduler.metrics
     config = tm.config
     app = FastAPI(title="radixrt", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.tm = tm

@@ -9,7 +9,7 @@ import logging
 import secrets
 from typing import Any, AsyncIterator
 
-from radixrt.runtime.request.edge import SequenceResult
+from radixrt.runtime.request.sequence_result import SequenceResult
 from radixrt.runtime.serving.protocol import APIError
 
 logger = logging.getLogger(__name__)

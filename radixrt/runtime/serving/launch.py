@@ -176,7 +176,7 @@ async def _serve(config: Any, ipc: IpcPaths, procs: dict[str, Any], name: str) -
             )
         )
         failed: list[str] = []
-        watchdog = asyncio.create_task(_watchdog(tm, procs, server, failed))
+        watchdog = asyncio.create_task(_watchdog(tm.scheduler, procs, server, failed))
         logger.info("serving %s on http://%s:%d", name, config.host, config.port)
         await server.serve()
         if not server.started and not failed:
@@ -188,7 +188,7 @@ async def _serve(config: Any, ipc: IpcPaths, procs: dict[str, Any], name: str) -
         await tm.close()
 
 
-async def _watchdog(tm: Any, procs: dict[str, Any], server: Any, failed: list[str]) -> None:
+async def _watchdog(scheduler: Any, procs: dict[str, Any], server: Any, failed: list[str]) -> None:
     while True:
         await asyncio.sleep(WATCHDOG_INTERVAL_S)
         dead = [(n, p) for n, p in procs.items() if not p.is_alive()]
@@ -198,20 +198,19 @@ async def _watchdog(tm: Any, procs: dict[str, Any], server: Any, failed: list[st
             # process group reaches it with us): a stop, not a failure; the requests still in flight
             # are told
             logger.info("the %s process was stopped; stopping", dead[0][0])
-            tm.fail_all("the server is stopping")
+            scheduler.fail_all("the server is stopping")
             server.should_exit = True
             return
         if dead:
             n, p = dead[0]
             reason = f"the {n} process died (exit code {p.exitcode})"
-        elif tm.heartbeat_age() > tm.config.watchdog_timeout:
-            reason = (
-                f"the scheduler made no progress for {tm.heartbeat_age():.0f} s (watchdog_timeout)"
-            )
+        elif scheduler.heartbeat_age() > scheduler.config.watchdog_timeout:
+            age = scheduler.heartbeat_age()
+            reason = f"the scheduler made no progress for {age:.0f} s (watchdog_timeout)"
         if reason is not None:
             logger.error("%s: failing in-flight requests and shutting down", reason)
             failed.append(reason)
-            tm.fail_all(reason)
+            scheduler.fail_all(reason)
             await asyncio.sleep(0.5)  # let the error answers go out before the listener closes
             server.should_exit = True
             return

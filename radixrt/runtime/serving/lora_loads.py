@@ -3,10 +3,11 @@ loop: reading an adapter (its files, the tensors' conversion) runs on a worker t
 loop keeps stepping; the loop installs the finished adapter, so the registry and the scheduler's
 state stay the loop's alone.
 
-The tokenizer manager pairs LoraAdapterOut answers with its requests by order, so the requests
-queue and are answered in arrival order: the head runs (a load's checks of its name and of
---max-loaded-loras on the loop, before any file is opened; then its read on the worker), the rest
-wait behind it. A refusal's text never carries a reason from the file system (model/lora_paths.py).
+The main process's scheduler client (serving/scheduler_client.py) pairs LoraAdapterOut answers
+with its requests by order, so the requests queue and are answered in arrival order: the head runs
+(a load's checks of its name and of --max-loaded-loras on the loop, before any file is opened; then
+its read on the worker), the rest wait behind it. A refusal's text never carries a reason from the
+file system (model/lora_paths.py).
 """
 
 from __future__ import annotations
@@ -65,17 +66,17 @@ class LoraLoads:
         s = self.scheduler
         try:
             if msg.action != "load":
-                s.unload_lora(msg.lora_name)
+                s.admin.unload_lora(msg.lora_name)
                 return self._done(f"unloaded {msg.lora_name}")
             if self.reading is None:
-                s.check_lora_load(msg.lora_name)
+                s.admin.check_lora_load(msg.lora_name)
                 if self._worker is None:
                     self._worker = ThreadPoolExecutor(1, thread_name_prefix="lora-read")
                 self.reading = self._worker.submit(self._read, msg.lora_name, msg.lora_path)
             if not self.reading.done():
                 return None
             reading, self.reading = self.reading, None
-            s.install_lora(reading.result())
+            s.admin.install_lora(reading.result())
             return self._done(f"loaded {msg.lora_name}")
         except ValueError as e:  # a refusal: its text is the answer
             self.reading = None
@@ -91,7 +92,7 @@ class LoraLoads:
         if self.read_delay_s:
             time.sleep(self.read_delay_s)
         try:
-            return self.scheduler.read_lora(name, path)
+            return self.scheduler.admin.read_lora(name, path)
         except ValueError:
             raise
         except BaseException as e:  # a native reader's panic (pyo3) is no Exception

@@ -16,6 +16,7 @@ from radixrt.runtime.serving.tokenizer_manager import TokenizerManager
 
 def add_lora_routes(app: FastAPI, tm: TokenizerManager) -> None:
     config = tm.config
+    scheduler = tm.scheduler
 
     @app.post("/load_lora_adapter")
     async def load_lora_adapter(request: Request) -> JSONResponse:
@@ -25,16 +26,16 @@ def add_lora_routes(app: FastAPI, tm: TokenizerManager) -> None:
         )
         if not body.lora_path:
             raise APIError("lora_path is required to load an adapter", param="lora_path")
-        return _lora_answer(
-            await tm.lora_adapter(LoraAdapterReq("load", body.lora_name, body.lora_path))
-        )
+        msg = LoraAdapterReq("load", body.lora_name, body.lora_path)
+        return _lora_answer(await scheduler.lora_adapter(msg))
 
     @app.post("/unload_lora_adapter")
     async def unload_lora_adapter(request: Request) -> JSONResponse:
         body = parse_body(
             LoraAdapterRequest, await read_body(request, config.max_request_body_bytes)
         )
-        return _lora_answer(await tm.lora_adapter(LoraAdapterReq("unload", body.lora_name)))
+        msg = LoraAdapterReq("unload", body.lora_name)
+        return _lora_answer(await scheduler.lora_adapter(msg))
 
     def _lora_answer(out: LoraAdapterOut) -> JSONResponse:
         if out.success:

@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from radixrt.runtime.request.edge import SequenceResult
+from radixrt.runtime.request.sequence_result import SequenceResult
 from radixrt.runtime.serving import tool_calls
 from radixrt.runtime.serving.http_io import SSE_HEADERS, read_body, sse
 from radixrt.runtime.serving.openai_chat_tools import answer_with_tools
@@ -109,12 +109,12 @@ class ChatRoute:
                     "use_beam_search cannot be combined with tools", param="use_beam_search"
                 )
             return await answer_with_tools(self, request, req, plan, prompt, max_tokens)
+        options = self.routes.request_options(req, req.logprobs, req.top_logprobs or 0)
         handle, results, prompt_tokens = await self.routes.prepare(
             req,
             [prompt],
             max_tokens,
-            req.logprobs,
-            req.top_logprobs or 0,
+            options,
             client=client_of(request, self.tm.config, req.cache_salt),
         )
         base = {

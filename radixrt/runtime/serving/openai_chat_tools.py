@@ -17,7 +17,8 @@ from typing import Any, AsyncIterator
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from radixrt.runtime.request.edge import SequenceResult
+from radixrt.runtime.request.options import RequestOptions
+from radixrt.runtime.request.sequence_result import SequenceResult
 from radixrt.runtime.serving import tool_calls
 from radixrt.runtime.serving.http_io import (
     SSE_DONE,
@@ -66,7 +67,9 @@ async def answer_with_tools(
             "tool_choice auto supports n = 1 only (use required or a named function)", param="n"
         )
     client = client_of(request, chat.tm.config, req.cache_salt)
-    run = ToolRun(chat, req, plan, prompt, max_tokens, client)
+    # built once: every phase's request carries the same options (no logprobs with tools)
+    options = chat.routes.request_options(req, False, 0)
+    run = ToolRun(chat, req, plan, prompt, max_tokens, options, client)
     await run.start()
     base = {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
@@ -106,6 +109,7 @@ class ToolRun:
         plan: tool_calls.ToolPlan,
         prompt: list[int],
         max_tokens: int | None,
+        options: RequestOptions,  # the body's (OpenAIRoutes.request_options), for every phase
         client: str | None = None,  # whom its requests count against (tenants.client_of)
     ):
         self.chat, self.req, self.plan, self.prompt, self.max_tokens = (
@@ -115,6 +119,7 @@ class ToolRun:
             prompt,
             max_tokens,
         )
+        self.options = options
         self.client = client
         self.n = req.n
         self.parsers = [ToolCallParser() for _ in range(self.n)]
@@ -147,7 +152,7 @@ class ToolRun:
         self, prompt: list[int], max_tokens: int | None, extra: dict[str, Any]
     ) -> None:
         self.handle, results, prompt_tokens = await self.chat.routes.prepare(
-            self.req, [prompt], max_tokens, False, 0, extra=extra, client=self.client
+            self.req, [prompt], max_tokens, self.options, extra=extra, client=self.client
         )
         self.phase_results.append(results)
         self.prompt_tokens = self.prompt_tokens or prompt_tokens

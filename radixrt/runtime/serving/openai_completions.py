@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from radixrt.runtime.request.edge import SequenceResult
+from radixrt.runtime.request.sequence_result import SequenceResult
 from radixrt.runtime.serving.http_io import SSE_HEADERS, read_body, sse
 from radixrt.runtime.serving.pd_auth import check_bootstrap_auth
 from radixrt.runtime.serving.protocol import APIError, CompletionRequest, parse_body
@@ -72,12 +72,12 @@ class CompletionRoute:
         if req.echo and req.logprobs is not None:
             raise APIError("echo together with logprobs is not supported", param="echo")
         prompts = await self.prompts(req)
+        options = self.routes.request_options(req, req.logprobs is not None, req.logprobs or 0)
         handle, results, prompt_tokens = await self.routes.prepare(
             req,
             prompts,
             req.max_tokens,
-            req.logprobs is not None,
-            req.logprobs or 0,
+            options,
             client=client_of(request, self.tm.config, req.cache_salt),
         )
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())

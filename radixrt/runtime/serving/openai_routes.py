@@ -15,13 +15,15 @@ from typing import Any, AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from radixrt.runtime.request.edge import SequenceResult, expand_beams
+from radixrt.runtime.request.options import RequestOptions
+from radixrt.runtime.request.sequence_result import SequenceResult, expand_beams
 from radixrt.runtime.serving.http_io import SSE_DONE, accumulate, collect_results, sse
 from radixrt.runtime.serving.openai_chat import ChatRoute
 from radixrt.runtime.serving.openai_completions import CompletionRoute
 from radixrt.runtime.serving.openai_sampling import beam_search_fields, sampling_dict
 from radixrt.runtime.serving.protocol import APIError
 from radixrt.runtime.serving.request_handle import RequestHandle
+from radixrt.runtime.serving.request_options import request_options
 from radixrt.runtime.serving.tokenizer_manager import TokenizerManager
 
 logger = logging.getLogger(__name__)
@@ -71,9 +73,9 @@ class OpenAIRoutes:
         if name in accepted:
             return None
         base, _, adapter = name.rpartition(":")
-        if adapter in self.tm.lora_adapters and base in accepted | {""}:
+        if adapter in self.tm.scheduler.lora_adapters and base in accepted | {""}:
             return adapter
-        served = ", ".join([self.model_name, *self.tm.lora_adapters])
+        served = ", ".join([self.model_name, *self.tm.scheduler.lora_adapters])
         raise APIError(
             f"the model {name!r} does not exist; this server serves {served}",
             404,
@@ -127,26 +129,39 @@ class OpenAIRoutes:
         }
 
     # -------------------------------------------------------------- shared request flow
+    def request_options(self, req: Any, return_logprob: bool, top_logprobs: int) -> RequestOptions:
+        """The options of an OpenAI body (serving/request_options.py), built once per body: its
+        LoRA adapter is the model it names (check_model), its bootstrap fields are checked."""
+        return request_options(
+            self.tm.config,
+            req.bootstrap(),
+            stream=req.stream,
+            return_logprob=return_logprob,
+            top_logprobs_num=top_logprobs,
+            session_id=req.session_id,
+            lora=self.check_model(req.model),
+            cache_salt=req.cache_salt,
+        )
+
     async def prepare(
         self,
         req: Any,
         prompts: list[list[int]],
         max_tokens: int | None,
-        return_logprob: bool,
-        top_logprobs: int,
+        options: RequestOptions,
         extra: dict[str, Any] | None = None,
         client: str | None = None,
     ) -> tuple[RequestHandle, list[SequenceResult], int]:
-        """Validate and submit: one scheduler request per prompt and copy; extra overrides sampling
-        fields; client: whom they count against (tenants.client_of)."""
-        if getattr(req, "session_id", None) is not None and len(prompts) > 1:
+        """Validate and submit: one scheduler request per prompt and copy, each with options
+        (request_options); extra overrides sampling fields; client: whom they count against
+        (tenants.client_of)."""
+        if options.session_id is not None and len(prompts) > 1:
             raise APIError(
                 "session_id needs a single prompt (a session continues one conversation)",
                 param="session_id",
             )
         reqs = []
         width = beam_search_fields(req).get("beam_width", 1)
-        lora = self.check_model(req.model)
         for ids in prompts:
             max_new = self.default_max_tokens(len(ids), width) if max_tokens is None else max_tokens
             sp = await self.tm.validate_sampling(
@@ -156,18 +171,7 @@ class OpenAIRoutes:
                 },
                 client,
             )
-            reqs += self.tm.make_requests(
-                ids,
-                sp,
-                stream=req.stream,
-                return_logprob=return_logprob,
-                top_logprobs_num=top_logprobs,
-                session_id=req.session_id,
-                lora_path=lora,
-                bootstrap=req.bootstrap(),
-                num_prompts=len(prompts),
-                cache_salt=req.cache_salt,
-            )
+            reqs += self.tm.make_requests(ids, sp, options, num_prompts=len(prompts))
         handle = self.tm.generate(reqs, client)
         return handle, [SequenceResult(r.rid) for r in reqs], sum(len(p) for p in prompts)
 
@@ -253,7 +257,7 @@ class OpenAIRoutes:
         }
         adapters = [
             {**base, "id": name, "root": name, "parent": self.model_name}
-            for name in self.tm.lora_adapters
+            for name in self.tm.scheduler.lora_adapters
         ]
         return {"object": "list", "data": [base, *adapters]}
 

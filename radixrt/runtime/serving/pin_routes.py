@@ -15,7 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from radixrt.runtime.core.pins import MAX_PIN_TTL_S
 from radixrt.runtime.messages import CloseSessionReq, UnpinReq
-from radixrt.runtime.request.edge import MAX_CACHE_SALT_CHARS, SequenceResult
+from radixrt.runtime.request.edge import MAX_CACHE_SALT_CHARS
+from radixrt.runtime.request.options import RequestOptions
+from radixrt.runtime.request.sequence_result import SequenceResult
 from radixrt.runtime.serving.http_io import collect_results, read_body
 from radixrt.runtime.serving.protocol import APIError, parse_body
 from radixrt.runtime.serving.tenants import client_of
@@ -44,6 +46,7 @@ class UnpinRequest(BaseModel):
 
 def add_pin_routes(app: FastAPI, tm: Any) -> None:
     config = tm.config
+    scheduler = tm.scheduler
 
     @app.post("/pin_prefix")
     async def pin_prefix(request: Request) -> dict[str, Any]:
@@ -57,14 +60,11 @@ def add_pin_routes(app: FastAPI, tm: Any) -> None:
             if req.text is not None
             else req.input_ids
         )
-        reqs = tm.make_requests(
-            ids,
-            await tm.validate_sampling({"max_new_tokens": 0}),
-            stream=False,
-            program_id=req.program_id,
-            pin_ttl_s=req.ttl_s,
-            cache_salt=req.cache_salt,
+        # no bootstrap fields in this body: a disaggregated server refuses it (make_requests)
+        options = RequestOptions(
+            program_id=req.program_id, pin_ttl_s=req.ttl_s, cache_salt=req.cache_salt
         )
+        reqs = tm.make_requests(ids, await tm.validate_sampling({"max_new_tokens": 0}), options)
         handle = tm.generate(reqs, client_of(request, config, req.cache_salt))
         res = SequenceResult(reqs[0].rid)
         await collect_results(request, handle, [res])
@@ -79,8 +79,9 @@ def add_pin_routes(app: FastAPI, tm: Any) -> None:
         req: UnpinRequest = parse_body(
             UnpinRequest, await read_body(request, config.max_request_body_bytes)
         )
-        tm.check_alive()
-        tm.send_admin(UnpinReq(handle=req.handle))  # fire and forget: an unknown handle is a no-op
+        scheduler.check_alive()
+        # fire and forget: an unknown handle is a no-op
+        scheduler.send_admin(UnpinReq(handle=req.handle))
         return {"success": True}
 
     @app.post("/close_session")
@@ -88,7 +89,7 @@ def add_pin_routes(app: FastAPI, tm: Any) -> None:
         req: CloseSessionRequest = parse_body(
             CloseSessionRequest, await read_body(request, config.max_request_body_bytes)
         )
-        tm.check_alive()
+        scheduler.check_alive()
         # an unknown session is a no-op
-        tm.send_admin(CloseSessionReq(session_id=req.session_id, cache_salt=req.cache_salt))
+        scheduler.send_admin(CloseSessionReq(session_id=req.session_id, cache_salt=req.cache_salt))
         return {"success": True}

@@ -1,4 +1,4 @@
-"""One HTTP request's view of its sequences: the state the tokenizer manager keeps per sequence,
+"""One HTTP request's view of its sequences: the state the scheduler client keeps per sequence,
 and the async iterator over their deltas that aborts whatever is unfinished when it is closed
 (client gone, error, timeout)."""
 
@@ -26,12 +26,12 @@ class ReqState:
 class RequestHandle:
     """Async iterator of (index, output dict) for the sequences of one HTTP request."""
 
-    def __init__(self, tm: Any, reqs: list[TokenizedGenerateReq], queue: asyncio.Queue):
-        self.tm = tm
+    def __init__(self, scheduler: Any, reqs: list[TokenizedGenerateReq], queue: asyncio.Queue):
+        self.scheduler = scheduler  # the SchedulerClient (scheduler_client.py) that sent them
         self.reqs = reqs
         self.queue = queue
         self.unfinished = {r.rid for r in reqs}
-        timeout = tm.config.request_timeout  # None or 0: no limit
+        timeout = scheduler.config.request_timeout  # None or 0: no limit
         self.deadline = time.monotonic() + timeout if timeout else None
 
     def __aiter__(self) -> "RequestHandle":
@@ -49,10 +49,10 @@ class RequestHandle:
                 )
         except asyncio.TimeoutError:
             rid = next(iter(sorted(self.unfinished)))
-            self.tm.abort(rid)
+            self.scheduler.abort(rid)
             self.unfinished.discard(rid)
             index = [r.rid for r in self.reqs].index(rid)
-            msg = f"request timed out after {self.tm.config.request_timeout} s"
+            msg = f"request timed out after {self.scheduler.config.request_timeout} s"
             return index, {
                 "rid": rid,
                 "new_ids": [],
@@ -67,5 +67,5 @@ class RequestHandle:
         """Abort every unfinished sequence (pages go back at once). Never awaits: safe while
         cancelled."""
         for rid in self.unfinished:
-            self.tm.abort(rid)
+            self.scheduler.abort(rid)
         self.unfinished.clear()

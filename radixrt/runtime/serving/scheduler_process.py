@@ -3,8 +3,9 @@
 Loop: take every message waiting on the socket without blocking (requests, aborts, admin
 queries), then run one `step()` if there is work, and push the token deltas to the
 detokenizer. With nothing to do it blocks on the socket (poll timeout) instead of spinning.
-Admin answers (flush, server info, health) go straight back to the tokenizer manager; LoRA loads
-are read on a worker thread and answered when installed (lora_loads.py).
+Admin answers (flush, server info, health) go straight back to the main process's scheduler client
+(scheduler_client.py); LoRA loads are read on a worker thread and answered when installed
+(lora_loads.py).
 """
 
 from __future__ import annotations
@@ -73,8 +74,8 @@ class SchedulerLoop:
         self.loras = LoraLoads(scheduler, lambda out: to_tokenizer.send(messages.encode(out)))
         self.poller = zmq.Poller()
         self.poller.register(pull, zmq.POLLIN)
-        # a disaggregated server's KV transfer events wake the loop too (disaggregation/link.py)
-        self.kv_events = getattr(getattr(scheduler, "kv_link", None), "event_socket", None)
+        # a disaggregated server's KV transfer events wake the loop too (disaggregation/transfer.py)
+        self.kv_events = getattr(getattr(scheduler, "kv_transfer", None), "event_socket", None)
         if self.kv_events is not None:
             self.poller.register(self.kv_events, zmq.POLLIN)
 
@@ -105,26 +106,30 @@ class SchedulerLoop:
                     )
                 )
             )
-            self.send_outputs(s.add_request(msg))
+            s.add_request(msg)
+            self.send_outputs(s.take_outputs())  # a refusal goes out at once
         elif isinstance(msg, AbortReq):
-            self.send_outputs(s.abort(msg.rid))
+            s.abort(msg.rid)
+            self.send_outputs(s.take_outputs())
         elif isinstance(msg, HealthCheckReq):
             self.to_tokenizer.send(messages.encode(HealthCheckOut(probe_id=msg.probe_id)))
         elif isinstance(msg, GetServerInfoReq):
             # the integrity walk only when idle: a scrape (/metrics, /get_server_info) never costs a
             # step
-            info = s.server_info(walk=not s.has_work())
+            info = s.admin.server_info(walk=not s.has_work())
             self.to_tokenizer.send(messages.encode(SchedulerInfo(info=info)))
         elif isinstance(msg, GetCacheTreeReq):
             self.to_tokenizer.send(
-                messages.encode(CacheTreeOut(view=s.cache_tree(msg.max_depth, msg.max_nodes)))
+                messages.encode(CacheTreeOut(view=s.admin.cache_tree(msg.max_depth, msg.max_nodes)))
             )
         elif isinstance(msg, UnpinReq):
-            s.unpin(msg.handle)
+            s.admin.unpin(msg.handle)
         elif isinstance(msg, CloseSessionReq):
-            s.close_session(msg.session_id, msg.cache_salt)
+            s.admin.close_session(msg.session_id, msg.cache_salt)
         elif isinstance(msg, FlushCacheReq):
-            self.to_tokenizer.send(messages.encode(FlushCacheOut(success=bool(s.flush_cache()))))
+            self.to_tokenizer.send(
+                messages.encode(FlushCacheOut(success=bool(s.admin.flush_cache())))
+            )
         elif isinstance(msg, LoraAdapterReq):
             self.loras.submit(msg)  # answered in order, once installed (never raises)
         elif isinstance(msg, ProfileReq):
@@ -227,7 +232,7 @@ def run_scheduler_process(
         # a lost tensor parallel rank ends this process; the watchdog reports
         if runner is not None:
             runner.exit_on_rank_loss = True
-        info = {"model_info": scheduler.model_info, "server_info": scheduler.server_info()}
+        info = {"model_info": scheduler.model_info, "server_info": scheduler.admin.server_info()}
         to_tokenizer.send(messages.encode(ProcessReady(name="scheduler", info=info)))
         flag.enter_loop()
         loop = SchedulerLoop(scheduler, pull, to_detokenizer, to_tokenizer)

@@ -26,12 +26,13 @@ def add_status_routes(
     app: FastAPI, tm: TokenizerManager, served_model_name: str, metrics: ServerMetrics
 ) -> None:
     config = tm.config
+    scheduler = tm.scheduler
 
     @app.get("/health")
     async def health() -> Response:
-        if await tm.health_probe():
+        if await scheduler.health_probe():
             return Response(status_code=200)
-        reason = tm.dead_reason or "the scheduler did not answer the health probe"
+        reason = scheduler.dead_reason or "the scheduler did not answer the health probe"
         return JSONResponse(error_body(reason, "server_error", code=503), 503)
 
     @app.get("/get_model_info")
@@ -41,7 +42,7 @@ def add_status_routes(
         # as we do
         tok = tm.tokenizer
         return {
-            **tm.model_info,
+            **scheduler.model_info,
             "served_model_name": served_model_name,
             "tokenizer_path": config.model_path,
             "chat_template": getattr(tok, "chat_template", None),
@@ -52,12 +53,16 @@ def add_status_routes(
     @app.get("/get_server_info")
     @app.get("/server_info")
     async def get_server_info(request: Request) -> dict[str, Any]:
-        info = await tm.server_info()
-        live = {"num_inflight_requests": len(tm.states), "served_model_name": served_model_name}
+        info = await scheduler.server_info()
+        live = {
+            "num_inflight_requests": len(scheduler.states),
+            "served_model_name": served_model_name,
+        }
         if is_admin(request):
             return {**admin_config_view(config), **info, **live}
         limits = {k: getattr(config, k) for k in CLIENT_LIMITS}
-        limits["context_length"] = tm.model_info.get("context_length")  # the model's, if unset
+        # the model's, if unset
+        limits["context_length"] = scheduler.model_info.get("context_length")
         hidden = ADMIN_ONLY_INFO | (CACHE_FIGURES if config.admin_api_key is not None else set())
         shown = {k: v for k, v in info.items() if k not in hidden}
         return {**limits, **shown, **live}
@@ -65,7 +70,7 @@ def add_status_routes(
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
         try:
-            metrics.update_from_server_info(await tm.server_info(timeout=5.0))
+            metrics.update_from_server_info(await scheduler.server_info(timeout=5.0))
         except APIError:
             pass  # still serve the counters this process has
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -53,7 +53,7 @@ def add_tokenize_routes(app: FastAPI, tm: Any) -> None:
                 f"{len(req.tokens)}: split the list",
                 param="tokens",
             )
-        vocab = int(tm.model_info["vocab_size"])
+        vocab = int(tm.scheduler.model_info["vocab_size"])
         bad = [t for t in req.tokens if not 0 <= t < vocab]
         if bad:
             raise APIError(

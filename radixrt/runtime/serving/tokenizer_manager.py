@@ -2,9 +2,10 @@
 
 Everything that can be checked is checked here, so a bad request is a 4xx and never reaches the
 scheduler. Each scheduler request (one per sequence: n>1 is expanded into rid-0..rid-{n-1})
-has a state whose queue receives its text deltas (scheduler_link.py: the sockets, the routing of
-deltas, heartbeats, admin round trips); a `RequestHandle` (request_handle.py) iterates the deltas of
-one HTTP request and aborts whatever is unfinished when it is closed.
+has a state whose queue receives its text deltas. The manager holds a `SchedulerClient` (.scheduler,
+scheduler_client.py: the sockets, the routing of deltas, heartbeats, admin round trips); a
+`RequestHandle` (request_handle.py) iterates the deltas of one HTTP request and aborts whatever is
+unfinished when it is closed.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from typing import Any
 from radixrt.runtime import messages
 from radixrt.runtime.cache_tree_text import add_previews
 from radixrt.runtime.config import ServerConfig
-from radixrt.runtime.disaggregation.edge import check_bootstrap
-from radixrt.runtime.messages import CacheTreeOut, GetCacheTreeReq, TokenizedGenerateReq
+from radixrt.runtime.disaggregation.edge import check_disaggregated
+from radixrt.runtime.messages import TokenizedGenerateReq
 from radixrt.runtime.request.edge import (
     EdgeLimits,
     RequestError,
@@ -26,16 +27,17 @@ from radixrt.runtime.request.edge import (
     constraint_of,
     expand_n,
 )
+from radixrt.runtime.request.options import RequestOptions
 from radixrt.runtime.request.sampling_params import SamplingParams
 from radixrt.runtime.request.stop_regex_check import StopRegexChecker
 from radixrt.runtime.serving.metrics import ServerMetrics
 from radixrt.runtime.serving.protocol import APIError, from_value_error
 from radixrt.runtime.serving.request_handle import ReqState, RequestHandle
-from radixrt.runtime.serving.scheduler_link import SchedulerLink
+from radixrt.runtime.serving.scheduler_client import SchedulerClient
 from radixrt.runtime.serving.tenants import CompileShares, check_in_flight
 
 
-class TokenizerManager(SchedulerLink):
+class TokenizerManager:
     def __init__(
         self,
         config: ServerConfig,
@@ -45,7 +47,8 @@ class TokenizerManager(SchedulerLink):
     ):
         from radixrt.runtime.model.weights import load_tokenizer
 
-        super().__init__(config, scheduler_path, tokenizer_path, metrics)
+        self.config = config
+        self.scheduler = SchedulerClient(config, scheduler_path, tokenizer_path, metrics)
         self.tokenizer = load_tokenizer(config.model_path)
         self._rid_prefix = uuid.uuid4().hex[:8]
         self._rid_counter = itertools.count()
@@ -56,25 +59,25 @@ class TokenizerManager(SchedulerLink):
     async def start(self, procs: dict[str, Any], timeout: float = 600.0) -> None:
         """Open the sockets, wait until every child process reported ready (model load: 10-40 s),
         build the constraint check, then route what the scheduler sends."""
-        await self.connect(procs, timeout)
+        await self.scheduler.connect(procs, timeout)
         # ~0.5 s: walks the vocabulary
         self._grammar = await asyncio.to_thread(self._make_grammar_backend)
-        self.start_loops()
+        self.scheduler.start_loops()
 
     async def close(self) -> None:
         for backend in self._grammar.built() if self._grammar is not None else []:
             backend.shutdown()
         self._stop_regex.shutdown()
-        await super().close()
+        await self.scheduler.close()
 
     # ------------------------------------------------------------------ requests
     @property
     def context_len(self) -> int:
-        return int(self.model_info["context_length"])
+        return int(self.scheduler.model_info["context_length"])
 
     @property
     def pool_tokens(self) -> int:
-        info = self.startup_server_info
+        info = self.scheduler.startup_server_info
         return int(
             info.get("max_total_tokens") or info["kv_pages_total"] * info.get("page_size", 1)
         )
@@ -123,7 +126,7 @@ class TokenizerManager(SchedulerLink):
         """For the synchronous 400 check of a constraint (a bad one never reaches the scheduler)."""
         from radixrt.runtime.constrained.choose import backends_for
 
-        info = self.model_info
+        info = self.scheduler.model_info
         vocab_size, eos = int(info["vocab_size"]), list(info["eos_token_ids"])
         # no index and no drafts: the edge only checks that a constraint compiles
         chooser = backends_for(
@@ -150,67 +153,41 @@ class TokenizerManager(SchedulerLink):
     @property
     def limits(self) -> EdgeLimits:
         return EdgeLimits(
-            int(self.model_info["vocab_size"]),
+            int(self.scheduler.model_info["vocab_size"]),
             self.context_len,
             self.pool_tokens,
             self.config.max_running_requests,
-            int(self.startup_server_info.get("page_size", 1)),
+            int(self.scheduler.startup_server_info.get("page_size", 1)),
         )
 
     def make_requests(
         self,
         input_ids: list[int],
         sp: SamplingParams,
-        *,
-        stream: bool,
-        return_logprob: bool = False,
-        logprob_start_len: int | None = None,
-        top_logprobs_num: int = 0,
-        lora_path: str | None = None,
-        bootstrap: tuple[Any, Any, Any] = (None, None, None),
+        options: RequestOptions,
         num_prompts: int = 1,
-        **tags: Any,
     ) -> list[TokenizedGenerateReq]:
-        """One prompt -> sp.n scheduler requests (seeds seed+i), after checking it can ever run.
-        bootstrap: the body's (bootstrap_host, bootstrap_port, bootstrap_room), for
-        --disaggregation-mode prefill|decode; num_prompts: the body's prompts; tags: expand_n's
-        program_id, pin_ttl_s, session_id and cache_salt (checked there)."""
-        if lora_path is not None and lora_path not in self.lora_adapters:
-            loaded = ", ".join(self.lora_adapters) or "none"
+        """One prompt -> sp.n scheduler requests (seeds seed+i), each with options (built once by
+        the route: serving/request_options.py), after checking it can ever run. num_prompts: the
+        body's prompts (a disaggregated server takes one)."""
+        lora = options.lora
+        adapters = self.scheduler.lora_adapters
+        if lora is not None and lora not in adapters:
+            loaded = ", ".join(adapters) or "none"
             raise APIError(
-                f"LoRA adapter {lora_path!r} is not loaded (loaded: {loaded})", param="lora_path"
+                f"LoRA adapter {lora!r} is not loaded (loaded: {loaded})", param="lora_path"
             )
         try:
-            start = check_prompt(
-                input_ids,
-                sp,
-                self.limits,
-                return_logprob=return_logprob,
-                logprob_start_len=logprob_start_len,
-                top_logprobs_num=top_logprobs_num,
-                stream=stream,
-            )
-            pd = check_bootstrap(
+            check_prompt(input_ids, sp, self.limits, options)
+            check_disaggregated(
                 self.config.disaggregation_mode,
-                *bootstrap,
+                options.bootstrap,
                 num_prompts=num_prompts,
                 n=sp.n,
                 is_beam=sp.is_beam,
-                logprob_start_len=start,  # -1 unless prompt logprobs were asked for
-                prefill_addrs=self.config.prefill_bootstrap_addrs,
+                logprob_start_len=options.logprob_start,  # -1 unless prompt logprobs were asked
             )
-            return expand_n(
-                self.new_rid(),
-                input_ids,
-                sp,
-                stream=stream,
-                return_logprob=return_logprob,
-                logprob_start_len=start,
-                top_logprobs_num=top_logprobs_num,
-                lora_path=lora_path,
-                bootstrap=pd,
-                **tags,
-            )
+            return expand_n(self.new_rid(), input_ids, sp, options)
         except RequestError as e:
             raise from_value_error(e) from None
 
@@ -218,7 +195,8 @@ class TokenizerManager(SchedulerLink):
         self, reqs: list[TokenizedGenerateReq], client: str | None = None
     ) -> RequestHandle:
         """Send reqs; client (serving/tenants.py) is held to its share of the in-flight slots."""
-        self.check_alive()
+        scheduler = self.scheduler
+        scheduler.check_alive()
         if len(reqs) > self.config.max_prompts_per_request:
             raise APIError(
                 f"the request asks for {len(reqs)} sequences (prompts x n); at most "
@@ -226,14 +204,15 @@ class TokenizerManager(SchedulerLink):
                 param="prompt",
             )
         limit = self.config.max_running_requests + self.config.max_queued_requests
-        if len(self.states) + len(reqs) > limit:
+        states = scheduler.states
+        if len(states) + len(reqs) > limit:
             raise APIError(
-                f"too many requests in flight ({len(self.states)}); try again later",
+                f"too many requests in flight ({len(states)}); try again later",
                 503,
                 "server_overloaded",
             )
         if client is not None:  # then this client's share of them (serving/tenants.py)
-            held = sum(st.client == client for st in self.states.values())
+            held = sum(st.client == client for st in states.values())
             check_in_flight(held, len(reqs), self.config.requests_per_client)
         # encode all first: a request that cannot be sent (it never should, after the edge's bounds)
         # is refused whole and leaves nothing registered behind
@@ -243,24 +222,19 @@ class TokenizerManager(SchedulerLink):
             raise APIError(f"the request cannot be sent to the scheduler: {e}", 400) from None
         queue: asyncio.Queue = asyncio.Queue()
         for i, r in enumerate(reqs):
-            self.states[r.rid] = ReqState(
-                rid=r.rid, index=i, queue=queue, stream=r.stream, client=client
+            states[r.rid] = ReqState(
+                rid=r.rid, index=i, queue=queue, stream=r.options.stream, client=client
             )
-        for frame in frames:
-            self._push.send(frame)
-        self.metrics.inflight.set(len(self.states))
-        return RequestHandle(self, reqs, queue)
+        scheduler.send_frames(frames)
+        scheduler.metrics.inflight.set(len(states))
+        return RequestHandle(scheduler, reqs, queue)
 
     async def cache_tree(
         self, max_depth: int, max_nodes: int, timeout: float = 30.0
     ) -> dict[str, Any]:
         """The scheduler's cache view with text previews (decoded here: the scheduler has no
         tokenizer)."""
-        view = (
-            await self._ask(
-                GetCacheTreeReq(max_depth=max_depth, max_nodes=max_nodes), CacheTreeOut, timeout
-            )
-        ).view
+        view = await self.scheduler.cache_view(max_depth, max_nodes, timeout)
         if "error" in view:
             raise APIError(f"the cache view failed: {view['error']}", 500, "server_error")
         return add_previews(view, self.tokenizer)

@@ -1,8 +1,8 @@
 """The seam between the scheduler and the KV transfer of prefill-decode disaggregation.
 
 core/ decides which pages travel and when a request may use them; disaggregation/ moves the bytes
-(over the pair's CURVE channel) and talks to the peer server. They meet through `KVLink`; what
-comes back is one of the frozen events below, read with `KVLink.events()`.
+(over the pair's CURVE channel) and talks to the peer server. They meet through `KVTransfer`; what
+comes back is one of the frozen events below, read with `KVTransfer.events()`.
 """
 
 from __future__ import annotations
@@ -10,19 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-
-@dataclass(frozen=True)
-class Bootstrap:
-    """Where a request's KV comes from: the prefill server's bootstrap address and the room (an id
-    both servers know the request by; sglang-router draws it)."""
-
-    host: str
-    port: int
-    room: int
-
-    @property
-    def addr(self) -> str:
-        return f"{self.host}:{self.port}"
+from radixrt.runtime.request.options import Bootstrap
 
 
 @dataclass(frozen=True)
@@ -57,9 +45,9 @@ class KVFailed:
     error: str
 
 
-class KVLink(Protocol):
-    """What the scheduler asks of the transfer (disaggregation/link.py's ThreadLink, or a test's
-    fake). Every call returns at once; outcomes come back as events."""
+class KVTransfer(Protocol):
+    """What the scheduler asks of the transfer (disaggregation/transfer.py's ThreadTransfer, or a
+    test's fake). Every call returns at once; outcomes come back as events."""
 
     def send(self, room: int, page_ids: list[int], first: dict[str, Any]) -> None:
         """Prefill: the prompt of `room` is computed in page_ids (position order, the whole prompt):

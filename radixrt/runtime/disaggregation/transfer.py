@@ -1,6 +1,6 @@
-"""ThreadLink: core's KVLink (core/pd_link.py) over a transfer agent thread. Commands go to the
-agent and events come back over two inproc PAIR sockets; the scheduler loop polls `event_socket`
-beside its own, so an arrival wakes it at once."""
+"""ThreadTransfer: core's KVTransfer (core/kv_transfer.py) over a transfer agent thread. Commands
+go to the agent and events come back over two inproc PAIR sockets; the scheduler loop polls
+`event_socket` beside its own, so an arrival wakes it at once."""
 
 from __future__ import annotations
 
@@ -10,17 +10,18 @@ from typing import Any
 import orjson
 import zmq
 
-from radixrt.runtime.core.pd_link import Bootstrap, KVArrived, KVFailed, KVSent
+from radixrt.runtime.core.kv_transfer import KVArrived, KVFailed, KVSent
 from radixrt.runtime.disaggregation.agent import Agent
 from radixrt.runtime.disaggregation.decode_agent import DecodeAgent
 from radixrt.runtime.disaggregation.kv_layout import KVLayout
 from radixrt.runtime.disaggregation.page_bytes import PageBytes
 from radixrt.runtime.disaggregation.prefill_agent import PrefillAgent
+from radixrt.runtime.request.options import Bootstrap
 
 _names = itertools.count()
 
 
-class ThreadLink:
+class ThreadTransfer:
     def __init__(self, ctx: zmq.Context):
         n = next(_names)
         self.ctx = ctx
@@ -74,13 +75,13 @@ class ThreadLink:
         self.event_socket.close(linger=0)
 
 
-def make_link(config: Any, runner: Any) -> ThreadLink:
+def make_transfer(config: Any, runner: Any) -> ThreadTransfer:
     """The link of a --disaggregation-mode prefill|decode server: the side's agent over this
     server's KV pool, on the channel keyed by --disaggregation-secret."""
     tensors = runner.kv.tensors()
     layout = KVLayout.of_pool(tensors, runner.page_size)
     pages = PageBytes(tensors, runner.page_size)
-    link = ThreadLink(zmq.Context.instance())
+    link = ThreadTransfer(zmq.Context.instance())
     timeout, secret = config.disaggregation_transfer_timeout, config.disaggregation_secret
     if config.disaggregation_mode == "prefill":
         bind = f"tcp://{bind_host(config.host)}:{config.disaggregation_bootstrap_port}"

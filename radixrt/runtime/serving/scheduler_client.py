@@ -1,4 +1,4 @@
-"""The main process's link to the scheduler: the sockets, each text delta routed to its request's
+"""The main process's client of the scheduler: the sockets, each text delta routed to its request's
 queue, the heartbeat the watchdog (launch.py) reads, admin round trips (answers of one type come
 back in order) and health probes, and failing every request at once when a child process died.
 """
@@ -23,6 +23,7 @@ from radixrt.runtime.messages import (
     CacheTreeOut,
     FlushCacheOut,
     FlushCacheReq,
+    GetCacheTreeReq,
     GetServerInfoReq,
     HealthCheckOut,
     HealthCheckReq,
@@ -44,9 +45,9 @@ HEARTBEAT_INTERVAL_S = 1.0
 HEARTBEAT_PROBE_ID = -1  # health probes of /health count up from 0
 
 
-class SchedulerLink:
-    """The sockets to the scheduler and what travels on them; TokenizerManager adds the tokenizer
-    and the checks that make requests."""
+class SchedulerClient:
+    """The sockets to the scheduler and what travels on them. TokenizerManager holds one (its
+    .scheduler) beside the tokenizer and the checks that make requests."""
 
     def __init__(
         self,
@@ -115,6 +116,11 @@ class SchedulerLink:
     def send_admin(self, msg: Any) -> None:
         """A one-way message to the scheduler (e.g. UnpinReq)."""
         self._send(msg)
+
+    def send_frames(self, frames: list[bytes]) -> None:
+        """Messages already encoded (TokenizerManager.generate encodes a request's all first)."""
+        for frame in frames:
+            self._push.send(frame)
 
     async def _recv_loop(self) -> None:
         while True:
@@ -221,6 +227,11 @@ class SchedulerLink:
 
     async def flush_cache(self, timeout: float = 30.0) -> bool:
         return (await self._ask(FlushCacheReq(), FlushCacheOut, timeout)).success
+
+    async def cache_view(self, max_depth: int, max_nodes: int, timeout: float = 30.0) -> dict:
+        """The scheduler's cache view, token ids only (TokenizerManager.cache_tree adds text)."""
+        req = GetCacheTreeReq(max_depth=max_depth, max_nodes=max_nodes)
+        return (await self._ask(req, CacheTreeOut, timeout)).view
 
     async def profile(self, req: ProfileReq, timeout: float = 60.0) -> ProfileOut:
         return await self._ask(req, ProfileOut, timeout)
