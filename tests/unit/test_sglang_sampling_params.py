@@ -12,11 +12,11 @@ from hypothesis import strategies as st
 from test_detokenizer import BYTE_TOK, run_stream
 
 from radixrt.runtime.request.incremental_detokenizer import IncrementalDetokenizer
-from radixrt.runtime.request.sampling_params import (
+from radixrt.runtime.request.sampling_param_names import (
     RADIXRT_SAMPLING_PARAMS,
     SGLANG_SAMPLING_PARAMS,
-    SamplingParams,
 )
+from radixrt.runtime.request.sampling_params import SamplingParams
 from radixrt.runtime.request.stop_regex import StopRegexSearch
 
 # SGLang 0.5.23's SamplingParams API fields, written out here (not imported from the code under test)

@@ -126,8 +126,7 @@ class ReqMemory:
             parent.kv.borrowed_len,
             parent.kv.computed_len,
         )
-        if not self.tree.disable:
-            self.tree.inc_lock_ref(parent.kv.last_node)
+        self.tree.inc_lock_ref(parent.kv.last_node)  # (a disabled tree's root: no lock)
         child.kv.table_row, child.kv.table_stale = self.rows.alloc(), True
         if not self.grow(child, child.kv.computed_len):
             self.drop(child)
@@ -140,8 +139,7 @@ class ReqMemory:
         """req's KV is not wanted any more (a pruned beam): its own pages go back to the allocator
         uncached, its borrowed ones are unlocked, its row is freed."""
         self.allocator.free(req.kv.page_ids[req.kv.borrowed_len // self.page_size :])
-        if not self.tree.disable:
-            self.tree.dec_lock_ref(req.kv.last_node)
+        self.tree.dec_lock_ref(req.kv.last_node)
         req.kv.page_ids, req.kv.computed_len, req.kv.borrowed_len, req.kv.last_node = [], 0, 0, None
         req.kv.pending_copies = []
         if req.kv.table_row is not None:
@@ -162,7 +160,7 @@ class ReqMemory:
         """share, given req's computed tokens: its whole pages go into the tree and it now borrows
         them, its duplicates of pages already there swapped for the tree's (its row is then
         stale)."""
-        if self.tree.disable:
+        if self.tree.disable:  # a disabled tree keeps nothing, so it has nothing to lend back
             return
         aligned_len = self._insert(req, token_ids)
         num_aligned_pages = aligned_len // self.page_size
@@ -179,15 +177,11 @@ class ReqMemory:
     def cache_finished(self, req: Req, token_ids: list[int]) -> None:
         """release's memory part, given req's computed tokens: its KV goes into the tree, the rest
         of its pages back to the allocator; req ends with no pages and no lock."""
-        if self.tree.disable:
-            assert req.kv.borrowed_len == 0
-            self.allocator.free(req.kv.page_ids)
-        else:
-            aligned_len = self._insert(req, token_ids)
-            self.allocator.free(
-                req.kv.page_ids[aligned_len // self.page_size :]
-            )  # partial and unused
-            self.tree.dec_lock_ref(req.kv.last_node)
+        # (a disabled tree adopts nothing: its insert says every token was there, so _insert frees
+        # every whole page as a duplicate)
+        aligned_len = self._insert(req, token_ids)
+        self.allocator.free(req.kv.page_ids[aligned_len // self.page_size :])  # partial, unused
+        self.tree.dec_lock_ref(req.kv.last_node)
         req.kv.page_ids, req.kv.computed_len, req.kv.borrowed_len, req.kv.last_node = [], 0, 0, None
 
     def _insert(self, req: Req, token_ids: list[int]) -> int:

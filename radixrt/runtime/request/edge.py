@@ -16,11 +16,8 @@ from typing import Any
 from radixrt.runtime.core.sessions import MAX_SESSION_ID_CHARS
 from radixrt.runtime.messages import TokenizedGenerateReq
 from radixrt.runtime.request.options import RequestOptions
-from radixrt.runtime.request.sampling_params import (
-    CONSTRAINT_FIELDS,
-    MAX_TOP_LOGPROBS,
-    SamplingParams,
-)
+from radixrt.runtime.request.sampling_param_names import CONSTRAINT_FIELDS
+from radixrt.runtime.request.sampling_params import MAX_TOP_LOGPROBS, SamplingParams
 
 __all__ = [
     "CONSTRAINT_KINDS",

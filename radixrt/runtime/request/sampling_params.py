@@ -1,8 +1,8 @@
 """Per-request sampling parameters (SGLang names), validated once at the edge.
 
 The dataclass and its reading of a request dict. Which parameters exist is in
-sampling_param_names.py, their bounds and checks in sampling_param_checks.py (both re-exported
-here).
+sampling_param_names.py, their bounds and checks in sampling_param_checks.py (import them from
+there).
 
 Every bad value raises ValueError naming the parameter, so the HTTP layer can turn it
 into a 400 and the Engine into an exception, and the scheduler never sees it.
@@ -14,53 +14,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixrt.runtime.request.sampling_param_checks import (
-    MAX_CHOICE_CHARS,
-    MAX_CHOICES,
-    MAX_CUSTOM_PARAMS_KEYS,
-    MAX_INT,
-    MAX_JSON_SCHEMA_CHARS,
-    MAX_LOGIT_BIAS,
-    MAX_N,
-    MAX_REGEX_CHARS,
-    MAX_STOP_REGEX,
-    MAX_STOP_STRING_CHARS,
-    MAX_STOP_STRINGS,
-    MAX_STOP_TOKEN_IDS,
-    MIN_REPETITION_PENALTY,
-    MIN_TEMPERATURE,
-    validate_sampling_params,
-)
+from radixrt.runtime.request.sampling_param_checks import validate_sampling_params
 from radixrt.runtime.request.sampling_param_names import (
-    CONSTRAINT_FIELDS,
-    NOT_YET,
     RADIXRT_SAMPLING_PARAMS,
     SGLANG_SAMPLING_PARAMS,
 )
-
-# the bounds and the parameter lists are defined beside this module and importable from it too
-__all__ = [
-    "CONSTRAINT_FIELDS",
-    "MAX_CHOICES",
-    "MAX_CHOICE_CHARS",
-    "MAX_CUSTOM_PARAMS_KEYS",
-    "MAX_INT",
-    "MAX_JSON_SCHEMA_CHARS",
-    "MAX_LOGIT_BIAS",
-    "MAX_N",
-    "MAX_REGEX_CHARS",
-    "MAX_STOP_REGEX",
-    "MAX_STOP_STRINGS",
-    "MAX_STOP_STRING_CHARS",
-    "MAX_STOP_TOKEN_IDS",
-    "MAX_TOP_LOGPROBS",
-    "MIN_REPETITION_PENALTY",
-    "MIN_TEMPERATURE",
-    "NOT_YET",
-    "RADIXRT_SAMPLING_PARAMS",
-    "SGLANG_SAMPLING_PARAMS",
-    "SamplingParams",
-]
 
 MAX_TOP_LOGPROBS = 20
 
