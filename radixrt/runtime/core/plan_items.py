@@ -30,20 +30,21 @@ class ItemBuilder:
         constrained picks' mask sources go on masks (the step's: StepPlan.mask_sources)."""
         self.check_fault("plan", req.origin_input_ids)
         num_draft = fit_draft(req, self.memory, draft_budget)
-        pos = req.kv.computed_len
+        kv = req.kv
+        pos = kv.computed_len
         start = self._claim_row(req)
         item = PlanItem(
-            row=req.kv.table_row,
+            row=kv.table_row,
             new_ids=[req.output_ids[-1]] + req.draft_ids,
             computed_len=pos,
-            slots=slots_of(req.kv.page_ids, start, pos + 1 + num_draft, self.page_size),
+            slots=slots_of(kv.page_ids, start, pos + 1 + num_draft, self.page_size),
             write_start=start,
             picks=self._picks(req, req.draft_ids, req.draft_states, masks),
             num_draft=num_draft,
             prompt_ids=req.origin_input_ids,
             output_ids=req.output_ids,
-            page_copies=tuple(req.kv.pending_copies),
-            lora=req.lora,
+            page_copies=tuple(kv.pending_copies),
+            lora=req.options.lora,
             lora_slot=req.lora_slot,
         )
         return item, num_draft

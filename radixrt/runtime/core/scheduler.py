@@ -57,6 +57,7 @@ from radixrt.runtime.request.edge import EdgeLimits, constraint_of
 
 log = logging.getLogger(__name__)
 ABORTED = FinishReason.abort("aborted by the client")
+RUNNING, FINISHED = ReqStatus.RUNNING, ReqStatus.FINISHED  # (the step's hot loops test these)
 
 
 class Scheduler:
@@ -223,13 +224,13 @@ class Scheduler:
         with no room for its next token preempts the newest request, itself included."""
         ready: list[Req] = []
         for req in sorted((r for r in self.running if r.is_decoding), key=lambda r: r.arrival_time):
-            while req.status is ReqStatus.RUNNING and not self.memory.grow(req, req.seq_len):
+            while req.status is RUNNING and not self.memory.grow(req, req.seq_len):
                 self.preempt(self._newest_running())
             ready.append(req)
-        drafted = StepPlan()
+        drafted: list[tuple[Req, PlanItem]] = []
         draft_budget = policy.MAX_DRAFT_TOKENS_PER_STEP
         for req in ready:
-            if req.status is not ReqStatus.RUNNING:  # preempted (or its beam search) for room
+            if req.status is not RUNNING:  # preempted (or its beam search) for room
                 continue
             try:
                 item, num_draft = self.items.decode(req, draft_budget, plan.mask_sources)
@@ -238,9 +239,13 @@ class Scheduler:
                 self.fail(req, f"internal error: {type(e).__name__}: {e}", 500)
                 continue
             draft_budget -= num_draft
-            (drafted if num_draft else plan).add(req, item)
-            self.stats.num_draft_tokens += num_draft
-        for req, item in zip(drafted.reqs, drafted.items):
+            if num_draft:
+                drafted.append((req, item))
+                self.stats.num_draft_tokens += num_draft
+            else:
+                plan.reqs.append(req)
+                plan.items.append(item)
+        for req, item in drafted:
             plan.add(req, item)
 
     def _plan_extends(self, plan: StepPlan) -> None:
@@ -268,7 +273,7 @@ class Scheduler:
     # ---------------------------------------------------------------- results
     def _apply(self, plan: StepPlan, results: list[ItemResult]) -> None:
         for req, item, res in zip(plan.reqs, plan.items, results):
-            if req.finished:  # a beam whose group ended earlier in this loop
+            if req.status is FINISHED:  # a beam whose group ended earlier in this loop
                 continue
             try:
                 self.faults.check("apply", req.origin_input_ids)
@@ -284,8 +289,9 @@ class Scheduler:
             reason = take_draft(req, item, res, self.eos_ids, self.memory, self.stats)
             self._after_tokens(req, reason)
             return
-        self.memory.computed(req, item.computed_len + len(item.new_ids))
-        self.stats.on_computed(len(req.origin_input_ids), item.computed_len, req.kv.computed_len)
+        computed = item.computed_len + len(item.new_ids)
+        self.memory.computed(req, computed)
+        self.stats.on_computed(len(req.origin_input_ids), item.computed_len, computed)
         req.kv.pending_copies = []  # made by this step's forward
         if item.logits_start is not None:
             apply_prompt_logprobs(req, item.computed_len, res)
