@@ -56,7 +56,7 @@ def build(prefix_lens, extend_lens, hq, hkv, d, page_size, dtype, seed=0):
     for i, (p, e) in enumerate(zip(prefix_lens, extend_lens)):
         pages = [free.pop() for _ in range(pages_needed[i])]
         slots = [pages[j // page_size] * page_size + j % page_size for j in range(p + e)]
-        items.append(PlanItem(row=i, new_ids=[1] * e, prefix_len=p, slots=slots, write_start=0))
+        items.append(PlanItem(row=i, new_ids=[1] * e, computed_len=p, slots=slots, write_start=0))
     fb = build_forward_batch(items, req_to_slot, device=DEV)
     num_slots = sum(pages_needed) * page_size
     k_cache = torch.randn(num_slots, hkv, d, device=DEV, dtype=dtype)

@@ -70,9 +70,7 @@ def sched_round(num: int, prefix: int, own: int, new: int) -> tuple[int, float]:
 
     ServerConfig = first("ServerConfig", "radixrt.runtime.config")
     Scheduler = first("Scheduler", "radixrt.runtime.core.scheduler", "radixrt.runtime.core")
-    Req = first(
-        "TokenizedGenerateReq", "radixrt.runtime.messages", "radixrt.runtime.request.messages"
-    )
+    Req = first("TokenizedGenerateReq", "radixrt.runtime.messages")
     cfg = ServerConfig(page_size=PAGE_SIZE, max_running_requests=num)
     pages = num * (prefix + own + new) // PAGE_SIZE + 2 * num
     runner = FakeRunner(num_pages=pages, page_size=PAGE_SIZE, vocab_size=VOCAB, max_rows=num + 1)
@@ -103,7 +101,7 @@ def sched_round(num: int, prefix: int, own: int, new: int) -> tuple[int, float]:
     ]
     outs, steps = [], 0
     t0 = time.perf_counter()
-    for msg in msgs:  # add_request returns outputs today; after the refactor only take_outputs()
+    for msg in msgs:  # before #43 add_request returned outputs; since then only take_outputs()
         outs += s.add_request(msg) or []
     outs += s.take_outputs()
     while s.has_work() and steps < 100_000:

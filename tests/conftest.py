@@ -111,7 +111,7 @@ class PagedDriver:
         """feeds: (request name, new token ids, want logits for every new token). Returns logits per name:
         [len(new_ids), vocab] when all were wanted, else [1, vocab] for the last token."""
         is_decode = [
-            len(ids) == 1 and not all_rows and self.reqs.get(name, {}).get("kv_len", 0) > 0
+            len(ids) == 1 and not all_rows and self.reqs.get(name, {}).get("computed_len", 0) > 0
             for name, ids, all_rows in feeds
         ]
         order = [f for f, d in zip(feeds, is_decode) if d] + [
@@ -120,9 +120,9 @@ class PagedDriver:
         items = []
         for name, ids, all_rows in order:
             if name not in self.reqs:
-                self.reqs[name] = {"row": self.rows.alloc(), "pages": [], "kv_len": 0}
+                self.reqs[name] = {"row": self.rows.alloc(), "pages": [], "computed_len": 0}
             req = self.reqs[name]
-            prefix_len = req["kv_len"]
+            prefix_len = req["computed_len"]
             seq_len = prefix_len + len(ids)
             while len(req["pages"]) * self.page_size < seq_len:
                 req["pages"].append(self.free_pages.pop())
@@ -136,7 +136,7 @@ class PagedDriver:
                     logits_start=0 if all_rows else None,
                 )
             )
-            req["kv_len"] = seq_len
+            req["computed_len"] = seq_len
         fb = build_forward_batch(items, self.table.table, self.model.device)
         with torch.inference_mode():
             self.attn.init_forward_metadata(fb)
@@ -156,11 +156,11 @@ class PagedDriver:
     def share(self, name: str, source: str, length: int) -> None:
         """A new request whose first `length` positions read source's slots, as a radix-cache hit
         does (page_size 1)."""
-        assert self.page_size == 1 and self.reqs[source]["kv_len"] >= length
+        assert self.page_size == 1 and self.reqs[source]["computed_len"] >= length
         row = self.rows.alloc()
         pages = list(self.reqs[source]["pages"][:length])
         self.table.table[row, :length] = torch.tensor(pages, dtype=self.table.table.dtype)
-        self.reqs[name] = {"row": row, "pages": pages, "kv_len": length, "borrowed": length}
+        self.reqs[name] = {"row": row, "pages": pages, "computed_len": length, "borrowed": length}
 
     def release(self, name: str) -> None:
         req = self.reqs.pop(name)

@@ -307,3 +307,79 @@ def test_bad_beam_requests_are_refused_naming_the_problem(params, needle):
     assert out.finished_reason["type"] == "abort" and out.error_status == 400
     assert needle in out.error, out.error
     assert not s.waiting and not s.beams.groups
+
+
+@pytest.mark.parametrize("culprits", [None, "two beams"])
+def test_a_failed_step_ends_the_beam_search_once_and_the_rest_run_on(culprits):
+    """A forward failing while a beam search decodes fails the whole search once (every beam was a
+    culprit: a step that cannot tell, or a PlanItemError naming two beams), frees every page, and
+    the ordinary request beside it finishes with its reference output."""
+    from radixrt.runtime.core.plan import PlanItemError
+
+    s = make(2, 2000, chunk=64)
+    submit(s, "b", list(range(1, 20)), beam_width=4, max_new_tokens=30)
+    submit(s, "plain", [3, 4, 5], max_new_tokens=8, ignore_eos=True)
+    for _ in range(6):
+        s.step()
+    beams = [i for i, r in enumerate(s.running) if r.beam is not None]
+    assert len(beams) == 4
+    run, calls = s.runner.run, []
+
+    def failing(items, masks):
+        calls.append(1)
+        if len(calls) == 1:
+            if culprits is None:
+                raise RuntimeError("the forward failed")
+            rows = [
+                i
+                for i, it in enumerate(items)
+                if it.row in {s.running[b].kv.table_row for b in beams}
+            ]
+            raise PlanItemError(rows[:2], "two beams at fault")
+        return run(items, masks)
+
+    s.runner.run = failing
+    outs = drain(s)
+    (end,) = outs["b"]
+    assert end.finished_reason["type"] == "abort" and end.error_status == 500
+    if culprits is None:  # the step could not tell: its every request failed
+        assert outs["plain"][-1].finished_reason["type"] == "abort"
+    else:
+        assert ids(outs, "plain") == reference_output([3, 4, 5], 8, VOCAB, None)
+    assert not s.beams.groups
+    assert_all_pages_back(s)
+
+
+def test_a_beam_whose_decode_cannot_be_planned_takes_its_search_out_of_the_step():
+    """Planning one beam's decode fails: its search ends, and its siblings' items already planned
+    leave the step (their pages and rows are free again: nothing may run on them)."""
+    s = make(2, 2000, chunk=64)
+    submit(s, "b", list(range(1, 20)), beam_width=4, max_new_tokens=30)
+    submit(s, "plain", [3, 4, 5], max_new_tokens=8, ignore_eos=True)
+    for _ in range(6):
+        s.step()
+    decode, planned = s.items.decode, []
+
+    def failing(req, budget, masks):
+        planned.append(req)
+        if req.beam is not None and sum(r.beam is not None for r in planned) == 3:
+            raise RuntimeError("a grammar state broke")
+        return decode(req, budget, masks)
+
+    beam_rows = {r.kv.table_row for r in s.running if r.beam is not None}
+    run, rows_run = s.runner.run, []
+
+    def recording(items, masks):
+        rows_run.extend(it.row for it in items)
+        return run(items, masks)
+
+    s.items.decode, s.runner.run = failing, recording
+    s.step()
+    s.items.decode, s.runner.run = decode, run
+    assert rows_run and not beam_rows & set(rows_run), "a dead beam's item ran"
+    outs = drain(s)
+    (end,) = outs["b"]
+    assert end.finished_reason["type"] == "abort" and end.error_status == 500
+    assert ids(outs, "plain") == reference_output([3, 4, 5], 8, VOCAB, None)
+    assert not s.beams.groups
+    assert_all_pages_back(s)

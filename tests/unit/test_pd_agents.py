@@ -41,7 +41,7 @@ def pool(num_pages, fill, layers=3, quantized=False):
 
 @contextlib.contextmanager
 def linked(prefill_pool, decode_pool, prefill_timeout=30.0, decode_timeout=30.0, secret=SECRET):
-    """A prefill and a decode link over loopback ZeroMQ: (prefill link, decode link, bootstrap
+    """A prefill and a decode KV transfer over loopback ZeroMQ: (prefill, decode, bootstrap
     port), closed after. secret: the decode side's (the prefill side has SECRET)."""
     p, d, port = links(prefill_pool, decode_pool, prefill_timeout, decode_timeout, secret)
     try:

@@ -169,7 +169,7 @@ def test_disable_mode():
     assert cache.insert([1, 2, 3, 4], pages) == 4, "disabled: caller frees everything as duplicates"
     alloc.free(pages)
     assert cache.match_prefix([1, 2, 3, 4]) == ([], cache.root)
-    req = new_req([1, 2, 3], alloc.alloc(3), kv_len=3)
+    req = new_req([1, 2, 3], alloc.alloc(3), computed_len=3)
     mem = memory(alloc, cache)
     mem.cache_unfinished(req, req.fill_ids)
     assert req.kv.borrowed_len == 0 and len(req.kv.page_ids) == 3
@@ -178,12 +178,12 @@ def test_disable_mode():
     assert cache.total_pages() == 0 and cache.evict(3) == 0 and cache.reset()
 
 
-def new_req(ids, page_ids, kv_len, cached_len=0, last_node=None):
+def new_req(ids, page_ids, computed_len, borrowed_len=0, last_node=None):
     req = Req("r", ids, SamplingParams())
     req.kv.page_ids, req.kv.computed_len, req.kv.borrowed_len, req.kv.last_node = (
         list(page_ids),
-        kv_len,
-        cached_len,
+        computed_len,
+        borrowed_len,
         last_node,
     )
     return req
@@ -194,8 +194,10 @@ def test_cache_finished_req_accounting():
     alloc, cache = make(num_pages=16, page_size=P)
     mem = memory(alloc, cache)
     ids = list(range(10))
-    r1 = new_req(ids, alloc.alloc(4), kv_len=10)  # 2 full pages, 1 partial, 1 unused
-    r2 = new_req(ids[:8] + [50, 51, 52], alloc.alloc(3), kv_len=11)  # same 8 tokens, computed alone
+    r1 = new_req(ids, alloc.alloc(4), computed_len=10)  # 2 full pages, 1 partial, 1 unused
+    r2 = new_req(
+        ids[:8] + [50, 51, 52], alloc.alloc(3), computed_len=11
+    )  # same 8 tokens, computed alone
     r1_pages, r2_pages = list(r1.kv.page_ids), list(r2.kv.page_ids)
     assert_partition(alloc, cache, r1.kv.page_ids + r2.kv.page_ids)
     mem.cache_finished(r1, r1.fill_ids)
@@ -217,8 +219,8 @@ def test_cache_finished_req_accounting():
     r3 = new_req(
         ids[:8] + [60, 61, 62, 63, 64],
         pages + alloc.alloc(2),
-        kv_len=13,
-        cached_len=8,
+        computed_len=13,
+        borrowed_len=8,
         last_node=node,
     )
     own = r3.kv.page_ids[2:]
@@ -238,8 +240,8 @@ def test_cache_unfinished_req():
     alloc, cache = make(num_pages=16, page_size=P)
     mem = memory(alloc, cache)
     ids = [1, 2, 3, 4, 5]
-    r1 = new_req(ids, alloc.alloc(3), kv_len=5)
-    r2 = new_req(ids, alloc.alloc(3), kv_len=5)  # same prompt, prefilled concurrently
+    r1 = new_req(ids, alloc.alloc(3), computed_len=5)
+    r2 = new_req(ids, alloc.alloc(3), computed_len=5)  # same prompt, prefilled concurrently
     r1_pages, r2_pages = list(r1.kv.page_ids), list(r2.kv.page_ids)
     mem.cache_unfinished(r1, r1.fill_ids)
     assert r1.kv.borrowed_len == 4 and r1.kv.page_ids == r1_pages and depth(r1.kv.last_node) == 4

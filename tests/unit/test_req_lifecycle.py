@@ -115,9 +115,9 @@ def test_a_beam_search_root_waits_runs_and_finishes_once(paths):
 
 
 def test_both_halves_of_disaggregation_take_their_detours(paths):
-    p, d, link = make_pair()
+    p, d, transfer = make_pair()
     submit_both(p, d, "x", list(range(1, 30)), room=3)
-    outs = run_pair(p, d, link)
+    outs = run_pair(p, d, transfer)
     assert ids(outs, ("decode", "x")) == reference_output(list(range(1, 30)), 12, VOCAB, eos=0)
     # one rid, a Req on each server: the prefill one hands its KV over, the decode one waits for it
     assert sorted(paths["x"], key=len) == [[W, K, R, F], [W, R, S, R, F]]
@@ -141,7 +141,7 @@ def test_the_options_reach_the_req_unchanged_through_the_wire():
     s = make()
     s.add_request(msg)
     (req,) = s.waiting
-    assert req.options is msg.options and req.logprob_start_len == 1
+    assert req.options is msg.options and req.logprob_start == 1
     with pytest.raises(TypeError, match="options"):
         TokenizedGenerateReq(
             rid="o", input_ids=[1], sampling_params={}, options={"stream": 1, "x": 2}

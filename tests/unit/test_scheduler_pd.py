@@ -95,18 +95,18 @@ class MemoryTransfer:
 class End:
     """One scheduler's view of the MemoryTransfer."""
 
-    def __init__(self, link, mode):
-        self.link, self.mode = link, mode
+    def __init__(self, transfer, mode):
+        self.transfer, self.mode = transfer, mode
 
     def __getattr__(self, name):
-        return getattr(self.link, name)
+        return getattr(self.transfer, name)
 
     def events(self):
-        return self.link.events_for(self.mode)
+        return self.transfer.events_for(self.mode)
 
     @property
     def alive(self):
-        return self.link.alive
+        return self.transfer.alive
 
 
 # what a PD server needs to start: the pair's secret, and on a decode server its prefill servers
@@ -117,13 +117,13 @@ def make_pair(page_size=4, num_tokens=800):
     runners, scheds = {}, {}
     for mode in ("prefill", "decode"):
         runners[mode] = FakeRunner(num_tokens // page_size, page_size, VOCAB, eos=0, max_rows=17)
-    link = MemoryTransfer(runners["prefill"], runners["decode"], page_size)
+    transfer = MemoryTransfer(runners["prefill"], runners["decode"], page_size)
     for mode in ("prefill", "decode"):
         cfg = ServerConfig(
             page_size=page_size, chunked_prefill_size=32, disaggregation_mode=mode, **PD_TRUST
         )
-        scheds[mode] = Scheduler(cfg, runners[mode], kv_transfer=End(link, mode))
-    return scheds["prefill"], scheds["decode"], link
+        scheds[mode] = Scheduler(cfg, runners[mode], kv_transfer=End(transfer, mode))
+    return scheds["prefill"], scheds["decode"], transfer
 
 
 def submit_both(p, d, rid, prompt, room, max_new=12, only=("prefill", "decode")):
@@ -141,7 +141,7 @@ def submit_both(p, d, rid, prompt, room, max_new=12, only=("prefill", "decode"))
     return outs
 
 
-def run_pair(p, d, link, outs=None, max_steps=5000):
+def run_pair(p, d, transfer, outs=None, max_steps=5000):
     outs = {} if outs is None else outs
     for _ in range(max_steps):
         busy = False
@@ -153,7 +153,7 @@ def run_pair(p, d, link, outs=None, max_steps=5000):
             for o in s.take_outputs():
                 outs.setdefault((s.role.name, o.rid), []).append(o)
             s.check_integrity()
-        link.pump()
+        transfer.pump()
         if not busy and not (p.role.held() or d.role.held()):
             return outs
     raise AssertionError("the pair did not finish")
@@ -169,12 +169,12 @@ def prompts(rng, n=12):
 
 
 def test_outputs_match_the_reference_and_the_decode_side_computes_no_prompt():
-    p, d, link = make_pair()
+    p, d, transfer = make_pair()
     rng = random.Random(7)
     ps = prompts(rng)
     for i, prompt in enumerate(ps):
         submit_both(p, d, f"r{i}", prompt, room=1000 + i)
-    outs = run_pair(p, d, link)
+    outs = run_pair(p, d, transfer)
     for i, prompt in enumerate(ps):
         want = reference_output(prompt, 12, VOCAB, eos=0)
         assert ids(outs, ("decode", f"r{i}")) == want, i
@@ -182,23 +182,23 @@ def test_outputs_match_the_reference_and_the_decode_side_computes_no_prompt():
     assert d.stats.prompt_tokens_computed == 0
     assert p.stats.prompt_tokens_computed > 0
     assert d.stats.kv_transfers == p.stats.kv_transfers == len(ps)
-    assert d.stats.kv_transfer_pages == p.stats.kv_transfer_pages == link.moved_pages
+    assert d.stats.kv_transfer_pages == p.stats.kv_transfer_pages == transfer.moved_pages
     for s in (p, d):  # everything back: free + the trees, nothing held
         s.check_integrity()
         assert not s.role.held() and s.admin.flush_cache()
 
 
 def test_only_the_pages_the_decode_tree_lacks_travel():
-    p, d, link = make_pair(page_size=4)
+    p, d, transfer = make_pair(page_size=4)
     rng = random.Random(3)
     first = [rng.randrange(1, VOCAB) for _ in range(21)]
     submit_both(p, d, "a", first, room=1)
-    outs = run_pair(p, d, link)
+    outs = run_pair(p, d, transfer)
     turn = first + ids(outs, ("decode", "a")) + [rng.randrange(1, VOCAB) for _ in range(9)]
     submit_both(p, d, "b", turn, room=2)
-    outs = run_pair(p, d, link, outs)
+    outs = run_pair(p, d, transfer, outs)
     assert ids(outs, ("decode", "b")) == reference_output(turn, 12, VOCAB, eos=0)
-    room, start, pages = link.registered[-1]
+    room, start, pages = transfer.registered[-1]
     # the decode server's tree holds the first turn (prompt + output, whole pages): only the rest
     cached = (len(first) + 12) // 4 * 4
     assert start == cached // 4
@@ -207,7 +207,7 @@ def test_only_the_pages_the_decode_tree_lacks_travel():
 
 
 def test_a_decode_abort_while_the_kv_is_in_flight_frees_pages_on_both_sides():
-    p, d, link = make_pair()
+    p, d, transfer = make_pair()
     prompt = list(range(1, 30))
     submit_both(p, d, "x", prompt, room=5, only=("decode",))
     for _ in range(3):  # registered; the prefill server has not seen the request yet
@@ -215,11 +215,11 @@ def test_a_decode_abort_while_the_kv_is_in_flight_frees_pages_on_both_sides():
         d.poll_transfers()
     assert d.role.held()
     d.abort("x")
-    assert not d.take_outputs() and d.role.held()  # held until the link lets go of its pages
-    outs = run_pair(p, d, link)
+    assert not d.take_outputs() and d.role.held()  # held until the transfer lets go of its pages
+    outs = run_pair(p, d, transfer)
     assert outs[("decode", "x")][-1].finished_reason["type"] == "abort"
     submit_both(p, d, "x", prompt, room=5, only=("prefill",))  # the late half
-    outs = run_pair(p, d, link, outs)
+    outs = run_pair(p, d, transfer, outs)
     assert "cancelled" in outs[("prefill", "x")][-1].finished_reason["message"]
     for s in (p, d):
         s.check_integrity()
@@ -227,7 +227,7 @@ def test_a_decode_abort_while_the_kv_is_in_flight_frees_pages_on_both_sides():
 
 
 def test_a_request_the_prefill_server_refuses_fails_on_the_decode_side():
-    p, d, link = make_pair()
+    p, d, transfer = make_pair()
     submit_both(p, d, "ok", [1, 2, 3], room=9)
     bad = TokenizedGenerateReq(
         rid="bad",
@@ -246,7 +246,7 @@ def test_a_request_the_prefill_server_refuses_fails_on_the_decode_side():
             options=RequestOptions(bootstrap=Bootstrap("h", 8998, 10)),
         )
     )
-    outs = run_pair(p, d, link)
+    outs = run_pair(p, d, transfer)
     err = outs[("decode", "bad")][-1]
     assert err.finished_reason["type"] == "abort" and err.error_status == 500
     assert ids(outs, ("decode", "ok")) == reference_output([1, 2, 3], 12, VOCAB, eos=0)
@@ -264,12 +264,12 @@ def test_a_disaggregated_scheduler_refuses_requests_without_a_room():
 
 
 def test_a_stopped_transfer_fails_what_it_held_instead_of_hanging():
-    p, d, link = make_pair()
+    p, d, transfer = make_pair()
     submit_both(p, d, "y", list(range(1, 20)), room=11, only=("decode",))
     for _ in range(2):
         d.step()
     assert d.role.held()
-    link.alive = False
+    transfer.alive = False
     d.poll_transfers()
     (out,) = d.take_outputs()
     assert out.error_status == 500 and "transfer agent stopped" in out.error
@@ -338,9 +338,9 @@ def test_the_request_edge_names_the_bootstrap_field_at_fault():
 
 
 def test_a_second_request_naming_a_room_in_use_is_refused_and_the_first_goes_on():
-    p, d, link = make_pair()
+    p, d, transfer = make_pair()
     submit_both(p, d, "first", [5, 6, 7, 8, 9], room=21)
     dup = submit_both(p, d, "second", [1, 2], room=21)
     assert len(dup) == 2 and all("already in use" in o.error for o in dup)
-    outs = run_pair(p, d, link)
+    outs = run_pair(p, d, transfer)
     assert ids(outs, ("decode", "first")) == reference_output([5, 6, 7, 8, 9], 12, VOCAB, eos=0)

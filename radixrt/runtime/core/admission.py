@@ -86,7 +86,7 @@ def rows_held(running: list[Req]) -> int:
 
 
 def wants_prompt_logprobs(req: Req) -> bool:
-    return req.logprob_start_len >= 0 and not req.output_ids
+    return req.logprob_start >= 0 and not req.output_ids
 
 
 def match_ids(req: Req) -> list[int]:
@@ -94,7 +94,7 @@ def match_ids(req: Req) -> list[int]:
     prompt positions whose logprobs were asked for (their logits must be computed)."""
     ids = req.fill_ids[:-1]
     if wants_prompt_logprobs(req):
-        ids = ids[: max(req.logprob_start_len - 1, 0)]
+        ids = ids[: max(req.logprob_start - 1, 0)]
     return req.tree_ids(ids)
 
 

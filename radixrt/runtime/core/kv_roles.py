@@ -3,8 +3,9 @@
 The Scheduler holds one role and calls it at five points of a request's path: intake (may this
 request run here), admission (which waiting requests get memory, and whether they compute),
 the sampled token (does it stay here), finish (does a peer wait for it) and poll (what happened to
-the KV in flight). Each hook takes what it needs as arguments and answers with a value; the
-scheduler applies the answer, so a role never touches the running queue or a request's status.
+the KV in flight). Each hook takes what it needs as arguments and answers with a value the
+scheduler applies: a role never moves a request between the queues or changes its status itself
+(admission, which a role's admit hook calls with the queues, does that as for any request).
 
 - UnifiedRole (--disaggregation-mode null): every hook is a no-op; requests compute their prompt.
 - PrefillRole and DecodeRole (kv_roles_pd.py, with make_role): the two halves of prefill-decode

@@ -57,14 +57,15 @@ class ItemBuilder:
         write_start: int | None = None,
         page_copies: tuple = (),
     ) -> PlanItem:
-        """req's tokens from kv_len up to target; a pick when the chunk completes the prompt. The
-        table row is written from write_start (admission: 0, a new row), by default from kv_len or,
+        """req's tokens from computed_len up to target; a pick when the chunk completes the prompt.
+        The table row is written from write_start (admission: 0, a new row), by default from
+        computed_len or,
         when the row is stale, whole."""
         if write_start is None:
             write_start = self._claim_row(req)
         logits_start = None
         if wants_prompt_logprobs(req):
-            logits_start = max(req.logprob_start_len - 1, 0)
+            logits_start = max(req.logprob_start - 1, 0)
         return PlanItem(
             row=req.kv.table_row,
             new_ids=req.fill_ids[req.kv.computed_len : target],

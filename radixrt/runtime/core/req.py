@@ -140,7 +140,8 @@ class Req:
         self.finished_reason = reason
 
     @property
-    def logprob_start_len(self) -> int:
+    def logprob_start(self) -> int:
+        """The first prompt position whose logprob is served (-1: none; options.logprob_start)."""
         return self.options.logprob_start
 
     @property

@@ -12,9 +12,9 @@ from radixrt.runtime.core.req import Req
 
 def apply_prompt_logprobs(req: Req, item_prefix_len: int, res: ItemResult) -> None:
     """Accumulate the prompt logprobs a step scored (the first prompt token has none)."""
-    if req.input_logprobs is None and item_prefix_len <= max(req.logprob_start_len - 1, 0):
+    if req.input_logprobs is None and item_prefix_len <= max(req.logprob_start - 1, 0):
         req.input_logprobs, req.input_top_logprobs = [], []
-        if req.logprob_start_len == 0:
+        if req.logprob_start == 0:
             req.input_logprobs.append([None, req.origin_input_ids[0]])
             req.input_top_logprobs.append([])
     if res.prompt_logprobs:

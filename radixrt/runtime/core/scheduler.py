@@ -179,7 +179,8 @@ class Scheduler:
                 self.faults.check_plan([req.origin_input_ids for req in plan.reqs])
         except Exception as e:
             for req, error, status in recover(plan.reqs, e, self.memory, self.stats):
-                self.fail(req, error, status)
+                if not req.finished:  # a beam's failure ends its whole search, siblings included
+                    self.fail(req, error, status)
             self.check_integrity()  # a broken invariant after a failed step propagates
             return True
         finally:
@@ -247,6 +248,11 @@ class Scheduler:
                 plan.items.append(item)
         for req, item in drafted:
             plan.add(req, item)
+        if any(req.status is not RUNNING for req in plan.reqs):
+            # a beam failed to plan and ended its search: its siblings' items leave the step (their
+            # pages and rows are free again)
+            kept = [(r, it) for r, it in zip(plan.reqs, plan.items) if r.status is RUNNING]
+            plan.reqs, plan.items = [r for r, _ in kept], [it for _, it in kept]
 
     def _plan_extends(self, plan: StepPlan) -> None:
         budget = self.config.chunked_prefill_size

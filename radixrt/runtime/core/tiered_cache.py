@@ -18,7 +18,7 @@ it when a second request reuses it.
 
 Swap or recompute: a node of fewer than `min_tokens` tokens is dropped, not written, unless it has
 tier-only children (they are reached through it). A preempted request's KV goes into the tree like a
-finished one's (scheduler._preempt), so it is swapped out when the pool evicts it and loaded back
+finished one's (Scheduler.preempt), so it is swapped out when the pool evicts it and loaded back
 when the request resumes.
 
 The copies are the store's (model/kv_tier.py; tests use a fake): write(pool_pages, tier_pages) and

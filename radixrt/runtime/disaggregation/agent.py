@@ -73,7 +73,7 @@ class Agent(threading.Thread):
                 log.exception("handling a KV transfer message failed")
 
     def emit(self, kind: str, **fields: Any) -> None:
-        """An event for the scheduler (link.py turns it into a kv_transfer event)."""
+        """An event for the scheduler (transfer.py turns it into a kv_transfer event)."""
         self.evt.send(orjson.dumps({"kind": kind, **fields}))
 
     @staticmethod

@@ -31,9 +31,11 @@ def check_bootstrap(
 ) -> Bootstrap | None:
     """The checked Bootstrap of a body's bootstrap_host, bootstrap_port and bootstrap_room. None in
     null mode (there SGLang's servers ignore them too), and without a room: a prefill or decode
-    server refuses that request in check_disaggregated, after the prompt's own checks, as it did
-    when both steps were one. prefill_addrs: on a decode server, the prefill servers it may take KV
-    from (--disaggregation-prefill-addrs); the request picks one, it never names a new one."""
+    server refuses that request in check_disaggregated, after the prompt's own checks, as before.
+    A malformed bootstrap field, though, is refused here, where the options are built: before the
+    prompt's and the LoRA adapter's checks (only the router may send these fields).
+    prefill_addrs: on a decode server, the prefill servers it may take KV from
+    (--disaggregation-prefill-addrs); the request picks one, it never names a new one."""
     if mode == "null" or room is None:
         return None
     if host is None:

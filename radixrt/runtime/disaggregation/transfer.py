@@ -76,7 +76,7 @@ class ThreadTransfer:
 
 
 def make_transfer(config: Any, runner: Any) -> ThreadTransfer:
-    """The link of a --disaggregation-mode prefill|decode server: the side's agent over this
+    """The KV transfer of a --disaggregation-mode prefill|decode server: the side's agent over this
     server's KV pool, on the channel keyed by --disaggregation-secret."""
     tensors = runner.kv.tensors()
     layout = KVLayout.of_pool(tensors, runner.page_size)

@@ -47,13 +47,10 @@ class RequestOptions:
         """The first prompt position whose logprob is returned; -1: none."""
         return self.logprob_start_len if self.return_logprob else -1
 
-    def to_wire(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
     @classmethod
     def from_wire(cls, data: Any) -> RequestOptions:
-        """The options a TokenizedGenerateReq carried (built by to_wire in this server's own
-        tokenizer manager; a field of another shape is a TypeError naming it)."""
+        """The options a TokenizedGenerateReq carried (messages.encode writes them as a dict of
+        their fields; a field of another shape is a TypeError naming it)."""
         if isinstance(data, RequestOptions):
             return data
         if not isinstance(data, dict) or set(data) - {f.name for f in dataclasses.fields(cls)}:

@@ -1,7 +1,7 @@
 """Prometheus metrics of the server (GET /metrics), kept in the main process.
 
 Latencies are measured where the client sees them (the tokenizer manager receiving text);
-the pool / cache figures are copied from Scheduler.server_info() at scrape time. A private
+the pool / cache figures are copied from scheduler.admin.server_info() at scrape time. A private
 registry keeps several servers in one process (tests) from clashing.
 """
 
