@@ -125,7 +125,8 @@ class Scheduler:
             req = new_req(msg, self.limits, self.tokenizer, self.faults.check)
             self.role.intake(req, (*self.running, *self.waiting))
             check_queue(len(self.waiting) + len(self.running), self.config)
-            check_lora(req.lora, self.runner.lora_names())
+            if req.lora is not None:
+                check_lora(req.lora, self.runner.lora_names())
             req.key_offset = self.namespaces.key_offset(req.lora, req.options.cache_salt)
             constraint = constraint_of(req.sampling)
             if constraint is not None:
