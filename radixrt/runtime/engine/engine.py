@@ -18,10 +18,9 @@ from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.core.cache_view import DEFAULT_MAX_DEPTH, DEFAULT_MAX_NODES
 from radixrt.runtime.core.intake import check_lora
 from radixrt.runtime.core.pins import MAX_PIN_TTL_S
-from radixrt.runtime.engine.arguments import per_prompt
 from radixrt.runtime.engine.sequence import Sequence
 from radixrt.runtime.messages import TokenizedGenerateReq, TokenOut
-from radixrt.runtime.request.edge import check_prompt, constraint_of, expand_n
+from radixrt.runtime.request.edge import check_prompt, constraint_of, expand_n, per_prompt
 from radixrt.runtime.request.options import RequestOptions
 from radixrt.runtime.request.sampling_params import SamplingParams
 from radixrt.runtime.request.stop_regex_check import StopRegexChecker
@@ -78,7 +77,8 @@ class Engine:
             raise ValueError(
                 "session_id needs a single prompt (a session continues one conversation)"
             )
-        params, loras = per_prompt(sampling_params, lora_path, len(ids_list))
+        params = per_prompt(sampling_params, len(ids_list), "sampling_params")
+        loras = per_prompt(lora_path, len(ids_list), "lora_path")
         options = RequestOptions(  # once per call: the prompts differ only in their LoRA adapter
             stream=stream,
             return_logprob=return_logprob,

@@ -28,6 +28,7 @@ __all__ = [
     "check_prompt",
     "constraint_of",
     "expand_n",
+    "per_prompt",
 ]
 
 CONSTRAINT_KINDS = CONSTRAINT_FIELDS  # a constraint's kind is the name of its sampling parameter
@@ -53,6 +54,16 @@ class EdgeLimits:
     pool_tokens: int
     max_running: int = 2**31 - 1  # requests running at once (a beam search runs beam_width)
     page_size: int = 1
+
+
+def per_prompt(value: Any, num_prompts: int, name: str) -> list[Any]:
+    """A parameter given once for every prompt or as a list with one per prompt (SGLang's batch
+    shape): one per prompt, or RequestError naming it."""
+    if not isinstance(value, list):
+        return [value] * num_prompts
+    if len(value) != num_prompts:
+        raise RequestError(f"{name} has {len(value)} entries for {num_prompts} prompts", param=name)
+    return value
 
 
 def check_cache_salt(salt: Any) -> None:

@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
 from radixrt.runtime.messages import TokenizedGenerateReq
+from radixrt.runtime.request.edge import RequestError, per_prompt
 from radixrt.runtime.request.sequence_result import SequenceResult, expand_beams, generate_output
 from radixrt.runtime.serving.http_io import (
     SSE_DONE,
@@ -21,7 +22,7 @@ from radixrt.runtime.serving.http_io import (
     sse,
 )
 from radixrt.runtime.serving.pd_auth import check_bootstrap_auth
-from radixrt.runtime.serving.protocol import APIError, GenerateRequest, parse_body
+from radixrt.runtime.serving.protocol import APIError, GenerateRequest, from_value_error, parse_body
 from radixrt.runtime.serving.request_handle import RequestHandle
 from radixrt.runtime.serving.request_options import request_options
 from radixrt.runtime.serving.tenants import client_of
@@ -92,11 +93,14 @@ async def _scheduler_requests(
     """The checked scheduler requests (n copies of prompt i follow each other, SGLang's order), and
     whether each returns logprobs; client: whom their grammar compiles count against."""
     num = len(prompts)
-    params = _per_prompt(req.sampling_params, num, "sampling_params")
-    return_logprob = _per_prompt(req.return_logprob, num, "return_logprob")
-    starts = _per_prompt(req.logprob_start_len, num, "logprob_start_len")
-    tops = _per_prompt(req.top_logprobs_num, num, "top_logprobs_num")
-    loras = _per_prompt(req.lora_path, num, "lora_path")
+    try:
+        params = per_prompt(req.sampling_params, num, "sampling_params")
+        return_logprob = per_prompt(req.return_logprob, num, "return_logprob")
+        starts = per_prompt(req.logprob_start_len, num, "logprob_start_len")
+        tops = per_prompt(req.top_logprobs_num, num, "top_logprobs_num")
+        loras = per_prompt(req.lora_path, num, "lora_path")
+    except RequestError as e:
+        raise from_value_error(e) from None
     reqs, flat_logprob = [], []
     for i, ids in enumerate(prompts):
         sp = await tm.validate_sampling(params[i], client)
@@ -122,14 +126,6 @@ async def _scheduler_requests(
         reqs += copies
         flat_logprob += [return_logprob[i]] * len(copies)
     return reqs, flat_logprob
-
-
-def _per_prompt(value: Any, num: int, name: str) -> list[Any]:
-    if isinstance(value, list):
-        if len(value) != num:
-            raise APIError(f"{name} has {len(value)} entries for {num} prompts", param=name)
-        return value
-    return [value] * num
 
 
 async def _stream_generate(
