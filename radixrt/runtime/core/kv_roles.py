@@ -15,7 +15,7 @@ scheduler applies: a role never moves a request between the queues or changes it
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 from radixrt.runtime.core.finish_reason import FinishReason
 from radixrt.runtime.core.plan import ItemResult, PlanItem
@@ -44,8 +44,8 @@ class UnifiedRole:
     name = "null"
     computes_prompts = True  # admission may fork a sample from a running request's prompt
 
-    def intake(self, req: Req, queued: Iterable[Req]) -> None:
-        """ValueError when req cannot run on this server (queued: the requests it already holds)."""
+    def intake(self, req: Req, running: list[Req], waiting: list[Req]) -> None:
+        """ValueError when req cannot run on this server (running, waiting: the queues)."""
 
     def refused(self, bootstrap: Bootstrap | None, error: Exception) -> None:
         """A request was refused at intake (its peer, if any, is told now)."""

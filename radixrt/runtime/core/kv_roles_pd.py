@@ -16,7 +16,6 @@ written are freed only once the transfer says no more bytes will land in them.
 from __future__ import annotations
 
 import logging
-from typing import Iterable
 
 from radixrt.runtime.core.admission import Admission, ExtendItem
 from radixrt.runtime.core.finish_reason import FinishReason
@@ -44,10 +43,8 @@ class _PDRole(UnifiedRole):
         self.page_size = page_size
         self.stats = stats
         self.by_room: dict[int, Req] = {}  # requests whose KV is in flight, by bootstrap room
-        self.aborted: dict[int, FinishReason] = {}  # rooms aborted while in flight
-        self.ends: dict[int, FinishReason] = {}  # prefill: how a sent request ends
 
-    def intake(self, req: Req, queued: Iterable[Req]) -> None:
+    def intake(self, req: Req, running: list[Req], waiting: list[Req]) -> None:
         """A room names one request between two servers: a second one in use is refused."""
         boot = req.options.bootstrap
         if boot is None:
@@ -57,7 +54,7 @@ class _PDRole(UnifiedRole):
             )
         if boot.room in self.by_room or any(
             r.options.bootstrap is not None and r.options.bootstrap.room == boot.room
-            for r in queued
+            for r in (*running, *waiting)
         ):
             raise RoomInUse(f"bootstrap_room {boot.room} is already in use")
 
@@ -84,6 +81,10 @@ class _PDRole(UnifiedRole):
 
 class PrefillRole(_PDRole):
     name = "prefill"
+
+    def __init__(self, transfer: KVTransfer, page_size: int, stats: SchedulerStats):
+        super().__init__(transfer, page_size, stats)
+        self.ends: dict[int, FinishReason] = {}  # how a handed-off request ends, by room
 
     def refused(self, bootstrap: Bootstrap | None, error: Exception) -> None:
         if bootstrap is not None and not isinstance(error, RoomInUse):
@@ -127,6 +128,10 @@ class PrefillRole(_PDRole):
 class DecodeRole(_PDRole):
     name = "decode"
     computes_prompts = False  # a decode server computes no prompt to fork from
+
+    def __init__(self, transfer: KVTransfer, page_size: int, stats: SchedulerStats):
+        super().__init__(transfer, page_size, stats)
+        self.aborted: dict[int, FinishReason] = {}  # rooms aborted while in flight
 
     def refused(self, bootstrap: Bootstrap | None, error: Exception) -> None:
         if bootstrap is not None and not isinstance(error, RoomInUse):

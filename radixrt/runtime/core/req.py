@@ -11,6 +11,7 @@ request wrote itself.
 from __future__ import annotations
 
 import enum
+import functools
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -148,7 +149,7 @@ class Req:
     def lora(self) -> str | None:
         return self.options.lora
 
-    @property
+    @functools.cached_property  # a salted key is a digest: made once, not at every use
     def session_key(self) -> SessionKey | None:
         """Its session's key (a tenant's session is its own), None when it is no session's turn."""
         o = self.options

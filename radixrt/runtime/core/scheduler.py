@@ -123,7 +123,7 @@ class Scheduler:
         refusal in take_outputs()."""
         try:
             req = new_req(msg, self.limits, self.tokenizer, self.faults.check)
-            self.role.intake(req, (*self.running, *self.waiting))
+            self.role.intake(req, self.running, self.waiting)
             check_queue(len(self.waiting) + len(self.running), self.config)
             if req.lora is not None:
                 check_lora(req.lora, self.runner.lora_names())
@@ -230,6 +230,7 @@ class Scheduler:
                 self.preempt(self._newest_running())
             ready.append(req)
         drafted: list[tuple[Req, PlanItem]] = []
+        failed = False
         draft_budget = policy.MAX_DRAFT_TOKENS_PER_STEP
         for req in ready:
             if req.status is not RUNNING:  # preempted (or its beam search) for room
@@ -239,6 +240,7 @@ class Scheduler:
             except Exception as e:  # the grammar's draft states, say: this request's failure alone
                 log.exception("planning %s failed", req.rid)
                 self.fail(req, f"internal error: {type(e).__name__}: {e}", 500)
+                failed = True
                 continue
             draft_budget -= num_draft
             if num_draft:
@@ -249,8 +251,8 @@ class Scheduler:
                 plan.items.append(item)
         for req, item in drafted:
             plan.add(req, item)
-        if any(req.status is not RUNNING for req in plan.reqs):
-            # a beam failed to plan and ended its search: its siblings' items leave the step (their
+        if failed:
+            # a beam that failed to plan ends its search: its siblings' items leave the step (their
             # pages and rows are free again)
             kept = [(r, it) for r, it in zip(plan.reqs, plan.items) if r.status is RUNNING]
             plan.reqs, plan.items = [r for r, _ in kept], [it for _, it in kept]
