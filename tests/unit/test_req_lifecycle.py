@@ -142,7 +142,33 @@ def test_the_options_reach_the_req_unchanged_through_the_wire():
     s.add_request(msg)
     (req,) = s.waiting
     assert req.options is msg.options and req.logprob_start == 1
-    with pytest.raises(TypeError, match="options"):
-        TokenizedGenerateReq(
-            rid="o", input_ids=[1], sampling_params={}, options={"stream": 1, "x": 2}
-        )
+    with pytest.raises(TypeError, match="options"):  # intake reads them so (see below)
+        RequestOptions.from_wire({"stream": 1, "x": 2})
+
+
+@pytest.mark.parametrize(
+    "options, field",
+    [
+        ({"stream": "yes"}, "options.stream"),
+        ({"top_logprobs_num": True}, "options.top_logprobs_num"),
+        ({"session_id": ["a"]}, "options.session_id"),
+        ({"bootstrap": {"host": "h", "port": "8998", "room": 1}}, "options.bootstrap"),
+        ({"evil": 1}, "options"),
+    ],
+)
+def test_malformed_options_on_the_wire_are_refused_for_their_rid_and_the_scheduler_goes_on(
+    options, field
+):
+    """A TokenizedGenerateReq whose options are of the wrong shape still decodes, so intake can
+    answer its rid with a 400 naming the field (a decode failure would leave it unanswered)."""
+    import orjson
+
+    body = {"rid": "bad", "input_ids": [1, 2, 3], "sampling_params": {}, "options": options}
+    msg = decode(orjson.dumps({"type": "TokenizedGenerateReq", "body": body}))
+    s = make()
+    s.add_request(msg)
+    (out,) = s.take_outputs()
+    assert out.rid == "bad" and out.error_status == 400 and field in out.error, out.error
+    submit(s, "ok", [1, 2, 3], max_new_tokens=4, ignore_eos=True)
+    assert ids(drain(s), "ok") == reference_output([1, 2, 3], 4, VOCAB, None)
+    s.check_integrity()

@@ -15,6 +15,7 @@ from radixrt.runtime.core.req import GrammarState, Req, ReqStatus
 from radixrt.runtime.messages import TokenizedGenerateReq, TokenOut
 from radixrt.runtime.request.edge import EdgeLimits, check_cache_salt, check_prompt
 from radixrt.runtime.request.incremental_detokenizer import IncrementalDetokenizer
+from radixrt.runtime.request.options import RequestOptions
 from radixrt.runtime.request.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ def new_req(
 ) -> Req:
     """The Req for msg, checked as the request edge checks it (ValueError: refused)."""
     sampling = SamplingParams.from_dict(msg.sampling_params)
-    options = msg.options
+    options = RequestOptions.from_wire(msg.options)  # TypeError naming the field: refused
     check_prompt(msg.input_ids, sampling, limits, options)
     check_cache_salt(options.cache_salt)
     check_fault("intake", msg.input_ids)

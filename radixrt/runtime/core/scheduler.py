@@ -139,7 +139,7 @@ class Scheduler:
                 log.exception("intake of %s failed", msg.rid)
             self.waiting = [r for r in self.waiting if r.rid != msg.rid]
             self.beams.groups.pop(msg.rid, None)
-            self.role.refused(msg.options.bootstrap, e)
+            self.role.refused(getattr(msg.options, "bootstrap", None), e)  # (a malformed one: none)
             self.outbox.put(refusal(msg, e))
 
     def grammar_backend(self, kind: str = "regex") -> GrammarBackend:

@@ -8,7 +8,6 @@ or amends it: a derived value (the logprob start actually served, the session's 
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,17 +49,51 @@ class RequestOptions:
     @classmethod
     def from_wire(cls, data: Any) -> RequestOptions:
         """The options a TokenizedGenerateReq carried (messages.encode writes them as a dict of
-        their fields; a field of another shape is a TypeError naming it)."""
+        their fields). Each field's type is checked here, its value by the edge's checks at intake;
+        a field of another shape is a TypeError naming it."""
         if isinstance(data, RequestOptions):
             return data
-        if not isinstance(data, dict) or set(data) - {f.name for f in dataclasses.fields(cls)}:
+        if not isinstance(data, dict) or set(data) - set(WIRE_TYPES):
             raise TypeError(f"options: not a RequestOptions wire dict: {data!r:.200}")
+        for name, value in data.items():
+            if not _is(value, WIRE_TYPES[name]):
+                raise TypeError(f"options.{name}: {value!r:.100} is not {WIRE_TYPES[name]}")
         boot = data.get("bootstrap")
         if boot is not None:
-            if not isinstance(boot, dict) or set(boot) != {"host", "port", "room"}:
+            if set(boot) != {"host", "port", "room"} or not (
+                _is(boot["host"], "str") and _is(boot["port"], "int") and _is(boot["room"], "int")
+            ):
                 raise TypeError(f"options.bootstrap: expected host, port and room: {boot!r:.200}")
             data = {**data, "bootstrap": Bootstrap(**boot)}
         return cls(**data)
+
+
+# each wire field's type, as `_is` reads it
+WIRE_TYPES = {
+    "stream": "bool",
+    "return_logprob": "bool",
+    "logprob_start_len": "int",
+    "top_logprobs_num": "int",
+    "program_id": "str or None",
+    "pin_ttl_s": "number or None",
+    "session_id": "str or None",
+    "lora": "str or None",
+    "cache_salt": "str or None",
+    "bootstrap": "dict or None",
+}
+
+
+def _is(value: Any, kind: str) -> bool:
+    if value is None:
+        return kind.endswith("or None")
+    base = kind.split()[0]
+    if base == "bool":
+        return isinstance(value, bool)
+    if base == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if base == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, {"str": str, "dict": dict}[base])
 
 
 def bootstrap_of(host: Any, port: Any, room: Any) -> Bootstrap | None:
