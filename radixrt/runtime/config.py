@@ -108,21 +108,18 @@ class ServerConfig:
         ("auto", "none", "int4", "int8", "w8a8_int8"),
     )
     speculative_algorithm: str = _opt(
-        "none",
-        "ngram: draft a request's next tokens from an earlier occurrence of "
-        "its last tokens in its prompt/output, verified in one forward "
-        "(output unchanged); none: off",
+        "none", "ngram: draft a request's next tokens from an earlier occurrence of its last "
+        "tokens in its prompt/output, verified in one forward (output unchanged); none: off",
         ("none", "ngram"),
-    )
+    )  # fmt: skip
     speculative_num_draft_tokens: int = _opt(
         4, "most draft tokens a request verifies in one step (ngram)"
     )
     grammar_compile_timeout: float = _opt(10.0, "seconds a regex/schema may take to compile")
     json_object_max_depth: int = _opt(
-        16,
-        "response_format json_object: most nesting levels (the object is "
-        "level 1); needs llguidance, else a depth-2 regex",
-    )
+        16, "response_format json_object: most nesting levels (the object is level 1); needs "
+        "llguidance, else a depth-2 regex",
+    )  # fmt: skip
     grammar_backend: str = _opt(
         "auto",
         "constrained decoding engine: outlines (outlines-core, DFA; budget "
@@ -178,6 +175,10 @@ class ServerConfig:
     disable_torch_compile: bool = _opt(
         False, "run the model eager (no torch.compile'd layer graphs)"
     )
+    enable_deterministic_inference: bool = _opt(
+        False, "ids and logprobs bitwise the same in any batch, cache state, chunking or page "
+        "size (batch-invariant kernels, eager; docs/deterministic-inference.md)",
+    )  # fmt: skip
     torch_compile_max_bs: int = _opt(
         32,
         "steps of up to this many tokens (decode batches) share one compiled "

@@ -58,6 +58,11 @@ def check_compile_and_speculation(c: Any) -> None:
         raise ValueError(f"torch_compile_max_bs must be >= 2, got {c.torch_compile_max_bs}")
     if c.enable_torch_compile and c.disable_torch_compile:
         raise ValueError("--enable-torch-compile and --disable-torch-compile contradict each other")
+    if c.enable_deterministic_inference and (c.attention_backend == "triton" or c.lora_enabled):
+        raise ValueError(
+            "--enable-deterministic-inference covers the torch attention backend without LoRA "
+            "adapters (docs/deterministic-inference.md)"
+        )
     if not 1 <= c.speculative_num_draft_tokens <= 64:
         raise ValueError(
             f"speculative_num_draft_tokens must be in [1, 64], got {c.speculative_num_draft_tokens}"

@@ -95,6 +95,10 @@ def why_eager(config: Any, device: torch.device, tensor_parallel: bool) -> str |
     minutes) off."""
     if config.disable_torch_compile:
         return "--disable-torch-compile"
+    if config.enable_deterministic_inference:
+        # one set of kernels for every step size: Inductor's graphs are compiled per bucket of
+        # token counts, each fusing its norms' reductions its own way
+        return "--enable-deterministic-inference"
     if os.environ.get("RADIXRT_DISABLE_TORCH_COMPILE") == "1" and not config.enable_torch_compile:
         return "RADIXRT_DISABLE_TORCH_COMPILE=1"
     if tensor_parallel:

@@ -19,15 +19,18 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from radixrt.runtime.model import int4_weight, int8_weight
+from radixrt.runtime.model import int4_weight, int8_weight, invariant_matmul
 from radixrt.runtime.model.int4_weight import Int4Weight
 from radixrt.runtime.model.int8_weight import Int8Weight
 
-# format codes in a plan (the operator below takes them as ints)
-DENSE, INT4, INT8, INT8_DYN = 0, 1, 2, 3
+# format codes in a plan (the operator below takes them as ints); INVARIANT: the dense weight in
+# fixed row tiles, each row's bits independent of the row count (invariant_matmul.py)
+DENSE, INT4, INT8, INT8_DYN, INVARIANT = 0, 1, 2, 3, 4
 FORMAT_NAMES = {DENSE: "dense", INT4: "int4", INT8: "int8", INT8_DYN: "int8-dyn"}
+FORMAT_NAMES[INVARIANT] = "invariant"
 MAX_ROWS = 1 << 30
 DENSE_ONLY = (MAX_ROWS, DENSE)  # a plan: (max rows, format, max rows, format, ...) ascending
+INVARIANT_ONLY = (MAX_ROWS, INVARIANT)
 
 # The matmul as one operator that torch.compile'd graphs call (compiled_layers.py): Inductor lowers
 # oneDNN's packed linear only for frozen constants, and a graph whose weights are constants is one
@@ -65,6 +68,8 @@ def linear_kernel(x, w, bias, int4_packed, int4_scales, int8_q, int8_scales, pla
         if w.is_mkldnn:
             return torch.ops.mkldnn._linear_pointwise(x.contiguous(), w, bias, "none", [], "")
         return F.linear(x, w, bias)
+    if fmt == INVARIANT:
+        return invariant_matmul.matmul(x, w, bias)
     if fmt == INT4:  # the kernel takes bf16 activations
         y = int4_weight.matmul(x.to(torch.bfloat16), int4_packed, int4_scales).to(x.dtype)
     elif fmt == INT8:
@@ -146,6 +151,7 @@ class Linear:
     def formats(self) -> set[int]:
         """The formats this Linear holds now."""
         held = {DENSE: self.weight, INT4: self.int4, INT8: self.int8, INT8_DYN: self.int8}
+        held[INVARIANT] = self.weight
         return {f for f, form in held.items() if form is not None}
 
     def set_plan(self, plan: tuple[int, ...]) -> None:
@@ -155,7 +161,7 @@ class Linear:
         held = self.formats()
         self.plan = tuple(v if i % 2 == 0 or v in held else fallback for i, v in enumerate(plan))
         used = set(self.plan[1::2])
-        if DENSE not in used:
+        if not used & {DENSE, INVARIANT}:
             self.weight = None
         if INT4 not in used:
             self.int4 = None

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from radixrt.runtime.model.linear import DENSE, Linear
+from radixrt.runtime.model.linear import DENSE, INVARIANT, Linear
 
 BF16_MANTISSA_BITS = 7
 BLOCK = 64
@@ -35,7 +35,7 @@ class LogitsHead:
         """Whether the near-max logits are recomputed: the GEMM rounds its output to a half type,
         or reads integer weights (whose error, ~0.01 at these logits, is well inside the margin)."""
         return self.weight.dtype in (torch.bfloat16, torch.float16) or any(
-            f != DENSE for f in self.linear.plan[1::2]
+            f not in (DENSE, INVARIANT) for f in self.linear.plan[1::2]
         )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

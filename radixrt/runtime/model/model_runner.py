@@ -11,7 +11,15 @@ import torch
 from radixrt.kernels.kv_quant import KV_CACHE_DTYPES
 from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.core.plan import ItemResult, PlanItem
-from radixrt.runtime.model import compiled_layers, kv_tier, linear, step_graph, tp, weight_plan
+from radixrt.runtime.model import (
+    compiled_layers,
+    deterministic,
+    kv_tier,
+    linear,
+    step_graph,
+    tp,
+    weight_plan,
+)
 from radixrt.runtime.model.dtype_choice import pick_dtype
 from radixrt.runtime.model.forward_batch import ForwardBatch, build_forward_batch
 from radixrt.runtime.model.kv_cache import KVCache, ReqToSlotTable
@@ -96,8 +104,10 @@ class ModelRunner:
         quantized = gguf_weights.is_quantized_dir(model_dir) and any(
             t not in ("F32", "F16", "BF16") for t in gguf_weights.quantization_types(model_dir)
         )
+        self.deterministic = config.enable_deterministic_inference
         self.int_copies = (
-            self.model.supports_int_copies
+            not self.deterministic
+            and self.model.supports_int_copies
             and weight_plan.wants_copies(config.quantization, quantized, self.device, config.dtype)
             and shard is None  # 4-bit groups are not cut along ranks
         )
@@ -106,6 +116,9 @@ class ModelRunner:
         if shard:
             state = shard_state_dict(self.model.standard_names(state), hf_config, shard)
         self.model.load_weights(state, copies=self.int_copies)
+        if self.deterministic:
+            deterministic.apply(self.model, self.dtype)
+            log.info("deterministic inference: batch-invariant matmuls (checked) and attention")
         if gguf_weights.is_quantized_dir(model_dir):
             log.info(
                 "GGUF tensors %s, dequantised into %s at load",
@@ -149,6 +162,7 @@ class ModelRunner:
             model.num_q_heads,
             model.num_kv_heads,
             model.head_dim,
+            self.deterministic,
         )
         log.info(
             "model %s: %s on %s, KV pool %d tokens (%d pages of %d, %.1f MiB at %d bytes a token)",

@@ -21,9 +21,19 @@ def pick_device(config: ServerConfig) -> torch.device:
 
 
 def make_attention_backend(
-    name: str | None, device: torch.device, num_q_heads: int, num_kv_heads: int, head_dim: int
+    name: str | None,
+    device: torch.device,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    deterministic: bool = False,
 ):
+    """deterministic: the batch-invariant torch backend (--enable-deterministic-inference)."""
     name = name or ("triton" if device.type == "cuda" else "torch")
+    if deterministic:
+        from radixrt.kernels.attention_deterministic import DeterministicAttentionBackend
+
+        return DeterministicAttentionBackend(num_q_heads, num_kv_heads, head_dim)
     if name == "triton":
         if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError(

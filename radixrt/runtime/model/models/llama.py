@@ -40,6 +40,7 @@ class LlamaForCausalLM:
     supports_lora = True  # LoRA adapters on its projections (lora_pool.py)
     supports_int_copies = True  # integer forms of a quantised checkpoint (weight_plan.py)
     layerwise = False  # every layer eager and one at a time (its feed-forward is its own)
+    supports_deterministic = True  # --enable-deterministic-inference (model/deterministic.py)
 
     def __init__(
         self,

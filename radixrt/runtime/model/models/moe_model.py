@@ -26,7 +26,7 @@ from radixrt.runtime.model.models.llama_weights import (
 
 
 class MoeForCausalLM(LlamaForCausalLM):
-    compilable = supports_lora = supports_int_copies = False
+    compilable = supports_lora = supports_int_copies = supports_deterministic = False
     layerwise = True
     # where a sparse layer keeps its router ("gate") and experts, and the experts' projections
     moe_prefix = "mlp."
