@@ -71,6 +71,7 @@ def measure(deterministic: bool, args) -> dict:
     engine = Engine(enable_deterministic_inference=deterministic)
     try:
         result = {"dtype": engine.scheduler.model_info["dtype"]}
+        engine.generate(shared_prefix_prompts(4), greedy(4))  # warm-up, untimed
         result.update(speeds(engine, args.tokens))
         result["flips"] = flip_counts(engine, shared_prefix_prompts(args.prompts), args.tokens)
         return result

@@ -121,19 +121,16 @@ class ServerConfig:
         "llguidance, else a depth-2 regex",
     )  # fmt: skip
     grammar_backend: str = _opt(
-        "auto",
-        "constrained decoding engine: outlines (outlines-core, DFA; budget "
-        "steering), llguidance (Earley; also context-free grammars), or auto "
-        "(llguidance, outlines for what it refuses, outlines' DFA steering "
-        "near the budget's end). ebnf requests use llguidance always",
-        ("auto", "outlines", "llguidance"),
-    )
+        "auto", "constrained decoding engine: outlines (outlines-core, DFA; budget steering), "
+        "llguidance (Earley; also context-free grammars), or auto (llguidance, outlines for what "
+        "it refuses, outlines' DFA steering near the budget's end). ebnf requests use llguidance "
+        "always", ("auto", "outlines", "llguidance"),
+    )  # fmt: skip
     json_schema_strict: bool = _opt(
-        True,
-        "json_schema objects take only their declared keys where the schema says "
-        "nothing about others (xgrammar's strict mode, SGLang's default; outlines "
-        "always does); --no-json-schema-strict follows JSON Schema on llguidance",
-    )
+        True, "json_schema objects take only their declared keys where the schema says nothing "
+        "about others (xgrammar's strict mode, SGLang's default; outlines always does); "
+        "--no-json-schema-strict follows JSON Schema on llguidance",
+    )  # fmt: skip
     grammar_cache_size: int = _opt(256, "compiled grammars kept (LRU)")
     grammar_compile_workers: int = _opt(
         1, "processes that compile grammars (killed at the timeout; niced)"
@@ -168,13 +165,16 @@ class ServerConfig:
     max_request_body_bytes: int = _opt(8 * 1024 * 1024, "largest accepted HTTP body")
     num_threads: int | None = _opt(None, "torch intra-op threads on CPU; default all cores")
     enable_torch_compile: bool = _opt(
-        False,
-        "run the layers as torch.compile'd graphs even where the default "
-        "would not (CUDA); on a CPU with a C++ compiler they already are",
-    )
+        False, "run the layers as torch.compile'd graphs even where the default would not "
+        "(CUDA); on a CPU with a C++ compiler they already are",
+    )  # fmt: skip
     disable_torch_compile: bool = _opt(
         False, "run the model eager (no torch.compile'd layer graphs)"
     )
+    cache_invariant_prefill: bool = _opt(
+        True, "steps computing prompt KV run batch-invariant kernels, so a warm cache changes no "
+        "answer (--no-cache-invariant-prefill: the fast ones; docs/deterministic-inference.md)",
+    )  # fmt: skip
     enable_deterministic_inference: bool = _opt(
         False, "ids and logprobs bitwise the same in any batch, cache state, chunking or page "
         "size (batch-invariant kernels, eager; docs/deterministic-inference.md)",

@@ -53,9 +53,8 @@ def tiny_dir(tmp_path_factory, tokenizer):
 
 def scheduler(model_path: str, deterministic: bool = True, **cfg):
     cfg.setdefault("max_total_tokens", 8192)
-    config = ServerConfig(
-        model_path=model_path, dtype="float32", enable_deterministic_inference=deterministic, **cfg
-    )
+    cfg.setdefault("dtype", "float32")
+    config = ServerConfig(model_path=model_path, enable_deterministic_inference=deterministic, **cfg)
     return create_scheduler(config)
 
 
@@ -104,9 +103,9 @@ def drain(s, outs: dict, arrivals: list[tuple[int, str, int]], new_tokens=NEW_TO
 
 
 @functools.cache
-def reference(model_path: str, k: int, new_tokens: int = NEW_TOKENS) -> tuple:
+def reference(model_path: str, k: int, new_tokens=NEW_TOKENS, dtype="float32", kv="auto") -> tuple:
     """Prompt k alone on a fresh engine."""
-    s = scheduler(model_path)
+    s = scheduler(model_path, dtype=dtype, kv_cache_dtype=kv)
     try:
         outs: dict = {}
         drain(s, outs, [(0, "ref", k)], new_tokens)
@@ -146,19 +145,25 @@ def run_batch(
     chunk=st.sampled_from([16, 64, 512]),
     tight_pool=st.booleans(),
     ngram=st.booleans(),
+    tier=st.booleans(),
+    dtype=st.sampled_from(["float32", "bfloat16"]),
+    kv=st.sampled_from(["auto", "int8"]),
 )
 def test_any_batch_cache_chunking_and_page_size_gives_the_alone_bits(
-    tiny_dir, picks, warm, page_size, chunk, tight_pool, ngram
+    tiny_dir, picks, warm, page_size, chunk, tight_pool, ngram, tier, dtype, kv
 ):
     arrivals = [(step, f"r{i}", k) for i, (step, k) in enumerate(picks)]
-    # a tight pool preempts: it holds about two of the longest requests at once
+    # a tight pool evicts (to the second tier, when on) and preempts: it holds about two of the
+    # longest requests at once
     pool = 1200 if tight_pool else 8192
     got = run_batch(
         tiny_dir, True, arrivals, warm, page_size=page_size, chunked_prefill_size=chunk,
         max_total_tokens=pool, speculative_algorithm="ngram" if ngram else "none",
+        enable_hierarchical_cache=tier, dtype=dtype, kv_cache_dtype=kv,
     )  # fmt: skip
     for _, rid, k in arrivals:
-        assert got[rid] == reference(tiny_dir, k), f"{rid} (prompt {k}) differs from alone"
+        want = reference(tiny_dir, k, NEW_TOKENS, dtype, kv)
+        assert got[rid] == want, f"{rid} (prompt {k}) differs from alone"
 
 
 def test_preemption_jump_forward_and_prompt_lookup_keep_the_bits(tiny_dir):
@@ -175,13 +180,15 @@ def test_preemption_jump_forward_and_prompt_lookup_keep_the_bits(tiny_dir):
 
 
 def test_without_the_flag_the_same_draws_differ(tiny_dir):
-    """The property's draws are sensitive: with today's default kernels (no flag) a batch with a
-    warm cache gives other logprob bits than alone, so the test above can fail."""
+    """The property's draws are sensitive: with the fast kernels (no flag, no cache-invariant
+    prefill) a batch with a warm cache gives other logprob bits than alone, so the test above can
+    fail."""
     arrivals = [(0, "a", 0), (0, "b", 1), (1, "c", 5), (2, "d", 4)]
-    batch = run_batch(tiny_dir, False, arrivals, [3], chunked_prefill_size=64)
+    fast = {"cache_invariant_prefill": False, "chunked_prefill_size": 64}
+    batch = run_batch(tiny_dir, False, arrivals, [3], **fast)
     alone = {}
     for _, rid, k in arrivals:
-        alone[rid] = run_batch(tiny_dir, False, [(0, rid, k)], [])[rid]
+        alone[rid] = run_batch(tiny_dir, False, [(0, rid, k)], [], **fast)[rid]
     assert any(batch[rid] != alone[rid] for rid in alone)
     # and with the flag the same requests agree bit for bit
     det = run_batch(tiny_dir, True, arrivals, [3], chunked_prefill_size=64)
@@ -194,3 +201,29 @@ def test_an_architecture_without_invariant_kernels_is_refused(tmp_path, tokenize
     save_random_model(tiny_moe_config("olmoe"), tokenizer, tmp_path)
     with pytest.raises(ValueError, match="not supported for this architecture"):
         scheduler(str(tmp_path))
+
+
+@pytest.mark.parametrize("invariant_prefill", [True, False])
+def test_the_default_warm_cache_changes_no_answer_of_a_request_alone(tiny_dir, invariant_prefill):
+    """Without the flag, the default's cache-invariant prefill: a request alone answers bitwise as
+    it did alone on a fresh engine when its prefix was computed by other requests, in other
+    batches and chunks. With --no-cache-invariant-prefill the same warm requests give other bits
+    (what the default fixes)."""
+    cfg = {"cache_invariant_prefill": invariant_prefill, "chunked_prefill_size": 64}
+    cold = {k: run_batch(tiny_dir, False, [(0, "x", k)], [], **cfg)["x"] for k in (1, 2, 3)}
+    s = scheduler(tiny_dir, False, **cfg)
+    try:
+        outs: dict = {}
+        # the shared prefix computed in a batch of four, in 64-token chunks beside decode rows
+        drain(s, outs, [(0, "w0", 0), (0, "w1", 4), (1, "w2", 5), (3, "w3", 6)])
+        warm = {}
+        for k in (1, 2, 3):  # each alone, its 300-token prefix from the cache
+            drain(s, outs, [(0, f"k{k}", k)])
+            warm[k] = answer(outs[f"k{k}"])
+        assert s.stats.cached_tokens > 0
+    finally:
+        s.close()
+    if invariant_prefill:
+        assert warm == cold
+    else:
+        assert warm != cold

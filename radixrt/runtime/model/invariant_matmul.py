@@ -2,11 +2,11 @@
 
 A GEMM library picks its kernel and blocking by the shape it is given: on a 2-core Zen 1 EPYC a
 float32 row of F.linear differs from the same row computed alone at every row count from 2 up, and
-oneDNN's packed bf16 GEMM changes its blocking past 32 rows. Multiplying in tiles of TILE_ROWS rows
-(the last one zero-padded; see tile_rows) gives every row the same kernel, whatever the step's size; a row's
-neighbours in its tile never change its value. The tiles go to one batched matmul (torch.bmm, the
-weight broadcast, not copied), which runs a 2,048-row step about as fast as F.linear; a packed
-oneDNN weight, which bmm cannot read, is multiplied tile by tile.
+oneDNN's packed bf16 GEMM changes its blocking past 32 rows. Multiplying in tiles of a fixed row
+count (the last one zero-padded; tile_rows) gives every row the same kernel, whatever the step's
+size; a row's neighbours in its tile never change its value. The tiles go to one batched matmul
+(torch.bmm, the weight broadcast, not copied), which runs a 2,048-row step about as fast as
+F.linear; a packed oneDNN weight, which bmm cannot read, is multiplied tile by tile.
 
 That this holds is checked, not assumed: `check` multiplies every weight shape of the model at
 several row counts and positions at start-up and refuses to start where a row changes (no silent

@@ -14,6 +14,7 @@ row count.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -92,6 +93,22 @@ for _key in ("CPU", "MkldnnCPU", "CUDA"):
     _LIB.impl("linear", linear_kernel, _key)
 _LIB.impl("linear", _linear_shape, "Meta")
 
+# Set inside invariant_rows(): every Linear reads the invariant plan, whatever its own.
+_invariant_step = False
+
+
+@contextmanager
+def invariant_rows():
+    """Within it every Linear's op_args give INVARIANT_ONLY: a step that computes prompt KV under
+    the default cache-invariant prefill (model_runner.py) reads its weights as the flag does."""
+    global _invariant_step
+    before, _invariant_step = _invariant_step, True
+    try:
+        yield
+    finally:
+        _invariant_step = before
+
+
 # The row count oneDNN is told to expect: decode batches; it serves 1..256+ rows nearly as well.
 PACK_BATCH_HINT = 16
 
@@ -154,13 +171,13 @@ class Linear:
         held[INVARIANT] = self.weight
         return {f for f, form in held.items() if form is not None}
 
-    def set_plan(self, plan: tuple[int, ...]) -> None:
+    def set_plan(self, plan: tuple[int, ...], keep_dense: bool = False) -> None:
         """Read each row range in its plan's format, where held (else int8, else dense); drop the
-        forms no range reads."""
+        forms no range reads (keep_dense: never the dense weight, which invariant_rows reads)."""
         fallback = INT8 if self.int8 is not None else DENSE
         held = self.formats()
         self.plan = tuple(v if i % 2 == 0 or v in held else fallback for i, v in enumerate(plan))
-        used = set(self.plan[1::2])
+        used = set(self.plan[1::2]) | ({INVARIANT} if keep_dense else set())
         if not used & {DENSE, INVARIANT}:
             self.weight = None
         if INT4 not in used:
@@ -183,7 +200,7 @@ class Linear:
             int4.scales_and_zeros if int4 else None,
             int8.qweight if int8 else None,
             int8.scales if int8 else None,
-            list(self.plan),
+            list(INVARIANT_ONLY if _invariant_step else self.plan),
             self.out_features,
         )
 

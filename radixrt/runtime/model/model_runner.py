@@ -65,7 +65,11 @@ class ModelRunner:
         self._make_pool(config)
         self.graphs: compiled_layers.CompiledLayers | None = None  # eager until compiled
         self.step_graphs: step_graph.StepGraphs | None = None  # decode steps as one graph
+        why_not = deterministic.why_not_invariant_prompts(config, self.model, self.device, self.tp)
+        self.invariant_prompts = why_not is None
         self._compile_layers(config)
+        # the backend of steps that compute prompt KV (None: they run as every other step)
+        self.prompt_attn = deterministic.prompt_backend(self.model, self.dtype, why_not)
 
     def _start_tp(self, config: ServerConfig, tp_rank: int, init_method: str | None) -> None:
         self.tp, self.tp_workers, self.rank_lost = None, [], None
@@ -166,15 +170,9 @@ class ModelRunner:
         )
         log.info(
             "model %s: %s on %s, KV pool %d tokens (%d pages of %d, %.1f MiB at %d bytes a token)",
-            self.model_path,
-            self.dtype,
-            self.device,
-            num_slots,
-            self.num_pages,
-            page_size,
-            self.kv_pool_bytes / 2**20,
-            self.kv_bytes_per_token,
-        )
+            self.model_path, self.dtype, self.device, num_slots, self.num_pages, page_size,
+            self.kv_pool_bytes / 2**20, self.kv_bytes_per_token,
+        )  # fmt: skip
 
     def _compile_layers(self, config: ServerConfig) -> None:
         """The layers as compiled graphs (compiled_layers.py), compiled or loaded now; self.graphs
@@ -187,8 +185,9 @@ class ModelRunner:
             buckets = [(b.min_tokens, b.max_tokens) for b in compiled_layers.buckets(
                 config.torch_compile_max_bs)]  # fmt: skip
             plan = weight_plan.apply(
-                self.model, config.quantization, buckets, not why_eager, self.dtype, cache_root()
-            )
+                self.model, config.quantization, buckets, not why_eager, self.dtype, cache_root(),
+                keep_dense=self.invariant_prompts,
+            )  # fmt: skip
         if why_eager:
             log.info("torch.compile off: %s; the model runs eager", why_eager)
             return
@@ -239,6 +238,11 @@ class ModelRunner:
         worker rank)."""
         self.kv.copy_pages([pair for it in plan for pair in it.page_copies], self.page_size)
         fb = build_forward_batch(plan, self.table.table, self.device)
+        if self.prompt_attn is not None and deterministic.computes_prompt(plan):
+            # the cache-invariant prefill: this step's prompt KV the same bits in any batch
+            self.prompt_attn.init_forward_metadata(fb)
+            with linear.invariant_rows():
+                return self.model.forward(fb, self.kv, self.prompt_attn)
         self.attn.init_forward_metadata(fb)
         lora = self.lora.step(plan) if self.lora is not None else None
         return self.forward(fb, lora)

@@ -198,14 +198,15 @@ def apply(
     compiled: bool,
     dtype: torch.dtype,
     cache_root: pathlib.Path,
+    keep_dense: bool = False,
 ) -> tuple[int, ...]:
     """Choose the plan over the model's linears (its layers' and the lm_head's), set it on every
-    one (dropping the forms it does not read) and log it."""
+    one (dropping the forms it does not read, but the dense weight when keep_dense) and log it."""
     layers = [lin for ly in model.layers for lin in (ly.qkv, ly.o, ly.gate_up, ly.down)]
     t0 = time.perf_counter()
     plan, table = choose(layers, buckets, quantization, compiled, dtype, cache_root)
     for lin in [*layers, model.lm_head.linear]:
-        lin.set_plan(plan)
+        lin.set_plan(plan, keep_dense)
     exact4 = sum(lin.int4 is not None for lin in layers)
     log.info(
         "weights by step size: %s; %d of %d layer weights exact 4-bit, %.1f s",
