@@ -44,7 +44,9 @@ class KVChunk:
     first: int
     num_tiles: int
     kv_idx: torch.Tensor  # [num_tiles * C], or [C] for a one-request group (masked: slot 0)
-    mask: torch.Tensor  # [num_tiles, 1, P, 1, C] additive float32: 0 visible, -inf not
+    # [num_tiles, 1, P, 1, C] additive float32: 0 visible, -inf not; None: every tile position sees
+    # every key of the chunk (adding zeros is exact, so skipping it changes no bit)
+    mask: torch.Tensor | None
 
 
 @dataclass
@@ -105,7 +107,7 @@ def _group(fb, reqs, first_tile, num_tiles, window, one_request: bool) -> TileGr
         order = torch.sort(last, descending=True, stable=True).indices
         req, pos, real, rows, last = req[order], pos[order], real[order], rows[order], last[order]
     last_list = last.tolist()  # the group's one sync
-    pos = torch.where(real, pos, -1)  # padded positions see no key
+    # padded positions keep their absolute positions: their zero query rows' outputs are dropped
     table = fb.req_to_slot[fb.req_rows[req[:1] if one_request else req]]  # [NT or 1, width]
     chunks = []
     for c in range(max(last_list) // C + 1):
@@ -122,8 +124,11 @@ def _group(fb, reqs, first_tile, num_tiles, window, one_request: bool) -> TileGr
         visible = keys[None, None, :] <= tile_pos  # [n, P, C]
         if window is not None:
             visible &= keys[None, None, :] > tile_pos - window
-        mask = torch.zeros(visible.shape, device=device).masked_fill_(~visible, float("-inf"))
-        chunks.append(KVChunk(first, n, kv_idx, mask[:, None, :, None, :]))
+        mask = None
+        if not bool(visible.all()):  # one sync per chunk per forward
+            mask = torch.zeros(visible.shape, device=device).masked_fill_(~visible, float("-inf"))
+            mask = mask[:, None, :, None, :]
+        chunks.append(KVChunk(first, n, kv_idx, mask))
     return TileGroup(rows.reshape(-1), chunks, one_request)
 
 
@@ -169,12 +174,13 @@ class DeterministicAttentionBackend:
             rows = max(ch.kv_idx.shape[0] for g in meta.groups for ch in g.chunks)
             meta.k_buf = q.new_empty((rows, self.num_kv_heads, self.head_dim), dtype=dtype)
             meta.v_buf = torch.empty_like(meta.k_buf)
-        q_ext = torch.cat((q.float(), q.new_zeros((1, *q.shape[1:]), dtype=torch.float32)))
-        outs = [self._attend(q_ext, k_cache, v_cache, meta, g, scale, softcap) for g in meta.groups]
+        # the scale folded into q once per layer (not into every chunk's scores)
+        q_ext = torch.cat((q.float() * scale, q.new_zeros((1, *q.shape[1:]), dtype=torch.float32)))
+        outs = [self._attend(q_ext, k_cache, v_cache, meta, g, softcap) for g in meta.groups]
         out = outs[0] if len(outs) == 1 else torch.cat(outs)
         return out.index_select(0, meta.out_rows).to(q.dtype)
 
-    def _attend(self, q_ext, k_cache, v_cache, meta, g: TileGroup, scale, softcap):
+    def _attend(self, q_ext, k_cache, v_cache, meta, g: TileGroup, softcap):
         """One group's tiles -> [num_tiles * P, Hq, D] float32, one row per tile position."""
         NT, Hkv, G, D, P = g.num_tiles, self.num_kv_heads, self.group, self.head_dim, TILE_POSITIONS
         rows = P * G
@@ -195,12 +201,12 @@ class DeterministicAttentionBackend:
             s = qt.new_empty((Hkv, n, rows, KV_CHUNK))
             for h in range(Hkv):  # one fixed-shape matmul per tile; K/V strided, never copied
                 torch.bmm(qt[h, here], kc[:, :, h].expand(n, -1, -1).transpose(1, 2), out=s[h])
-            s *= scale
             if softcap is not None:
                 s = torch.tanh(s / softcap) * softcap
-            s = (s.view(Hkv, n, P, G, -1) + ch.mask.view(1, n, P, 1, -1)).view(Hkv, n, rows, -1)
+            if ch.mask is not None:
+                s = s.view(Hkv, n, P, G, -1).add_(ch.mask.view(1, n, P, 1, -1)).view(s.shape)
             m_c = s.amax(-1)
-            p = torch.exp(s - _finite(m_c)[..., None])
+            p = s.sub_(_finite(m_c)[..., None]).exp_()
             o_c = torch.empty_like(o[:, here])
             for h in range(Hkv):
                 torch.bmm(p[h], vc[:, :, h].expand(n, -1, -1), out=o_c[h])

@@ -54,7 +54,9 @@ def tiny_dir(tmp_path_factory, tokenizer):
 def scheduler(model_path: str, deterministic: bool = True, **cfg):
     cfg.setdefault("max_total_tokens", 8192)
     cfg.setdefault("dtype", "float32")
-    config = ServerConfig(model_path=model_path, enable_deterministic_inference=deterministic, **cfg)
+    config = ServerConfig(
+        model_path=model_path, enable_deterministic_inference=deterministic, **cfg
+    )
     return create_scheduler(config)
 
 
@@ -68,7 +70,10 @@ def params(k: int, new_tokens: int = NEW_TOKENS) -> dict:
 
 
 def add(s, rid: str, k: int, new_tokens: int) -> None:
-    opts = RequestOptions(return_logprob=True, logprob_start_len=0, top_logprobs_num=2)
+    # prompt logprobs (which the radix cache cannot supply: their positions are recomputed) for
+    # one prompt only, so that the others' prefixes come from the cache
+    start = 0 if k == 6 else -1
+    opts = RequestOptions(return_logprob=True, logprob_start_len=start, top_logprobs_num=2)
     s.add_request(
         TokenizedGenerateReq(
             rid=rid, input_ids=PROMPTS[k], sampling_params=params(k, new_tokens), options=opts
@@ -175,6 +180,7 @@ def test_preemption_jump_forward_and_prompt_lookup_keep_the_bits(tiny_dir):
         chunked_prefill_size=64, max_total_tokens=480, speculative_algorithm="ngram",
     )  # fmt: skip
     assert stats["num_preemptions"] > 0 and stats["num_draft_tokens"] > 0, stats
+    assert stats["cached_tokens"] > 0, stats
     for _, rid, k in arrivals:
         assert got[rid] == reference(tiny_dir, k, 40), f"{rid} (prompt {k}) differs from alone"
 

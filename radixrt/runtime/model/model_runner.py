@@ -67,6 +67,7 @@ class ModelRunner:
         self.step_graphs: step_graph.StepGraphs | None = None  # decode steps as one graph
         why_not = deterministic.why_not_invariant_prompts(config, self.model, self.device, self.tp)
         self.invariant_prompts = why_not is None
+        self.prompt_attn = None  # warm-up forwards (compiling) run as any step
         self._compile_layers(config)
         # the backend of steps that compute prompt KV (None: they run as every other step)
         self.prompt_attn = deterministic.prompt_backend(self.model, self.dtype, why_not)
