@@ -168,7 +168,6 @@ class Linear:
     def formats(self) -> set[int]:
         """The formats this Linear holds now."""
         held = {DENSE: self.weight, INT4: self.int4, INT8: self.int8, INT8_DYN: self.int8}
-        held[INVARIANT] = self.weight
         return {f for f, form in held.items() if form is not None}
 
     def set_plan(self, plan: tuple[int, ...], keep_dense: bool = False) -> None:
@@ -176,6 +175,8 @@ class Linear:
         forms no range reads (keep_dense: never the dense weight, which invariant_rows reads)."""
         fallback = INT8 if self.int8 is not None else DENSE
         held = self.formats()
+        if DENSE in held:  # the invariant format reads the dense weight
+            held.add(INVARIANT)
         self.plan = tuple(v if i % 2 == 0 or v in held else fallback for i, v in enumerate(plan))
         used = set(self.plan[1::2]) | ({INVARIANT} if keep_dense else set())
         if not used & {DENSE, INVARIANT}:
