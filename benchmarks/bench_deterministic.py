@@ -105,6 +105,8 @@ def report(results: dict, n: int) -> None:
     ):
         cells = [f"{results[m][key]:.2f} ({results[m][key] / base[key]:.2f}x)" for m in names]
         print(f"| {label} | " + " | ".join(cells) + " |")
+    if "flips" not in base:  # --no-flips
+        return
     print("\nflipped outputs / bitwise-equal logprobs against each prompt alone on a flushed cache")
     print("| case | " + " | ".join(names) + " |")
     print("|---|" + "---|" * len(names))
