@@ -93,10 +93,12 @@ def _group(fb, reqs, first_tile, num_tiles, window, one_request: bool) -> TileGr
     device = fb.req_to_slot.device
     P, C = TILE_POSITIONS, KV_CHUNK
     counts = [num_tiles[b] for b in reqs]
-    req = torch.tensor(reqs, device=device).repeat_interleave(torch.tensor(counts, device=device))
+    own = torch.repeat_interleave(
+        torch.arange(len(reqs), device=device), torch.tensor(counts, device=device)
+    )  # each tile's index into reqs
+    req = torch.tensor(reqs, device=device)[own]
     starts = torch.tensor([0] + counts[:-1], device=device).cumsum(0)
     firsts = torch.tensor([first_tile[b] for b in reqs], device=device)
-    own = torch.repeat_interleave(torch.arange(len(reqs), device=device), torch.tensor(counts))
     tile_k = torch.arange(sum(counts), device=device) - starts[own] + firsts[own]
     pos = tile_k[:, None] * P + torch.arange(P, device=device)  # [NT, P] absolute positions
     prefix, seq = fb.prefix_lens[req, None], fb.seq_lens[req, None]
@@ -110,16 +112,18 @@ def _group(fb, reqs, first_tile, num_tiles, window, one_request: bool) -> TileGr
     # padded positions keep their absolute positions: their zero query rows' outputs are dropped
     table = fb.req_to_slot[fb.req_rows[req[:1] if one_request else req]]  # [NT or 1, width]
     chunks = []
+    negated = [-x for x in last_list]  # ascending where last_list descends
     for c in range(max(last_list) // C + 1):
         keys = torch.arange(c * C, c * C + C, device=device)  # [C]
         if one_request:  # ascending: the tiles from the first that reaches chunk c on
             first = bisect.bisect_left(last_list, c * C)
             n = len(last_list) - first
-        else:  # descending
-            first, n = 0, bisect.bisect_right([-x for x in last_list], -c * C)
-        seq_c = fb.seq_lens[req[first : first + (1 if one_request else n)], None]
-        slots = table.gather(1, keys.clamp(max=table.shape[1] - 1).expand(table.shape[0], C))
-        kv_idx = torch.where(keys[None, :] < seq_c, slots[: seq_c.shape[0]], 0).reshape(-1)
+        else:  # descending: the first n tiles
+            first, n = 0, bisect.bisect_right(negated, -c * C)
+        rows_c = table if one_request else table[:n]  # the slot rows this chunk reads
+        seq_c = fb.seq_lens[req[first : first + rows_c.shape[0]], None]
+        slots = rows_c.gather(1, keys.clamp(max=table.shape[1] - 1).expand(rows_c.shape[0], C))
+        kv_idx = torch.where(keys[None, :] < seq_c, slots, 0).reshape(-1)
         tile_pos = pos[first : first + n, :, None]
         visible = keys[None, None, :] <= tile_pos  # [n, P, C]
         if window is not None:

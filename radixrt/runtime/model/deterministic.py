@@ -47,15 +47,16 @@ def apply(model, dtype: torch.dtype) -> None:
     invariant_matmul.check([lin.weight for lin in found], dtype)
 
 
-def why_not_invariant_prompts(config, model, device: torch.device, tensor_parallel):
-    """Why the default's cache-invariant prefill is off here, or None (it is on)."""
+def why_not_invariant_prompts(config, model, device: torch.device, tp):
+    """Why the default's cache-invariant prefill is off here, or None (it is on). tp: the runner's
+    tensor parallel group, or None."""
     if config.enable_deterministic_inference:
         return "the flag makes every step invariant"
     if not config.cache_invariant_prefill:
         return "--no-cache-invariant-prefill"
     if device.type != "cpu" or config.attention_backend == "triton":
         return "the torch attention backend on a CPU only"
-    if tensor_parallel is not None or config.lora_enabled:
+    if tp is not None or config.lora_enabled:
         return "tensor parallelism and LoRA adapters run their own matmuls"
     if not getattr(model, "supports_deterministic", False):
         return f"{type(model).__name__} has no invariant kernels"
