@@ -263,6 +263,11 @@ class ServerConfig:
     lora_dir: tuple[str, ...] | None = _opt(None, "directories /load_lora_adapter may read from")
     max_loaded_loras: int = _opt(32, "most adapters loaded at once (a load past it: a 400)")
     profile_dir: str | None = _opt(None, "the directory /start_profile writes traces in")
+    reasoning_parser: str | None = _opt(
+        None, "a reasoning model's thinking into reasoning_content, its answer into content; "
+        "a grammar constrains only the answer (serving/reasoning_parser.py)",
+        ("deepseek-r1", "qwen3", "qwen3-thinking"),
+    )  # fmt: skip
 
     @property
     def prefill_bootstrap_addrs(self) -> tuple[str, ...]:

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from radixrt.runtime.constrained import llg_backend
 from radixrt.runtime.constrained.fallback import FallbackBackend
+from radixrt.runtime.constrained.reasoning_gate import GatedFuture
 from radixrt.runtime.constrained.regex_builder import GrammarError
 from radixrt.runtime.constrained.spec import CFG_KINDS
 
@@ -117,3 +118,8 @@ class BackendChooser:
 
     def built(self) -> list[Any]:
         return list(self._built.values())
+
+    @staticmethod
+    def after_reasoning(future: Any, end_ids: tuple[int, ...]) -> Any:
+        """The grammar of `future` held back until the thinking ends (reasoning_gate.py)."""
+        return GatedFuture(future, list(end_ids))

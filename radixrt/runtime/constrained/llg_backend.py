@@ -268,6 +268,12 @@ class LLGState(EosGate):
         steered = shadow.for_budget(budget)
         return self if steered is shadow and not self.confine else IntersectMask(self, steered)
 
+    def shortest_completion(self) -> int | None:
+        """The fewest tokens that complete a match, as the outlines shadow knows it (None
+        without one)."""
+        shadow = self.shadow.current() if self.shadow is not None else None
+        return None if shadow is None else shadow.shortest_completion()
+
     def follow(self, shadow_future: Any, confine: bool = False) -> None:
         """Steer by the outlines compile of the same grammar once it arrives (fallback.Shadow).
         confine: keep every pick inside the shadow's language, not only near the end of the budget

@@ -233,6 +233,13 @@ class GrammarState(EosGate):
         steered = self.steered_at(self.guide.get_state(), budget)
         return steered if steered is not None else self
 
+    def shortest_completion(self) -> int | None:
+        """The fewest tokens that complete a match from here (None: no distance table)."""
+        steering = self.compiled.steering
+        if steering is None:
+            return None
+        return steering.dist.get(self.guide.get_state())
+
     def steered_at(self, state: int, budget: int) -> SteeredMask | None:
         """The steered mask at `state` with `budget` picks left, or None where steering removes
         nothing."""

@@ -38,6 +38,9 @@ class GrammarBackends(Protocol):
 
     def built(self) -> list[GrammarBackend]: ...
 
+    # the state of `future` wrapped so the grammar starts after these tokens (a model's thinking)
+    def after_reasoning(self, future: Any, end_ids: tuple[int, ...]) -> Any: ...
+
 
 class QueueFull(ValueError):
     """Refused for the server's state, not the request's: a 503, worth retrying later."""

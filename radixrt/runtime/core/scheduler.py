@@ -130,7 +130,12 @@ class Scheduler:
             req.key_offset = self.namespaces.key_offset(req.lora, req.options.cache_salt)
             constraint = constraint_of(req.sampling)
             if constraint is not None:
-                req.wait_for_grammar(self.grammar_backend(constraint[0]).request(*constraint))
+                future = self.grammar_backend(constraint[0]).request(*constraint)
+                if req.options.reasoning_end_ids is not None:  # the answer after the thinking
+                    future = self.grammar_backends.after_reasoning(
+                        future, req.options.reasoning_end_ids
+                    )
+                req.wait_for_grammar(future)
             if req.sampling.is_beam:
                 self.beams.start(req)
             self.waiting.append(req)

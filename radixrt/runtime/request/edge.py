@@ -34,6 +34,7 @@ __all__ = [
 CONSTRAINT_KINDS = CONSTRAINT_FIELDS  # a constraint's kind is the name of its sampling parameter
 # vLLM's advice is a 43-character (256-bit) random salt; the bound keeps the namespace table small
 MAX_CACHE_SALT_CHARS = 256
+MAX_REASONING_END_IDS = 16  # an end-of-thinking tag is one token on the models that have one
 
 
 class RequestError(ValueError):
@@ -137,6 +138,14 @@ def check_prompt(
         raise RequestError(
             f"top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS}], got {top}",
             param="top_logprobs",
+        )
+    ends = options.reasoning_end_ids
+    if ends is not None and not (
+        1 <= len(ends) <= MAX_REASONING_END_IDS and all(0 <= t < vocab for t in ends)
+    ):
+        raise RequestError(
+            f"reasoning_end_ids must be 1 to {MAX_REASONING_END_IDS} token ids in [0, {vocab})",
+            param="reasoning_end_ids",
         )
 
 

@@ -40,6 +40,9 @@ class RequestOptions:
     lora: str | None = None  # the LoRA adapter's name (SGLang's field lora_path); None: base
     cache_salt: str | None = None  # vLLM's: KV is shared only within one salt (namespaces.py)
     bootstrap: Bootstrap | None = None  # prefill-decode disaggregation (None: not disaggregated)
+    # a reasoning model's end-of-thinking tag as token ids: the request's grammar starts after them
+    # (constrained/reasoning_gate.py); set by the OpenAI routes under --reasoning-parser
+    reasoning_end_ids: tuple[int, ...] | None = None
 
     @property
     def logprob_start(self) -> int:
@@ -65,6 +68,11 @@ class RequestOptions:
             ):
                 raise TypeError(f"options.bootstrap: expected host, port and room: {boot!r:.200}")
             data = {**data, "bootstrap": Bootstrap(**boot)}
+        ends = data.get("reasoning_end_ids")
+        if ends is not None:
+            if not all(_is(t, "int") for t in ends):
+                raise TypeError(f"options.reasoning_end_ids: not token ids: {ends!r:.100}")
+            data = {**data, "reasoning_end_ids": tuple(ends)}
         return cls(**data)
 
 
@@ -80,6 +88,7 @@ WIRE_TYPES = {
     "lora": "str or None",
     "cache_salt": "str or None",
     "bootstrap": "dict or None",
+    "reasoning_end_ids": "list or None",
 }
 
 
@@ -93,7 +102,7 @@ def _is(value: Any, kind: str) -> bool:
         return isinstance(value, int) and not isinstance(value, bool)
     if base == "number":
         return isinstance(value, (int, float)) and not isinstance(value, bool)
-    return isinstance(value, {"str": str, "dict": dict}[base])
+    return isinstance(value, {"str": str, "dict": dict, "list": (list, tuple)}[base])
 
 
 def bootstrap_of(host: Any, port: Any, room: Any) -> Bootstrap | None:

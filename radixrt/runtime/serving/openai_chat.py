@@ -14,6 +14,11 @@ from fastapi.responses import StreamingResponse
 
 from radixrt.runtime.request.sequence_result import SequenceResult
 from radixrt.runtime.serving import tool_calls
+from radixrt.runtime.serving.chat_reasoning import (
+    ChatReasoning,
+    has_grammar,
+    with_reasoning_usage,
+)
 from radixrt.runtime.serving.http_io import SSE_HEADERS, read_body, sse
 from radixrt.runtime.serving.openai_chat_tools import answer_with_tools
 from radixrt.runtime.serving.pd_auth import check_bootstrap_auth
@@ -47,8 +52,10 @@ class ChatRoute:
         self.tm = routes.tm
 
     async def prompt_ids(
-        self, req: ChatCompletionRequest, plan: tool_calls.ToolPlan | None
+        self, req: ChatCompletionRequest, plan: tool_calls.ToolPlan | None, suffix: str = ""
     ) -> list[int]:
+        """The messages through the chat template, then suffix (the opened thinking of a
+        constrained reasoning request: chat_reasoning.py)."""
         msgs = [m.as_dict() for m in req.messages]
         if req.continue_final_message and msgs[-1]["role"] != "assistant":
             raise APIError(
@@ -85,7 +92,7 @@ class ChatRoute:
             raise APIError(
                 f"the chat template rejected the messages: {e}", param="messages"
             ) from None
-        return (await self.tm.encode([text]))[0]
+        return (await self.tm.encode([text + suffix]))[0]
 
     async def __call__(self, request: Request) -> Any:
         req: ChatCompletionRequest = parse_body(
@@ -99,7 +106,8 @@ class ChatRoute:
         if req.top_logprobs and not req.logprobs:
             raise APIError("top_logprobs needs logprobs to be true", param="top_logprobs")
         plan = tool_calls.plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
-        prompt = await self.prompt_ids(req, plan)
+        thinking = ChatReasoning(self.tm, req, constrained=has_grammar(req, plan))
+        prompt = await self.prompt_ids(req, plan, thinking.prompt_suffix)
         max_tokens = (
             req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         )
@@ -109,7 +117,9 @@ class ChatRoute:
                     "use_beam_search cannot be combined with tools", param="use_beam_search"
                 )
             return await answer_with_tools(self, request, req, plan, prompt, max_tokens)
-        options = self.routes.request_options(req, req.logprobs, req.top_logprobs or 0)
+        options = self.routes.request_options(
+            req, req.logprobs, req.top_logprobs or 0, thinking.end_ids
+        )
         handle, results, prompt_tokens = await self.routes.prepare(
             req,
             [prompt],
@@ -124,7 +134,7 @@ class ChatRoute:
         }
         if req.stream:
             cbase = {**base, "object": "chat.completion.chunk"}
-            return self.stream(req, cbase, handle, results, prompt_tokens)
+            return self.stream(req, cbase, handle, results, prompt_tokens, thinking)
         await self.routes.run(request, handle, results)
         return {
             **base,
@@ -132,15 +142,23 @@ class ChatRoute:
             "choices": [
                 {
                     "index": i,
-                    "message": {"role": "assistant", "content": r.text},
+                    "message": {"role": "assistant", **thinking.message(r.text)},
                     "logprobs": self.logprobs(req, r, 0),
                     "finish_reason": self.routes.finish_reason(r),
                     "matched_stop": self.routes.matched_stop(r),
                 }
                 for i, r in enumerate(results)
             ],
-            "usage": self.routes.usage(results, prompt_tokens),
+            "usage": self.usage(results, prompt_tokens, thinking),
         }
+
+    def usage(
+        self, results: list[SequenceResult], prompt_tokens: int, thinking: ChatReasoning
+    ) -> dict[str, Any]:
+        usage = self.routes.usage(results, prompt_tokens)
+        if not thinking.enabled:
+            return usage
+        return with_reasoning_usage(usage, thinking.reasoning_tokens(results))
 
     def logprobs(
         self, req: ChatCompletionRequest, res: SequenceResult, start: int
@@ -159,9 +177,10 @@ class ChatRoute:
         handle: RequestHandle,
         results: list[SequenceResult],
         prompt_tokens: int,
+        thinking: ChatReasoning,
     ) -> StreamingResponse:
         """A plain answer as chunks: each choice opens with the assistant role, then one chunk per
-        delta."""
+        delta (the thinking as reasoning_content deltas under a reasoning parser)."""
         first = [
             sse(
                 {
@@ -179,8 +198,10 @@ class ChatRoute:
             for i in range(len(results))
         ]
 
-        def chunk(i: int, res: SequenceResult, text: str, start: int) -> dict[str, Any]:
-            delta = {"content": text} if text else {}
+        def chunk(i: int, res: SequenceResult, text: str, start: int) -> dict[str, Any] | None:
+            delta = thinking.delta(i, text, res.finished) if text or res.finished else {}
+            if not delta and not res.finished:
+                return None  # all of it held back (part of a tag)
             return {
                 **cbase,
                 "choices": [
@@ -194,11 +215,10 @@ class ChatRoute:
                 ],
             }
 
-        gen = self.routes.stream(
-            handle,
-            results,
-            first,
-            chunk,
-            *self.routes.usage_options(req, cbase, results, prompt_tokens),
-        )
+        final, usage_now = self.routes.usage_options(req, cbase, results, prompt_tokens)
+        if thinking.enabled:  # the usage chunks count the thinking too
+            usage = lambda: self.usage(results, prompt_tokens, thinking)  # noqa: E731
+            final = final and (lambda: {**cbase, "choices": [], "usage": usage()})
+            usage_now = usage_now and usage
+        gen = self.routes.stream(handle, results, first, chunk, final, usage_now)
         return StreamingResponse(gen, media_type="text/event-stream", headers=SSE_HEADERS)

@@ -129,9 +129,16 @@ class OpenAIRoutes:
         }
 
     # -------------------------------------------------------------- shared request flow
-    def request_options(self, req: Any, return_logprob: bool, top_logprobs: int) -> RequestOptions:
+    def request_options(
+        self,
+        req: Any,
+        return_logprob: bool,
+        top_logprobs: int,
+        reasoning_end_ids: tuple[int, ...] | None = None,
+    ) -> RequestOptions:
         """The options of an OpenAI body (serving/request_options.py), built once per body: its
-        LoRA adapter is the model it names (check_model), its bootstrap fields are checked."""
+        LoRA adapter is the model it names (check_model), its bootstrap fields are checked;
+        reasoning_end_ids: the grammar waits for the end of the thinking (chat_reasoning.py)."""
         return request_options(
             self.tm.config,
             req.bootstrap(),
@@ -141,6 +148,7 @@ class OpenAIRoutes:
             session_id=req.session_id,
             lora=self.check_model(req.model),
             cache_salt=req.cache_salt,
+            reasoning_end_ids=reasoning_end_ids,
         )
 
     async def prepare(
@@ -230,6 +238,8 @@ class OpenAIRoutes:
                 res = results[idx]
                 if out.get("text") or res.finished:
                     obj = chunk(idx, res, out.get("text", ""), lp_sent[idx])
+                    if obj is None:  # all its text held back (a reasoning parser's tag, say)
+                        continue
                     if usage_now is not None:
                         obj["usage"] = usage_now()
                     yield sse(obj)

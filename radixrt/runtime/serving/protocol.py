@@ -231,6 +231,9 @@ class ChatMessage(_Strict):
     name: str | None = None
     tool_call_id: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
+    # an earlier answer's thinking, as clients send it back: not rendered (reasoning models'
+    # templates drop earlier thinking)
+    reasoning_content: str | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -265,3 +268,7 @@ class ChatCompletionRequest(_SamplingFields):
     continue_final_message: bool = False
     # passed to the chat template (e.g. enable_thinking)
     chat_template_kwargs: dict[str, Any] | None = None
+    # SGLang's, under --reasoning-parser: the thinking in reasoning_content (false: left in
+    # content); stream it as it comes (false: in one delta once it ends)
+    separate_reasoning: bool = True
+    stream_reasoning: bool = True

@@ -1,6 +1,7 @@
 """POST /tokenize and /detokenize (SGLang's and vLLM's routes): the server's own tokenizer over
 HTTP, so a client (the DSL's RuntimeEndpoint among them) counts and splits text exactly as the
-server will."""
+server will. POST /separate_reasoning (SGLang's): a text's thinking and answer, split by a reasoning
+parser (reasoning_parser.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from fastapi import FastAPI, Request
 
 from radixrt.runtime.serving.http_io import read_body
 from radixrt.runtime.serving.protocol import APIError, _Strict, parse_body
+from radixrt.runtime.serving.reasoning_parser import NAMES, reasoning_format, separate
 
 # The tokenizer holds the GIL while it decodes (~0.4 us a token), so a thread would not free the
 # event loop: a longer list is refused before decoding (~50 ms at the bound); split it (#41)
@@ -21,6 +23,11 @@ class TokenizeRequest(_Strict):
     prompt: Union[str, list[str], None] = None  # vLLM's name for it
     add_special_tokens: bool = True
     model: str | None = None
+
+
+class SeparateReasoningRequest(_Strict):
+    text: str
+    reasoning_parser: str | None = None  # default: the server's --reasoning-parser
 
 
 class DetokenizeRequest(_Strict):
@@ -61,3 +68,16 @@ def add_tokenize_routes(app: FastAPI, tm: Any) -> None:
             )
         text = tm.tokenizer.decode(req.tokens, skip_special_tokens=req.skip_special_tokens)
         return {"text": text, "prompt": text}
+
+    @app.post("/separate_reasoning")
+    async def separate_reasoning(request: Request) -> dict[str, Any]:
+        req = parse_body(SeparateReasoningRequest, await read_body(request, limit))
+        name = req.reasoning_parser or tm.config.reasoning_parser
+        if name not in NAMES:
+            raise APIError(
+                f"reasoning_parser must be one of {', '.join(NAMES)}"
+                + ("" if name else " (this server has no --reasoning-parser)"),
+                param="reasoning_parser",
+            )
+        reasoning, text = separate(reasoning_format(name), req.text)
+        return {"text": text, "reasoning_text": reasoning}
