@@ -56,6 +56,13 @@ class ChatRoute:
     ) -> list[int]:
         """The messages through the chat template, then suffix (the opened thinking of a
         constrained reasoning request: chat_reasoning.py)."""
+        return (await self.tm.encode([await self.prompt_text(req, plan) + suffix]))[0]
+
+    async def prompt_text(
+        self, req: ChatCompletionRequest, plan: tool_calls.ToolPlan | None
+    ) -> str:
+        """The messages through the chat template, as text (openai_responses.py compares the
+        renders of a conversation and its continuation)."""
         msgs = [m.as_dict() for m in req.messages]
         if req.continue_final_message and msgs[-1]["role"] != "assistant":
             raise APIError(
@@ -92,7 +99,7 @@ class ChatRoute:
             raise APIError(
                 f"the chat template rejected the messages: {e}", param="messages"
             ) from None
-        return (await self.tm.encode([text + suffix]))[0]
+        return text
 
     async def __call__(self, request: Request) -> Any:
         req: ChatCompletionRequest = parse_body(
