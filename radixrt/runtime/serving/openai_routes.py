@@ -20,6 +20,7 @@ from radixrt.runtime.request.sequence_result import SequenceResult, expand_beams
 from radixrt.runtime.serving.http_io import SSE_DONE, accumulate, collect_results, sse
 from radixrt.runtime.serving.openai_chat import ChatRoute
 from radixrt.runtime.serving.openai_completions import CompletionRoute
+from radixrt.runtime.serving.openai_responses import add_responses_routes
 from radixrt.runtime.serving.openai_sampling import beam_search_fields, sampling_dict
 from radixrt.runtime.serving.protocol import APIError
 from radixrt.runtime.serving.request_handle import RequestHandle
@@ -279,6 +280,8 @@ def _lp(x: Any) -> float:
 def add_openai_routes(app: FastAPI, tm: TokenizerManager, served_model_name: str) -> OpenAIRoutes:
     routes = OpenAIRoutes(tm, served_model_name)
     app.add_api_route("/v1/completions", CompletionRoute(routes), methods=["POST"])
-    app.add_api_route("/v1/chat/completions", ChatRoute(routes), methods=["POST"])
+    chat = ChatRoute(routes)
+    app.add_api_route("/v1/chat/completions", chat, methods=["POST"])
+    add_responses_routes(app, routes, chat)  # /v1/responses (openai_responses.py)
     app.add_api_route("/v1/models", lambda: JSONResponse(routes.models()), methods=["GET"])
     return routes
