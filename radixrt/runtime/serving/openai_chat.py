@@ -163,7 +163,7 @@ class ChatRoute:
         self, results: list[SequenceResult], prompt_tokens: int, thinking: ChatReasoning
     ) -> dict[str, Any]:
         usage = self.routes.usage(results, prompt_tokens)
-        if not thinking.enabled:
+        if thinking.fmt is None:  # no --reasoning-parser
             return usage
         return with_reasoning_usage(usage, thinking.reasoning_tokens(results))
 
@@ -223,7 +223,7 @@ class ChatRoute:
             }
 
         final, usage_now = self.routes.usage_options(req, cbase, results, prompt_tokens)
-        if thinking.enabled:  # the usage chunks count the thinking too
+        if thinking.fmt is not None:  # the usage chunks count the thinking too
             usage = lambda: self.usage(results, prompt_tokens, thinking)  # noqa: E731
             final = final and (lambda: {**cbase, "choices": [], "usage": usage()})
             usage_now = usage_now and usage
