@@ -122,9 +122,11 @@ class ServerConfig:
     )  # fmt: skip
     grammar_backend: str = _opt(
         "auto", "constrained decoding engine: outlines (outlines-core, DFA; budget steering), "
-        "llguidance (Earley; also context-free grammars), or auto (llguidance, outlines for what "
-        "it refuses, outlines' DFA steering near the budget's end). ebnf requests use llguidance "
-        "always", ("auto", "outlines", "llguidance"),
+        "llguidance (Earley; also context-free grammars), xgrammar (SGLang's default: pushdown "
+        "automaton, precomputed masks; also GBNF grammars), or auto (llguidance, outlines for "
+        "what it refuses). outlines' DFA steers the others near the budget's end. ebnf requests "
+        "use llguidance, except GBNF under xgrammar",
+        ("auto", "outlines", "llguidance", "xgrammar"),
     )  # fmt: skip
     json_schema_strict: bool = _opt(
         True, "json_schema objects take only their declared keys where the schema says nothing "

@@ -165,4 +165,4 @@ def test_chooser_auto_and_explicit_backends():
     only = BackendChooser("outlines", make)
     assert only.for_kind("json_schema") is made["outlines"] and "llguidance" not in made
     with pytest.raises(ValueError, match="unknown grammar backend"):
-        BackendChooser("xgrammar", make)
+        BackendChooser("lm-format-enforcer", make)

@@ -6,19 +6,29 @@ requests near the end of their budget (fallback.py), for JSON schemas and json_o
 llguidance alone steered by the DFA of the grammar's regular subset (cfg_regex.py); for regexes,
 choices and tool-call envelopes it is outlines first with llguidance behind it; without llguidance
 installed, outlines. `llguidance` serves every constraint with llguidance alone, steered by the same
-outlines shadow (so a budget that admits a valid ending gives one under every backend)."""
+outlines shadow (so a budget that admits a valid ending gives one under every backend).
+
+`xgrammar` serves every constraint with xgrammar alone, steered by the same outlines shadow, ebnf
+included (xgrammar enforces context-free grammars: GBNF, `root ::= ...`); only an ebnf in Lark
+syntax, llguidance's dialect (what structural_tag and the OpenAI json_object grammar are served as,
+and a user's Lark grammar), goes to llguidance (ByDialect)."""
 
 from __future__ import annotations
 
+import re
+from concurrent.futures import Future
 from typing import Any, Callable
 
-from radixrt.runtime.constrained import llg_backend
+from radixrt.runtime.constrained import llg_backend, xgrammar_backend
 from radixrt.runtime.constrained.fallback import FallbackBackend
 from radixrt.runtime.constrained.reasoning_gate import GatedFuture
 from radixrt.runtime.constrained.regex_builder import GrammarError
 from radixrt.runtime.constrained.spec import CFG_KINDS
 
 REGEX_FIRST_KINDS = ("regex", "choices", "tool_call_grammar")
+BACKENDS = ("auto", "outlines", "llguidance", "xgrammar")
+# llguidance's own test for Lark syntax (llguidance.gbnf_to_lark.is_lark_syntax)
+LARK_SYNTAX = re.compile(r"(?m)^\s*(%llguidance\b|start\s*:)")
 
 
 def make_backend(
@@ -32,6 +42,10 @@ def make_backend(
     """json_schema_strict: llguidance's objects take only declared keys (outlines' always do)."""
     if name == "llguidance":
         return llg_backend.LLGuidanceBackend(
+            tokenizer, vocab_size, eos_token_ids, strict=json_schema_strict, **options
+        )
+    if name == "xgrammar":
+        return xgrammar_backend.XGrammarBackend(
             tokenizer, vocab_size, eos_token_ids, strict=json_schema_strict, **options
         )
     from radixrt.runtime.constrained.backend import GrammarBackend
@@ -61,15 +75,19 @@ def backends_for(
 
 class BackendChooser:
     def __init__(self, configured: str, make: Callable[[str], Any]):
-        """make(name) builds the backend of that name ("outlines" or "llguidance"), called once
-        each."""
-        if configured not in ("auto", "outlines", "llguidance"):
+        """make(name) builds the backend of that name ("outlines", "llguidance" or "xgrammar"),
+        called once each."""
+        if configured not in BACKENDS:
             raise ValueError(
-                f"unknown grammar backend {configured!r}: auto, outlines or llguidance"
+                f"unknown grammar backend {configured!r}: auto, outlines, llguidance or xgrammar"
             )
         if configured == "llguidance" and not llg_backend.available():
             raise ValueError(
                 "--grammar-backend llguidance needs the llguidance package: pip install llguidance"
+            )
+        if configured == "xgrammar" and not xgrammar_backend.available():
+            raise ValueError(
+                "--grammar-backend xgrammar needs the xgrammar package: pip install xgrammar"
             )
         self.configured = configured
         self._make = make
@@ -77,6 +95,10 @@ class BackendChooser:
         self._fallbacks: dict[str, FallbackBackend] = {}  # auto's, by the backend asked first
 
     def for_kind(self, kind: str) -> Any:
+        if self.configured == "xgrammar":
+            if kind in CFG_KINDS:
+                return self._steered("ebnf", ByDialect(self._steered("xgrammar"), self._lark))
+            return self._steered("xgrammar")
         name = "llguidance" if kind in CFG_KINDS and self.configured != "auto" else self.configured
         if name == "auto":
             if not llg_backend.available():
@@ -111,6 +133,23 @@ class BackendChooser:
             return self._fallbacks["steered"]
         return self._get(name)
 
+    def _steered(self, name: str, built: Any = None) -> Any:
+        """The backend `name` alone, an outlines DFA of the same constraint steering it near the end
+        of the budget (xgrammar's automaton, like llguidance's parser, gives no shortest
+        completion); built: an already steered backend to remember under that name."""
+        if name not in self._fallbacks:
+            self._fallbacks[name] = built or FallbackBackend(
+                self._get(name), self._get("outlines"), shadow=True, fallback=False
+            )
+        return self._fallbacks[name]
+
+    def _lark(self) -> Any:
+        if not llg_backend.available():
+            raise GrammarError(
+                "a Lark grammar needs the llguidance backend: pip install llguidance"
+            )
+        return self._steered("llguidance")
+
     def _get(self, name: str) -> Any:
         if name not in self._built:
             self._built[name] = self._make(name)
@@ -123,3 +162,36 @@ class BackendChooser:
     def after_reasoning(future: Any, end_ids: tuple[int, ...]) -> Any:
         """The grammar of `future` held back until the thinking ends (reasoning_gate.py)."""
         return GatedFuture(future, list(end_ids))
+
+
+class ByDialect:
+    """ebnf under --grammar-backend xgrammar: a GBNF grammar to xgrammar (steered), a Lark grammar
+    (llguidance's dialect: structural_tag's and json_object's grammars use its extensions) to
+    llguidance (steered), built on first use."""
+
+    name = "xgrammar"
+
+    def __init__(self, gbnf: Any, lark: Callable[[], Any]):
+        self._gbnf, self._lark = gbnf, lark
+
+    def _for(self, spec: Any) -> Any:
+        lark = isinstance(spec, str) and LARK_SYNTAX.search(spec) is not None
+        return self._lark() if lark else self._gbnf
+
+    def validate(self, kind: str, spec: Any) -> None:
+        self._for(spec).validate(kind, spec)
+
+    def request(self, kind: str, spec: Any) -> Any:
+        try:
+            return self._for(spec).request(kind, spec)
+        except GrammarError as e:  # no llguidance: this request's failure, reported as a compile's
+            failed: Future = Future()
+            failed.set_exception(e)
+            return failed
+
+    @property
+    def cached_bytes(self) -> int:
+        return self._gbnf.cached_bytes
+
+    def shutdown(self) -> None:
+        self._gbnf.shutdown()

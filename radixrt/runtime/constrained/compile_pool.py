@@ -31,11 +31,14 @@ from radixrt.runtime.constrained.regex_builder import GrammarError
 POLL_S = 0.05
 
 
+WORKER_MODULE = "radixrt.runtime.constrained.compile_worker"
+
+
 class _Worker:
-    def __init__(self, args: tuple):
+    def __init__(self, args: tuple, module: str = WORKER_MODULE):
         # stderr inherited: a worker's crash report reaches the server log
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "radixrt.runtime.constrained.compile_worker"],
+            [sys.executable, "-m", module],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             start_new_session=False,
@@ -43,6 +46,7 @@ class _Worker:
         write_frame(self.proc.stdin, args)
         # (future, compile deadline, key, time limit)
         self.job: tuple[Future, float, tuple, float] | None = None
+        self.fresh = True  # no job taken yet: its first may also wait out the start-up
 
     def send(self, obj: Any) -> None:
         write_frame(self.proc.stdin, obj)
@@ -88,8 +92,15 @@ class CompilePool:
         fsm_eos: int | None = None,
         memory_bytes: int = 2 << 30,
         max_pending: int = 64,
+        module: str = WORKER_MODULE,
+        setup: tuple | None = None,
+        start_s: float = 0.0,
     ):
-        self._args = (token_map, fsm_eos, memory_bytes)
+        """module, setup: another worker program and its first frame (xgrammar_compile.py), instead
+        of compile_worker with (token_map, fsm_eos, memory_bytes). start_s: extra time the first job
+        of a newly started worker gets, for a worker whose imports are slow (torch)."""
+        self._args = setup if setup is not None else (token_map, fsm_eos, memory_bytes)
+        self._module, self.start_s = module, start_s
         self.num_workers = max(1, num_workers)
         self.max_pending = max_pending
         self._lock = threading.Lock()
@@ -103,7 +114,7 @@ class CompilePool:
     def settle_bound(self, timeout: float) -> float:
         """Seconds within which a job submitted now is settled when no job takes longer than
         `timeout`: the full queue ahead of it, then its own compile."""
-        return (-(-self.max_pending // self.num_workers) + 1) * timeout
+        return (-(-self.max_pending // self.num_workers) + 1) * (timeout + self.start_s)
 
     def submit(self, job: str, key: tuple, timeout: float) -> Future:
         """Future of the job's result; GrammarError when it fails, TransientGrammarError when the
@@ -173,7 +184,8 @@ class CompilePool:
             self._workers = [w for w in self._workers if w.job is not None or w.proc.poll() is None]
             idle = next((w for w in self._workers if w.job is None), None)
             if idle is None and len(self._workers) < self.num_workers:
-                idle = _Worker(self._args)  # outside the lock: submit() never waits for a start-up
+                # outside the lock: submit() never waits for a start-up
+                idle = _Worker(self._args, self._module)
                 self._workers.append(idle)
             if idle is None:
                 return
@@ -181,7 +193,9 @@ class CompilePool:
             if item is None:
                 return
             future, timeout, job, key = item
-            idle.job = (future, time.monotonic() + timeout, key, timeout)
+            grace = self.start_s if idle.fresh else 0.0
+            idle.fresh = False
+            idle.job = (future, time.monotonic() + timeout + grace, key, timeout)
             try:
                 idle.send((job, key))
             except (OSError, ValueError):
@@ -211,7 +225,7 @@ class CompilePool:
         self._workers.remove(worker)
         _settle(future, error(message))
         if not self._closed:
-            self._workers.append(_Worker(self._args))
+            self._workers.append(_Worker(self._args, self._module))
 
     def shutdown(self) -> None:
         with self._lock:
