@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from array import array
 from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
@@ -24,7 +23,7 @@ from radixrt.runtime.serving import tool_calls
 from radixrt.runtime.serving.http_io import SSE_HEADERS, read_body, until_disconnect
 from radixrt.runtime.serving.protocol import APIError, parse_body
 from radixrt.runtime.serving.responses_protocol import ResponsesRequest
-from radixrt.runtime.serving.responses_run import TAIL_TOKENS, Prompts, ResponseRun, chat_request
+from radixrt.runtime.serving.responses_run import Job, Prompts, ResponseRun, chat_request
 from radixrt.runtime.serving.responses_store import (
     ResponsesStore,
     StoredResponse,
@@ -37,66 +36,6 @@ from radixrt.runtime.serving.tenants import client_of
 logger = logging.getLogger(__name__)
 TERMINAL = {"completed": "response.completed", "incomplete": "response.incomplete"}
 CANCEL_WAIT_S = 10.0  # how long a cancel waits for the run to write its last state
-
-
-class Job:
-    """A response being answered: its run, the Response object so far, and what storing it takes."""
-
-    def __init__(
-        self,
-        route: Any,  # ResponsesRoute: its store
-        req: ResponsesRequest,
-        run: ResponseRun,
-        response: dict[str, Any],
-        owner: str,
-        history: list[dict[str, Any]],
-        prompt_text: str,
-    ):
-        self.route, self.req, self.run, self.response = route, req, run, response
-        self.owner, self.history, self.prompt_text = owner, history, prompt_text
-
-    def finish(self, cancelled: bool = False) -> list[dict[str, Any]]:
-        """The closing stream events; the final Response object is self.response (stored)."""
-        status, incomplete, error = self.run.outcome()
-        status = "cancelled" if cancelled else status
-        events = self.run.builder.finish("completed" if status == "completed" else "incomplete")
-        self.response.update(
-            status=status,
-            output=self.run.builder.items,
-            usage=self.run.usage(),
-            incomplete_details=incomplete,
-            error=error,
-            completed_at=int(time.time()),
-        )
-        self.store(only_if_present=cancelled)
-        return events
-
-    def fail(self, e: APIError) -> list[dict[str, Any]]:
-        events = self.run.builder.finish("incomplete")
-        code = "server_error" if e.status >= 500 else "invalid_prompt"
-        self.response.update(
-            status="failed",
-            output=self.run.builder.items,
-            error={"code": code, "message": e.message},
-        )
-        self.store()
-        return events
-
-    def store(self, only_if_present: bool = False) -> None:
-        if not self.req.store:
-            return
-        ids, output_ids = self.run.transcript() if self.response["status"] != "failed" else ([], [])
-        tokenizer = self.run.chat.tm.tokenizer
-        outputs = [it for it in self.response["output"] if it.get("status") != "incomplete"]
-        entry = StoredResponse(
-            self.owner,
-            dict(self.response),
-            conversation=self.history + items.input_messages(outputs),
-            prompt_text=self.prompt_text,
-            transcript_ids=array("i", ids),
-            tail_text=tokenizer.decode(output_ids[-TAIL_TOKENS:], skip_special_tokens=False),
-        )
-        self.route.store.put(self.response["id"], entry, only_if_present=only_if_present)
 
 
 class ResponsesRoute:
@@ -122,14 +61,18 @@ class ResponsesRoute:
         if not history:
             raise APIError("input is empty (and no previous_response_id)", param="input")
         creq = chat_request(req, history)
-        plan = tool_calls.plan_tools(creq.tools, creq.tool_choice, creq.parallel_tool_calls)
+        try:
+            plan = tool_calls.plan_tools(creq.tools, creq.tool_choice, creq.parallel_tool_calls)
+        except APIError as e:  # named as the chat route's tools: say it in the Responses shape
+            e.message = e.message.replace(".function.", ".")
+            raise
         run = ResponseRun(self.chat, creq, plan, client_of(request, self.tm.config, req.cache_salt))
         num_old = len(old) + bool(req.instructions)
         ids, text = await self.prompts.prompt_for(
             creq, plan, run.thinking.prompt_suffix, prev, num_old
         )
         await run.start(ids, req.max_output_tokens)
-        job = Job(self, req, run, self.skeleton(req, creq), owner, history, text)
+        job = Job(self.store, req, run, self.skeleton(req, creq), owner, history, text)
         if req.background:
             return self.background(job)
         if req.stream:

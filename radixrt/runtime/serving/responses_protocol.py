@@ -55,6 +55,8 @@ class ResponsesRequest(BaseModel):
     metadata: dict[str, str] | None = None
     user: str | None = None
     truncation: Literal["auto", "disabled"] | None = None
+    # what to add to the output (logprobs, encrypted reasoning): nothing is; the Agents SDK sends []
+    include: list[str] | None = None
     # echoed; a reasoning parser (--reasoning-parser) decides whether thinking is separated
     reasoning: dict[str, Any] | None = None
     # vLLM's: KV is shared only between requests of the same salt (core/namespaces.py); a stored
@@ -67,7 +69,7 @@ class ResponsesRequest(BaseModel):
     seed: int | None = None
 
     def ignored_fields(self) -> list[str]:
-        return sorted(self.model_extra or {})
+        return sorted([*(self.model_extra or {}), *(["include"] if self.include else [])])
 
     def sampling_extras(self) -> dict[str, Any]:
         """The fields that go to the chat request as they are."""

@@ -2,7 +2,8 @@
 request (chat_request), its prompt (prompt_for: with previous_response_id, the previous request's
 exact ids and then only the new part), and the run (ResponseRun: plain text through
 OpenAIRoutes.prepare, tools through openai_chat_tools.ToolRun), whose events build the output items
-(responses_stream.OutputBuilder).
+(responses_stream.OutputBuilder); Job: the Response object as it ends (completed, incomplete,
+failed, cancelled) and what storing it keeps for a continuation.
 
 A continuation's prompt is the previous response's last request's prompt + output ids, then the
 tokens of what the conversation's render adds after the previous answer: the close of that answer's
@@ -17,6 +18,8 @@ renders starting with that; otherwise the whole render is tokenised, as any chat
 
 from __future__ import annotations
 
+import time
+from array import array
 from typing import Any, AsyncIterator
 
 from pydantic import ValidationError
@@ -27,6 +30,7 @@ from radixrt.runtime.serving.http_io import accumulate, raise_error
 from radixrt.runtime.serving.openai_chat_tools import ToolRun
 from radixrt.runtime.serving.protocol import APIError, ChatCompletionRequest
 from radixrt.runtime.serving.responses_protocol import ResponsesRequest
+from radixrt.runtime.serving.responses_store import ResponsesStore, StoredResponse
 from radixrt.runtime.serving.responses_stream import OutputBuilder
 from radixrt.runtime.serving.tool_parsers.events import Content
 
@@ -150,9 +154,14 @@ class ResponseRun:
             await self.tool_run.start()
             return
         options = self.routes.request_options(self.creq, False, 0, self.thinking.end_ids)
-        self.handle, self.results, self.prompt_tokens = await self.routes.prepare(
-            self.creq, [prompt], max_tokens, options, client=self.client
-        )
+        try:
+            self.handle, self.results, self.prompt_tokens = await self.routes.prepare(
+                self.creq, [prompt], max_tokens, options, client=self.client
+            )
+        except APIError as e:  # text.format's schema is the chat route's json_schema
+            if e.param in ("json_schema", "ebnf") and self.creq.response_format is not None:
+                e.param = "text.format.schema" if e.param == "json_schema" else "text.format"
+            raise
 
     async def events(self) -> AsyncIterator[list[dict[str, Any]]]:
         """The stream events of the output as it is generated (failures raise APIError)."""
@@ -200,3 +209,69 @@ class ResponseRun:
             self.tool_run.close()
         elif self.handle is not None:
             self.handle.close()
+
+
+class Job:
+    """A response being answered: its run, the Response object so far, and what storing it takes."""
+
+    def __init__(
+        self,
+        store: ResponsesStore,
+        req: ResponsesRequest,
+        run: ResponseRun,
+        response: dict[str, Any],
+        owner: str,
+        history: list[dict[str, Any]],
+        prompt_text: str,
+    ):
+        self.store, self.req, self.run, self.response = store, req, run, response
+        self.owner, self.history, self.prompt_text = owner, history, prompt_text
+
+    def finish(self, cancelled: bool = False) -> list[dict[str, Any]]:
+        """The closing stream events; the final Response object is self.response (stored)."""
+        status, incomplete, error = self.run.outcome()
+        if cancelled:
+            status, incomplete, error = "cancelled", None, None
+        events = self.run.builder.finish("completed" if status == "completed" else "incomplete")
+        self.response.update(
+            status=status,
+            output=self.run.builder.items,
+            usage=self.run.usage(),
+            incomplete_details=incomplete,
+            error=error,
+            completed_at=int(time.time()),
+        )
+        self.save(only_if_present=cancelled)
+        return events
+
+    def fail(self, e: APIError) -> list[dict[str, Any]]:
+        events = self.run.builder.finish("incomplete")
+        code = "server_error" if e.status >= 500 else "invalid_prompt"
+        self.response.update(
+            status="failed",
+            output=self.run.builder.items,
+            error={"code": code, "message": e.message},
+        )
+        self.save()
+        return events
+
+    def save(self, only_if_present: bool = False) -> None:
+        if not self.req.store:
+            return
+        ids, output_ids = self.run.transcript() if self.response["status"] != "failed" else ([], [])
+        tokenizer = self.run.chat.tm.tokenizer
+        # what was said, cut or not; a call cut short has no arguments to render
+        outputs = [
+            it
+            for it in self.response["output"]
+            if it["type"] != "function_call" or it.get("status") != "incomplete"
+        ]
+        entry = StoredResponse(
+            self.owner,
+            dict(self.response),
+            conversation=self.history + items.input_messages(outputs),
+            prompt_text=self.prompt_text,
+            transcript_ids=array("i", ids),
+            tail_text=tokenizer.decode(output_ids[-TAIL_TOKENS:], skip_special_tokens=False),
+        )
+        self.store.put(self.response["id"], entry, only_if_present=only_if_present)
