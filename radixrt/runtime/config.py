@@ -138,6 +138,12 @@ class ServerConfig:
         1, "processes that compile grammars (killed at the timeout; niced)"
     )
     grammar_compile_memory_mb: int = _opt(2048, "address space one grammar compile may use")
+    tool_call_parser: str | None = _opt(
+        None, "the model's own tool-call format, read from the free text of a tool_choice auto "
+        "answer (unset: the Hermes envelope, constrained once the model opens a call); "
+        "required / a named function stay grammar-constrained (serving/tool_parsers/)",
+        ("hermes", "qwen25", "llama3", "mistral", "pythonic"),
+    )  # fmt: skip
     host: str = _opt("127.0.0.1", "HTTP bind address (loopback by default)")
     port: int = _opt(30000, "HTTP port")
     api_key: str | None = _opt(

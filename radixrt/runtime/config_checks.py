@@ -97,6 +97,7 @@ def check_choices(c: Any) -> None:
         "disaggregation_mode",
         "disaggregation_transfer_backend",
         "pd",
+        "tool_call_parser",
     ):
         choices = c.__dataclass_fields__[name].metadata["choices"]
         value = getattr(c, name)

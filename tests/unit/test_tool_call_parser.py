@@ -1,12 +1,13 @@
-"""The tool-call parser: any split of an output into deltas gives the same content and calls as the whole
-text, and those are exactly what the output was built from (an independent builder, json.loads)."""
+"""The Hermes-envelope parser (tool_parsers.ToolCallParser, what a grammar writes): any split of an
+output into deltas gives the same content and calls as the whole text, and those are exactly what
+the output was built from (an independent builder, json.loads)."""
 
 import json
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixrt.runtime.serving.tool_call_parser import (
+from radixrt.runtime.serving.tool_parsers import (
     ArgsDelta,
     CallEnd,
     CallStart,

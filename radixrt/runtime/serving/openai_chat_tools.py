@@ -1,11 +1,12 @@
 """/v1/chat/completions with tools (tool_calls.py plans them): the phases of one answer, the calls
-the incremental parser (tool_call_parser.py) reads from the text, and those calls as OpenAI's
-message or stream chunks.
+an incremental parser (tool_parsers/) reads from the text, and those calls as OpenAI's message or
+stream chunks.
 
-With tool_choice `required` or a named function, every choice is grammar-constrained to calls from
-its first token. With `auto` (one choice) the answer runs unconstrained with `<tool_call>` as an
-extra stop string; if the model opens a call, a second phase continues from the same prefix (a radix
-cache hit) constrained to calls. Stream and non-stream read calls with the same parser.
+`required` or a named function: grammar-constrained to Hermes-envelope calls from the first token
+(read by ToolCallParser whatever --tool-call-parser says). `auto` with --tool-call-parser: free
+text, read by that parser in the model's own format. `auto` without (one choice): free text with
+`<tool_call>` as an extra stop string; if the model opens a call, a second phase continues from the
+same prefix (a radix cache hit) constrained to calls. Stream and whole answers: the same parser.
 """
 
 from __future__ import annotations
@@ -30,14 +31,15 @@ from radixrt.runtime.serving.http_io import (
 )
 from radixrt.runtime.serving.protocol import APIError, ChatCompletionRequest
 from radixrt.runtime.serving.tenants import client_of
-from radixrt.runtime.serving.tool_call_parser import (
-    OPEN,
+from radixrt.runtime.serving.tool_parsers import (
     ArgsDelta,
     CallEnd,
     CallStart,
     Content,
     ToolCallParser,
+    make_parser,
 )
+from radixrt.runtime.serving.tool_parsers.hermes_stream import OPEN
 
 
 async def answer_with_tools(
@@ -62,7 +64,7 @@ async def answer_with_tools(
             "tools cannot be combined with response_format, regex, json_schema or ebnf",
             param="tools",
         )
-    if plan.mode == "auto" and req.n != 1:
+    if plan.mode == "auto" and chat.tm.config.tool_call_parser is None and req.n != 1:
         raise APIError(
             "tool_choice auto supports n = 1 only (use required or a named function)", param="n"
         )
@@ -112,17 +114,19 @@ class ToolRun:
         options: RequestOptions,  # the body's (OpenAIRoutes.request_options), for every phase
         client: str | None = None,  # whom its requests count against (tenants.client_of)
     ):
-        self.chat, self.req, self.plan, self.prompt, self.max_tokens = (
-            chat,
-            req,
-            plan,
-            prompt,
-            max_tokens,
-        )
+        self.chat, self.req, self.plan, self.prompt = chat, req, plan, prompt
+        self.max_tokens = max_tokens
         self.options = options
         self.client = client
         self.n = req.n
-        self.parsers = [ToolCallParser() for _ in range(self.n)]
+        # --tool-call-parser: an auto answer is free text in the model's own format (calls to
+        # other tools than the request's are content); else what a grammar writes
+        parser = chat.tm.config.tool_call_parser
+        self.free = plan.mode == "auto" and parser is not None
+        self.parsers = [
+            make_parser(parser, plan.names) if self.free else ToolCallParser()
+            for _ in range(self.n)
+        ]
         self.content = [""] * self.n
         self.calls: list[list[dict[str, Any]]] = [[] for _ in range(self.n)]
         self.finish: list[str | None] = [None] * self.n
@@ -132,7 +136,9 @@ class ToolRun:
 
     async def start(self) -> None:
         """Phase 1 (refusals are a 400 before anything is sent)."""
-        if self.plan.mode == "auto":
+        if self.free:
+            extra: dict[str, Any] = {}  # the request's own sampling, its stop strings included
+        elif self.plan.mode == "auto":
             # the call grammar of phase 2 is checked now, so a tool schema that cannot be enforced
             # is a 400 before any text is sent
             await self.chat.tm.validate_sampling(
@@ -180,7 +186,8 @@ class ToolRun:
     async def events(self) -> AsyncIterator[tuple[int, list]]:
         """(choice, parser events) as the text arrives, through every phase; sets finish reasons."""
         reopen = None
-        async for idx, events, opened in self._phase_events(self.plan.mode == "auto"):
+        may_open = self.plan.mode == "auto" and not self.free
+        async for idx, events, opened in self._phase_events(may_open):
             reopen = opened or reopen
             yield idx, events
         if reopen is None:
