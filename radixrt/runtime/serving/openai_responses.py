@@ -166,7 +166,14 @@ class ResponsesRoute:
         task = asyncio.ensure_future(self._background(job))
         entry.task = task
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+
+        def done(task: asyncio.Task) -> None:
+            self._tasks.discard(task)
+            if task.cancelled():  # cancelled before its first step: its handler never ran
+                job.run.close()
+                job.finish(cancelled=True)
+
+        task.add_done_callback(done)
         return dict(job.response)
 
     async def _background(self, job: Job) -> None:
