@@ -161,6 +161,7 @@ class ToolRun:
             self.req, [prompt], max_tokens, self.options, extra=extra, client=self.client
         )
         self.phase_results.append(results)
+        self.phase_prompt = prompt  # the last phase's (a Responses continuation starts with it)
         self.prompt_tokens = self.prompt_tokens or prompt_tokens
 
     def close(self) -> None:
