@@ -1,6 +1,7 @@
 """Constrained decoding benchmark: JSONSchemaBench coverage, compile time, per-step mask cost.
 
-    python benchmarks/bench_grammar.py [--backend all|outlines|llguidance] [--limit N] [--timeout 5] [--data DIR]
+    python benchmarks/bench_grammar.py [--backend all|outlines|llguidance|xgrammar] [--limit N] [--timeout 5]
+        [--data DIR] [--validity 30] [--validity-tokens 128]
 
 Part 1, coverage on the MaskBench sample (../shared/data/jsonschemabench next to the repo, 619 schemas): each
 schema runs in a forked child (so a compile that overruns the timeout can be killed): schema ->
@@ -22,6 +23,18 @@ budget-steering distance table, as in the server. llguidance is given declared k
 silent (--json-schema-strict, the server's default: a valid instance with an undeclared key is then rejected
 and its schema counts as failing); --no-json-schema-strict measures JSON Schema's own semantics. Results in
 results/grammar.json (grammar_standard.json without strict).
+
+xgrammar (--grammar-backend xgrammar) runs the same walk on its GrammarMatcher: the schema -> its grammar
+(xgrammar_compile.grammar_for: a schema with keywords xgrammar would not enforce is "rejected" with the
+reason, as the server refuses it) and compiled (its token-mask caches precomputed: "compile"), then the
+bitmask fill per token (fill_next_token_bitmask). Its compile time is measured in the child as for the
+others; in the server the compile runs in a pool worker and the result crosses back serialized, which
+adds a few ms.
+
+Part 3, output validity (grammar_validity.py): `--validity N` sample schemas (default 30, at most 1500
+characters each), generated greedily by the real default model under each backend and auto (an Engine
+each, `--validity-tokens` new tokens at most), every output judged by jsonschema: refused / valid /
+invalid / incomplete.
 
 Part 2 (outlines only), cost per schema size: compile time, and per decoding step the mask cost per request:
 outlines-core writing the bitmask (`write_mask_into`) and our whole fill_mask (bitmask + unpack
@@ -142,6 +155,46 @@ def _child_llg(backend, tokenizer, path: str, conn) -> None:
                 ok = False
                 break
         results.append((bool(test["valid"]), ok and m.is_accepting(), text[:160]))
+    conn.send({"status": "done", "results": results, "write_us": write_us})
+
+
+def _child_xgr(backend, tokenizer, path: str, conn) -> None:
+    import xgrammar as xgr
+
+    from radixrt.runtime.constrained.xgrammar_compile import grammar_for
+
+    data = json.load(open(path))
+    try:
+        t0 = time.perf_counter()
+        grammar = grammar_for(
+            grammar_key("json_schema", data["schema"]), backend.strict, capture=True
+        )
+        t1 = time.perf_counter()
+    except GrammarError as e:
+        conn.send({"status": "rejected", "reason": str(e)})
+        return
+    conn.send({"status": "converted", "convert_s": t1 - t0})
+    try:
+        compiled = xgr.GrammarCompiler(
+            backend.info, max_threads=2, cache_enabled=False
+        ).compile_grammar(grammar)
+    except RuntimeError as e:
+        conn.send({"status": "compile_error", "reason": str(e)[-200:]})
+        return
+    conn.send({"status": "compiled", "compile_s": time.perf_counter() - t0})
+    results, write_us = [], []
+    buf = torch.zeros((1, backend.num_words), dtype=torch.int32)
+    for test in data["tests"]:
+        text = json.dumps(test["data"], ensure_ascii=False, separators=(",", ":"))
+        m, ok = xgr.GrammarMatcher(compiled), True
+        for tok in tokenizer.encode(text, add_special_tokens=False):
+            t = time.perf_counter()
+            m.fill_next_token_bitmask(buf, 0)
+            write_us.append((time.perf_counter() - t) * 1e6)
+            if not m.accept_token(tok):
+                ok = False
+                break
+        results.append((bool(test["valid"]), ok and m.is_completed(), text[:160]))
     conn.send({"status": "done", "results": results, "write_us": write_us})
 
 
@@ -286,14 +339,14 @@ def tally(name: str, files: list[str], records: list[dict], timeout: float) -> d
 
 
 def coverage(runs: dict, tokenizer, files: list[str], timeout: float) -> dict:
-    """runs: backend name -> (backend, child). With both outlines and llguidance, `auto` is tallied too."""
+    """runs: backend name -> (backend, child). With outlines and llguidance, `auto` is tallied too."""
     records: dict[str, list[dict]] = {name: [] for name in runs}
     for n, path in enumerate(files):
         for name, (backend, child) in runs.items():
             records[name].append(run_schema(child, backend, tokenizer, path, timeout))
         if (n + 1) % 50 == 0:
             print(f"  ... {n + 1}/{len(files)}", file=sys.stderr, flush=True)
-    if len(runs) == 2:
+    if "outlines" in runs and "llguidance" in runs:
         records["auto"] = [
             auto_record(a, b) for a, b in zip(records["llguidance"], records["outlines"])
         ]
@@ -437,7 +490,7 @@ def step_costs(backend, vocab_size: int, walks: int = 20, steps: int = 150) -> d
     return out
 
 
-def batch_walk_costs(make_state, tokenizer, files: list[str], batch: int = 32) -> dict:
+def batch_walk_costs(make_state, tokenizer, files: list[str], name: str, batch: int = 32) -> dict:
     """A decoding batch of `batch` requests, each constrained by a different sample schema and walking that
     schema's first valid instance in lockstep: the time of one fill_masks over the rows still walking (what
     the scheduler pays per step), p50/p99 per step and per row, from the second step on."""
@@ -485,7 +538,7 @@ def batch_walk_costs(make_state, tokenizer, files: list[str], batch: int = 32) -
         "mean_live_rows": statistics.mean(rows),
     }
     print(
-        f"\n== a batch of {len(states)} constrained requests (different sample schemas) walking valid instances =="
+        f"\n== {name}: a batch of {len(states)} constrained requests (different sample schemas) walking valid instances =="
     )
     print(
         f"fill_masks per step: p50 {result['step_us'][0]:.0f} µs  p99 {result['step_us'][1]:.0f} µs; per row "
@@ -504,14 +557,21 @@ def main() -> None:
     ap.add_argument(
         "--backend",
         default="all",
-        choices=["all", "outlines", "llguidance"],
-        help="all: both backends and auto (outlines, llguidance for what outlines cannot serve)",
+        choices=["all", "outlines", "llguidance", "xgrammar"],
+        help="all: the three backends and auto (llguidance, outlines for what llguidance refuses)",
     )
+    ap.add_argument(
+        "--validity",
+        type=int,
+        default=30,
+        help="sample schemas generated by the real model under each backend (0: skip)",
+    )
+    ap.add_argument("--validity-tokens", type=int, default=128, help="their max_new_tokens")
     ap.add_argument(
         "--no-json-schema-strict",
         dest="strict",
         action="store_false",
-        help="llguidance follows JSON Schema (undeclared keys allowed), as the server's flag of that name",
+        help="llguidance and xgrammar follow JSON Schema (undeclared keys allowed), as the server's flag",
     )
     ap.add_argument(
         "--out",
@@ -545,6 +605,7 @@ def main() -> None:
             ),
             tokenizer,
             batch_files,
+            "outlines",
         )
         runs["outlines"] = (backend, _child)
     if args.backend in ("all", "llguidance"):
@@ -558,11 +619,41 @@ def main() -> None:
             strict=args.strict,
         )
         results["batch32"]["llguidance"] = batch_walk_costs(
-            lambda schema: llg._build("json_schema", json.dumps(schema)), tokenizer, batch_files
+            lambda schema: llg._build("json_schema", json.dumps(schema), []),
+            tokenizer,
+            batch_files,
+            "llguidance",
         )
         runs["llguidance"] = (llg, _child_llg)
+    if args.backend in ("all", "xgrammar"):
+        from radixrt.runtime.constrained.xgrammar_backend import XGrammarBackend
+
+        xgr = XGrammarBackend(
+            tokenizer,
+            vocab_size,
+            [tokenizer.eos_token_id],
+            compile_timeout=args.timeout,
+            strict=args.strict,
+        )
+        results["batch32"]["xgrammar"] = batch_walk_costs(
+            lambda schema: xgr.new_state(
+                xgr.compile_in_process(grammar_key("json_schema", json.dumps(schema)))
+            ),
+            tokenizer,
+            batch_files,
+            "xgrammar",
+        )
+        xgr.pool.shutdown()  # the children compile in process
+        runs["xgrammar"] = (xgr, _child_xgr)
     if not args.skip_coverage:
         results["coverage"] = coverage(runs, tokenizer, files, args.timeout)
+    if args.validity:
+        from grammar_validity import output_validity, sample_schemas
+
+        names = list(runs) + (["auto"] if "outlines" in runs and "llguidance" in runs else [])
+        results["validity"] = output_validity(
+            names, sample_schemas(files, args.validity), args.validity_tokens, args.strict
+        )
     name = "grammar.json" if args.strict else "grammar_standard.json"
     args.out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", name)
     with open(args.out, "w") as f:

@@ -105,10 +105,14 @@ class XGrammarState(LLGState):
     ):
         super().__init__(matcher, description, eos_token_ids, num_words, forced is not None)
         self.forced = forced
-        self._row: np.ndarray | None = None  # the mask here, until the next token
-        # xgrammar's stop ids (ours, or those it found) as (word, bit) pairs to clear
-        stop = np.asarray(matcher.stop_token_ids, dtype=np.int64)
-        self._stop = (stop >> 5, ~(np.int32(1) << (stop & 31).astype(np.int32)))
+        # the mask here, filled once per position (until the next token) into a buffer of its own
+        self._buf = torch.empty((1, num_words), dtype=torch.int32)
+        self._row, self._fresh = self._buf.numpy()[0], False
+        # xgrammar's stop ids (ours, or those it found): (word, mask clearing its bit)
+        self._stop = [
+            (t >> 5, np.int32(~(1 << (t & 31)) if t & 31 < 31 else 0x7FFFFFFF))
+            for t in matcher.stop_token_ids
+        ]
 
     def is_final(self) -> bool:
         return self.matcher.is_completed()
@@ -123,16 +127,19 @@ class XGrammarState(LLGState):
             twin.shadow = self.shadow.fork(tokens)
         return twin
 
-    def _fill_row(self) -> np.ndarray:
-        words = torch.zeros((1, self.num_words), dtype=torch.int32)
-        self.matcher.fill_next_token_bitmask(words, 0)
-        row = words.numpy()[0]
-        row[self._stop[0]] &= self._stop[1]
+    def _fill_row(self, buf: torch.Tensor | None = None) -> np.ndarray:
+        """The matcher's mask without the stop ids, into buf (a new row by default)."""
+        buf = torch.empty((1, self.num_words), dtype=torch.int32) if buf is None else buf
+        self.matcher.fill_next_token_bitmask(buf, 0)  # writes every word
+        row = buf.numpy()[0]
+        for word, keep in self._stop:
+            row[word] &= keep
         return row
 
     def _mask(self) -> np.ndarray:
-        if self._row is None:
-            self._row = self._fill_row()
+        if not self._fresh:
+            self._fill_row(self._buf)
+            self._fresh = True
         return self._row
 
     def _write_allowed(self, words: torch.Tensor) -> None:
@@ -143,7 +150,7 @@ class XGrammarState(LLGState):
             raise GrammarError(
                 f"token {token_id} is not allowed by the xgrammar {self.description}"
             )
-        self._row = None
+        self._fresh = False
         if self.shadow is not None:
             self.shadow.accept(token_id)
 
