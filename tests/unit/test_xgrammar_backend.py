@@ -228,7 +228,9 @@ def test_drafts_are_the_forced_text_tokenized(xgr, tokenizer, vocab_size, spelle
 
 
 def test_draft_respects_max_tokens_and_off_switch(tokenizer, vocab_size, xgr):
-    off = XGrammarBackend(tokenizer, vocab_size, [tokenizer.eos_token_id], enable_jump_forward=False)
+    off = XGrammarBackend(
+        tokenizer, vocab_size, [tokenizer.eos_token_id], enable_jump_forward=False
+    )
     try:
         spec = ["supercalifragilistic", "xylophone"]
         a, b = compiled(xgr, "choices", spec), compiled(off, "choices", spec, timeout=60)
