@@ -207,3 +207,64 @@ def test_qwen3_without_thinking_answers_directly(qwen3):
     jsonschema.validate(json.loads(msg.content), SCHEMA)
     assert msg.model_extra.get("reasoning_content") is None
     assert reply.usage.completion_tokens_details.reasoning_tokens == 0
+
+
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def test_a_required_call_comes_after_the_thinking(r1):
+    """Tools under a reasoning parser: the thinking is reasoning_content, the call after it is
+    grammar-valid, whole and streamed alike."""
+    body = dict(
+        messages=[{"role": "user", "content": "Add 2 and 3."}],
+        max_tokens=48,
+        tools=[ADD],
+        tool_choice="required",
+    )
+    reply = chat(r1.url, **body)
+    msg = reply.choices[0].message
+    assert reply.choices[0].finish_reason == "tool_calls" and msg.tool_calls
+    for call in msg.tool_calls:
+        jsonschema.validate(json.loads(call.function.arguments), ADD["function"]["parameters"])
+    assert (
+        msg.model_extra["reasoning_content"]
+        and "</think>" not in msg.model_extra["reasoning_content"]
+    )
+    assert reply.usage.completion_tokens_details.reasoning_tokens > 0
+    client = openai.OpenAI(base_url=r1.url + "/v1", api_key="none", timeout=300)
+    reasoning, args = [], {}
+    for chunk in client.chat.completions.create(
+        model="default", temperature=0, stream=True, **body
+    ):
+        for choice in chunk.choices:
+            reasoning.append((choice.delta.model_extra or {}).get("reasoning_content") or "")
+            for call in choice.delta.tool_calls or []:
+                args[call.index] = args.get(call.index, "") + (call.function.arguments or "")
+    assert "".join(reasoning) == msg.model_extra["reasoning_content"]
+    assert [args[i] for i in sorted(args)] == [c.function.arguments for c in msg.tool_calls]
+
+
+def test_responses_give_the_thinking_as_a_reasoning_item(r1):
+    client = openai.OpenAI(base_url=r1.url + "/v1", api_key="none", timeout=300)
+    resp = client.responses.create(
+        model="default",
+        input="Which city is the largest in France?",
+        max_output_tokens=48,
+        temperature=0,
+        text={"format": {"type": "json_schema", "name": "answer", "schema": SCHEMA}},
+    )
+    kinds = [item.type for item in resp.output]
+    assert kinds[0] == "reasoning" and "message" in kinds, kinds
+    jsonschema.validate(json.loads(resp.output_text), SCHEMA)
+    assert resp.usage.output_tokens_details.reasoning_tokens > 0

@@ -10,6 +10,7 @@ waits for the answer. `stream_reasoning: false` sends the thinking as one delta 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
 from radixrt.runtime.request.sequence_result import SequenceResult
@@ -19,6 +20,13 @@ from radixrt.runtime.serving.reasoning_parser import (
     reasoning_token_count,
     thinks,
 )
+
+
+@dataclass(frozen=True)
+class Reasoning:
+    """A piece of the thinking, among a tool parser's events (openai_chat_tools.py)."""
+
+    text: str
 
 
 class ChatReasoning:
@@ -93,6 +101,21 @@ class ChatReasoning:
         r1, c1 = parser.feed(text)
         r2, c2 = parser.finish()
         return {"content": c1 + c2, "reasoning_content": (r1 + r2) or None}
+
+    def split_events(self, idx: int, text: str, finished: bool, parser: Any) -> list[Any]:
+        """Choice idx's text through the thinking first, its answer through a tool-call parser:
+        [Reasoning] + the parser's events (finished: the parser's last ones too)."""
+        reasoning, content = self.feed(idx, text, finished)
+        events: list[Any] = [Reasoning(reasoning)] if reasoning else []
+        events += parser.feed(content) if content else []
+        return events + (parser.finish() if finished else [])
+
+    def tokens_of(self, idx: int, output_ids: list[int]) -> int:
+        """Choice idx's thinking tokens among output_ids (its whole output, every phase)."""
+        if not self.enabled:
+            return 0
+        still = self.in_reasoning(idx)
+        return reasoning_token_count(output_ids, list(self.end_ids or ()), still)
 
     def reasoning_tokens(self, results: list[SequenceResult]) -> int:
         """Output tokens the choices spent thinking (the end tag's tokens included)."""

@@ -123,7 +123,7 @@ class ChatRoute:
                 raise APIError(
                     "use_beam_search cannot be combined with tools", param="use_beam_search"
                 )
-            return await answer_with_tools(self, request, req, plan, prompt, max_tokens)
+            return await answer_with_tools(self, request, req, plan, prompt, max_tokens, thinking)
         options = self.routes.request_options(
             req, req.logprobs, req.top_logprobs or 0, thinking.end_ids
         )

@@ -7,10 +7,16 @@ stream chunks.
 text, read by that parser in the model's own format. `auto` without (one choice): free text with
 `<tool_call>` as an extra stop string; if the model opens a call, a second phase continues from the
 same prefix (a radix cache hit) constrained to calls. Stream and whole answers: the same parser.
+
+Under --reasoning-parser the text goes through the thinking first (chat_reasoning.py): the thinking
+becomes reasoning_content, only the answer reaches the tool-call parser, the call grammar starts
+after the thinking, and with `auto` a `<tool_call>` written inside the thinking is not a call: the
+answer resumes from there, free.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from typing import Any, AsyncIterator
@@ -21,6 +27,7 @@ from fastapi.responses import StreamingResponse
 from radixrt.runtime.request.options import RequestOptions
 from radixrt.runtime.request.sequence_result import SequenceResult
 from radixrt.runtime.serving import tool_calls
+from radixrt.runtime.serving.chat_reasoning import ChatReasoning, Reasoning, with_reasoning_usage
 from radixrt.runtime.serving.http_io import (
     SSE_DONE,
     SSE_HEADERS,
@@ -49,8 +56,10 @@ async def answer_with_tools(
     plan: tool_calls.ToolPlan,
     prompt: list[int],
     max_tokens: int | None,
+    thinking: ChatReasoning | None = None,
 ) -> Any:
-    """The answer to a chat request whose tool_choice is not `none` (refusals first: a 400)."""
+    """The answer to a chat request whose tool_choice is not `none` (refusals first: a 400);
+    thinking: the request's under --reasoning-parser."""
     if req.logprobs:
         raise APIError("logprobs together with tools is not supported", param="logprobs")
     rf = req.response_format
@@ -70,8 +79,9 @@ async def answer_with_tools(
         )
     client = client_of(request, chat.tm.config, req.cache_salt)
     # built once: every phase's request carries the same options (no logprobs with tools)
-    options = chat.routes.request_options(req, False, 0)
-    run = ToolRun(chat, req, plan, prompt, max_tokens, options, client)
+    thinking = thinking or ChatReasoning(chat.tm, req)
+    options = chat.routes.request_options(req, False, 0, thinking.end_ids)
+    run = ToolRun(chat, req, plan, prompt, max_tokens, options, client, thinking)
     await run.start()
     base = {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
@@ -113,6 +123,7 @@ class ToolRun:
         max_tokens: int | None,
         options: RequestOptions,  # the body's (OpenAIRoutes.request_options), for every phase
         client: str | None = None,  # whom its requests count against (tenants.client_of)
+        thinking: ChatReasoning | None = None,  # the thinking's split (--reasoning-parser)
     ):
         self.chat, self.req, self.plan, self.prompt = chat, req, plan, prompt
         self.max_tokens = max_tokens
@@ -133,6 +144,7 @@ class ToolRun:
         self.phase_results: list[list[SequenceResult]] = []
         self.prompt_tokens = 0
         self.handle: Any = None
+        self.thinking = thinking or ChatReasoning(chat.tm, req)
 
     async def start(self) -> None:
         """Phase 1 (refusals are a 400 before anything is sent)."""
@@ -144,21 +156,29 @@ class ToolRun:
             await self.chat.tm.validate_sampling(
                 {"tool_call_grammar": self.plan.grammar(opened=True)}, self.client
             )
-            stop = (
-                self.req.stop
-                if isinstance(self.req.stop, list)
-                else [self.req.stop] * (self.req.stop is not None)
-            )
-            extra = {"stop": [*stop, OPEN]}
+            extra = self._auto_extra()
         else:  # the whole answer is calls: the client's stop strings do not cut them
             extra = {"tool_call_grammar": self.plan.grammar(opened=False), "stop": []}
         await self._phase(self.prompt, self.max_tokens, extra)
 
+    def _auto_extra(self) -> dict[str, Any]:
+        """auto's free phase: the client's stop strings and the opening tag."""
+        stop = (
+            self.req.stop
+            if isinstance(self.req.stop, list)
+            else [self.req.stop] * (self.req.stop is not None)
+        )
+        return {"stop": [*stop, OPEN]}
+
     async def _phase(
-        self, prompt: list[int], max_tokens: int | None, extra: dict[str, Any]
+        self,
+        prompt: list[int],
+        max_tokens: int | None,
+        extra: dict[str, Any],
+        options: RequestOptions | None = None,
     ) -> None:
         self.handle, results, prompt_tokens = await self.chat.routes.prepare(
-            self.req, [prompt], max_tokens, self.options, extra=extra, client=self.client
+            self.req, [prompt], max_tokens, options or self.options, extra=extra, client=self.client
         )
         self.phase_results.append(results)
         self.phase_prompt = prompt  # the last phase's (a Responses continuation starts with it)
@@ -186,26 +206,39 @@ class ToolRun:
 
     async def events(self) -> AsyncIterator[tuple[int, list]]:
         """(choice, parser events) as the text arrives, through every phase; sets finish reasons."""
-        reopen = None
         may_open = self.plan.mode == "auto" and not self.free
-        async for idx, events, opened in self._phase_events(may_open):
-            reopen = opened or reopen
-            yield idx, events
-        if reopen is None:
-            return
-        self.handle.close()
-        # the model opened a call: continue from the same prefix, constrained to calls from here
-        yield 0, self._apply(0, self.parsers[0].feed(OPEN))
-        text_ids = (await self.chat.tm.encode([reopen.text + OPEN]))[0]
-        used = reopen.completion_tokens
-        left = None if self.max_tokens is None else max(1, self.max_tokens - used)
+        prompt, text, used = self.prompt, "", 0
+        while True:
+            reopen = None
+            async for idx, events, opened in self._phase_events(may_open):
+                reopen = opened or reopen
+                yield idx, events
+            if reopen is None:
+                return
+            self.handle.close()
+            text, used = text + reopen.text + OPEN, used + reopen.completion_tokens
+            text_ids = (await self.chat.tm.encode([text]))[0]
+            left = None if self.max_tokens is None else max(1, self.max_tokens - used)
+            if not self.thinking.in_reasoning(0):
+                break
+            # the tag was written inside the thinking: not a call; the answer goes on, free
+            yield 0, self._split(0, OPEN, False)
+            await self._phase(prompt + text_ids, left, self._auto_extra(), self.options)
+        # the model opened a call: continue from the same prefix, constrained to calls from here;
+        # the thinking (if any) is over, so the grammar starts at once
+        yield 0, self._split(0, OPEN, False)
         await self._phase(
-            self.prompt + text_ids,
+            prompt + text_ids,
             left,
             {"tool_call_grammar": self.plan.grammar(opened=True), "stop": []},
+            dataclasses.replace(self.options, reasoning_end_ids=None),
         )
         async for idx, events, _ in self._phase_events(False):
             yield idx, events
+
+    def _split(self, idx: int, text: str, finished: bool) -> list:
+        """Choice idx's new text as events: the thinking's, then the tool parser's (applied)."""
+        return self._apply(idx, self.thinking.split_events(idx, text, finished, self.parsers[idx]))
 
     async def _phase_events(
         self, may_open: bool
@@ -216,27 +249,27 @@ class ToolRun:
         async for idx, out, failed in accumulate(self.handle, results):
             if failed is not None:
                 raise_error(results[idx])
-            yield idx, self._apply(idx, self.parsers[idx].feed(out.get("text", ""))), None
             res = results[idx]
-            if not res.finished:
-                continue
-            if may_open and (res.finished_reason or {}).get("matched") == OPEN:
+            opened = may_open and (res.finished_reason or {}).get("matched") == OPEN
+            ended = res.finished and not opened
+            yield idx, self._split(idx, out.get("text", ""), ended), None
+            if opened:
                 yield idx, [], res
-            else:
-                yield idx, self._end(idx, res), None
+            elif ended:
+                self._end(idx, res)
 
-    def _end(self, idx: int, res: SequenceResult) -> list:
-        events = self._apply(idx, self.parsers[idx].finish())
+    def _end(self, idx: int, res: SequenceResult) -> None:
         done = self.parsers[idx].num_calls
         self.finish[idx] = (
             "tool_calls"
             if done and not self.parsers[idx].in_call
             else self.chat.routes.finish_reason(res)
         )
-        return events
 
     def choice(self, i: int) -> dict[str, Any]:
         message = {"role": "assistant", "content": self.content[i] or None}
+        if self.thinking.separate:
+            message["reasoning_content"] = self.thinking.reasoning.get(i) or None
         if self.calls[i]:
             message["tool_calls"] = self.calls[i]
         return {"index": i, "message": message, "logprobs": None, "finish_reason": self.finish[i]}
@@ -247,7 +280,15 @@ class ToolRun:
         usage["prompt_tokens_details"]["cached_tokens"] = sum(
             r.cached_tokens for r in self.phase_results[0]
         )
-        return usage
+        if self.thinking.fmt is None:
+            return usage
+        # a choice's output is its phases' outputs one after the other (auto: phase 1 was choice 0)
+        outputs = [
+            [t for phase in self.phase_results if i < len(phase) for t in phase[i].output_ids]
+            for i in range(self.n)
+        ]
+        thought = sum(self.thinking.tokens_of(i, ids) for i, ids in enumerate(outputs))
+        return with_reasoning_usage(usage, thought)
 
     async def sse(self, cbase: dict[str, Any]) -> AsyncIterator[bytes]:
         opts = self.req.stream_options
@@ -269,7 +310,9 @@ class ToolRun:
                 yield chunk(i, {"role": "assistant", "content": ""})
             async for idx, events in self.events():
                 for e in events:
-                    if isinstance(e, Content) and e.text:
+                    if isinstance(e, Reasoning):
+                        yield chunk(idx, {"reasoning_content": e.text})
+                    elif isinstance(e, Content) and e.text:
                         yield chunk(idx, {"content": e.text})
                     elif isinstance(e, CallStart):
                         call = self.calls[idx][e.index]

@@ -129,8 +129,7 @@ class ResponseRun:
             client,
         )
         self.builder = OutputBuilder()
-        # a reasoning parser's thinking (--reasoning-parser) becomes a reasoning item; the tool
-        # path leaves thinking in the text, as the chat route's does
+        # a reasoning parser's thinking (--reasoning-parser) becomes a reasoning item
         self.thinking = ChatReasoning(chat.tm, creq, constrained=has_grammar(creq, plan))
         self.tool_run: ToolRun | None = None
         self.handle: Any = None
@@ -147,9 +146,16 @@ class ResponseRun:
         """Submit (a bad request is a 4xx here, before anything is answered)."""
         self.prompt = prompt
         if self.uses_tools:
-            options = self.routes.request_options(self.creq, False, 0)
+            options = self.routes.request_options(self.creq, False, 0, self.thinking.end_ids)
             self.tool_run = ToolRun(
-                self.chat, self.creq, self.plan, prompt, max_tokens, options, self.client
+                self.chat,
+                self.creq,
+                self.plan,
+                prompt,
+                max_tokens,
+                options,
+                self.client,
+                self.thinking,
             )
             await self.tool_run.start()
             return

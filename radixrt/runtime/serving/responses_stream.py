@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 
 from radixrt.runtime.serving import responses_items as items_of
+from radixrt.runtime.serving.chat_reasoning import Reasoning
 from radixrt.runtime.serving.tool_calls import new_call_id
 from radixrt.runtime.serving.tool_parsers.events import ArgsDelta, CallEnd, CallStart, Content
 
@@ -38,7 +39,9 @@ class OutputBuilder:
     def feed(self, events: list[Any]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         for e in events:
-            if isinstance(e, Content):
+            if isinstance(e, Reasoning):  # the thinking, on the tool path (openai_chat_tools.py)
+                out += self.reasoning(e.text)
+            elif isinstance(e, Content):
                 out += self._content(e.text)
             elif isinstance(e, CallStart):
                 self._held = ""  # whitespace before a call is not an answer
