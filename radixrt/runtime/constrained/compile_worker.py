@@ -36,7 +36,7 @@ def write_frame(f: BinaryIO, obj: Any) -> None:
     f.flush()
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Linux: SIGKILL this worker when its parent dies, even in the middle of a compile."""
     try:
         import ctypes
@@ -66,7 +66,7 @@ def serve(inp: BinaryIO, out: BinaryIO) -> None:
     from radixrt.runtime.request.stop_regex import build_seconds
 
     token_map, fsm_eos, memory_bytes = read_frame(inp)
-    _die_with_parent()
+    die_with_parent()
     import signal
 
     # Ctrl-C reaches the process group; the server stops us

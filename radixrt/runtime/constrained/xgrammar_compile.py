@@ -36,7 +36,7 @@ import sys
 import tempfile
 from typing import Any, BinaryIO
 
-from radixrt.runtime.constrained.compile_worker import read_frame, write_frame
+from radixrt.runtime.constrained.compile_worker import die_with_parent, read_frame, write_frame
 from radixrt.runtime.constrained.json_schema.formats import without_nonstandard_formats
 from radixrt.runtime.constrained.json_schema.strict import LIST_KEYS, MAP_KEYS, SCHEMA_KEYS
 from radixrt.runtime.constrained.regex_builder import FORMATS, UNSUPPORTED_FORMATS, GrammarError
@@ -248,27 +248,14 @@ def grammar_for(key: tuple, strict: bool = True, capture: bool = False) -> Any:
         raise GrammarError(f"xgrammar cannot read the {kind}: {clean(e)}") from None
 
 
-def _die_with_parent() -> None:
-    """Linux: SIGKILL this worker when its parent dies, even in the middle of a compile."""
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass  # elsewhere: the parent's death closes stdin, which ends the worker between jobs
-
-
 def serve(inp: BinaryIO, out: BinaryIO) -> None:
     info_json, memory_bytes, strict, threads = read_frame(inp)
-    _die_with_parent()
+    die_with_parent()
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group; the server stops us
-    try:
-        os.nice(WORKER_NICENESS)  # decoding comes first
-    except OSError:
-        pass
+    # the start-up (torch, transformers, xgrammar: seconds of CPU) at the server's priority: niced,
+    # on a busy machine it outlasted the pool's start-up grace, and the first job failed with it
     import xgrammar as xgr
 
     compiler = None
@@ -277,6 +264,10 @@ def serve(inp: BinaryIO, out: BinaryIO) -> None:
         # no cache here: the parent keeps compiled grammars (an LRU bounded in entries and bytes)
         compiler = xgr.GrammarCompiler(info, max_threads=threads, cache_enabled=False)
     del info_json
+    try:
+        os.nice(WORKER_NICENESS)  # decoding comes first
+    except OSError:
+        pass
     if memory_bytes > 0:  # on top of what torch and xgrammar's imports already mapped
         with open("/proc/self/statm") as f:
             mapped = int(f.read().split()[0]) * resource.getpagesize()
