@@ -82,7 +82,8 @@ def grammar_key(kind: str, spec: Any) -> tuple:
         except (ValueError, RecursionError) as e:
             raise GrammarError(f"tool_call_grammar is not valid JSON: {e}") from None
         check_schema_size(parsed)
-        return kind, json.dumps(parsed, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+        # keys keep their order: it is the order of the call's arguments (tool_call_regex.py)
+        return kind, json.dumps(parsed, ensure_ascii=False, separators=(",", ":"))
     return kind, None
 
 

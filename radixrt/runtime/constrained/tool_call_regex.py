@@ -19,10 +19,15 @@ from radixrt.runtime.constrained.regex_builder import GrammarError
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
+ARGS_POINTER = "#/properties/arguments"  # where a tool's parameter schema sits in its call's schema
+_DATA_KEYWORDS = ("enum", "const", "default", "examples")  # values, not schemas: never rewritten
+_NAMED_SCHEMAS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 
 
 def tool_call_spec(tools: list[tuple[str, dict]], parallel: bool, opened: bool) -> str:
-    """The canonical spec string of a tool_call_grammar constraint."""
+    """The canonical spec string of a tool_call_grammar constraint. Keys keep their order: a
+    schema's declared property order is the order its arguments are written in, as OpenAI's strict
+    mode and the json_schema constraint write them."""
     return json.dumps(
         {
             "tools": [{"name": n, "parameters": p} for n, p in tools],
@@ -31,7 +36,6 @@ def tool_call_spec(tools: list[tuple[str, dict]], parallel: bool, opened: bool) 
         },
         ensure_ascii=False,
         separators=(",", ":"),
-        sort_keys=True,
     )
 
 
@@ -47,7 +51,7 @@ def tool_call_regex(spec: Any) -> str:
             "type": "object",
             "properties": {
                 "name": {"const": tool["name"]},
-                "arguments": tool.get("parameters") or {"type": "object"},
+                "arguments": _rebased(tool.get("parameters") or {"type": "object"}, ARGS_POINTER),
             },
             "required": ["name", "arguments"],
             "additionalProperties": False,
@@ -57,3 +61,25 @@ def tool_call_regex(spec: Any) -> str:
     rest = rf"\n{body}\n{CLOSE}"
     first = rest if spec.get("opened") else OPEN + rest
     return first + rf"(?:\n{OPEN}{rest})*" if spec.get("parallel") else first
+
+
+def _rebased(node: Any, pointer: str) -> Any:
+    """A parameter schema's local $refs (`#`, `#/$defs/...`: pydantic's, instructor's, ...) made
+    to point into the call schema it is nested in at `pointer`: the schema is its own document to
+    the client, as OpenAI and SGLang treat it. Anchors and $id names resolve anywhere as they are.
+    (Depth is bounded before this runs: spec.check_schema_size.)"""
+    if isinstance(node, list):
+        return [_rebased(v, pointer) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for k, v in node.items():
+        if k == "$ref" and isinstance(v, str) and (v == "#" or v.startswith("#/")):
+            out[k] = pointer + v[1:]
+        elif k in _DATA_KEYWORDS:
+            out[k] = v
+        elif k in _NAMED_SCHEMAS and isinstance(v, dict):  # names are not keywords ("$ref", "enum")
+            out[k] = {name: _rebased(sub, pointer) for name, sub in v.items()}
+        else:
+            out[k] = _rebased(v, pointer)
+    return out
