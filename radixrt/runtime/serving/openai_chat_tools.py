@@ -252,11 +252,12 @@ class ToolRun:
             res = results[idx]
             opened = may_open and (res.finished_reason or {}).get("matched") == OPEN
             ended = res.finished and not opened
-            yield idx, self._split(idx, out.get("text", ""), ended), None
+            events = self._split(idx, out.get("text", ""), ended)
+            if ended:  # before the events go out: a stream's last chunk carries the reason
+                self._end(idx, res)
+            yield idx, events, None
             if opened:
                 yield idx, [], res
-            elif ended:
-                self._end(idx, res)
 
     def _end(self, idx: int, res: SequenceResult) -> None:
         done = self.parsers[idx].num_calls
