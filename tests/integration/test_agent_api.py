@@ -447,3 +447,19 @@ def test_tokenize_round_trips(server, tokenizer):
     ):
         r = httpx.post(server.url + path, json=body, timeout=60)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (path, body, r.text)
+
+
+def test_a_required_call_cut_short_leaves_no_content(client):
+    """max_tokens ends a grammar-constrained call inside its opening tag: no partial tag as content."""
+    for stream in (False, True):
+        reply = client.chat.completions.create(
+            model="default", messages=QUESTION, tools=TOOLS, tool_choice="required", max_tokens=3,
+            stream=stream,
+        )  # fmt: skip
+        if stream:
+            chunks = list(reply)
+            content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            finish = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+        else:
+            content, finish = reply.choices[0].message.content or "", reply.choices[0].finish_reason
+        assert finish == "length" and content == "", (stream, content)

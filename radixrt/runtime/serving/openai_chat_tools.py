@@ -27,26 +27,24 @@ from fastapi.responses import StreamingResponse
 from radixrt.runtime.request.options import RequestOptions
 from radixrt.runtime.request.sequence_result import SequenceResult
 from radixrt.runtime.serving import tool_calls
-from radixrt.runtime.serving.chat_reasoning import ChatReasoning, Reasoning, with_reasoning_usage
+from radixrt.runtime.serving.chat_reasoning import ChatReasoning, with_reasoning_usage
 from radixrt.runtime.serving.http_io import (
-    SSE_DONE,
     SSE_HEADERS,
     accumulate,
     raise_error,
-    sse,
     until_disconnect,
 )
 from radixrt.runtime.serving.protocol import APIError, ChatCompletionRequest
 from radixrt.runtime.serving.tenants import client_of
 from radixrt.runtime.serving.tool_parsers import (
     ArgsDelta,
-    CallEnd,
     CallStart,
     Content,
     ToolCallParser,
     make_parser,
 )
 from radixrt.runtime.serving.tool_parsers.hermes_stream import OPEN
+from radixrt.runtime.serving.tool_run_stream import tool_run_sse
 
 
 async def answer_with_tools(
@@ -90,7 +88,7 @@ async def answer_with_tools(
     }
     if req.stream:
         return StreamingResponse(
-            run.sse({**base, "object": "chat.completion.chunk"}),
+            tool_run_sse(run, {**base, "object": "chat.completion.chunk"}),
             media_type="text/event-stream",
             headers=SSE_HEADERS,
         )
@@ -237,8 +235,13 @@ class ToolRun:
             yield idx, events
 
     def _split(self, idx: int, text: str, finished: bool) -> list:
-        """Choice idx's new text as events: the thinking's, then the tool parser's (applied)."""
-        return self._apply(idx, self.thinking.split_events(idx, text, finished, self.parsers[idx]))
+        """Choice idx's new text as events: the thinking's, then the tool parser's (applied).
+        required / named: the grammar writes calls only, so text outside them (a call cut short
+        by max_tokens leaves part of its tag) is not content."""
+        events = self.thinking.split_events(idx, text, finished, self.parsers[idx])
+        if self.plan.mode in ("required", "named"):
+            events = [e for e in events if not isinstance(e, Content)]
+        return self._apply(idx, events)
 
     async def _phase_events(
         self, may_open: bool
@@ -290,59 +293,3 @@ class ToolRun:
         ]
         thought = sum(self.thinking.tokens_of(i, ids) for i, ids in enumerate(outputs))
         return with_reasoning_usage(usage, thought)
-
-    async def sse(self, cbase: dict[str, Any]) -> AsyncIterator[bytes]:
-        opts = self.req.stream_options
-        continuous = opts is not None and opts.continuous_usage_stats
-
-        def chunk(idx: int, delta: dict[str, Any], finish: str | None = None) -> bytes:
-            obj = {
-                **cbase,
-                "choices": [
-                    {"index": idx, "delta": delta, "logprobs": None, "finish_reason": finish}
-                ],
-            }
-            if continuous:
-                obj["usage"] = self.usage()
-            return sse(obj)
-
-        try:
-            for i in range(self.n):
-                yield chunk(i, {"role": "assistant", "content": ""})
-            async for idx, events in self.events():
-                for e in events:
-                    if isinstance(e, Reasoning):
-                        yield chunk(idx, {"reasoning_content": e.text})
-                    elif isinstance(e, Content) and e.text:
-                        yield chunk(idx, {"content": e.text})
-                    elif isinstance(e, CallStart):
-                        call = self.calls[idx][e.index]
-                        yield chunk(
-                            idx,
-                            {
-                                "tool_calls": [
-                                    {
-                                        "index": e.index,
-                                        "id": call["id"],
-                                        "type": "function",
-                                        "function": {"name": e.name, "arguments": ""},
-                                    }
-                                ]
-                            },
-                        )
-                    elif isinstance(e, ArgsDelta):
-                        yield chunk(
-                            idx,
-                            {"tool_calls": [{"index": e.index, "function": {"arguments": e.text}}]},
-                        )
-                    elif isinstance(e, CallEnd):
-                        pass  # OpenAI has no event for it: the last chunk carries the finish reason
-                if self.finish[idx] is not None:
-                    yield chunk(idx, {}, self.finish[idx])
-            if opts is not None and opts.include_usage:
-                yield sse({**cbase, "choices": [], "usage": self.usage()})
-        except APIError as e:
-            yield sse(e.body())
-        finally:
-            self.close()
-        yield SSE_DONE
