@@ -121,12 +121,10 @@ class ServerConfig:
         "llguidance, else a depth-2 regex",
     )  # fmt: skip
     grammar_backend: str = _opt(
-        "auto", "constrained decoding engine: outlines (outlines-core, DFA; budget steering), "
-        "llguidance (Earley; also context-free grammars), xgrammar (SGLang's default: pushdown "
-        "automaton, precomputed masks; also GBNF grammars), or auto (llguidance, outlines for "
-        "what it refuses). outlines' DFA steers the others near the budget's end. ebnf requests "
-        "use llguidance, except GBNF under xgrammar",
-        ("auto", "outlines", "llguidance", "xgrammar"),
+        "auto", "constrained decoding engine: outlines (DFA), llguidance (Earley), xgrammar "
+        "(SGLang's default: pushdown automaton) or auto (llguidance, outlines for what it refuses) "
+        "- outlines' DFA steers the others near the budget's end. ebnf: llguidance (GBNF: xgrammar "
+        "under xgrammar)", ("auto", "outlines", "llguidance", "xgrammar"),
     )  # fmt: skip
     json_schema_strict: bool = _opt(
         True, "json_schema objects take only their declared keys where the schema says nothing "
