@@ -222,13 +222,19 @@ def test_json_object_depth_is_bounded_by_the_flag(tokenizer, max_depth):
         assert accepted == (max(_depth(obj), 1) <= max_depth), (obj, max_depth)
 
 
-XGRAMMAR_SCHEMAS = ["person", "weather", "review"]  # 24-41 tokens each: the test stays short
+# short outputs (24-41 tokens) and quick outlines shadows: the test stays short
+XGRAMMAR_SCHEMAS = ["event", "weather", "review"]
+WEATHER_TAG = {
+    "type": "structural_tag",
+    "triggers": ["<f="],
+    "structures": [{"begin": "<f=w>", "end": "</f>", "schema": {"enum": ["PAR-75", "LYS-69"]}}],
+}
 
 
 def test_xgrammar_engine_output_is_valid_for_every_kind():
-    """--grammar-backend xgrammar through the real scheduler: schemas (jsonschema), a regex (re.fullmatch),
-    choices, a GBNF grammar (lark's parser) in one batch, a structural_tag (its Lark grammar goes to
-    llguidance) after; jump-forward drafted through the real scheduler."""
+    """--grammar-backend xgrammar through the real scheduler, one batch (the grammars compile side by side):
+    schemas (jsonschema), a regex (re.fullmatch), choices, a GBNF grammar (lark's parser), a structural_tag
+    (its Lark grammar goes to llguidance); jump-forward drafted through the real scheduler."""
     import re
 
     pytest.importorskip("xgrammar")
@@ -248,36 +254,31 @@ def test_xgrammar_engine_output_is_valid_for_every_kind():
         ]
         phone = r"\([0-9]{3}\) [0-9]{3}-[0-9]{4}"
         gbnf, lark_grammar = GRAMMARS["arithmetic"]
-        prompts += [chat(tok, "A phone number:"), chat(tok, "Pick one."), chat(tok, "A sum:")]
+        prompts += [
+            chat(tok, "A phone number:"),
+            chat(tok, "Pick one."),
+            chat(tok, "A sum:"),
+            "Q: weather?\nA: <f=w>",
+        ]
         params += [
             {"regex": phone, "temperature": 0, "max_new_tokens": 24},
             {"choices": ["red", "green", "blue"], "temperature": 0},
             {"ebnf": gbnf, "temperature": 0, "max_new_tokens": 24},
+            {"structural_tag": json.dumps(WEATHER_TAG), "temperature": 0, "max_new_tokens": 24},
         ]
         outs = engine.generate(prompts, params)
         for (name, schema), out in zip(schemas.items(), outs):
             # budget-steered: a valid ending fits in 64 tokens, so the output is complete
             assert out["meta_info"]["finish_reason"]["type"] == "stop", (name, out["text"])
             jsonschema.validate(json.loads(out["text"]), schema)
-        regex_out, choice_out, ebnf_out = outs[len(schemas) :]
+        regex_out, choice_out, ebnf_out, tag_out = outs[len(schemas) :]
         assert re.fullmatch(phone, regex_out["text"]), regex_out["text"]
         assert choice_out["text"] in ("red", "green", "blue")
         assert ebnf_out["meta_info"]["finish_reason"]["type"] == "stop", ebnf_out["text"]
         lark.Lark(lark_grammar, parser="earley").parse(ebnf_out["text"])
+        for call in re.findall(r"<f=w>(.*?)</f>", tag_out["text"], re.S):
+            assert json.loads(call) in ("PAR-75", "LYS-69"), tag_out["text"]
         assert engine.get_server_info()["jump_forward_draft_tokens"] > 0
-        tag = {
-            "type": "structural_tag",
-            "triggers": ["<f="],
-            "structures": [
-                {"begin": "<f=w>", "end": "</f>", "schema": {"enum": ["PAR-75", "LYS-69"]}}
-            ],
-        }
-        text = engine.generate(
-            "Q: weather?\nA: <f=w>",
-            {"structural_tag": json.dumps(tag), "temperature": 0, "max_new_tokens": 24},
-        )["text"]
-        for call in re.findall(r"<f=w>(.*?)</f>", text, re.S):
-            assert json.loads(call) in ("PAR-75", "LYS-69"), text
         with pytest.raises(ValueError, match="unclosed"):
             engine.generate("x", {"ebnf": "root ::= (unclosed", "max_new_tokens": 4})
         engine.check_integrity()
