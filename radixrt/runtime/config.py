@@ -1,6 +1,8 @@
 """One frozen dataclass holding every knob; CLI flags are derived from its fields.
 
 Field names follow SGLang's server args so `--model-path`, `--page-size`, ... read the same.
+
+LONG_FILE: one frozen dataclass of every knob (DESIGN.md: one config); its fields are its length.
 """
 
 from __future__ import annotations
