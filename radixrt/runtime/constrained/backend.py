@@ -20,21 +20,19 @@ closing brace); the language stays sound, a few tokenizations of it are not offe
 
 from __future__ import annotations
 
-import collections
 import pickle
-import threading
 import time
 from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from outlines_core import Index, Vocabulary
 
 from radixrt.runtime.constrained.budget import completion_distances
 from radixrt.runtime.constrained.compile_pool import CompilePool, TransientGrammarError
+from radixrt.runtime.constrained.compiled_cache import CompiledCache
 from radixrt.runtime.constrained.draft import Drafter, VocabBytes
 from radixrt.runtime.constrained.regex_builder import GrammarError
-from radixrt.runtime.constrained.spec import KINDS, grammar_key, spec_regex
+from radixrt.runtime.constrained.spec import KINDS, spec_regex
 from radixrt.runtime.constrained.state import CompiledGrammar, GrammarState, fill_masks
 from radixrt.runtime.constrained.vocab import token_bytes_map
 
@@ -93,8 +91,6 @@ class GrammarBackend:
             raise ValueError("cache_size must be >= 1 and compile_timeout > 0")
         self.vocab_size = vocab_size
         self.eos_token_ids = sorted({int(e) for e in eos_token_ids})
-        self.cache_size = cache_size
-        self.cache_bytes = cache_bytes
         self.compile_timeout = compile_timeout
         token_map = token_bytes_map(tokenizer, vocab_size)
         for e in self.eos_token_ids:  # EOS is the grammar's to allow, never a spelled token
@@ -114,96 +110,35 @@ class GrammarBackend:
         self.pool = CompilePool(
             compile_workers, token_map if index else None, self._fsm_eos, compile_memory_mb << 20
         )
-        self._lock = threading.Lock()
-        self._cache: collections.OrderedDict[tuple, tuple[CompiledGrammar | GrammarError, int]] = (
-            collections.OrderedDict()
+        self.compiled = CompiledCache(
+            self.pool,
+            cache_size,
+            cache_bytes,
+            compile_timeout,
+            self._settle_bound,
+            ("regex", "index"),
+            self._read,
         )
-        self._cached_bytes = 0
-        self._pending: dict[tuple, Future] = {}
-        # keys validate() passed
-        self._valid: collections.OrderedDict[tuple, None] = collections.OrderedDict()
 
-    # -- validation (the edge) ------------------------------------------------------------------
     def validate(self, kind: str, spec: Any) -> None:
         """GrammarError unless the spec can be enforced; blocks the caller (call it off an event
         loop)."""
-        key = grammar_key(kind, spec)
-        with self._lock:
-            if key in self._valid or key in self._cache:
-                return
-        try:
-            # bounded wait: the pool settles every job within its bound; the margin covers a
-            # worker's start
-            self.pool.submit("regex", key, self.compile_timeout).result(
-                timeout=self._settle_bound()
-            )
-        except FutureTimeout:
-            raise TransientGrammarError(
-                f"validating the {kind} grammar did not finish in time"
-            ) from None
-        with self._lock:
-            self._valid[key] = None
-            while len(self._valid) > self.cache_size:
-                self._valid.popitem(last=False)
+        self.compiled.validate(kind, spec)
 
-    # -- compile --------------------------------------------------------------------------------
-    def _done(self, key: tuple, future: Future, job: Future) -> None:
-        """A pool job finished: unpickle the index, cache it (bounded in bytes), resolve the
-        future."""
-        try:
-            _, blob, distances = job.result()
-            result: CompiledGrammar | GrammarError = CompiledGrammar(
-                pickle.loads(blob), self._fsm_eos, f"{key[0]} grammar", self.num_words, distances
-            )
-            size = len(blob)
-        except GrammarError as e:
-            result, size = e, 0
-        except Exception as e:  # anything else is still this request's failure, not the scheduler's
-            result, size = GrammarError(f"{key[0]} grammar: {type(e).__name__}: {e}"), 0
-        with self._lock:
-            self._pending.pop(key, None)
-            # a verdict on the grammar is cached; "could not judge it now" (busy, timed out under
-            # load, a crashed worker) is not, or one bad moment would refuse that grammar until
-            # evicted
-            if size <= self.cache_bytes and not isinstance(result, TransientGrammarError):
-                self._cache[key] = (result, size)
-                self._cached_bytes += size
-            while self._cache and (
-                len(self._cache) > self.cache_size or self._cached_bytes > self.cache_bytes
-            ):
-                self._cached_bytes -= self._cache.popitem(last=False)[1][1]
-        if isinstance(result, GrammarError):
-            future.set_exception(result)
-        else:
-            future.set_result(result)
+    def _read(self, key: tuple, job_result: Any) -> tuple[CompiledGrammar, int]:
+        """A finished compile job: the index unpickled, with its distance table."""
+        _, blob, distances = job_result
+        grammar = CompiledGrammar(
+            pickle.loads(blob), self._fsm_eos, f"{key[0]} grammar", self.num_words, distances
+        )
+        return grammar, len(blob)
 
     def _settle_bound(self) -> float:
+        # the pool settles every job within its bound; the margin covers a worker's start
         return self.pool.settle_bound(self.compile_timeout) + START_MARGIN_S
 
     def request(self, kind: str, spec: Any) -> GrammarFuture:
-        deadline = time.monotonic() + self._settle_bound()
-        future: Future = Future()
-        try:
-            key = grammar_key(kind, spec)
-        except GrammarError as e:
-            future.set_exception(e)
-            return GrammarFuture(self, kind, future, deadline)
-        with self._lock:
-            cached = self._cache.get(key)
-            if cached is not None:
-                self._cache.move_to_end(key)
-                if isinstance(cached[0], GrammarError):
-                    future.set_exception(cached[0])
-                else:
-                    future.set_result(cached[0])
-                return GrammarFuture(self, kind, future, deadline)
-            pending = self._pending.get(key)
-            if pending is not None:
-                return GrammarFuture(self, kind, pending, deadline)
-            self._pending[key] = future
-        job = self.pool.submit("index", key, self.compile_timeout)
-        job.add_done_callback(lambda j: self._done(key, future, j))
-        return GrammarFuture(self, kind, future, deadline)
+        return GrammarFuture(self, kind, *self.compiled.request(kind, spec))
 
     def compile_in_process(self, key: tuple) -> CompiledGrammar:
         """Compile here, unbounded: for benchmarks that time it in a process of their own."""
@@ -217,14 +152,11 @@ class GrammarBackend:
 
     @property
     def cached_bytes(self) -> int:
-        return self._cached_bytes
+        return self.compiled.cached_bytes
 
     def shutdown(self) -> None:
         """Forget cached grammars and stop the compile workers."""
-        with self._lock:
-            self._cache.clear()
-            self._cached_bytes = 0
-            self._valid.clear()
+        self.compiled.clear()
         self.pool.shutdown()
 
     def new_state(self, compiled: CompiledGrammar) -> GrammarState:

@@ -18,18 +18,13 @@ the end of the budget, as for llguidance.
 
 from __future__ import annotations
 
-import collections
 import os
-import threading
-import time
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from radixrt.runtime.constrained.backend import GrammarFuture
-from radixrt.runtime.constrained.compile_pool import CompilePool, TransientGrammarError
+from radixrt.runtime.constrained.compile_pool import CompilePool
+from radixrt.runtime.constrained.compiled_cache import CompiledCache
 from radixrt.runtime.constrained.regex_builder import GrammarError
-from radixrt.runtime.constrained.spec import grammar_key
 from radixrt.runtime.constrained.xgrammar_state import ForcedText, XGrammarState
 
 WORKER = "radixrt.runtime.constrained.xgrammar_compile"
@@ -69,7 +64,6 @@ class XGrammarBackend:
         if cache_size < 1 or compile_timeout <= 0:
             raise ValueError("cache_size must be >= 1 and compile_timeout > 0")
         self.eos_token_ids = sorted({int(e) for e in eos_token_ids})
-        self.cache_size, self.cache_bytes = cache_size, cache_bytes
         self.compile_timeout = compile_timeout
         self.strict = strict
         # ids past the tokenizer (padded logits) are xgrammar's special tokens: never allowed
@@ -97,12 +91,15 @@ class XGrammarBackend:
         )
         self.pool = CompilePool(compile_workers, module=WORKER, setup=setup, start_s=START_S)
         self.pool.submit("warm-up", ("warm-up", None), compile_timeout)  # start importing now
-        self._lock = threading.Lock()
-        self._cache: collections.OrderedDict[tuple, tuple[Any, int]] = collections.OrderedDict()
-        self._cached_bytes = 0
-        self._pending: dict[tuple, Future] = {}
-        # keys validate() passed
-        self._valid: collections.OrderedDict[tuple, None] = collections.OrderedDict()
+        self.compiled = CompiledCache(
+            self.pool,
+            cache_size,
+            cache_bytes,
+            compile_timeout,
+            self._settle_bound,
+            ("check", "compile"),
+            self._read,
+        )
         self._compiler: Any = None  # compile_in_process's (benchmarks)
 
     def _settle_bound(self) -> float:
@@ -111,74 +108,17 @@ class XGrammarBackend:
     def validate(self, kind: str, spec: Any) -> None:
         """GrammarError unless xgrammar can enforce the spec; blocks the caller for at most the
         pool's bound (call it off an event loop)."""
-        key = grammar_key(kind, spec)
-        with self._lock:
-            if key in self._valid or key in self._cache:
-                return
-        try:
-            self.pool.submit("check", key, self.compile_timeout).result(
-                timeout=self._settle_bound()
-            )
-        except FutureTimeout:
-            raise TransientGrammarError(
-                f"validating the {kind} grammar did not finish in time"
-            ) from None
-        with self._lock:
-            self._valid[key] = None
-            while len(self._valid) > self.cache_size:
-                self._valid.popitem(last=False)
+        self.compiled.validate(kind, spec)
 
     def request(self, kind: str, spec: Any) -> GrammarFuture:
-        deadline = time.monotonic() + self._settle_bound()
-        future: Future = Future()
-        try:
-            key = grammar_key(kind, spec)
-        except GrammarError as e:
-            future.set_exception(e)
-            return GrammarFuture(self, kind, future, deadline)
-        with self._lock:
-            cached = self._cache.get(key)
-            if cached is not None:
-                self._cache.move_to_end(key)
-                if isinstance(cached[0], GrammarError):
-                    future.set_exception(cached[0])
-                else:
-                    future.set_result(cached[0])
-                return GrammarFuture(self, kind, future, deadline)
-            pending = self._pending.get(key)
-            if pending is not None:
-                return GrammarFuture(self, kind, pending, deadline)
-            self._pending[key] = future
-        job = self.pool.submit("compile", key, self.compile_timeout)
-        job.add_done_callback(lambda j: self._done(key, future, j))
-        return GrammarFuture(self, kind, future, deadline)
+        return GrammarFuture(self, kind, *self.compiled.request(kind, spec))
 
-    def _done(self, key: tuple, future: Future, job: Future) -> None:
-        """A pool job finished (on the pool's thread): read the compiled grammar back, cache it
-        (bounded in bytes), resolve the future."""
+    def _read(self, key: tuple, job_result: Any) -> tuple[Any, int]:
+        """A finished compile job (on the pool's thread): the compiled grammar read back."""
         import xgrammar as xgr
 
-        try:
-            result: Any = xgr.CompiledGrammar.deserialize_json(job.result(), self.info)
-            size = result.memory_size_bytes
-        except GrammarError as e:
-            result, size = e, 0
-        except Exception as e:  # anything else is still this request's failure, not the scheduler's
-            result, size = GrammarError(f"{key[0]} grammar: {type(e).__name__}: {e}"), 0
-        with self._lock:
-            self._pending.pop(key, None)
-            # "could not judge it now" (busy, timed out under load) is no verdict: not cached
-            if size <= self.cache_bytes and not isinstance(result, TransientGrammarError):
-                self._cache[key] = (result, size)
-                self._cached_bytes += size
-            while self._cache and (
-                len(self._cache) > self.cache_size or self._cached_bytes > self.cache_bytes
-            ):
-                self._cached_bytes -= self._cache.popitem(last=False)[1][1]
-        if isinstance(result, GrammarError):
-            future.set_exception(result)
-        else:
-            future.set_result(result)
+        result = xgr.CompiledGrammar.deserialize_json(job_result, self.info)
+        return result, result.memory_size_bytes
 
     def new_state(self, compiled: Any) -> XGrammarState:
         import xgrammar as xgr
@@ -204,12 +144,9 @@ class XGrammarBackend:
 
     @property
     def cached_bytes(self) -> int:
-        return self._cached_bytes
+        return self.compiled.cached_bytes
 
     def shutdown(self) -> None:
         """Forget cached grammars and stop the compile workers."""
-        with self._lock:
-            self._cache.clear()
-            self._cached_bytes = 0
-            self._valid.clear()
+        self.compiled.clear()
         self.pool.shutdown()
