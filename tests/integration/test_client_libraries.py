@@ -18,6 +18,7 @@ import httpx
 import instructor
 import jsonschema
 import pytest
+from client_models import Person
 from conftest_server import ServerProcess
 from langchain_openai import ChatOpenAI
 from openai import AsyncOpenAI, OpenAI
@@ -31,19 +32,6 @@ from pydantic_ai.tools import ToolDefinition
 pytestmark = pytest.mark.integration
 MAX_TOKENS = 80
 PERSON_TEXT = "John is 30 years old and lives at 1 Main St, Boston."
-
-
-class Address(BaseModel):
-    street: str = Field(max_length=30)
-    city: str = Field(max_length=20)
-
-
-class Person(BaseModel):
-    """A nested model: its JSON schema has $defs and a $ref, as most real ones do."""
-
-    name: str = Field(max_length=20)
-    age: int = Field(ge=0, le=150)
-    address: Address
 
 
 class Capital(BaseModel):

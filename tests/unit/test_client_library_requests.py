@@ -9,21 +9,11 @@ import json
 import re
 
 import pytest
+from client_models import Person
 from pydantic import BaseModel, Field
 
 from radixrt.runtime.constrained.spec import grammar_key, spec_regex
 from radixrt.runtime.serving.tool_calls import plan_tools
-
-
-class Address(BaseModel):
-    street: str = Field(max_length=30)
-    city: str = Field(max_length=20)
-
-
-class Person(BaseModel):
-    name: str = Field(max_length=20)
-    age: int = Field(ge=0, le=150)
-    address: Address
 
 
 class Node(BaseModel):

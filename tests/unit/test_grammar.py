@@ -302,17 +302,21 @@ def greedy(backend, spec, vocab_size, eos, jump: bool, prefix: list[int], max_ne
     return out, num_forwards
 
 
-def test_jump_forward_equals_plain_greedy(backend, tokenizer, vocab_size):
-    spec = {
-        "type": "object",
-        "properties": {
-            "classification_label_explanation": {
-                "enum": ["positive_sentiment_detected", "negative_sentiment_detected"]
-            },
-            "confidence": {"type": "integer", "minimum": 0, "maximum": 100},
+# long forced key names and enum values: what jump-forward saves forwards on
+JUMP_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "classification_label_explanation": {
+            "enum": ["positive_sentiment_detected", "negative_sentiment_detected"]
         },
-        "required": ["classification_label_explanation", "confidence"],
-    }
+        "confidence": {"type": "integer", "minimum": 0, "maximum": 100},
+    },
+    "required": ["classification_label_explanation", "confidence"],
+}
+
+
+def test_jump_forward_equals_plain_greedy(backend, tokenizer, vocab_size):
+    spec = JUMP_SCHEMA
     eos = tokenizer.eos_token_id
     saved = 0
     for prefix in ([], [5], [7, 9], [11]):  # different "prompts"

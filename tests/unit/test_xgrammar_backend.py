@@ -23,7 +23,7 @@ import pytest
 import regex as partial_re
 import torch
 from test_budget_steering import UNBOUNDED, decode
-from test_grammar import compiled, greedy, masked_argmax
+from test_grammar import JUMP_SCHEMA, compiled, greedy, masked_argmax
 from test_grammar_fallback import FakeBackend
 from test_json_schema_regex import SUITE, ByteFSM, validator
 
@@ -247,16 +247,7 @@ def test_draft_respects_max_tokens_and_off_switch(tokenizer, vocab_size, xgr):
 
 
 def test_jump_forward_equals_plain_greedy(xgr, tokenizer, vocab_size):
-    spec = {
-        "type": "object",
-        "properties": {
-            "classification_label_explanation": {
-                "enum": ["positive_sentiment_detected", "negative_sentiment_detected"]
-            },
-            "confidence": {"type": "integer", "minimum": 0, "maximum": 100},
-        },
-        "required": ["classification_label_explanation", "confidence"],
-    }
+    spec = JUMP_SCHEMA
     eos, saved = tokenizer.eos_token_id, 0
     for prefix in ([], [5], [7, 9]):
         on, forwards_on = greedy(xgr, spec, vocab_size, eos, jump=True, prefix=prefix)
