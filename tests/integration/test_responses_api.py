@@ -247,6 +247,8 @@ def test_store_is_per_tenant(server, client):
     for query in (None, {"cache_salt": "tenant-b"}):
         with pytest.raises(openai.NotFoundError):
             client.responses.retrieve(resp.id, extra_query=query)
+    r = httpx.get(f"{server.url}/v1/responses/{resp.id}", params={"cache_salt": "s" * 300})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "cache_salt"
     with pytest.raises(openai.NotFoundError):  # another tenant cannot continue it either
         client.responses.create(model="default", input="x", previous_response_id=resp.id)
     unstored = client.responses.create(

@@ -18,10 +18,11 @@ from typing import Any, AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
+from radixrt.runtime.request.edge import RequestError, check_cache_salt
 from radixrt.runtime.serving import responses_items as items
 from radixrt.runtime.serving import tool_calls
 from radixrt.runtime.serving.http_io import SSE_HEADERS, read_body, until_disconnect
-from radixrt.runtime.serving.protocol import APIError, parse_body
+from radixrt.runtime.serving.protocol import APIError, from_value_error, parse_body
 from radixrt.runtime.serving.responses_protocol import ResponsesRequest
 from radixrt.runtime.serving.responses_run import Job, Prompts, ResponseRun, chat_request
 from radixrt.runtime.serving.responses_store import (
@@ -194,6 +195,10 @@ class ResponsesRoute:
     # ------------------------------------------------------------------ GET, cancel
     def _entry(self, request: Request, response_id: str) -> StoredResponse:
         salt = request.query_params.get("cache_salt")
+        try:  # the body's rule for the salt (bounded), on the query parameter too
+            check_cache_salt(salt)
+        except RequestError as e:
+            raise from_value_error(e) from None
         entry = self.store.get(response_id, owner_of(request, self.tm.config, salt))
         if entry is None:
             raise APIError(
