@@ -20,12 +20,13 @@ import pytest
 from conftest_server import ServerProcess, sse_events
 
 MODEL = "SmolLM2-135M-Instruct"
-FAIL_DEADLINE_S = 10.0
+# clients learn of a death within the watchdog's interval plus the error answers' way out; the bug
+# is a hang until the client's own 120 s timeout. 20 s leaves room for a loaded 2-core machine.
+FAIL_DEADLINE_S = 20.0
 BODY = {
     "text": "Count slowly from one to one thousand:",
     "sampling_params": {"max_new_tokens": 400, "ignore_eos": True},
 }
-slowest: list[float] = []
 
 
 def child_bound_to(server: ServerProcess, socket_name: str) -> psutil.Process:
@@ -108,7 +109,6 @@ def test_kill_9_child_fails_inflight_and_exits_clean(tmp_path_factory, victim_na
             assert isinstance(events, list), events
             assert events[-1] == "[DONE]" and "error" in json.loads(events[-2]), events[-3:]
         assert len(delays) == 4 and max(delays) < FAIL_DEADLINE_S, delays
-        slowest.append(max(delays))
         print(
             f"\n{victim_name} killed: clients answered after {', '.join(f'{d:.2f}' for d in delays)} s"
         )
@@ -166,10 +166,3 @@ def test_sigterm_drains_running_request_then_exits_0(tmp_path_factory):
         assert server.alive_pids() == [] and server.ipc_leftovers() == []
     finally:
         server.stop(signal.SIGKILL)
-
-
-def test_zz_report_slowest():
-    """The death tests above measured how fast clients learned of the death; report it, and hold the bound."""
-    assert slowest, "no failure detection was measured: the death tests did not run their clients"
-    print(f"\nslowest failure detection: {max(slowest):.2f} s")
-    assert max(slowest) < 30, slowest

@@ -20,8 +20,6 @@ import httpx
 import pytest
 from conftest_server import ServerProcess
 
-from radixrt.runtime.config import ServerConfig
-
 # about 150 tokens: two whole 64-token blocks and a part
 SHARED = "Tenant A keeps this system prompt to itself and asks about it often. " * 10
 TIMEOUT_S = 15  # the long requests end here; the short ones finish far sooner even on a busy box
@@ -109,10 +107,6 @@ def test_a_bad_salt_is_a_400_naming_it(server, salt):
     ):
         r = httpx.post(server.url + path, json=body, timeout=60)
         assert r.status_code == 400 and r.json()["error"]["param"] == "cache_salt", (path, r.text)
-
-
-def test_the_request_timeout_has_a_default():
-    assert ServerConfig().request_timeout == 600
 
 
 async def _post(client, server, text, salt=None, params=LONG) -> httpx.Response:
