@@ -55,6 +55,34 @@ def tokenizer(model_dir):
     return load_tokenizer(model_dir)
 
 
+def tiny_default_tokenizer_llama():
+    """The tiny Llama shape of the shared random model: 2 layers, 4 query / 2 KV heads (GQA)."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-6,
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tokenizer) -> str:
+    """A tiny random Llama with the default model's tokenizer, saved once per session: the model of
+    every test where the real model is not the point (HTTP, scheduling, hostile inputs, processes,
+    the Triton interpreter). Its weights are far from init (model_cases.randomize), so greedy picks
+    sit far from ties."""
+    from model_cases import save_random_model
+
+    path = tmp_path_factory.mktemp("tiny-default-tokenizer")
+    save_random_model(tiny_default_tokenizer_llama(), tokenizer, path, max_positions=4096)
+    return str(path)
+
+
 @pytest.fixture
 def tiny_llama_config():
     from transformers import LlamaConfig

@@ -29,27 +29,8 @@ FAIL_DEADLINE_S = 10.0
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory, tokenizer):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    d = tmp_path_factory.mktemp("tiny-tp")
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-        initializer_range=0.3,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(str(d), safe_serialization=True)
-    tokenizer.save_pretrained(str(d))
-    return str(d)
+def tiny_dir(tiny_model_dir):
+    return tiny_model_dir  # the session's tiny random Llama: 4 query / 2 KV heads
 
 
 def run(model_path, tp_size, max_new_tokens=6):
