@@ -49,6 +49,19 @@ def hf_model(model_dir):
 
 
 @pytest.fixture(scope="session")
+def chat_references(hf_model, tokenizer):
+    """transformers' float32 greedy continuations (and their log-probs) of the benchmarks' 24 chat
+    prompts, NUM_TOKENS each: the teacher-forced quality tests' truth, computed once per session
+    (~90 s on 2 cores) for the default dtype's and the KV dtypes' floors alike."""
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).parent.parent / "benchmarks"))
+    from bench_kv_cache import NUM_TOKENS, QUESTIONS, references
+
+    return references(hf_model, tokenizer, QUESTIONS, NUM_TOKENS)
+
+
+@pytest.fixture(scope="session")
 def tokenizer(model_dir):
     from radixrt.runtime.model.weights import load_tokenizer
 

@@ -9,6 +9,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import time
 
 import psutil
 
@@ -116,3 +117,55 @@ def inflight_then(
 def sse_events(lines: list[str]) -> list[str]:
     """The data payloads of an SSE body, in order."""
     return [line[len("data: ") :] for line in lines if line.startswith("data: ")]
+
+
+class SharedServers:
+    """Servers shared by every test file that starts one with the same flags (the session-scoped
+    `shared_servers` fixture of tests/integration/conftest.py): a real server costs 10-40 s to
+    start on 2 cores, and most files only need one that serves. A file takes one with
+    `shared_servers.get(args)`; the first caller starts it and the session's end stops it. Each
+    taker gets it with its radix cache flushed and its integrity checked (a file's "first request
+    is a miss" holds as on a fresh server); what a file may not share (a killed server, a fake
+    scheduler, a pool it fills on purpose, counters it reads as totals) stays its own server."""
+
+    def __init__(self, tmp_path_factory):
+        self.tmp_path_factory = tmp_path_factory
+        self.servers: dict[tuple[tuple[str, ...], tuple[tuple[str, str], ...]], ServerProcess] = {}
+
+    def get(self, args: list[str], env: dict[str, str] | None = None) -> ServerProcess:
+        import httpx
+
+        key = (tuple(args), tuple(sorted((env or {}).items())))
+        srv = self.servers.get(key)
+        if srv is not None and srv.proc.poll() is not None:
+            raise AssertionError(f"a shared server exited ({srv.proc.returncode}):\n{srv.log()}")
+        if srv is None:
+            srv = ServerProcess(list(args), self.tmp_path_factory.mktemp("shared"), env=env)
+            self.servers[key] = srv
+            return srv
+        headers = {"Authorization": f"Bearer {SHARED_ADMIN_KEY}"} if _has_admin(args) else {}
+        # the previous taker's aborted streams may still be winding down: wait for an idle server
+        deadline = time.monotonic() + 60
+        while True:
+            info = httpx.get(srv.url + "/get_server_info", headers=headers, timeout=60).json()
+            if not (info["num_running"] or info["num_waiting"]) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        flushed = httpx.post(srv.url + "/flush_cache", headers=headers, timeout=60)
+        assert flushed.status_code == 200, (flushed.text, info)  # a pin left behind refuses it
+        info = httpx.get(srv.url + "/get_server_info", headers=headers, timeout=60).json()
+        assert info["integrity_ok"] and info["kv_pages_cached"] == 0, info
+        return srv
+
+    def stop_all(self) -> None:
+        for srv in self.servers.values():
+            srv.stop()
+        self.servers.clear()
+
+
+# the admin key of shared servers started with --admin-api-key (files that use admin routes pass it)
+SHARED_ADMIN_KEY = "shared-server-admin-key"
+
+
+def _has_admin(args: list[str]) -> bool:
+    return "--admin-api-key" in args

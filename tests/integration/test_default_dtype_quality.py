@@ -22,30 +22,32 @@ from radixrt import Engine
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
 # the 24 chat prompts and the teacher-forced measurement, shared with the KV dtype figures
-from bench_kv_cache import QUESTIONS, references, teacher_forced  # noqa: E402
+from bench_kv_cache import NUM_TOKENS as REFERENCE_TOKENS  # noqa: E402
+from bench_kv_cache import QUESTIONS, teacher_forced  # noqa: E402
 
 NUM_TOKENS = 48
 VLLM_BF16_AGREEMENT = 0.9627
 FLOOR = VLLM_BF16_AGREEMENT - 0.005
 
 
-def test_default_dtype_top1_agreement_with_transformers_fp32(hf_model, tokenizer):
-    agreement(hf_model, tokenizer)
+def test_default_dtype_top1_agreement_with_transformers_fp32(chat_references):
+    agreement(chat_references)
 
 
 # the forms auto may pick (weight_plan.AUTO); w8a8_int8 is below this floor and opt-in only
 @pytest.mark.parametrize("quantization", ["int4", "int8"])
 def test_each_integer_weight_form_top1_agreement_with_transformers_fp32(
-    hf_model, tokenizer, quantization
+    chat_references, quantization
 ):
     """The default's weight plan (weight_plan.py) reads the Q4 GGUF's weights in the integer form
     measured fastest per step size, and a teacher-forced prompt takes only the large-step one: force
     each form at every row count (eager: the same math as the compiled graphs') and hold it to the
     same floor."""
-    agreement(hf_model, tokenizer, quantization=quantization)
+    agreement(chat_references, quantization=quantization)
 
 
-def agreement(hf_model, tokenizer, quantization: str | None = None) -> None:
+def agreement(refs, quantization: str | None = None) -> None:
+    assert REFERENCE_TOKENS == NUM_TOKENS  # the session's references (conftest.chat_references)
     if quantization is None:
         engine = Engine(enable_torch_compile=True)
     else:
@@ -56,9 +58,7 @@ def agreement(hf_model, tokenizer, quantization: str | None = None) -> None:
         pytest.skip(f"no integer weight forms here (device {runner.device})")
     try:
         dtype = runner.dtype_name
-        agree, total, _ = teacher_forced(
-            engine, references(hf_model, tokenizer, QUESTIONS, NUM_TOKENS)
-        )
+        agree, total, _ = teacher_forced(engine, refs)
         engine.check_integrity()
     finally:
         engine.shutdown()

@@ -15,15 +15,16 @@ import pytest
 from radixrt import Engine
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
-from bench_kv_cache import NUM_TOKENS, QUESTIONS, references, teacher_forced  # noqa: E402
+from bench_kv_cache import NUM_TOKENS, teacher_forced  # noqa: E402
 
 pytestmark = pytest.mark.integration
 FLOOR = {"int8": 0.95, "fp8_e4m3": 0.90}
 
 
 @pytest.fixture(scope="module")
-def refs(hf_model, tokenizer):
-    return references(hf_model, tokenizer, QUESTIONS[:8], NUM_TOKENS)
+def refs(chat_references):
+    assert len(chat_references[0][1]) == NUM_TOKENS
+    return chat_references[:8]  # each reference is its prompt's alone: the first 8 of the 24
 
 
 @pytest.mark.parametrize("kv", ["int8", "fp8_e4m3"])

@@ -241,9 +241,13 @@ def load_or_compile(
 # A saved graph's first load in a new process builds some of its C++ kernels again (~13 s of a warm
 # start on a 2-core EPYC; a load in the compiling process finds them in memory and builds nothing),
 # so the cold start that saved them has a child process load them once, in the background (the cold
-# start does not wait for it), and warm starts find every kernel built.
+# start does not wait for it), and warm starts find every kernel built. It runs at the lowest
+# priority: on 2 cores an equal share would slow the serving it is meant to speed up (the requests
+# right after a cold start ran ~10x slower while it built).
 _LOAD_ALL = """
-import sys, torch
+import os, sys
+os.nice(19)
+import torch
 import radixrt.runtime.model.linear  # registers torch.ops.radixrt.linear, which the graphs call
 for path in sys.argv[1:]:
     torch._inductor.CompiledArtifact.load(path=path, format="unpacked")
