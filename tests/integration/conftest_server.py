@@ -163,6 +163,10 @@ class SharedServers:
         self.servers.clear()
 
 
+# the shared default server: the real model in float32 (ServerProcess adds --dtype float32 and
+# --enable-cache-report), a 4,096-token pool; files that need nothing else of a server take it
+DEFAULT_SERVER_ARGS = ["--max-total-tokens", "4096", "--log-level", "warning"]
+
 # the admin key of shared servers started with --admin-api-key (files that use admin routes pass it)
 SHARED_ADMIN_KEY = "shared-server-admin-key"
 

@@ -19,7 +19,7 @@ import instructor
 import jsonschema
 import pytest
 from client_models import Person
-from conftest_server import ServerProcess
+from conftest_server import DEFAULT_SERVER_ARGS
 from langchain_openai import ChatOpenAI
 from openai import AsyncOpenAI, OpenAI
 from pydantic import BaseModel, Field
@@ -40,13 +40,8 @@ class Capital(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = ServerProcess(
-        ["--max-total-tokens", "2048", "--log-level", "warning"],
-        tmp_path_factory.mktemp("client_libraries"),
-    )
-    yield srv
-    srv.stop()
+def server(shared_servers):
+    return shared_servers.get(DEFAULT_SERVER_ARGS)
 
 
 class Recorder:

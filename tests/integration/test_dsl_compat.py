@@ -7,7 +7,7 @@ backends produce the same text and variables: one model, three transports.
 """
 
 import pytest
-from conftest_server import ServerProcess
+from conftest_server import DEFAULT_SERVER_ARGS
 from dsl_compat_programs import PROGRAMS, multi_turn, roles_and_messages
 from dsl_shared import engine_backend
 
@@ -18,11 +18,8 @@ BACKENDS = ("engine", "runtime", "openai")
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    # float32, as the Engine
-    srv = ServerProcess(["--log-level", "warning"], tmp_path_factory.mktemp("dsl_compat"))
-    yield srv
-    srv.stop()
+def server(shared_servers):
+    return shared_servers.get(DEFAULT_SERVER_ARGS)  # float32, as the Engine
 
 
 @pytest.fixture(scope="module")

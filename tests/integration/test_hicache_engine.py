@@ -1,5 +1,7 @@
-"""--enable-hierarchical-cache on the real model: token-identical outputs with the tier off, in host memory and
-in a file, under eviction, preemption, aborts and a corrupted tier file.
+"""--enable-hierarchical-cache: token-identical outputs with the tier off, in host memory and in a file, under
+eviction, preemption, aborts and a corrupted tier file. The model is the session's tiny random Llama with the
+default tokenizer (tests/conftest.py): what is checked is the tier's bookkeeping and bytes, which do not depend
+on what the weights know, and the prompts tokenize as on the default model.
 
 Truth: the same Engine configuration without the tier (greedy, float32). The tier must serve (tokens loaded
 back, fewer prompt tokens computed); check_integrity holds after each scenario; the tier file has no name from
@@ -19,7 +21,7 @@ SYSTEM = "You are a helpful assistant. Answer briefly and precisely, in one sent
 GREEDY = {"temperature": 0, "max_new_tokens": 10}
 
 
-def make(tier, tmp_path, **kw):
+def make(tier, tmp_path, model_path, **kw):
     extra = {}
     if tier:
         extra = {"enable_hierarchical_cache": True, "hicache_ratio": 6.0}
@@ -27,6 +29,7 @@ def make(tier, tmp_path, **kw):
             extra.update(hicache_storage_backend="file", hicache_storage_dir=str(tmp_path))
     return Engine(
         **{
+            "model_path": model_path,
             "dtype": "float32",
             "max_total_tokens": 480,
             "page_size": 4,
@@ -54,8 +57,8 @@ def chat_rounds(engine, rounds=3, num_conv=6):
 
 
 @pytest.fixture(scope="module")
-def baseline(tmp_path_factory):
-    engine = make(None, tmp_path_factory.mktemp("off"))
+def baseline(tmp_path_factory, tiny_model_dir):
+    engine = make(None, tmp_path_factory.mktemp("off"), tiny_model_dir)
     try:
         chats = chat_rounds(engine)
         computed = engine.scheduler.stats.prompt_tokens - engine.scheduler.stats.cached_tokens
@@ -70,9 +73,9 @@ def baseline(tmp_path_factory):
 
 
 @pytest.mark.parametrize("tier", ["host", "file"])
-def test_outputs_are_token_identical_with_the_tier(baseline, tier, tmp_path):
+def test_outputs_are_token_identical_with_the_tier(baseline, tier, tmp_path, tiny_model_dir):
     chats, computed_off, batch_off = baseline
-    engine = make(tier, tmp_path)
+    engine = make(tier, tmp_path, tiny_model_dir)
     try:
         if tier == "file":  # the file is open (the tier serves below) and has no name
             assert engine.scheduler.runner.kv_tier.file is not None
@@ -103,9 +106,9 @@ def test_outputs_are_token_identical_with_the_tier(baseline, tier, tmp_path):
         engine.shutdown()
 
 
-def test_a_corrupted_tier_file_is_recomputed_not_served(baseline, tmp_path):
+def test_a_corrupted_tier_file_is_recomputed_not_served(baseline, tmp_path, tiny_model_dir):
     chats, _, _ = baseline
-    engine = make("file", tmp_path)
+    engine = make("file", tmp_path, tiny_model_dir)
     try:
         store = engine.scheduler.runner.kv_tier
         first = chat_rounds(engine, rounds=2)
@@ -124,23 +127,23 @@ def test_a_corrupted_tier_file_is_recomputed_not_served(baseline, tmp_path):
         engine.shutdown()
 
 
-def test_bad_tier_settings_are_clear_errors_at_start(tmp_path):
+def test_bad_tier_settings_are_clear_errors_at_start(tmp_path, tiny_model_dir):
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("x")
     with pytest.raises(ValueError, match="hicache-storage-dir"):
-        make("file", tmp_path, hicache_storage_dir=str(blocker / "sub"))
+        make("file", tmp_path, tiny_model_dir, hicache_storage_dir=str(blocker / "sub"))
     with pytest.raises(ValueError, match="hicache_write_policy"):
-        make("host", tmp_path, hicache_write_policy="sometimes")
+        make("host", tmp_path, tiny_model_dir, hicache_write_policy="sometimes")
     with pytest.raises(ValueError, match="host memory"):
-        make("host", tmp_path, hicache_size=10_000.0)
+        make("host", tmp_path, tiny_model_dir, hicache_size=10_000.0)
     with pytest.raises(ValueError, match="radix cache"):
-        make("host", tmp_path, disable_radix_cache=True)
+        make("host", tmp_path, tiny_model_dir, disable_radix_cache=True)
 
 
-def test_header_names_the_model_and_a_foreign_header_is_refused(tmp_path):
+def test_header_names_the_model_and_a_foreign_header_is_refused(tmp_path, tiny_model_dir):
     from radixrt.runtime.model.kv_tier import HEADER_BYTES, MAGIC
 
-    engine = make("file", tmp_path, max_total_tokens=64)
+    engine = make("file", tmp_path, tiny_model_dir, max_total_tokens=64)
     try:
         store = engine.scheduler.runner.kv_tier
         assert os.listdir(tmp_path) == [], "the tier file has a name a SIGKILL would leave behind"
@@ -156,11 +159,11 @@ def test_header_names_the_model_and_a_foreign_header_is_refused(tmp_path):
         engine.shutdown()
 
 
-def test_quantized_pages_and_their_scales_come_back_exactly(tmp_path):
+def test_quantized_pages_and_their_scales_come_back_exactly(tmp_path, tiny_model_dir):
     """int8 KV: a tier page carries the int8 values and their float32 scales; outputs equal the tier-off run."""
     outputs = {}
     for tier in (None, "file"):
-        engine = make(tier, tmp_path, kv_cache_dtype="int8")
+        engine = make(tier, tmp_path, tiny_model_dir, kv_cache_dtype="int8")
         try:
             outputs[tier] = chat_rounds(engine, rounds=2)
             if tier:

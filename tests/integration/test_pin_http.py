@@ -6,7 +6,7 @@ while pinned, every page back after unpin + flush) and a later request's cached_
 
 import httpx
 import pytest
-from conftest_server import ServerProcess
+from conftest_server import DEFAULT_SERVER_ARGS
 
 from radixrt.frontend.endpoint import RuntimeEndpoint
 
@@ -14,12 +14,8 @@ PREFIX = "You are a meticulous assistant. Think step by step about the question 
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = ServerProcess(
-        ["--max-total-tokens", "2048", "--log-level", "warning"], tmp_path_factory.mktemp("pin")
-    )
-    yield srv
-    srv.stop()
+def server(shared_servers):
+    return shared_servers.get(DEFAULT_SERVER_ARGS)
 
 
 def info(server) -> dict:

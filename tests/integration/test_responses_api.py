@@ -15,7 +15,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from conftest_server import ServerProcess
+from conftest_server import DEFAULT_SERVER_ARGS
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import BaseModel, Field, TypeAdapter
 
@@ -37,13 +37,8 @@ EVENT = TypeAdapter(ResponseStreamEvent)
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = ServerProcess(
-        ["--max-total-tokens", "4096", "--log-level", "warning"],
-        tmp_path_factory.mktemp("responses"),
-    )
-    yield srv
-    srv.stop()
+def server(shared_servers):
+    return shared_servers.get(DEFAULT_SERVER_ARGS)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from conftest_server import ServerProcess
+from conftest_server import DEFAULT_SERVER_ARGS
 
 from radixrt import Engine
 
@@ -46,29 +46,26 @@ def test_engine_stops_at_a_multibyte_stop_string(forced, stop, tokenizer):
         engine.shutdown()
 
 
-def test_http_stops_at_a_multibyte_stop_string(tmp_path):
+def test_http_stops_at_a_multibyte_stop_string(shared_servers):
     import re
 
-    srv = ServerProcess(["--max-total-tokens", "2048", "--log-level", "warning"], tmp_path)
-    try:
-        for forced, stop in CASES:
-            body = {
-                "text": "Say something:",
-                "sampling_params": {
-                    "max_new_tokens": 64,
-                    "temperature": 0,
-                    "regex": re.escape(forced),
-                    "stop": [stop],
-                },
-            }
-            r = httpx.post(srv.url + "/generate", json=body, timeout=120).json()
-            check(r["text"], r["meta_info"]["finish_reason"], forced, stop)
-            # the server stopped generating there (the raw tokens end at most a token past the stop string),
-            # it did not only trim the text
-            raw = decode(r["output_ids"])
-            assert len(raw) <= forced.index(stop) + len(stop) + 2, (raw, forced)
-    finally:
-        srv.stop()
+    srv = shared_servers.get(DEFAULT_SERVER_ARGS)
+    for forced, stop in CASES:
+        body = {
+            "text": "Say something:",
+            "sampling_params": {
+                "max_new_tokens": 64,
+                "temperature": 0,
+                "regex": re.escape(forced),
+                "stop": [stop],
+            },
+        }
+        r = httpx.post(srv.url + "/generate", json=body, timeout=120).json()
+        check(r["text"], r["meta_info"]["finish_reason"], forced, stop)
+        # the server stopped generating there (the raw tokens end at most a token past the stop string),
+        # it did not only trim the text
+        raw = decode(r["output_ids"])
+        assert len(raw) <= forced.index(stop) + len(stop) + 2, (raw, forced)
 
 
 def decode(ids: list[int]) -> str:
