@@ -94,4 +94,6 @@ def test_the_engine_refuses_explosive_patterns_in_bounded_time(engine, params, f
     started = time.monotonic()
     with pytest.raises(ValueError, match=field):
         engine.generate(PROMPT, {"max_new_tokens": 2, **params})
-    assert time.monotonic() - started < KILL_AFTER_S + 5
+    # the worker is killed at KILL_AFTER_S; an unbounded build would run for minutes (a loaded
+    # 2-core machine may take a while to notice and restart the worker)
+    assert time.monotonic() - started < KILL_AFTER_S + 25

@@ -650,10 +650,10 @@ REJECTED = [
 
 @pytest.mark.parametrize("schema,word", REJECTED, ids=[w for _, w in REJECTED])
 def test_rejected_schema_names_the_problem(schema, word):
-    start = time.perf_counter()
+    start = time.thread_time()  # this thread's CPU: another process's load does not inflate it
     with pytest.raises(GrammarError, match=re.escape(word)):
         schema_to_regex(schema)
-    assert time.perf_counter() - start < 0.5
+    assert time.thread_time() - start < 0.5
 
 
 @pytest.mark.parametrize("spec", ['{"type": ', "[1, 2]", '"string"', b"{'a': 1}"])
