@@ -124,3 +124,22 @@ def test_close_tag_inside_a_string_argument_does_not_end_the_call():
     assert calls == [("f", '{"s": "x</tool_call>y"}'), ("g", "{}")] and content == ""
     for cut in range(len(text)):
         assert merged(feed_split(text, [cut])) == merged(feed_split(text, []))
+
+
+def test_a_long_run_of_spaces_costs_linear_time():
+    """#56: the parser runs on the event loop, once per streamed piece. A grammar can force an
+    argument of thousands of spaces; a parser that re-reads what it holds on every piece (the old
+    trailing-text regex searched the run from each of its positions: O(w^2) a piece) froze the loop
+    for seconds. 100,000 spaces and then a letter, in 16-character pieces: linear work is well
+    under a second of this thread's CPU; the old parser needed hours."""
+    import time
+
+    spaces = " " * 100_000
+    text = f'<tool_call>\n{{"name": "f", "arguments": {{"s": "{spaces}x"}}}}\n</tool_call>'
+    started = time.thread_time()
+    events = feed_split(text, list(range(0, len(text), 16)))
+    took = time.thread_time() - started
+    args = "".join(e.text for e in events if isinstance(e, ArgsDelta))
+    assert json.loads(args) == {"s": spaces + "x"}
+    assert [type(e) for e in events if not isinstance(e, ArgsDelta)] == [CallStart, CallEnd]
+    assert took < 2.0, f"{took:.2f} s of CPU for one call's arguments"

@@ -31,9 +31,51 @@ OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
 # the value has begun
 _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*(?=\S)')
-# what may still be the end of a call: whitespace, the wrapper's closing brace, whitespace, part of
-# CLOSE
-_TAIL = re.compile(r"\s*(?:\}\s*)?(?:<[/a-z_]*)?\Z")
+_OPENERS, _CLOSERS = "{[", "}]"
+
+
+class _ArgsScan:
+    """Where a call's JSON arguments end, found by reading each character once (strings, escapes
+    and bracket depth tracked as they arrive): every piece of a stream costs what it adds, never a
+    re-read of what came before. A "</tool_call>" inside a string argument is text, not the end."""
+
+    def __init__(self, start: int) -> None:
+        self.pos = start  # the next character of the buffer to read
+        self.end: int | None = None  # where the arguments ended (one past their last character)
+        self.depth = 0
+        self.in_str = self.escaped = self.scalar = False
+        self.after = 0  # how far the text after the arguments was read (whitespace, the brace)
+        self.brace = False  # the wrapper's closing brace was read after them
+
+    def advance(self, buf: str) -> None:
+        while self.end is None and self.pos < len(buf):
+            self._read(buf[self.pos])
+            if self.end is None:
+                self.pos += 1
+
+    def _read(self, ch: str) -> None:
+        if self.in_str:
+            if self.escaped:
+                self.escaped = False
+            elif ch == "\\":
+                self.escaped = True
+            elif ch == '"':
+                self.in_str = False
+                if self.depth == 0:  # a string value alone
+                    self.end = self.pos + 1
+        elif self.scalar:  # a number, true, false or null ends before a delimiter
+            if ch.isspace() or ch in "}],":
+                self.end = self.pos
+        elif ch == '"':
+            self.in_str = True
+        elif ch in _OPENERS:
+            self.depth += 1
+        elif ch in _CLOSERS:
+            self.depth -= 1
+            if self.depth == 0:
+                self.end = self.pos + 1
+        elif self.depth == 0 and not ch.isspace():
+            self.scalar = True
 
 
 class ToolCallParser:
@@ -44,6 +86,7 @@ class ToolCallParser:
         self._args_sent = 0  # characters of the current call's arguments already sent
         # where the arguments start in buf (None: head not parsed yet)
         self._args_at: int | None = None
+        self._scan: _ArgsScan | None = None
 
     def feed(self, text: str) -> list[Event]:
         self.buf += text
@@ -68,6 +111,7 @@ class ToolCallParser:
         if at >= 0:
             text, self.buf = self.buf[:at], self.buf[at + len(OPEN) :]
             self.in_call, self._args_at, self._args_sent = True, None, 0
+            self._scan = None
             if self.num_calls and not text.strip():
                 return []  # the newline between two calls is not content
             return [Content(text)] if text else []
@@ -86,36 +130,33 @@ class ToolCallParser:
             if head is None:
                 return events
             self._args_at = head.end()
+            self._scan = _ArgsScan(self._args_at)
             events.append(CallStart(index, json.loads(head.group(1))))
-        end = self._call_end()
-        if end >= 0:  # the call is complete: its arguments end before the wrapper's closing brace
-            body = self.buf[self._args_at : end].rstrip()
-            args = body[:-1].rstrip() if body.endswith("}") else body
+        scan = self._scan
+        scan.advance(self.buf)
+        # what is read of the arguments is theirs for good (whitespace inside them included)
+        safe = (scan.end if scan.end is not None else scan.pos) - self._args_at
+        if safe > self._args_sent:
+            sent_at = self._args_at + self._args_sent
+            events.append(ArgsDelta(index, self.buf[sent_at : self._args_at + safe]))
+            self._args_sent = safe
+        end = self._call_end(scan)
+        if end >= 0:  # the wrapper's brace and the closing tag followed the arguments
             self.buf = self.buf[end + len(CLOSE) :]
-            if args[self._args_sent :]:
-                events.append(ArgsDelta(index, args[self._args_sent :]))
             self.in_call = False
             self.num_calls += 1
             return events + [CallEnd(index)]
-        args = self.buf[self._args_at :]
-        safe = len(args) - len(_TAIL.search(args).group(0))
-        if safe > self._args_sent:
-            events.append(ArgsDelta(index, args[self._args_sent : safe]))
-            self._args_sent = safe
         return events
 
-    def _call_end(self) -> int:
-        """Where the call's CLOSE tag is: the first one after which the text before it is whole JSON
-        arguments and the wrapper's brace (a string argument may itself contain "</tool_call>"); -1
-        while none is."""
-        at = self.buf.find(CLOSE, self._args_at)
-        while at >= 0:
-            body = self.buf[self._args_at : at].rstrip()
-            if body.endswith("}"):
-                try:
-                    json.loads(body[:-1])
-                    return at
-                except ValueError:
-                    pass
-            at = self.buf.find(CLOSE, at + 1)
-        return -1
+    def _call_end(self, scan: _ArgsScan) -> int:
+        """Where the call's CLOSE tag starts once whitespace, the wrapper's "}", whitespace and the
+        whole tag followed the arguments; -1 until then (or for good, if anything else follows).
+        Resumes where the last piece left off."""
+        if scan.end is None:
+            return -1
+        buf, i = self.buf, max(scan.after, scan.end)
+        while i < len(buf) and (buf[i].isspace() or (buf[i] == "}" and not scan.brace)):
+            scan.brace |= buf[i] == "}"
+            i += 1
+        scan.after = i
+        return i if scan.brace and buf.startswith(CLOSE, i) else -1
