@@ -199,6 +199,14 @@ def check_beam_request(
         )
 
 
+def rows_of(sampling: dict) -> int:
+    """The sequences one prompt's raw sampling dict asks for (n, or a beam search's width), read
+    before the dict is checked: a value that is not an int above 1 counts 1 (its check refuses
+    it)."""
+    asked = [sampling.get("n"), sampling.get("beam_width")]
+    return max((v for v in asked if type(v) is int and v > 1), default=1)
+
+
 def expand_n(
     base_rid: str, input_ids: list[int], sp: SamplingParams, options: RequestOptions
 ) -> list[TokenizedGenerateReq]:

@@ -5,13 +5,13 @@ far)."""
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Iterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
 from radixrt.runtime.messages import TokenizedGenerateReq
-from radixrt.runtime.request.edge import RequestError, per_prompt
+from radixrt.runtime.request.edge import RequestError, per_prompt, rows_of
 from radixrt.runtime.request.sequence_result import SequenceResult, expand_beams, generate_output
 from radixrt.runtime.serving.http_io import (
     SSE_DONE,
@@ -36,6 +36,7 @@ def add_generate_routes(app: FastAPI, tm: TokenizerManager) -> None:
             GenerateRequest, await read_body(request, tm.config.max_request_body_bytes)
         )
         check_bootstrap_auth(tm.config, request.headers, req.bootstrap())
+        tm.check_num_sequences(_rows_per_prompt(req))
         batch, prompts = await _prompts(tm, req)
         client = client_of(request, tm.config, req.cache_salt)
         reqs, flat_logprob = await _scheduler_requests(tm, req, prompts, client)
@@ -72,6 +73,21 @@ def add_generate_routes(app: FastAPI, tm: TokenizerManager) -> None:
         return outs if many else outs[0]
 
 
+def _rows_per_prompt(req: GenerateRequest) -> Iterator[int]:
+    """Each prompt's sequences as the body states them (checked later, in full): n or a beam
+    search's width; a value of the wrong type counts 1 and is refused by its own check."""
+    prompts = req.text if req.text is not None else req.input_ids
+    num = (
+        len(prompts)
+        if isinstance(prompts, list) and prompts and not isinstance(prompts[0], int)
+        else 1
+    )
+    params = req.sampling_params
+    for i in range(num):
+        p = params[i] if isinstance(params, list) and i < len(params) else params
+        yield rows_of(p if isinstance(p, dict) else {})
+
+
 async def _prompts(tm: TokenizerManager, req: GenerateRequest) -> tuple[bool, list[list[int]]]:
     """Whether the body is a batch, and its prompts as token ids."""
     if (req.text is None) == (req.input_ids is None):
@@ -102,8 +118,11 @@ async def _scheduler_requests(
     except RequestError as e:
         raise from_value_error(e) from None
     reqs, flat_logprob = [], []
+    checked: dict[int, Any] = {}  # a dict given once for every prompt is checked once
     for i, ids in enumerate(prompts):
-        sp = await tm.validate_sampling(params[i], client)
+        if id(params[i]) not in checked:
+            checked[id(params[i])] = await tm.validate_sampling(params[i], client)
+        sp = checked[id(params[i])]
         session_id = req.session()
         if session_id is not None and len(prompts) > 1:
             raise APIError(

@@ -4,6 +4,7 @@ copy), with the prompt echoed in front when asked and logprobs in the completion
 
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
 from typing import Any
@@ -13,6 +14,7 @@ from fastapi.responses import StreamingResponse
 
 from radixrt.runtime.request.sequence_result import SequenceResult
 from radixrt.runtime.serving.http_io import SSE_HEADERS, read_body, sse
+from radixrt.runtime.serving.openai_sampling import beam_search_fields
 from radixrt.runtime.serving.pd_auth import check_bootstrap_auth
 from radixrt.runtime.serving.protocol import APIError, CompletionRequest, parse_body
 from radixrt.runtime.serving.tenants import client_of
@@ -71,6 +73,10 @@ class CompletionRoute:
             raise APIError("suffix is not supported", param="suffix")
         if req.echo and req.logprobs is not None:
             raise APIError("echo together with logprobs is not supported", param="echo")
+        p = req.prompt
+        num_prompts = 1 if isinstance(p, str) or (p and isinstance(p[0], int)) else len(p)
+        rows = max(req.n, beam_search_fields(req).get("beam_width", 1))
+        self.tm.check_num_sequences(itertools.repeat(rows, num_prompts))  # before tokenizing
         prompts = await self.prompts(req)
         options = self.routes.request_options(req, req.logprobs is not None, req.logprobs or 0)
         handle, results, prompt_tokens = await self.routes.prepare(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import uuid
-from typing import Any
+from typing import Any, Iterable
 
 from radixrt.runtime import messages
 from radixrt.runtime.cache_tree_text import add_previews
@@ -190,6 +190,23 @@ class TokenizerManager:
             return expand_n(self.new_rid(), input_ids, sp, options)
         except RequestError as e:
             raise from_value_error(e) from None
+
+    def check_num_sequences(self, rows_per_prompt: Iterable[int]) -> None:
+        """Refuse a body that asks for more sequences (each prompt's n, or a beam search's width)
+        than max_prompts_per_request, right after it is parsed: before any prompt is tokenized,
+        checked or expanded (#56: 300,000 one-token prompts x n=16 grew this process by ~4 GB)."""
+        limit = self.config.max_prompts_per_request
+        total = 0
+        for rows in rows_per_prompt:  # stops at the limit: linear in what is allowed, not sent
+            total += rows
+            if total > limit:
+                break
+        if total > limit:
+            raise APIError(
+                f"the request asks for more than {limit} sequences (prompts x n); at most "
+                f"{limit} are allowed (max_prompts_per_request)",
+                param="prompt",
+            )
 
     def generate(
         self, reqs: list[TokenizedGenerateReq], client: str | None = None
