@@ -52,6 +52,9 @@ SHARED_GROUPS = {
 }
 
 
+# first: pytest-xdist's own hook turns the xdist_group marks into the items' groups, so they must be
+# set before it runs
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         path = pathlib.Path(str(item.fspath))
