@@ -25,46 +25,10 @@ _INTEGRATION_DIR = pathlib.Path(__file__).parent / "integration"
 os.environ.setdefault("RADIXRT_DISABLE_TORCH_COMPILE", "1")
 
 
-# Files the test command runs alone, after the parallel run (pytest-xdist, two workers): they kill or
-# count processes, or bound a wall-clock latency (a heartbeat, a transfer timeout, /health under a
-# storm) that a second worker's load on 2 cores would stretch. docs/development.md says why each.
-SERIAL_FILES = frozenset(
-    {
-        "test_clean_stop.py",
-        "test_event_loop_bounds.py",
-        "test_hardening.py",
-        "test_pd_agents.py",
-        "test_pd_disaggregation.py",
-        "test_pd_hostile_peers.py",
-        "test_pd_launch.py",
-        "test_process_death.py",
-        "test_compile_pool.py",
-        "test_tenant_battery.py",
-        "test_tensor_parallel.py",
-        "test_watchdog_hang.py",
-    }
-)
-# Files whose tests must land on one xdist worker because they share a costly session fixture
-# (a file's own tests always do: each file is one group)
-SHARED_GROUPS = {
-    "test_default_dtype_quality.py": "chat_references",
-    "test_kv_cache_dtype.py": "chat_references",
-}
-
-
-# first: pytest-xdist's own hook turns the xdist_group marks into the items' groups, so they must be
-# set before it runs
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        path = pathlib.Path(str(item.fspath))
-        if _INTEGRATION_DIR in path.parents:
+        if _INTEGRATION_DIR in pathlib.Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.integration)
-        if path.name in SERIAL_FILES:
-            item.add_marker(pytest.mark.serial)
-        # --dist loadgroup: a file's tests stay on one worker (its module-scoped servers and engines
-        # start once), as with loadfile, and SHARED_GROUPS' files on one worker together
-        item.add_marker(pytest.mark.xdist_group(SHARED_GROUPS.get(path.name, path.name)))
 
 
 @pytest.fixture(scope="session")
