@@ -68,19 +68,15 @@ def tokenizer(model_dir):
     return load_tokenizer(model_dir)
 
 
-def tiny_default_tokenizer_llama():
-    """The tiny Llama shape of the shared random model: 2 layers, 4 query / 2 KV heads (GQA)."""
-    from transformers import LlamaConfig
-
-    return LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-        rms_norm_eps=1e-6,
-    )
+# the tiny Llama shape: 2 layers, 4 query / 2 KV heads (GQA)
+TINY_LLAMA_SHAPE = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    rms_norm_eps=1e-6,
+)
 
 
 @pytest.fixture(scope="session")
@@ -90,9 +86,11 @@ def tiny_model_dir(tmp_path_factory, tokenizer) -> str:
     the Triton interpreter). Its weights are far from init (model_cases.randomize), so greedy picks
     sit far from ties."""
     from model_cases import save_random_model
+    from transformers import LlamaConfig
 
     path = tmp_path_factory.mktemp("tiny-default-tokenizer")
-    save_random_model(tiny_default_tokenizer_llama(), tokenizer, path, max_positions=4096)
+    config = LlamaConfig(**TINY_LLAMA_SHAPE, tie_word_embeddings=True)
+    save_random_model(config, tokenizer, path, max_positions=4096)
     return str(path)
 
 
@@ -101,14 +99,9 @@ def tiny_llama_config():
     from transformers import LlamaConfig
 
     return LlamaConfig(
+        **TINY_LLAMA_SHAPE,
         vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         max_position_embeddings=256,
-        rms_norm_eps=1e-6,
         rope_theta=10000.0,
         tie_word_embeddings=False,
         bos_token_id=1,

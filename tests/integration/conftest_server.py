@@ -130,30 +130,29 @@ class SharedServers:
 
     def __init__(self, tmp_path_factory):
         self.tmp_path_factory = tmp_path_factory
-        self.servers: dict[tuple[tuple[str, ...], tuple[tuple[str, str], ...]], ServerProcess] = {}
+        self.servers: dict[tuple[str, ...], ServerProcess] = {}
 
-    def get(self, args: list[str], env: dict[str, str] | None = None) -> ServerProcess:
+    def get(self, args: list[str]) -> ServerProcess:
         import httpx
 
-        key = (tuple(args), tuple(sorted((env or {}).items())))
+        key = tuple(args)
         srv = self.servers.get(key)
         if srv is not None and srv.proc.poll() is not None:
             raise AssertionError(f"a shared server exited ({srv.proc.returncode}):\n{srv.log()}")
         if srv is None:
-            srv = ServerProcess(list(args), self.tmp_path_factory.mktemp("shared"), env=env)
+            srv = ServerProcess(list(args), self.tmp_path_factory.mktemp("shared"))
             self.servers[key] = srv
             return srv
-        headers = {"Authorization": f"Bearer {SHARED_ADMIN_KEY}"} if _has_admin(args) else {}
         # the previous taker's aborted streams may still be winding down: wait for an idle server
         deadline = time.monotonic() + 60
         while True:
-            info = httpx.get(srv.url + "/get_server_info", headers=headers, timeout=60).json()
+            info = httpx.get(srv.url + "/get_server_info", timeout=60).json()
             if not (info["num_running"] or info["num_waiting"]) or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
-        flushed = httpx.post(srv.url + "/flush_cache", headers=headers, timeout=60)
+        flushed = httpx.post(srv.url + "/flush_cache", timeout=60)
         assert flushed.status_code == 200, (flushed.text, info)  # a pin left behind refuses it
-        info = httpx.get(srv.url + "/get_server_info", headers=headers, timeout=60).json()
+        info = httpx.get(srv.url + "/get_server_info", timeout=60).json()
         assert info["integrity_ok"] and info["kv_pages_cached"] == 0, info
         return srv
 
@@ -166,10 +165,3 @@ class SharedServers:
 # the shared default server: the real model in float32 (ServerProcess adds --dtype float32 and
 # --enable-cache-report), a 4,096-token pool; files that need nothing else of a server take it
 DEFAULT_SERVER_ARGS = ["--max-total-tokens", "4096", "--log-level", "warning"]
-
-# the admin key of shared servers started with --admin-api-key (files that use admin routes pass it)
-SHARED_ADMIN_KEY = "shared-server-admin-key"
-
-
-def _has_admin(args: list[str]) -> bool:
-    return "--admin-api-key" in args
