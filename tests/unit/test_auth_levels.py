@@ -63,6 +63,12 @@ class StubScheduler:
             "kv_pages_free": 7,
             "cached_tokens": 5,
             "num_running": 1,
+            # the second tier's and the KV transfers' figures move with the cache too
+            "hicache_hits": 3,
+            "hicache_tokens_loaded": 48,
+            "kv_transfer_pages": 9,
+            "prompt_tokens_computed": 11,
+            "a_figure_added_later": 4,
         }
 
 
@@ -162,16 +168,36 @@ def test_server_info_config_and_sessions_only_for_the_admin():
         # what a client works with stays: model, limits, live counts
         assert info["served_model_name"] == "stub-model" and info["context_length"] == 2048
         assert info["max_running_requests"] == 64 and info["num_running"] == 1
-        # exact cache figures would tell how much of one's prompt someone else sent
-        assert "kv_pages_free" not in info and "cached_tokens" not in info
+        # exact cache figures would tell how much of one's prompt someone else sent: an allowlist,
+        # so the second tier's, the transfers' and a figure nobody vetted stay the admin's
+        hidden = ("kv_pages_free", "cached_tokens", "hicache_hits", "hicache_tokens_loaded")
+        hidden += ("kv_transfer_pages", "prompt_tokens_computed", "a_figure_added_later")
+        assert not set(hidden) & set(info), info
     full = c.get("/server_info", headers=auth(ADMIN)).json()
     assert full["sessions"] == {SESSION: {"turns": 2}} and full["cached_tokens"] == 5
+    assert full["hicache_hits"] == 3 and full["a_figure_added_later"] == 4
     assert full["model_path"] == "/srv/secret/model-dir"
     assert full["api_key"] == full["admin_api_key"] == "***" and ADMIN not in str(full)
     # no admin key configured: nobody gets the full view
     for c, key in ((client(API, None), API), (client(None, None), None)):
         info = c.get("/get_server_info", headers=auth(key)).json()
         assert "sessions" not in info and info["kv_pages_free"] == 7  # the figures: ADMIN_OPTIONAL
+
+
+def test_model_info_names_no_path_but_to_the_admin():
+    for api, admin in SETUPS.values():
+        c = client(api, admin, model_path="/srv/secret/model-dir")
+        for key in {api, None}:
+            info = c.get("/get_model_info", headers=auth(key)).json()
+            if api is not None and key is None:
+                assert "error" in info  # the gate's 401
+                continue
+            assert "/srv/secret" not in str(info), (api, admin, key, info)
+            # SGLang's clients pick a chat template by model_path: the served name stands in
+            assert info["model_path"] == info["tokenizer_path"] == "stub-model"
+        if admin is not None:
+            full = c.get("/model_info", headers=auth(admin)).json()
+            assert full["model_path"] == full["tokenizer_path"] == "/srv/secret/model-dir"
 
 
 def test_a_crash_answers_an_error_id_and_logs_the_detail(caplog):

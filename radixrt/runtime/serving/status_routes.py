@@ -5,7 +5,13 @@ answer the router's questions with these.
 /get_server_info shows the whole config and the session ids only to a request carrying the admin
 key (--admin-api-key): the config names the operator's paths, and a session id is what continues
 (or closes) another tenant's session. Everyone else gets the model, the limits a client works
-within, and the scheduler's live counters (counts, none naming a request or a tenant).
+within and an allowlist of the scheduler's figures (CLIENT_INFO: sizes and load, none naming a
+request or a tenant, none that moves with what the cache holds); the rest of the figures (the
+cache's, the second tier's, the KV transfers') are the admin's once an admin key is set, and open
+to every caller only on a server without one, like the other ADMIN_OPTIONAL routes (/metrics).
+An allowlist, so a figure added later stays the admin's until someone decides a client may see it.
+/get_model_info names no path: model_path and tokenizer_path are the served model name, except
+for the admin.
 """
 
 from __future__ import annotations
@@ -37,14 +43,16 @@ def add_status_routes(
 
     @app.get("/get_model_info")
     @app.get("/model_info")  # SGLang serves both names
-    async def get_model_info() -> dict[str, Any]:
+    async def get_model_info(request: Request) -> dict[str, Any]:
         # the chat template travels too, so a client (the DSL over HTTP or sgl.OpenAI) renders roles
-        # as we do
+        # as we do; SGLang's clients pick a template by model_path, which the served name serves
         tok = tm.tokenizer
+        path = config.model_path if is_admin(request) else served_model_name
         return {
             **scheduler.model_info,
+            "model_path": path,
             "served_model_name": served_model_name,
-            "tokenizer_path": config.model_path,
+            "tokenizer_path": path,
             "chat_template": getattr(tok, "chat_template", None),
             "bos_token": tok.bos_token,
             "eos_token": tok.eos_token,
@@ -63,8 +71,10 @@ def add_status_routes(
         limits = {k: getattr(config, k) for k in CLIENT_LIMITS}
         # the model's, if unset
         limits["context_length"] = scheduler.model_info.get("context_length")
-        hidden = ADMIN_ONLY_INFO | (CACHE_FIGURES if config.admin_api_key is not None else set())
-        shown = {k: v for k, v in info.items() if k not in hidden}
+        if config.admin_api_key is not None:
+            shown = {k: v for k, v in info.items() if k in CLIENT_INFO}
+        else:
+            shown = {k: v for k, v in info.items() if k not in ADMIN_ONLY_INFO}
         return {**limits, **shown, **live}
 
     @app.get("/metrics")
@@ -84,22 +94,29 @@ CLIENT_LIMITS = (
     "request_timeout",
     "chunked_prefill_size",
 )
-# the scheduler's figures that name tenants' requests (session ids) or carry an error's text
+# the scheduler's figures that name tenants' requests (session ids) or carry an error's text: the
+# admin's alone, with or without an admin key
 ADMIN_ONLY_INFO = frozenset({"sessions", "error"})
-# exact figures of the cache: their change around one's own request tells how much of it was cached
-# (at page size 1, token by token) or how many new pages it added. Like the routes of level
-# ADMIN_OPTIONAL (/metrics among them), they are the admin's when an admin key is set.
-CACHE_FIGURES = frozenset(
+# what any client may see of the scheduler's figures once an admin key is set: the pool's size and
+# layout, the adapters served, the load (how many requests run and wait), integrity. Nothing whose
+# change around one's own request tells how much of it was cached or how many pages it added (at
+# page size 1, token by token): the cache's figures, the second tier's hicache_*, the decode side's
+# kv_transfer_*, prompt and generated token totals, pins, sessions' counts.
+CLIENT_INFO = frozenset(
     {
-        "cache_hit_rate",
-        "cached_tokens",
-        "prompt_tokens",
-        "prompt_tokens_computed",
-        "kv_pages_cached",
-        "kv_pages_evictable",
-        "kv_pages_free",
-        "num_pinned_tokens",
-        "num_pins",
+        "integrity_ok",
+        "integrity_checked_at",
+        "kv_pages_total",
+        "page_size",
+        "lora_adapters",
+        "max_loras_per_batch",
+        "max_total_tokens",
+        "kv_bytes_per_token",
+        "kv_pool_bytes",
+        "kv_cache_dtype",
+        "disaggregation_mode",
+        "num_running",
+        "num_waiting",
     }
 )
 
