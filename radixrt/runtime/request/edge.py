@@ -22,6 +22,7 @@ from radixrt.runtime.request.sampling_params import MAX_TOP_LOGPROBS, SamplingPa
 __all__ = [
     "CONSTRAINT_KINDS",
     "EdgeLimits",
+    "LogprobBudget",
     "RequestError",
     "check_beam_request",
     "check_cache_salt",
@@ -35,6 +36,11 @@ CONSTRAINT_KINDS = CONSTRAINT_FIELDS  # a constraint's kind is the name of its s
 # vLLM's advice is a 43-character (256-bit) random salt; the bound keeps the namespace table small
 MAX_CACHE_SALT_CHARS = 256
 MAX_REASONING_END_IDS = 16  # an end-of-thinking tag is one token on the models that have one
+# The logprob items (a position's token plus each of its top alternatives) one request may ask for,
+# every prompt and copy together: each is decoded and encoded on the serving event loop (#56: a
+# 30k-token prompt's logprobs from position 0 with 20 alternatives were ~650k decodes and stalled
+# /health). 2^17 is a 32k-token prompt's logprobs with 3 alternatives, or 6,000 positions with 20.
+MAX_LOGPROB_ITEMS = 1 << 17
 
 
 class RequestError(ValueError):
@@ -55,6 +61,30 @@ class EdgeLimits:
     pool_tokens: int
     max_running: int = 2**31 - 1  # requests running at once (a beam search runs beam_width)
     page_size: int = 1
+
+
+class LogprobBudget:
+    """The logprob items of one request's prompts so far (positions x (1 + top alternatives), every
+    copy), refused past MAX_LOGPROB_ITEMS before anything runs."""
+
+    def __init__(self, limit: int = MAX_LOGPROB_ITEMS):
+        self.limit, self.used = limit, 0
+
+    def take(self, num_prompt_tokens: int, sp: SamplingParams, options: RequestOptions) -> None:
+        top = options.top_logprobs_num
+        if not (options.return_logprob or top > 0):
+            return
+        start = options.logprob_start  # -1: no prompt logprobs
+        prompt = num_prompt_tokens - start if start >= 0 else 0
+        positions = prompt + max(sp.max_new_tokens, 0)
+        self.used += positions * (1 + top) * (1 if sp.is_beam else sp.n)
+        if self.used > self.limit:
+            raise RequestError(
+                f"the request asks for {self.used} logprob items (positions from "
+                f"logprob_start_len and max_new_tokens, times 1 + top_logprobs_num, times n), "
+                f"over the {self.limit} allowed",
+                param="logprob_start_len" if prompt else "top_logprobs_num",
+            )
 
 
 def per_prompt(value: Any, num_prompts: int, name: str) -> list[Any]:
@@ -93,9 +123,14 @@ def constraint_of(sp: SamplingParams) -> tuple[str, Any] | None:
 
 
 def check_prompt(
-    input_ids: Any, sp: SamplingParams, limits: EdgeLimits, options: RequestOptions
+    input_ids: Any,
+    sp: SamplingParams,
+    limits: EdgeLimits,
+    options: RequestOptions,
+    budget: LogprobBudget | None = None,
 ) -> None:
-    """RequestError unless the prompt can run with these sampling parameters and options."""
+    """RequestError unless the prompt can run with these sampling parameters and options; budget:
+    the logprob items of the request's earlier prompts (None: this prompt alone)."""
     if not isinstance(input_ids, list) or not input_ids:
         raise RequestError("the prompt is empty", param="prompt")
     n = len(input_ids)
@@ -139,6 +174,7 @@ def check_prompt(
             f"top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS}], got {top}",
             param="top_logprobs",
         )
+    (budget or LogprobBudget()).take(n, sp, options)
     ends = options.reasoning_end_ids
     if ends is not None and not (
         1 <= len(ends) <= MAX_REASONING_END_IDS and all(0 <= t < vocab for t in ends)

@@ -11,13 +11,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
 from radixrt.runtime.messages import TokenizedGenerateReq
-from radixrt.runtime.request.edge import RequestError, per_prompt, rows_of
+from radixrt.runtime.request.edge import LogprobBudget, RequestError, per_prompt, rows_of
 from radixrt.runtime.request.sequence_result import SequenceResult, expand_beams, generate_output
 from radixrt.runtime.serving.http_io import (
     SSE_DONE,
     SSE_HEADERS,
     accumulate,
     collect_results,
+    json_response,
     read_body,
     sse,
 )
@@ -43,11 +44,7 @@ def add_generate_routes(app: FastAPI, tm: TokenizerManager) -> None:
         many = batch or len(reqs) > 1
         handle = tm.generate(reqs, client)
         results = [SequenceResult(r.rid) for r in reqs]
-        token_text = (
-            (lambda t: tm.tokenizer.decode([t]))
-            if req.return_text_in_logprobs
-            else (lambda t: None)
-        )
+        token_text = tm.token_text if req.return_text_in_logprobs else (lambda t: None)
 
         def output(i: int, logprobs_from: int = 0) -> dict[str, Any]:
             return generate_output(
@@ -70,7 +67,7 @@ def add_generate_routes(app: FastAPI, tm: TokenizerManager) -> None:
             generate_output(one, flat_logprob[i], token_text, k if many else None)
             for k, (i, one) in enumerate(flat)
         ]
-        return outs if many else outs[0]
+        return json_response(outs if many else outs[0])
 
 
 def _rows_per_prompt(req: GenerateRequest) -> Iterator[int]:
@@ -118,6 +115,7 @@ async def _scheduler_requests(
     except RequestError as e:
         raise from_value_error(e) from None
     reqs, flat_logprob = [], []
+    budget = LogprobBudget()  # the body's prompts together
     checked: dict[int, Any] = {}  # a dict given once for every prompt is checked once
     for i, ids in enumerate(prompts):
         if id(params[i]) not in checked:
@@ -141,7 +139,7 @@ async def _scheduler_requests(
             lora=loras[i],
             cache_salt=req.cache_salt,
         )
-        copies = tm.make_requests(ids, sp, options, num_prompts=num)
+        copies = tm.make_requests(ids, sp, options, num_prompts=num, budget=budget)
         reqs += copies
         flat_logprob += [return_logprob[i]] * len(copies)
     return reqs, flat_logprob

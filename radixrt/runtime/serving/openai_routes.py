@@ -15,9 +15,16 @@ from typing import Any, AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from radixrt.runtime.request.edge import LogprobBudget
 from radixrt.runtime.request.options import RequestOptions
 from radixrt.runtime.request.sequence_result import SequenceResult, expand_beams
-from radixrt.runtime.serving.http_io import SSE_DONE, accumulate, collect_results, sse
+from radixrt.runtime.serving.http_io import (
+    SSE_DONE,
+    accumulate,
+    collect_results,
+    json_response,
+    sse,
+)
 from radixrt.runtime.serving.openai_chat import ChatRoute
 from radixrt.runtime.serving.openai_completions import CompletionRoute
 from radixrt.runtime.serving.openai_responses import add_responses_routes
@@ -57,13 +64,13 @@ class OpenAIRoutes:
         once)."""
         # safe in a header
         ignored = [name for name in req.ignored_fields() if _FIELD_NAME.fullmatch(name)]
+        if not isinstance(answer, Response):
+            answer = json_response(answer)
         if not ignored:
             return answer
         if tuple(ignored) not in self._warned and len(self._warned) < MAX_WARNED:
             self._warned.add(tuple(ignored))
             logger.warning("OpenAI request fields ignored: %s", ", ".join(ignored))
-        if not isinstance(answer, Response):
-            answer = JSONResponse(answer)
         answer.headers[IGNORED_FIELDS_HEADER] = ",".join(ignored)[:1000]
         return answer
 
@@ -94,7 +101,7 @@ class OpenAIRoutes:
         return room
 
     def token_str(self, tid: int) -> str:
-        return self.tm.tokenizer.decode([tid])
+        return self.tm.token_text(tid)
 
     # -------------------------------------------------------------- logprobs in OpenAI's two shapes
     def completion_logprobs(
@@ -170,6 +177,7 @@ class OpenAIRoutes:
                 param="session_id",
             )
         reqs = []
+        budget = LogprobBudget()  # the body's prompts together
         width = beam_search_fields(req).get("beam_width", 1)
         for ids in prompts:
             max_new = self.default_max_tokens(len(ids), width) if max_tokens is None else max_tokens
@@ -180,7 +188,7 @@ class OpenAIRoutes:
                 },
                 client,
             )
-            reqs += self.tm.make_requests(ids, sp, options, num_prompts=len(prompts))
+            reqs += self.tm.make_requests(ids, sp, options, num_prompts=len(prompts), budget=budget)
         handle = self.tm.generate(reqs, client)
         return handle, [SequenceResult(r.rid) for r in reqs], sum(len(p) for p in prompts)
 

@@ -22,6 +22,7 @@ from radixrt.runtime.disaggregation.edge import check_disaggregated
 from radixrt.runtime.messages import TokenizedGenerateReq
 from radixrt.runtime.request.edge import (
     EdgeLimits,
+    LogprobBudget,
     RequestError,
     check_prompt,
     constraint_of,
@@ -55,6 +56,7 @@ class TokenizerManager:
         self._grammar = None
         self._compiles = CompileShares()  # grammar compiles queued at the edge, per client
         self._stop_regex = StopRegexChecker(config.grammar_compile_memory_mb)
+        self._token_texts: list[str] = []  # token_text's table, filled at start
 
     async def start(self, procs: dict[str, Any], timeout: float = 600.0) -> None:
         """Open the sockets, wait until every child process reported ready (model load: 10-40 s),
@@ -62,6 +64,7 @@ class TokenizerManager:
         await self.scheduler.connect(procs, timeout)
         # ~0.5 s: walks the vocabulary
         self._grammar = await asyncio.to_thread(self._make_grammar_backend)
+        self._token_texts = await asyncio.to_thread(self._decode_vocabulary)
         self.scheduler.start_loops()
 
     async def close(self) -> None:
@@ -122,6 +125,17 @@ class TokenizerManager:
         finally:
             self._compiles.give_back(client)
 
+    def _decode_vocabulary(self) -> list[str]:
+        return self.tokenizer.batch_decode([[i] for i in range(len(self.tokenizer))])
+
+    def token_text(self, token_id: int) -> str:
+        """One token's text as decode([token_id]) gives it, from a table decoded once at start: a
+        request's logprobs with text name up to MAX_LOGPROB_ITEMS tokens, each read on the event
+        loop."""
+        if 0 <= token_id < len(self._token_texts):
+            return self._token_texts[token_id]
+        return self.tokenizer.decode([token_id])
+
     def _make_grammar_backend(self) -> Any:
         """For the synchronous 400 check of a constraint (a bad one never reaches the scheduler)."""
         from radixrt.runtime.constrained.choose import backends_for
@@ -166,10 +180,12 @@ class TokenizerManager:
         sp: SamplingParams,
         options: RequestOptions,
         num_prompts: int = 1,
+        budget: LogprobBudget | None = None,
     ) -> list[TokenizedGenerateReq]:
         """One prompt -> sp.n scheduler requests (seeds seed+i), each with options (built once by
         the route: serving/request_options.py), after checking it can ever run. num_prompts: the
-        body's prompts (a disaggregated server takes one)."""
+        body's prompts (a disaggregated server takes one); budget: the body's logprob items so far
+        (one per body, so its prompts together stay under the cap)."""
         lora = options.lora
         adapters = self.scheduler.lora_adapters
         if lora is not None and lora not in adapters:
@@ -178,7 +194,7 @@ class TokenizerManager:
                 f"LoRA adapter {lora!r} is not loaded (loaded: {loaded})", param="lora_path"
             )
         try:
-            check_prompt(input_ids, sp, self.limits, options)
+            check_prompt(input_ids, sp, self.limits, options, budget)
             check_disaggregated(
                 self.config.disaggregation_mode,
                 options.bootstrap,
