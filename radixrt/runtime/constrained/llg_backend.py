@@ -42,6 +42,21 @@ JSON_OBJECT_OPTIONS = {
     "whitespace_pattern": "[ \\t\\n\\r]{0,%d}" % JSON_OBJECT_MAX_WS,
 }
 MAX_DRAFT_TOKENS = 16
+# llguidance's parser limits, set here rather than left to its defaults (#56.8). Its lexer builds
+# lazily, in the scheduler's step: with the default initial lexer fuel (1,000,000) a schema pattern
+# ((a{99}){99}){99} ran 1.5 s into its first mask before the lexer gave up; at 100,000 it gives up
+# in ~0.1 s, while every schema of the test suites' 63 builds its first mask in < 5 ms. The other
+# limits are llguidance's defaults, written out so an upgrade cannot loosen them unseen; errors
+# are not verbose (a verbose one prints the parser state, the client's text, into the log).
+PARSER_LIMITS = dict(
+    initial_lexer_fuel=100_000,
+    step_lexer_fuel=100_000,
+    step_max_items=50_000,
+    max_items_in_row=2_000,
+    max_lexer_states=250_000,
+    max_grammar_size=500_000,
+    verbose_errors=False,
+)
 
 
 def available() -> bool:
@@ -130,13 +145,14 @@ class LLGuidanceBackend:
         self.tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size)
         self.num_words = (max(vocab_size, self.tokenizer.vocab_size) + 31) // 32
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="radixrt-llg")
+        self.limits = llguidance.LLParserLimits(**PARSER_LIMITS)
         self.cached_bytes = 0  # nothing cached: llguidance builds its automata lazily per matcher
 
     def validate(self, kind: str, spec: Any) -> None:
         from llguidance import LLMatcher
 
         grammar = grammar_for(grammar_key(kind, spec), self.strict)
-        error = LLMatcher.validate_grammar(grammar, self.tokenizer)
+        error = LLMatcher.validate_grammar(grammar, self.tokenizer, limits=self.limits)
         if error:
             raise GrammarError(f"invalid {kind}: {str(error)[:300]}")
 
@@ -144,7 +160,8 @@ class LLGuidanceBackend:
         from llguidance import LLMatcher
 
         started.append(time.monotonic())
-        matcher = LLMatcher(self.tokenizer, grammar_for(grammar_key(kind, spec), self.strict))
+        grammar = grammar_for(grammar_key(kind, spec), self.strict)
+        matcher = LLMatcher(self.tokenizer, grammar, limits=self.limits)
         if matcher.is_error():
             raise GrammarError(f"invalid {kind}: {matcher.get_error()[:300]}")
         return LLGState(
@@ -226,9 +243,12 @@ class LLGState(EosGate):
         return twin
 
     def _fill(self, matcher: Any, words: torch.Tensor) -> None:
-        from llguidance.torch import fill_next_token_bitmask
-
-        fill_next_token_bitmask(matcher, words.view(1, -1), 0)
+        # what llguidance.torch.fill_next_token_bitmask does, without importing that module: its
+        # import runs a torch.compile decorator (~5 s of importing dynamo), which would land in the
+        # scheduler's step on the first llguidance request of a server running eager
+        if not (words.dtype == torch.int32 and words.is_cpu and words.is_contiguous()):
+            raise ValueError("a mask row is a contiguous int32 CPU tensor")
+        matcher.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * words.element_size())
 
     def _write_allowed(self, words: torch.Tensor) -> None:
         self._fill(self.matcher, words)

@@ -53,15 +53,16 @@ def expanded_size(parsed) -> int:
     return size
 
 
-def check_regex_expansion(regex: str) -> None:
-    """ValueError naming the regex parameter when its expansion is too large. Syntax Python's
-    parser refuses is left to the grammar backends (they accept some of it)."""
+def check_regex_expansion(regex: str, param: str = "regex", what: str = "regex") -> None:
+    """ValueError naming the sampling parameter when the regex's expansion is too large (what: the
+    regex's place in it, for a pattern inside a schema or a grammar). Syntax Python's parser refuses
+    is left to the grammar backends (they accept some of it)."""
     try:
         size = expanded_size(parse(regex))
     except (re.error, RecursionError, OverflowError):
         return
     if size > MAX_REGEX_EXPANSION:
         raise ValueError(
-            f"sampling parameter regex is too large: with its counted repeats written out it has "
-            f"{size} positions, at most {MAX_REGEX_EXPANSION}"
+            f"sampling parameter {param} is too large: its {what} with the counted repeats written "
+            f"out has {size} positions, at most {MAX_REGEX_EXPANSION}"
         )

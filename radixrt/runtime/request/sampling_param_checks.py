@@ -11,7 +11,7 @@ import math
 import re
 from typing import Any
 
-from radixrt.runtime.request.regex_bounds import check_regex_expansion
+from radixrt.runtime.request.grammar_bounds import check_spec_bounds
 from radixrt.runtime.request.sampling_param_names import CONSTRAINT_FIELDS, NOT_YET
 
 MAX_N = 16
@@ -215,8 +215,6 @@ def check_constraint_specs(p: Any) -> None:
         "regex",
         f"must be a string of at most {MAX_REGEX_CHARS} characters",
     )
-    if p.regex is not None:  # cheap: one walk over its parse
-        check_regex_expansion(p.regex)
     need(
         p,
         p.json_schema is None or is_short_str(p.json_schema, MAX_JSON_SCHEMA_CHARS),
@@ -247,6 +245,7 @@ def check_constraint_specs(p: Any) -> None:
         "tool_call_grammar",
         f"must be a JSON string of at most {MAX_JSON_SCHEMA_CHARS} characters",
     )
+    check_spec_bounds(p)  # the regexes and counts inside them (grammar_bounds.py)
 
 
 def check_logit_bias(p: Any) -> None:
