@@ -16,9 +16,15 @@ def check_bootstrap_auth(config: Any, headers: Any, fields: tuple[Any, Any, Any]
     request's. In null mode they are ignored (as SGLang's servers do), so nothing is checked."""
     if config.disaggregation_mode == "null" or all(f is None for f in fields):
         return
-    given = (headers.get("authorization") or "").encode("latin-1", "replace")
-    expected = f"Bearer {config.disaggregation_secret}".encode("latin-1", "replace")
-    if not hmac.compare_digest(given, expected):
+    # the header's own bytes (Starlette decoded them as latin-1, which gives them back exactly)
+    # against the secret's UTF-8, as the API keys are compared (auth_levels.KeyCheck): encoding
+    # the secret with "replace" made a non-Latin-1 secret "Bearer ????", which anyone could send
+    try:
+        given = (headers.get("authorization") or "").encode("latin-1")
+    except UnicodeEncodeError:  # not an HTTP header's text: nothing to match
+        given = b""
+    expected = f"Bearer {config.disaggregation_secret}".encode("utf-8")
+    if not given or not hmac.compare_digest(given, expected):
         raise APIError(
             "bootstrap fields are taken only from the router (Authorization: Bearer with the "
             "pair's --disaggregation-secret)",
