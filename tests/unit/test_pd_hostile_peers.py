@@ -263,3 +263,21 @@ def test_a_flood_of_registrations_and_cancels_is_bounded(monkeypatch):
         peer.close(linger=0)
         ctx.term()
         p.close()
+
+
+def test_without_its_authenticator_the_bootstrap_port_admits_no_one():
+    """#56.9: ZAP fails closed. With the authenticator's thread gone, libzmq admitted any CURVE
+    client holding the server's public key unless a ZAP domain is set and enforced."""
+    port = free_port()
+    ctx, sock, auth = bootstrap_socket(SECRET, f"tcp://127.0.0.1:{port}")
+    auth.stop()
+    peer_ctx = zmq.Context()
+    peer = peer_socket(peer_ctx, SECRET, f"127.0.0.1:{port}", 1 << 20)  # even the right keys
+    try:
+        peer.send(b"register")
+        assert sock.poll(1500) == 0  # nothing delivered (it was, at once, before the fix)
+    finally:
+        peer.close(linger=0)
+        peer_ctx.term()
+        sock.close(linger=0)
+        ctx.term()

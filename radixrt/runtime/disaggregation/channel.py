@@ -23,6 +23,7 @@ import zmq.auth.thread
 from zmq.utils import z85
 
 CONTROL_MAX_BYTES = 1 << 20  # a decode server's messages are small: no page bytes go that way
+ZAP_DOMAIN = b"radixrt-pd"
 
 
 def _key_pair(secret: str, role: bytes) -> tuple[bytes, bytes]:
@@ -49,11 +50,17 @@ def bootstrap_socket(secret: str, bind: str) -> tuple[zmq.Context, zmq.Socket, o
     ctx = zmq.Context()
     auth = zmq.auth.thread.ThreadAuthenticator(ctx)
     auth.start()
-    auth.configure_curve_callback("*", credentials_provider=_OnlyKey(_key_pair(secret, b"d")[0]))
+    auth.configure_curve_callback(
+        ZAP_DOMAIN.decode(), credentials_provider=_OnlyKey(_key_pair(secret, b"d")[0])
+    )
     sock = ctx.socket(zmq.ROUTER)
     public, private = _key_pair(secret, b"p")
     sock.curve_server = True
     sock.curve_publickey, sock.curve_secretkey = public, private
+    # fail closed: with a domain set and enforced, a handshake that gets no ZAP reply (the
+    # authenticator's thread gone) is refused; without them libzmq admits any CURVE client
+    sock.zap_domain = ZAP_DOMAIN
+    sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
     sock.setsockopt(zmq.MAXMSGSIZE, CONTROL_MAX_BYTES)
     sock.setsockopt(zmq.LINGER, 0)
     try:
