@@ -2,7 +2,8 @@
 first check after a body is parsed, on /generate and /v1/completions: a small body asking for
 millions of sequences is a 400 naming the limit before any prompt is tokenized, any sampling dict
 is checked or any request is built. Truth: the real app (create_app) over a tokenizer manager whose
-per-prompt work fails the test if it is ever reached."""
+per-prompt work fails the test if it is ever reached. Also (#56.9) the ids of /close_session and
+/unpin, refused by size before anything is sent."""
 
 from __future__ import annotations
 
@@ -105,3 +106,19 @@ def test_at_the_limit_the_work_begins(http):
     ):
         with pytest.raises(PerPromptWork):
             post(http, path, body)
+
+
+@pytest.mark.parametrize(
+    "path, body, field",
+    [
+        ("/close_session", {"session_id": "s" * 1_000_000}, "session_id"),
+        ("/close_session", {"session_id": "s", "cache_salt": "t" * 100_000}, "cache_salt"),
+        ("/close_session", {"session_id": ""}, "session_id"),
+        ("/unpin", {"handle": "h" * 1_000_000}, "handle"),
+    ],
+)
+def test_session_and_pin_ids_are_bounded_before_they_are_sent(http, path, body, field):
+    """#56.9: /close_session's and /unpin's ids are bounded as where they are made (a session id,
+    a salt, a pin handle): an unbounded one was sent on to the scheduler."""
+    r = post(http, path, body)
+    assert r.status_code == 400 and field in r.text, r.text[:300]

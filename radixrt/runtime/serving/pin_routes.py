@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from radixrt.runtime.core.pins import MAX_PIN_TTL_S
+from radixrt.runtime.core.sessions import MAX_SESSION_ID_CHARS
 from radixrt.runtime.messages import CloseSessionReq, UnpinReq
 from radixrt.runtime.request.edge import MAX_CACHE_SALT_CHARS
 from radixrt.runtime.request.options import RequestOptions
@@ -33,15 +34,20 @@ class PinPrefixRequest(BaseModel):
     cache_salt: str | None = Field(default=None, min_length=1, max_length=MAX_CACHE_SALT_CHARS)
 
 
+MAX_PIN_HANDLE_CHARS = 64  # a handle is secrets.token_urlsafe(16): 22 characters
+
+
 class CloseSessionRequest(BaseModel):
+    # bounded as where they are made (edge.expand_n, check_cache_salt): nothing longer names one
     model_config = ConfigDict(extra="forbid")
-    session_id: str
-    cache_salt: str | None = None  # the session's salt: a session belongs to its tenant
+    session_id: str = Field(min_length=1, max_length=MAX_SESSION_ID_CHARS)
+    # the session's salt: a session belongs to its tenant
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=MAX_CACHE_SALT_CHARS)
 
 
 class UnpinRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    handle: str
+    handle: str = Field(min_length=1, max_length=MAX_PIN_HANDLE_CHARS)
 
 
 def add_pin_routes(app: FastAPI, tm: Any) -> None:
