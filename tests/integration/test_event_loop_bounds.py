@@ -4,7 +4,9 @@ client size run there): while they are answered, all at once, /health is polled 
 every answer must come within a bound taken from the same probes on the idle server moments before
 (20 times their worst, at least 2 s, at most 5 s: the explosive automata, built on the loop, freeze
 it for good); each body gets its 4xx naming the field (or a normal answer where the body is merely
-big but allowed), and afterwards the server still generates, stop_regex included.
+big but allowed), and afterwards the server still generates, stop_regex included. The server runs
+the session's tiny random Llama with the default tokenizer (tests/conftest.py): what freezes the loop
+is the bodies' automata, detokenizes and renders, not the weights.
 """
 
 from __future__ import annotations
@@ -78,9 +80,18 @@ HOSTILE = [
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, tiny_model_dir):
     srv = ServerProcess(
-        ["--max-total-tokens", "4096", "--grammar-compile-timeout", "3", "--log-level", "warning"],
+        [
+            "--model-path",
+            tiny_model_dir,
+            "--max-total-tokens",
+            "4096",
+            "--grammar-compile-timeout",
+            "3",
+            "--log-level",
+            "warning",
+        ],
         tmp_path_factory.mktemp("event_loop"),
     )
     yield srv

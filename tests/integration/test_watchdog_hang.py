@@ -1,6 +1,8 @@
 """A scheduler that hangs without dying (the fake scheduler's HANG prompt): the heartbeat watchdog
 fails every in-flight request within its bound, /health stops answering 200, and the server exits
-non-zero with no process or socket left behind."""
+non-zero with no process or socket left behind. The fake scheduler loads no weights, only a
+tokenizer: the server is pointed at the session's tiny random Llama (tests/conftest.py), which
+carries the default tokenizer."""
 
 from __future__ import annotations
 
@@ -25,9 +27,16 @@ CLIENT_TIMEOUT_S = 60
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, tiny_model_dir):
     srv = ServerProcess(
-        ["--watchdog-timeout", str(WATCHDOG_S), "--log-level", "warning"],
+        [
+            "--model-path",
+            tiny_model_dir,
+            "--watchdog-timeout",
+            str(WATCHDOG_S),
+            "--log-level",
+            "warning",
+        ],
         tmp_path_factory.mktemp("hang"),
         fake_scheduler=True,
     )
