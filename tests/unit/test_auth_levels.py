@@ -210,3 +210,16 @@ def test_a_crash_answers_an_error_id_and_logs_the_detail(caplog):
     error_id = err["message"].split("error id ")[1].split(";")[0]
     logged = [rec for rec in caplog.records if error_id in rec.getMessage()]
     assert logged and "/srv/secret/config.json" in str(logged[0].exc_info[1])
+
+
+def test_a_repeated_deciding_header_is_refused():
+    """#56.5: the gate read the last Authorization header, client_of and the Responses store the
+    first: a valid key and any other value minted a new client identity per request."""
+    c = client(API, None)
+    for first, second in ((API, "someone-else"), ("someone-else", API), (API, API)):
+        r = c.get("/get_server_info", headers=[("Authorization", f"Bearer {first}"),
+                                               ("Authorization", f"Bearer {second}")])  # fmt: skip
+        assert r.status_code == 400 and r.json()["error"]["param"] == "authorization", r.text
+    r = c.get("/get_model_info", headers=[("Origin", "http://a.example"), ("Origin", "null")])
+    assert r.status_code == 400 and r.json()["error"]["param"] == "origin", r.text
+    assert c.get("/get_model_info", headers=auth(API)).status_code == 200  # one is served

@@ -36,6 +36,10 @@ from radixrt.runtime.serving.tokenizer_manager import TokenizerManager
 logger = logging.getLogger(__name__)
 
 
+# headers whose value decides who a request is or whether it is served: each must come once
+DECIDING_HEADERS = frozenset({"authorization", "host", "origin", "content-type"})
+
+
 class GateMiddleware:
     """Pure ASGI (no BaseHTTPMiddleware: it would hide client disconnects): the browser guard (Host,
     Origin, JSON bodies), the keys by the route's level (auth_levels.py), and per-route counts (by
@@ -57,6 +61,20 @@ class GateMiddleware:
 
     def refusal(self, scope: dict) -> tuple[int, dict] | None:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        # one value each for the headers this server decides on: the gate below reads the last of
+        # repeated ones, the routes (client_of, the Responses store) read the first, so two
+        # Authorization headers (one valid) would mint a free client identity
+        repeated = sorted(
+            name
+            for name in DECIDING_HEADERS & headers.keys()
+            if sum(k.lower() == name.encode() for k, _ in scope["headers"]) > 1
+        )
+        if repeated:
+            return 400, error_body(
+                f"the {repeated[0]} header is given more than once",
+                param=repeated[0],
+                code="duplicate_header",
+            )
         if not self.guard.host_ok(headers.get("host")):
             return 400, error_body(
                 f"Host header {headers.get('host')!r} is not this server's (see --allowed-hosts)",
