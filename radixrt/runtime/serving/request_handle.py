@@ -19,6 +19,7 @@ class ReqState:
     queue: asyncio.Queue
     stream: bool
     client: str | None = None  # whom it is counted against (serving/tenants.py)
+    rows: int = 1  # the running rows it may hold: a beam search's beam_width, else 1
     created: float = dataclasses.field(default_factory=time.monotonic)
     last_token_time: float | None = None
 

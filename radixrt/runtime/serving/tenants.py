@@ -61,9 +61,18 @@ def reported_cached_tokens(cached: int, page_size: int, exact: bool) -> int:
     return cached - cached % granule
 
 
+def rows_held(req: Any) -> int:
+    """The running rows a scheduler request may hold at once: a beam search holds beam_width (each
+    beam a row), any other request one. A client's share counts these (#56.5: a beam search
+    counted as one request held up to 16 rows)."""
+    width = req.sampling_params.get("beam_width")
+    return width if type(width) is int and width > 1 else 1
+
+
 def check_in_flight(held: int, asked: int, limit: int) -> None:
-    """A client holding `held` requests in flight asks for `asked` more (limit: the config's
-    requests_per_client): a 429 past the limit, a 400 when one body alone asks for more."""
+    """A client holding `held` rows in flight asks for `asked` more (limit: the config's
+    requests_per_client; rows_held counts them): a 429 past the limit, a 400 when one body alone
+    asks for more."""
     if asked > limit:
         raise APIError(
             f"the request asks for {asked} sequences; one client may have at most {limit} in "
@@ -72,8 +81,8 @@ def check_in_flight(held: int, asked: int, limit: int) -> None:
         )
     if held + asked > limit:
         raise APIError(
-            f"this client has {held} requests in flight; at most {limit} are allowed per client "
-            "(max_requests_per_client): try again later",
+            f"this client has {held} sequences in flight (each beam of a beam search counts); at "
+            f"most {limit} are allowed per client (max_requests_per_client): try again later",
             429,
             "rate_limit_error",
             code="too_many_requests",

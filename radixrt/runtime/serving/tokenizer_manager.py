@@ -35,7 +35,7 @@ from radixrt.runtime.serving.metrics import ServerMetrics
 from radixrt.runtime.serving.protocol import APIError, from_value_error
 from radixrt.runtime.serving.request_handle import ReqState, RequestHandle
 from radixrt.runtime.serving.scheduler_client import SchedulerClient
-from radixrt.runtime.serving.tenants import CompileShares, check_in_flight
+from radixrt.runtime.serving.tenants import CompileShares, check_in_flight, rows_held
 
 
 class TokenizerManager:
@@ -244,9 +244,10 @@ class TokenizerManager:
                 503,
                 "server_overloaded",
             )
-        if client is not None:  # then this client's share of them (serving/tenants.py)
-            held = sum(st.client == client for st in states.values())
-            check_in_flight(held, len(reqs), self.config.requests_per_client)
+        rows = [rows_held(r) for r in reqs]
+        if client is not None:  # then this client's share of them (serving/tenants.py), in rows
+            held = sum(st.rows for st in states.values() if st.client == client)
+            check_in_flight(held, sum(rows), self.config.requests_per_client)
         # encode all first: a request that cannot be sent (it never should, after the edge's bounds)
         # is refused whole and leaves nothing registered behind
         try:
@@ -256,7 +257,12 @@ class TokenizerManager:
         queue: asyncio.Queue = asyncio.Queue()
         for i, r in enumerate(reqs):
             states[r.rid] = ReqState(
-                rid=r.rid, index=i, queue=queue, stream=r.options.stream, client=client
+                rid=r.rid,
+                index=i,
+                queue=queue,
+                stream=r.options.stream,
+                client=client,
+                rows=rows[i],
             )
         scheduler.send_frames(frames)
         scheduler.metrics.inflight.set(len(states))
