@@ -1,4 +1,6 @@
-"""GET /cache_tree, `radixrt cache-tree` and the /dashboard page, on a real server with the real model.
+"""GET /cache_tree, `radixrt cache-tree` and the /dashboard page, on a real server running the
+session's tiny random Llama with the default tokenizer (tests/conftest.py): what the tree holds and
+what the page draws follow from the token ids sent, not from what the weights know.
 
 Truth for the tree: tests/naive_cache_tree.py, an independent model of what a known sequence of requests
 leaves in the radix tree (structure, token counts, hits). Truth for the dashboard: a real headless
@@ -40,9 +42,10 @@ ARTIFACTS = pathlib.Path(
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, tiny_model_dir):
     srv = ServerProcess(
         [
+            *("--model-path", tiny_model_dir),
             *("--page-size", str(PAGE_SIZE), "--max-total-tokens", "4096"),
             *("--admin-api-key", ADMIN_KEY, "--log-level", "warning"),
         ],

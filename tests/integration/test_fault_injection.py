@@ -1,6 +1,8 @@
-"""Fault injection on the real model (core/faults.py): a stage raises for the request whose prompt
-carries a marker token. On the Engine and on a launched server, that request fails with an error, the
-others in the same batch give exactly what they give alone, nothing leaks, and the server keeps serving."""
+"""Fault injection (core/faults.py): a stage raises for the request whose prompt carries a marker
+token. On the Engine and on a launched server, that request fails with an error, the others in the
+same batch give exactly what they give alone, nothing leaks, and the server keeps serving. Both run
+the session's tiny random Llama with the default tokenizer (tests/conftest.py): the truth is a run
+with the fault agreeing with runs without it, which holds for any weights."""
 
 from __future__ import annotations
 
@@ -24,11 +26,11 @@ def prompts(tokenizer) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("stage", ["sample", "apply", "intake"])
-def test_engine_fails_only_the_culprit(stage, monkeypatch, tokenizer):
+def test_engine_fails_only_the_culprit(stage, monkeypatch, tokenizer, tiny_model_dir):
     ok = prompts(tokenizer)
     culprit = ok[0][:3] + [MARK] + ok[0][3:]
     monkeypatch.setenv(ENV_VAR, f"{stage}:{MARK}")
-    engine = Engine(dtype="float32", max_total_tokens=4096)
+    engine = Engine(model_path=tiny_model_dir, dtype="float32", max_total_tokens=4096)
     try:
         alone = [engine.generate(input_ids=p, sampling_params=GREEDY)["output_ids"] for p in ok]
         outs = engine.generate(input_ids=[ok[0], culprit, ok[1], ok[2]], sampling_params=GREEDY)
@@ -45,9 +47,9 @@ def test_engine_fails_only_the_culprit(stage, monkeypatch, tokenizer):
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, tiny_model_dir):
     srv = ServerProcess(
-        ["--max-total-tokens", "4096", "--log-level", "error"],
+        ["--model-path", tiny_model_dir, "--max-total-tokens", "4096", "--log-level", "error"],
         tmp_path_factory.mktemp("faults"),
         env={ENV_VAR: f"sample:{MARK},forward:{MARK + 1}"},
     )

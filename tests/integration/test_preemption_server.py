@@ -2,7 +2,9 @@
 24 concurrent greedy requests that together need ~4x the pool all complete, preemption happens
 (reported in /get_server_info and /metrics), and every output equals the same prompt run on an
 in-process Engine with an ample pool, so preemption is invisible. A request that can never fit the
-pool is refused up front with a 400, not queued forever.
+pool is refused up front with a 400, not queued forever. Server and Engine run the session's tiny
+random Llama with the default tokenizer (tests/conftest.py): the truth is our own two configurations
+agreeing, which holds for any weights, and ignore_eos fixes every output's length.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import httpx
 import pytest
 from conftest_server import ServerProcess
 
-MODEL = "SmolLM2-135M-Instruct"
 POOL_TOKENS = 384
 PAGE_SIZE = 16
 NUM_REQUESTS = 24
@@ -28,9 +29,11 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, tiny_model_dir):
     srv = ServerProcess(
         [
+            "--model-path",
+            tiny_model_dir,
             "--max-total-tokens",
             str(POOL_TOKENS),
             "--page-size",
@@ -50,7 +53,7 @@ def info(server) -> dict:
     return httpx.get(server.url + "/get_server_info", timeout=60).json()
 
 
-def test_tiny_pool_preemption_invisible_in_output(server, tokenizer):
+def test_tiny_pool_preemption_invisible_in_output(server, tokenizer, tiny_model_dir):
     assert len(PROMPTS) == NUM_REQUESTS
     need = sum(len(tokenizer.encode(p, add_special_tokens=False)) + MAX_NEW for p in PROMPTS)
     assert need > 3 * POOL_TOKENS  # the load really does not fit at once
@@ -93,7 +96,9 @@ def test_tiny_pool_preemption_invisible_in_output(server, tokenizer):
     # The independent truth: the same prompts, greedy, on an Engine whose pool holds them all at once.
     from radixrt import Engine
 
-    engine = Engine(dtype="float32", max_total_tokens=8192, page_size=PAGE_SIZE)
+    engine = Engine(
+        model_path=tiny_model_dir, dtype="float32", max_total_tokens=8192, page_size=PAGE_SIZE
+    )
     try:
         local = engine.generate(PROMPTS, SP)
         assert engine.get_server_info()["num_preemptions"] == 0
@@ -118,7 +123,11 @@ def test_request_that_can_never_fit_is_refused_up_front(server):
     chat = httpx.post(
         server.url + "/v1/chat/completions",
         timeout=60,
-        json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1000},
+        json={
+            "model": "default",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 1000,
+        },
     )
     assert chat.status_code == 400 and chat.json()["error"]["code"] == "context_length_exceeded"
     # A long prompt alone (over the pool even with 1 new token)
