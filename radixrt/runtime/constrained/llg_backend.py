@@ -31,6 +31,7 @@ from radixrt.runtime.constrained.compile_pool import TransientGrammarError
 from radixrt.runtime.constrained.fallback import IntersectMask, Shadow
 from radixrt.runtime.constrained.json_schema.formats import without_nonstandard_formats
 from radixrt.runtime.constrained.json_schema.strict import declared_keys_only
+from radixrt.runtime.constrained.llg_limits import PARSER_LIMITS, fill_mask
 from radixrt.runtime.constrained.regex_builder import GrammarError
 from radixrt.runtime.constrained.spec import grammar_key, spec_regex
 from radixrt.runtime.constrained.state import EosGate
@@ -42,21 +43,6 @@ JSON_OBJECT_OPTIONS = {
     "whitespace_pattern": "[ \\t\\n\\r]{0,%d}" % JSON_OBJECT_MAX_WS,
 }
 MAX_DRAFT_TOKENS = 16
-# llguidance's parser limits, set here rather than left to its defaults (#56.8). Its lexer builds
-# lazily, in the scheduler's step: with the default initial lexer fuel (1,000,000) a schema pattern
-# ((a{99}){99}){99} ran 1.5 s into its first mask before the lexer gave up; at 100,000 it gives up
-# in ~0.1 s, while every schema of the test suites' 63 builds its first mask in < 5 ms. The other
-# limits are llguidance's defaults, written out so an upgrade cannot loosen them unseen; errors
-# are not verbose (a verbose one prints the parser state, the client's text, into the log).
-PARSER_LIMITS = dict(
-    initial_lexer_fuel=100_000,
-    step_lexer_fuel=100_000,
-    step_max_items=50_000,
-    max_items_in_row=2_000,
-    max_lexer_states=250_000,
-    max_grammar_size=500_000,
-    verbose_errors=False,
-)
 
 
 def available() -> bool:
@@ -242,16 +228,8 @@ class LLGState(EosGate):
             twin.shadow = self.shadow.fork(tokens)
         return twin
 
-    def _fill(self, matcher: Any, words: torch.Tensor) -> None:
-        # what llguidance.torch.fill_next_token_bitmask does, without importing that module: its
-        # import runs a torch.compile decorator (~5 s of importing dynamo), which would land in the
-        # scheduler's step on the first llguidance request of a server running eager
-        if not (words.dtype == torch.int32 and words.is_cpu and words.is_contiguous()):
-            raise ValueError("a mask row is a contiguous int32 CPU tensor")
-        matcher.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * words.element_size())
-
     def _write_allowed(self, words: torch.Tensor) -> None:
-        self._fill(self.matcher, words)
+        fill_mask(self.matcher, words)
 
     def _advance(self, token_id: int) -> None:
         if not self.matcher.consume_token(token_id):
@@ -325,7 +303,7 @@ class LLGState(EosGate):
                 break
             words = torch.zeros(self.num_words, dtype=torch.int32)
             if not copy.is_stopped():
-                self._fill(copy, words)
+                fill_mask(copy, words)
             if shadow_state is not None:  # None once the forced text leaves the shadow's language
                 shadow_state = shadow.compiled.index.get_next_state(shadow_state, t)
             positions.append(

@@ -163,6 +163,21 @@ def check_prompt(
         check_beam_request(
             n, sp, limits, stream=options.stream, return_logprob=options.return_logprob
         )
+    _check_logprobs(n, sp, options, budget)
+    ends = options.reasoning_end_ids
+    if ends is not None and not (
+        1 <= len(ends) <= MAX_REASONING_END_IDS and all(0 <= t < vocab for t in ends)
+    ):
+        raise RequestError(
+            f"reasoning_end_ids must be 1 to {MAX_REASONING_END_IDS} token ids in [0, {vocab})",
+            param="reasoning_end_ids",
+        )
+
+
+def _check_logprobs(
+    n: int, sp: SamplingParams, options: RequestOptions, budget: LogprobBudget | None
+) -> None:
+    """logprob_start_len and top_logprobs_num in range, and their items within the budget."""
     start = options.logprob_start
     if not (isinstance(start, int) and -1 <= start < n):
         raise RequestError(
@@ -175,14 +190,6 @@ def check_prompt(
             param="top_logprobs",
         )
     (budget or LogprobBudget()).take(n, sp, options)
-    ends = options.reasoning_end_ids
-    if ends is not None and not (
-        1 <= len(ends) <= MAX_REASONING_END_IDS and all(0 <= t < vocab for t in ends)
-    ):
-        raise RequestError(
-            f"reasoning_end_ids must be 1 to {MAX_REASONING_END_IDS} token ids in [0, {vocab})",
-            param="reasoning_end_ids",
-        )
 
 
 def _check_token_ids(sp: SamplingParams, vocab: int) -> None:
