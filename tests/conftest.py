@@ -1,6 +1,7 @@
 """Shared fixtures: the real default model (session-scoped), a tiny Llama config, and a paged-pool driver.
 
-Tests under tests/integration/ are auto-marked `integration` (they need the real default model).
+Tests under tests/integration/ are auto-marked `integration` (launched servers and engines; most on the
+real default model, the plumbing tests on `tiny_model_dir`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """#35: stopping `radixrt serve` the way a terminal does it (Ctrl-C, or SIGTERM, sent to the whole process group,
 so every child gets it too) ends it with exit code 0 and no traceback from any process: the main process,
 scheduler, detokenizer, the grammar compile workers (each has compiled a grammar first), and under --dp-size
-the replicas and sglang-router. Each process logs one line as it stops."""
+the replicas and sglang-router. Each process logs one line as it stops. The servers serve the session's
+tiny random Llama (tiny_model_dir): stopping is the point, not what the model says."""
 
 from __future__ import annotations
 
@@ -74,8 +75,8 @@ def serve_then_stop(tmp_path, sig: int, extra: list[str]) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_group_signal_stops_cleanly(tmp_path, sig):
-    code, text = serve_then_stop(tmp_path, sig, [])
+def test_group_signal_stops_cleanly(tmp_path, sig, tiny_model_dir):
+    code, text = serve_then_stop(tmp_path, sig, ["--model-path", tiny_model_dir])
     assert code == 0, text[-3000:]
     assert "Traceback" not in text and "ERROR" not in text and "leaked" not in text, text[-3000:]
     for line in ("[server]", "[scheduler] INFO stopped", "[detokenizer] INFO stopped"):
@@ -85,8 +86,10 @@ def test_group_signal_stops_cleanly(tmp_path, sig):
 @pytest.mark.skipif(
     not router_available(), reason="sglang-router is not installed (the test extra brings it)"
 )
-def test_group_ctrl_c_stops_replicas_and_router_cleanly(tmp_path):
-    code, text = serve_then_stop(tmp_path, signal.SIGINT, ["--dp-size", "2"])
+def test_group_ctrl_c_stops_replicas_and_router_cleanly(tmp_path, tiny_model_dir):
+    code, text = serve_then_stop(
+        tmp_path, signal.SIGINT, ["--model-path", tiny_model_dir, "--dp-size", "2"]
+    )
     assert code == 0, text[-3000:]
     assert "Traceback" not in text and "ERROR" not in text, text[-3000:]
     assert text.count("[scheduler] INFO stopped") == 2, text[-3000:]

@@ -2,7 +2,9 @@
 
 Truth: the replicas' own counters (/get_server_info on each, found through the router's /workers): requests
 that share a long prefix are admitted by one replica, which then reports them as cache hits; a killed
-replica is routed around (every later request answers), nothing hangs.
+replica is routed around (every later request answers), nothing hangs. The replicas serve the session's
+tiny random Llama (tiny_model_dir; the launcher hands --model-path on to each): routing and the cache
+hits it earns are the point, and they depend on the prompts' tokens, not on what the model says.
 """
 
 import os
@@ -26,8 +28,11 @@ TENANTS = [
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = ServerProcess(["--dp-size", "2", "--log-level", "warning"], tmp_path_factory.mktemp("dp"))
+def server(tmp_path_factory, tiny_model_dir):
+    srv = ServerProcess(
+        ["--model-path", tiny_model_dir, "--dp-size", "2", "--log-level", "warning"],
+        tmp_path_factory.mktemp("dp"),
+    )
     yield srv
     srv.stop()
 
@@ -47,9 +52,12 @@ def generate(server, text: str, timeout: float = 120) -> dict:
     return r.json()
 
 
-def test_requests_sharing_a_prefix_land_on_the_same_replica(server):
+def test_requests_sharing_a_prefix_land_on_the_same_replica(server, tiny_model_dir):
     urls = workers(server)
     assert len(urls) == 2
+    for u in urls:  # the launcher handed --model-path on to each replica
+        got = httpx.get(u + "/get_model_info", timeout=30).json()
+        assert got["served_model_name"] == os.path.basename(tiny_model_dir), got
     before = {u: httpx.get(u + "/get_server_info", timeout=30).json() for u in urls}
     outs = []
     for i in range(6):

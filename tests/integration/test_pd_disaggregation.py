@@ -4,7 +4,9 @@ moved over the pair's CURVE-authenticated ZeroMQ channel; a unified server besid
 
 Truth: the unified server's greedy output in float32 (token for token); the servers' own counters
 (/get_server_info: prompt tokens computed, pages and bytes moved, integrity); after every test both
-servers settle with every page free or in their trees.
+servers settle with every page free or in their trees. Every server serves the session's tiny random
+Llama (tiny_model_dir, the default model's tokenizer): the plumbing is the point, and equal outputs of
+the disaggregated pair and a unified server hold for any model.
 """
 
 import functools
@@ -25,6 +27,10 @@ pytest.importorskip("sglang_router", reason="the PD router is sglang-router's")
 
 PAGE = 4
 COMMON = ["--page-size", str(PAGE), "--max-total-tokens", "8192", "--log-level", "warning"]
+# the module's prefill server (the kill test's victim) computes prompts in chunks of this many tokens
+# (the default is 512): small, so that a long prompt takes dozens of the tiny model's short steps
+# (see the kill test); what any other test has computed there fits in one chunk
+PREFILL_CHUNK = 64
 TIMEOUT_S = 10
 SECRET = "the-pair-secret-of-this-test"
 PD_ENV = {"RADIXRT_DISAGGREGATION_SECRET": SECRET}  # the servers take it from there, not argv
@@ -112,10 +118,10 @@ COMPLETION = {"model": "default", "prompt": "1, 2, 3,", "max_tokens": 8, "temper
 TEXTS = [SYSTEM + q for q in QUESTIONS] + OTHERS
 
 
-def unified_answers(tmp_dir) -> dict:
+def unified_answers(tmp_dir, common: list[str]) -> dict:
     """The truth, from a unified server stopped again before the disaggregated ones start (so no
     more than two or three servers are up at once)."""
-    unified = ServerProcess(COMMON, tmp_dir)
+    unified = ServerProcess(common, tmp_dir)
     try:
         url = unified.url
         gen = post_all([(url + "/generate", body(t)) for t in TEXTS])
@@ -130,16 +136,19 @@ def unified_answers(tmp_dir) -> dict:
 
 
 @pytest.fixture(scope="module")
-def pd(tmp_path_factory):
-    truth = unified_answers(tmp_path_factory.mktemp("unified"))
+def pd(tmp_path_factory, tiny_model_dir):
+    common = ["--model-path", tiny_model_dir, *COMMON]
+    truth = unified_answers(tmp_path_factory.mktemp("unified"), common)
     bootstrap_port = free_port()
     pd_flags = ["--disaggregation-transfer-timeout", str(TIMEOUT_S)]
     servers = {}
     try:
         servers["prefill"] = ServerProcess(
             [
-                *COMMON,
+                *common,
                 *pd_flags,
+                "--chunked-prefill-size",
+                str(PREFILL_CHUNK),
                 "--disaggregation-mode",
                 "prefill",
                 "--disaggregation-bootstrap-port",
@@ -151,7 +160,7 @@ def pd(tmp_path_factory):
         prefill_addr = f"127.0.0.1:{bootstrap_port}"
         servers["decode"] = ServerProcess(
             [
-                *COMMON,
+                *common,
                 *pd_flags,
                 "--disaggregation-mode",
                 "decode",
@@ -166,7 +175,13 @@ def pd(tmp_path_factory):
         for s in servers.values():
             s.stop()
         raise
-    yield {**servers, "router": url, "bootstrap_port": bootstrap_port, "truth": truth}
+    yield {
+        **servers,
+        "router": url,
+        "bootstrap_port": bootstrap_port,
+        "truth": truth,
+        "common": common,
+    }
     router.terminate()
     try:
         router.wait(30)
@@ -293,17 +308,22 @@ def test_a_follow_up_turn_finds_its_history_on_both_servers(pd):
 
 
 def test_aborts_free_pages_on_both_servers(pd):
-    # a stream the client leaves after two events: the decode server aborts it
+    # a stream the client leaves after two events: the decode server aborts it. 2,000 tokens (400 for
+    # the real model) keep it running for seconds of the tiny model's steps after the client leaves,
+    # so that it is aborted rather than finished, as the decode server's count shows
+    aborted = info(pd["decode"])["num_requests_aborted"]
     with httpx.stream(
         "POST",
         pd["router"] + "/generate",
-        json=body("Count to a thousand:", 400, stream=True),
+        json=body("Count to a thousand:", 2000, stream=True),
         headers=AUTH,
         timeout=120,
     ) as r:
         for n, _ in enumerate(r.iter_lines()):
             if n > 3:
                 break
+    got = settled(pd["decode"])
+    assert got["num_requests_aborted"] == aborted + 1, got
     # a request waiting for KV the prefill server never gets, abandoned by its client
     orphan = {
         **body("An orphan", 4),
@@ -392,9 +412,11 @@ def test_a_killed_prefill_server_fails_its_requests_and_the_decode_server_goes_o
     t.start()
     # The kill comes once the work is seen in flight on both sides, not after a guessed sleep: the
     # decode server holds a room waiting for the victim's KV, and the victim computes one prompt while
-    # another still waits its turn. Prompts go one at a time in 512-token chunks (2143 tokens: five
-    # steps each), so a prompt still waiting then cannot be computed, sent and decoded in the moment
-    # between the victim's answer and the kill: its request must fail.
+    # another still waits its turn. Prompts go one at a time in PREFILL_CHUNK-token chunks (2143
+    # tokens: 34 steps each, ~0.3 s of the tiny model's on an idle 2-core box; at the default 512,
+    # five steps and ~0.1 s, where the default model took seconds), so a prompt still waiting then
+    # cannot be computed and sent in the moment between the victim's answer and the kill: its
+    # request must fail.
     deadline = time.monotonic() + 120
     while True:
         on_decode, on_victim = info(decode), info(victim)
@@ -431,7 +453,8 @@ def test_a_killed_prefill_server_fails_its_requests_and_the_decode_server_goes_o
     # the decode server goes on with a fresh prefill server at the configured address
     port = pd["bootstrap_port"]
     fresh = ServerProcess(
-        [*COMMON, "--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(port)],
+        [*pd["common"], "--disaggregation-mode", "prefill"]
+        + ["--disaggregation-bootstrap-port", str(port)],
         tmp_path_factory.mktemp("fresh"),  # short: the ipc socket paths live under it
         env=PD_ENV,
     )

@@ -2,7 +2,9 @@
 mode, answers like a unified server and stops cleanly.
 
 Truth: a unified server's greedy output in float32 (started and stopped first, so that no more than two
-servers are up at once).
+servers are up at once). Every server serves the session's tiny random Llama (tiny_model_dir): the
+launcher's plumbing is the point, and equal outputs of two of our own configurations hold for any
+model; the launcher hands --model-path on to both of its servers.
 """
 
 import httpx
@@ -22,15 +24,18 @@ BODY = {
 }
 
 
-def test_pd_1p1d_starts_all_three_and_answers_like_a_unified_server(tmp_path_factory):
-    unified = ServerProcess(COMMON, tmp_path_factory.mktemp("unified"))
+def test_pd_1p1d_starts_all_three_and_answers_like_a_unified_server(
+    tmp_path_factory, tiny_model_dir
+):
+    common = ["--model-path", tiny_model_dir, *COMMON]
+    unified = ServerProcess(common, tmp_path_factory.mktemp("unified"))
     try:
         want = httpx.post(unified.url + "/generate", json=BODY, timeout=120).json()["output_ids"]
     finally:
         unified.stop()
     port = free_port()
     srv = ServerProcess(
-        [*COMMON, "--pd", "1p1d", "--disaggregation-bootstrap-port", str(port)],
+        [*common, "--pd", "1p1d", "--disaggregation-bootstrap-port", str(port)],
         tmp_path_factory.mktemp("pd"),
         env={"RADIXRT_API_KEY": KEY},  # kept out of the launcher's argv, as out of its servers'
     )

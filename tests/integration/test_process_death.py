@@ -2,6 +2,11 @@
 while streaming and non-streaming requests run: every client gets an error within seconds, /health
 turns non-200, the server exits non-zero, and no process or ipc directory is left. SIGTERM instead
 drains: a running request still finishes, new connections are refused, the exit code is 0.
+
+The server serves the session's tiny random Llama (tiny_model_dir): processes are the point, and every
+request sets ignore_eos, so its length is what the test asks for, whatever the model says. Its steps
+are far shorter than the default model's, so the requests ask for more tokens (see BODY and the
+SIGTERM test) to stay in flight as long as the kill and the drain need.
 """
 
 from __future__ import annotations
@@ -19,13 +24,17 @@ import psutil
 import pytest
 from conftest_server import ServerProcess, sse_events
 
-MODEL = "SmolLM2-135M-Instruct"
 # clients learn of a death within the watchdog's interval plus the error answers' way out; the bug
 # is a hang until the client's own 120 s timeout. 20 s leaves room for a loaded 2-core machine.
 FAIL_DEADLINE_S = 20.0
+# the requests in flight at the kill: 2,000 tokens (400 with the default model) keep them running for
+# seconds of the tiny model's steps after the streams' first tokens, when the kill comes; four of
+# them fit the pool (POOL_TOKENS) at once, so both streams start
+NUM_TOKENS = 2000
+POOL_TOKENS = 16384
 BODY = {
     "text": "Count slowly from one to one thousand:",
-    "sampling_params": {"max_new_tokens": 400, "ignore_eos": True},
+    "sampling_params": {"max_new_tokens": NUM_TOKENS, "ignore_eos": True},
 }
 
 
@@ -38,14 +47,16 @@ def child_bound_to(server: ServerProcess, socket_name: str) -> psutil.Process:
     raise AssertionError(f"no child of {server.proc.pid} bound {socket_name}")
 
 
-def launch(tmp_path_factory, name: str) -> ServerProcess:
+def launch(tmp_path_factory, name: str, model_dir: str) -> ServerProcess:
     return ServerProcess(
-        ["--max-total-tokens", "4096", "--log-level", "warning"], tmp_path_factory.mktemp(name)
+        ["--model-path", model_dir, "--max-total-tokens", str(POOL_TOKENS)]
+        + ["--log-level", "warning"],
+        tmp_path_factory.mktemp(name),
     )
 
 
 async def _inflight_until_killed(
-    server: ServerProcess, victim: psutil.Process
+    server: ServerProcess, victim: psutil.Process, model: str
 ) -> tuple[list, float, list[float]]:
     """Two plain + two streamed requests; once every stream has a token, SIGKILL the victim.
     Returns (results, kill time, seconds from the kill to each client's answer)."""
@@ -73,9 +84,9 @@ async def _inflight_until_killed(
         return sse_events(lines)
 
     chat = {
-        "model": MODEL,
+        "model": model,  # the served model name: the model directory's name
         "messages": [{"role": "user", "content": "Count to one thousand."}],
-        "max_tokens": 400,
+        "max_tokens": NUM_TOKENS,
         "ignore_eos": True,
     }
     async with httpx.AsyncClient(timeout=120) as client:
@@ -93,13 +104,14 @@ async def _inflight_until_killed(
 
 
 @pytest.mark.parametrize("victim_name", ["scheduler", "detokenizer"])
-def test_kill_9_child_fails_inflight_and_exits_clean(tmp_path_factory, victim_name):
-    server = launch(tmp_path_factory, f"kill-{victim_name}")
+def test_kill_9_child_fails_inflight_and_exits_clean(tmp_path_factory, victim_name, tiny_model_dir):
+    server = launch(tmp_path_factory, f"kill-{victim_name}", tiny_model_dir)
     try:
         ipc_dirs = server.ipc_leftovers()
         assert len(ipc_dirs) == 1 and stat.S_IMODE(os.stat(ipc_dirs[0]).st_mode) == 0o700
         victim = child_bound_to(server, victim_name)
-        results, killed_at, delays = asyncio.run(_inflight_until_killed(server, victim))
+        model = os.path.basename(tiny_model_dir)
+        results, killed_at, delays = asyncio.run(_inflight_until_killed(server, victim, model))
         gen_plain, chat_plain, gen_stream, chat_stream = results
         for r in (gen_plain, chat_plain):
             assert isinstance(r, httpx.Response), r
@@ -128,12 +140,19 @@ def test_kill_9_child_fails_inflight_and_exits_clean(tmp_path_factory, victim_na
         server.stop(signal.SIGKILL)
 
 
-def test_sigterm_drains_running_request_then_exits_0(tmp_path_factory):
-    server = launch(tmp_path_factory, "sigterm")
+def test_sigterm_drains_running_request_then_exits_0(tmp_path_factory, tiny_model_dir):
+    server = launch(tmp_path_factory, "sigterm", tiny_model_dir)
+    # The SIGTERM comes at the stream's first token; the request must still be running when the
+    # server takes the signal (within milliseconds). 24 tokens did it with the default model (~0.5 s
+    # of its steps); the tiny model's steps are a few ms on an idle 2-core box, so 200 keep it
+    # running for about as long after the signal, while on a loaded box (30-50 ms a step measured
+    # with other test sessions beside it) they still end well within the 30 s drain
+    # (launch.DRAIN_TIMEOUT_S).
+    num_tokens = 200
     try:
         body = {
             "text": "Name some fruits:",
-            "sampling_params": {"max_new_tokens": 24, "ignore_eos": True},
+            "sampling_params": {"max_new_tokens": num_tokens, "ignore_eos": True},
             "stream": True,
         }
         events: list[str] = []
@@ -159,7 +178,8 @@ def test_sigterm_drains_running_request_then_exits_0(tmp_path_factory):
         assert data[-1] == "[DONE]"
         last = json.loads(data[-2])
         assert (
-            last["meta_info"]["finish_reason"]["type"] == "length" and len(last["output_ids"]) == 24
+            last["meta_info"]["finish_reason"]["type"] == "length"
+            and len(last["output_ids"]) == num_tokens
         ), data[-2]
         assert server.proc.wait(60) == 0, server.log()
         time.sleep(0.5)
