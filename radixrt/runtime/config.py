@@ -220,9 +220,14 @@ class ServerConfig:
     )
     disaggregation_secret: str | None = _opt(
         None,
-        "shared by the prefill and decode servers and the router (its --api-key): keys the "
-        "servers' transfer channel and admits bootstrap fields (default: "
-        "$RADIXRT_DISAGGREGATION_SECRET)",
+        "shared by the prefill and decode servers and the router (its --api-key): admits "
+        "bootstrap fields (default: $RADIXRT_DISAGGREGATION_SECRET)",
+    )
+    disaggregation_channel_secret: str | None = _opt(
+        None,
+        "shared by the prefill and decode servers only, never the router or a client: the root "
+        "of their transfer channel's keys (default: $RADIXRT_DISAGGREGATION_CHANNEL_SECRET; "
+        "--pd generates one)",
     )
     disaggregation_prefill_addrs: tuple[str, ...] | None = _opt(
         None,

@@ -13,6 +13,7 @@ SECRET_ENVS = {
     "api_key": "RADIXRT_API_KEY",
     "admin_api_key": "RADIXRT_ADMIN_API_KEY",
     "disaggregation_secret": PD_SECRET_ENV,
+    "disaggregation_channel_secret": "RADIXRT_DISAGGREGATION_CHANNEL_SECRET",
 }
 MIN_PD_SECRET_CHARS = 16  # the channel keys derive from it: a short one is a guessable key
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -173,6 +174,19 @@ def check_pd_trust(c: Any) -> None:
             f"--disaggregation-mode {c.disaggregation_mode} needs --disaggregation-secret (or "
             f"$RADIXRT_DISAGGREGATION_SECRET) of at least {MIN_PD_SECRET_CHARS} characters, the "
             "same on both servers and as the router's --api-key"
+        )
+    channel = c.disaggregation_channel_secret
+    if not channel or len(channel) < MIN_PD_SECRET_CHARS:
+        raise ValueError(
+            f"--disaggregation-mode {c.disaggregation_mode} needs --disaggregation-channel-secret "
+            f"(or $RADIXRT_DISAGGREGATION_CHANNEL_SECRET) of at least {MIN_PD_SECRET_CHARS} "
+            "characters, the same on both servers and known to nothing else: the transfer "
+            "channel's keys derive from it"
+        )
+    if channel in (c.disaggregation_secret, c.api_key, c.admin_api_key):
+        raise ValueError(
+            "disaggregation_channel_secret must differ from --disaggregation-secret and the API "
+            "keys: the router and the clients hold those, and would hold the channel's keys"
         )
     if c.disaggregation_mode == "decode" and not c.disaggregation_prefill_addrs:
         raise ValueError(

@@ -33,7 +33,11 @@ COMMON = ["--page-size", str(PAGE), "--max-total-tokens", "8192", "--log-level",
 PREFILL_CHUNK = 64
 TIMEOUT_S = 10
 SECRET = "the-pair-secret-of-this-test"
-PD_ENV = {"RADIXRT_DISAGGREGATION_SECRET": SECRET}  # the servers take it from there, not argv
+# the servers take their secrets from there, not argv; the channel's is theirs alone
+PD_ENV = {
+    "RADIXRT_DISAGGREGATION_SECRET": SECRET,
+    "RADIXRT_DISAGGREGATION_CHANNEL_SECRET": "the-channel-secret-of-this-test",
+}
 # the router asks its clients for its --api-key and presents it to the servers (the pair's secret)
 AUTH = {"Authorization": f"Bearer {SECRET}"}
 post = functools.partial(httpx.post, headers=AUTH)

@@ -110,7 +110,11 @@ class End:
 
 
 # what a PD server needs to start: the pair's secret, and on a decode server its prefill servers
-PD_TRUST = dict(disaggregation_secret="s" * 16, disaggregation_prefill_addrs=("h:8998",))
+PD_TRUST = dict(
+    disaggregation_secret="s" * 16,
+    disaggregation_channel_secret="c" * 16,
+    disaggregation_prefill_addrs=("h:8998",),
+)
 
 
 def make_pair(page_size=4, num_tokens=800):
@@ -292,8 +296,21 @@ def test_settings_disaggregation_cannot_serve_are_refused_by_name():
         Engine(disaggregation_mode="prefill", **PD_TRUST)
     with pytest.raises(ValueError, match="needs --disaggregation-secret"):
         ServerConfig(disaggregation_mode="prefill", disaggregation_secret="short")
+    with pytest.raises(ValueError, match="needs --disaggregation-channel-secret"):
+        ServerConfig(disaggregation_mode="prefill", disaggregation_secret="s" * 16)
+    for taken in (
+        "disaggregation_secret",
+        "api_key",
+        "admin_api_key",
+    ):  # the router's, the clients'
+        with pytest.raises(ValueError, match="channel_secret must differ"):
+            ServerConfig(**{**PD_TRUST, taken: "c" * 16}, disaggregation_mode="prefill")
     with pytest.raises(ValueError, match="needs --disaggregation-prefill-addrs"):
-        ServerConfig(disaggregation_mode="decode", disaggregation_secret="s" * 16)
+        ServerConfig(
+            disaggregation_mode="decode",
+            disaggregation_secret="s" * 16,
+            disaggregation_channel_secret="c" * 16,
+        )
     with pytest.raises(ValueError, match="mooncake is refused"):
         ServerConfig(
             **PD_TRUST, disaggregation_mode="decode", disaggregation_transfer_backend="mooncake"

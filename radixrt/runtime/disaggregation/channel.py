@@ -1,11 +1,13 @@
 """The authenticated channel between a prefill and a decode server: ZeroMQ over TCP with CURVE
 (encryption and mutual authentication, libzmq's own, libsodium underneath).
 
-Both servers know one secret (--disaggregation-secret). From it each derives the same two CURVE
-key pairs: the prefill server's bootstrap port is a CURVE server holding the first, and it admits
-(ZAP) only clients holding the second; a decode server is that client and checks the prefill server
-by the first. A peer without the secret completes no handshake, so it can neither register pages nor
-send bytes, and nothing it sends is read.
+Both servers know one secret (--disaggregation-channel-secret), which nothing else holds (the router
+and the clients hold --disaggregation-secret and the API keys, which the configuration refuses as
+this one). From it each derives (HKDF, a label per role) the same two CURVE key pairs: the prefill
+server's bootstrap port is a CURVE server holding the first, and it admits (ZAP) only clients
+holding the second; a decode server is that client and checks the prefill server by the first. A
+peer without the secret completes no handshake, so it can neither register pages nor send bytes,
+and nothing it sends is read.
 
 Why not Mooncake's TCP transport: it serves reads and writes at any address a peer names, registered
 or not, on every interface, to anyone who connects, i.e. the whole process memory of both servers.
@@ -27,10 +29,24 @@ ZAP_DOMAIN = b"radixrt-pd"
 
 
 def _key_pair(secret: str, role: bytes) -> tuple[bytes, bytes]:
-    """(public, secret) z85 CURVE keys of role, a pure function of the shared secret."""
-    raw = hmac.new(secret.encode(), b"radixrt-pd-" + role, hashlib.sha256).digest()
-    secret_key = z85.encode(raw)
+    """(public, secret) z85 CURVE keys of role, a pure function of the pair's channel secret
+    (--disaggregation-channel-secret, which only the two servers hold): HKDF-SHA256 (RFC 5869)
+    with a salt of its own and the role as the label, so no other use of the secret, and no other
+    role, yields the same key."""
+    secret_key = z85.encode(
+        hkdf_sha256(secret.encode(), b"radixrt-pd-channel-v1", b"curve-" + role)
+    )
     return zmq.curve_public(secret_key), secret_key
+
+
+def hkdf_sha256(key: bytes, salt: bytes, info: bytes, length: int = 32) -> bytes:
+    """RFC 5869's HKDF with SHA-256: extract (HMAC of the key under the salt), then expand."""
+    prk = hmac.new(salt, key, hashlib.sha256).digest()
+    out, block = b"", b""
+    for i in range(1, -(-length // 32) + 1):
+        block = hmac.new(prk, block + info + bytes([i]), hashlib.sha256).digest()
+        out += block
+    return out[:length]
 
 
 class _OnlyKey:

@@ -187,7 +187,8 @@ class DecodeAgent(Agent):
             if now - peer.heard > PEER_SILENT_S:
                 error = (
                     f"the prefill server {addr} stopped answering (nothing for "
-                    f"{PEER_SILENT_S:g} s; one with another --disaggregation-secret is never heard)"
+                    f"{PEER_SILENT_S:g} s; one with another --disaggregation-channel-secret is "
+                    "never heard)"
                 )
                 for room in list(peer.rooms):
                     self._finish(room, "failed", error=error)

@@ -51,8 +51,9 @@ class PrefillAgent(Agent):
         secret: str,
         bind: str,
     ):
-        """pages: the pool's bytes; secret: --disaggregation-secret; bind: the bootstrap endpoint
-        (tcp://host:port), bound now so a taken port fails the server's start with its name."""
+        """pages: the pool's bytes; secret: --disaggregation-channel-secret; bind: the bootstrap
+        endpoint (tcp://host:port), bound now so a taken port fails the server's start with its
+        name."""
         super().__init__(ctx, cmd_addr, evt_addr, timeout_s)
         self.layout, self.pages = layout, pages
         self.net, self.router, self.auth = bootstrap_socket(secret, bind)

@@ -77,12 +77,12 @@ class ThreadTransfer:
 
 def make_transfer(config: Any, runner: Any) -> ThreadTransfer:
     """The KV transfer of a --disaggregation-mode prefill|decode server: the side's agent over this
-    server's KV pool, on the channel keyed by --disaggregation-secret."""
+    server's KV pool, on the channel keyed by --disaggregation-channel-secret."""
     tensors = runner.kv.tensors()
     layout = KVLayout.of_pool(tensors, runner.page_size)
     pages = PageBytes(tensors, runner.page_size)
     link = ThreadTransfer(zmq.Context.instance())
-    timeout, secret = config.disaggregation_transfer_timeout, config.disaggregation_secret
+    timeout, secret = config.disaggregation_transfer_timeout, config.disaggregation_channel_secret
     if config.disaggregation_mode == "prefill":
         bind = f"tcp://{bind_host(config.host)}:{config.disaggregation_bootstrap_port}"
         try:

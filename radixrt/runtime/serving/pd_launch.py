@@ -7,15 +7,18 @@ and sglang-router's PD mode on --host/--port in front:
     python -m sglang_router.launch_router --pd-disaggregation --api-key KEY \\
         --prefill http://127.0.0.1:P 8998 --decode http://127.0.0.1:D
 
-The pair's secret is --api-key: sglang-router presents its key to the servers, and they take
-bootstrap fields only with the secret (docs/security.md). Across machines, start the two servers
-there with --disaggregation-mode, --disaggregation-secret (and on the decode server
+The pair's bootstrap secret is --api-key: sglang-router presents its key to the servers, and they
+take bootstrap fields only with it (docs/security.md). The channel between the two servers is keyed
+by a random secret generated per launch, handed to them in their environment and never to the
+router. Across machines, start the two servers there with --disaggregation-mode,
+--disaggregation-secret, --disaggregation-channel-secret (and on the decode server
 --disaggregation-prefill-addrs) and run that router command yourself. Either server's or the
 router's death stops the rest (exit 1); SIGTERM / Ctrl-C stop everything.
 """
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
 from radixrt.runtime.serving.dp_launch import serve_behind_router
@@ -24,7 +27,14 @@ from radixrt.runtime.serving.dp_launch import serve_behind_router
 def launch_pd(config: Any) -> int:
     """A prefill and a decode server (half the cores each) behind sglang-router's PD mode."""
     port = config.disaggregation_bootstrap_port
-    pair = {"pd": None, "disaggregation_secret": config.api_key}
+    # the router presents --api-key to the servers (bootstrap fields); the channel between the two
+    # servers is keyed by a secret of its own, random per launch, which the router never gets
+    channel = secrets.token_urlsafe(32)  # 256 bits
+    pair = {
+        "pd": None,
+        "disaggregation_secret": config.api_key,
+        "disaggregation_channel_secret": channel,
+    }
     servers = [
         config.replace(**pair, disaggregation_mode="prefill", host="127.0.0.1"),
         config.replace(

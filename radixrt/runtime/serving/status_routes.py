@@ -120,7 +120,13 @@ CLIENT_INFO = frozenset(
     }
 )
 
-SECRET_FIELDS = ("api_key", "admin_api_key", "disaggregation_secret")  # masked even for the admin
+# masked even for the admin
+SECRET_FIELDS = (
+    "api_key",
+    "admin_api_key",
+    "disaggregation_secret",
+    "disaggregation_channel_secret",
+)
 
 
 def admin_config_view(config: Any) -> dict[str, Any]:
