@@ -137,15 +137,21 @@ class PrefillAgent(Agent):
             self._tell(ident, "failed", room=room, error=f"{MAX_ROOMS} rooms already registered")
             return
         try:
+            # the layout is compared now and not kept: a registration holds a few ints, however
+            # large the layout it sent (#56.3: 65,536 rooms of 4,096-int layouts were ~10 GB)
+            self.layout.check_same(KVLayout.from_wire(msg.get("layout")))
             reg = {
                 "ident": ident,
-                "layout": KVLayout.from_wire(msg.get("layout")),
                 "num_pages": check_int(msg.get("num_pages"), "num_pages", 0, MAX_PAGES),
                 "start": check_int(msg.get("start"), "start", 0, MAX_PAGES),
                 "since": time.monotonic(),
             }
-        except PeerError as e:
-            self._tell(ident, "failed", room=room, error=f"registration refused: {e}")
+        except (PeerError, ValueError) as e:
+            error = f"registration refused: {e}"
+            self._remember_ended(room, error)  # the room's send fails with it, now or when it comes
+            if self.sends.pop(room, None) is not None:
+                self.emit("sent", room=room, error=error)
+            self._tell(ident, "failed", room=room, error=error)
             return
         self.regs[room] = reg
         self._try_transfer(room)
@@ -160,7 +166,6 @@ class PrefillAgent(Agent):
         self._remember_ended(room, f"room {room} was already sent")
         pages = send["pages"][reg["start"] :]
         try:
-            self.layout.check_same(reg["layout"])
             if len(pages) != reg["num_pages"]:
                 raise ValueError(f"{reg['num_pages']} pages asked for, {len(pages)} to send")
             num_bytes = self._send_pages(reg["ident"], room, pages)
