@@ -372,19 +372,41 @@ def test_store_bounds_count_bytes_and_time():
     assert store.get("r", "o") is None and len(store) == 0
 
 
-def test_evicting_a_running_background_response_cancels_it():
+def test_a_running_background_response_is_never_evicted():
+    """#56.6: another owner's puts evicted (and cancelled) a background response still running."""
+
     async def run():
         store = ResponsesStore(max_entries=1)
         task = asyncio.ensure_future(asyncio.sleep(60))
-        entry = StoredResponse("o", {"status": "in_progress"}, task=task)
-        store.put("bg", entry)
-        store.put("other", _entry())
+        store.put("bg", StoredResponse("o", {"status": "in_progress"}, task=task))
+        store.put("other", _entry("p"))
         await asyncio.sleep(0)
-        assert task.cancelled()
-        store.put("bg", _entry(), only_if_present=True)  # its last state stays out
-        assert store.get("bg", "o") is None
+        assert not task.cancelled() and store.get("bg", "o") is not None
+        store.put("bg", _entry(), only_if_present=True)  # it ended: its answer replaces it
+        assert not task.cancelled() and store.get("bg", "o").response["status"] == "completed"
+        store.put("third", _entry("p"))  # now the least recently used go, down to the bound
+        assert len(store) == 1 and store.get("third", "p") is not None
+        task.cancel()
 
     asyncio.run(run())
+
+
+def test_a_flooding_owner_pushes_out_only_its_own():
+    """#56.6: 1,024 cheap responses of one tenant evicted every other tenant's. Now the owners over
+    a quarter of the store lose their oldest first."""
+    store = ResponsesStore(max_entries=40, max_bytes=400_000)
+    for i in range(10):
+        store.put(f"b{i}", _entry("b"))
+    for i in range(1024):
+        store.put(f"a{i}", _entry("a"))
+    assert all(store.get(f"b{i}", "b") is not None for i in range(10))
+    kept = [i for i in range(1024) if store.get(f"a{i}", "a") is not None]
+    assert kept == list(range(1024 - 30, 1024))  # the rest of the store: its newest
+    for i in range(7):  # bytes too: past 400,000 in all, c is over a quarter of them
+        store.put(f"big{i}", _entry("c", size=60_000))
+    assert store.bytes <= 400_000 and store.get("big0", "c") is None
+    assert store.get("big6", "c") is not None
+    assert all(store.get(f"b{i}", "b") is not None for i in range(10))
 
 
 # ----------------------------------------------------------------- a continuation's prompt

@@ -5,7 +5,11 @@ and by time since last use.
 A stored response is its owner's: the same cache_salt and, when the server checks an API key, the
 same key (the tenant of serving/tenants.py: the salt is the trust domain the KV is split by, the
 key what a gateway presents). Anyone else is told it does not exist (404), although ids are 192
-random bits. Evicting a background response still running cancels it.
+random bits. When the store is full, the oldest of the owners holding more than a quarter of it
+(count or bytes) go first, and another owner's only after them (#56.6: 1,024 cheap responses of one
+tenant pushed out everyone else's); a lone tenant may still fill it. A background response still
+running is never evicted (the server's in-flight caps bound how many run); its task is cancelled
+only when it expires unused.
 
 What a continuation needs is kept with the answer: the conversation as chat messages (the inputs
 through this answer's output, without instructions), the rendered prompt text, and the exact token
@@ -81,8 +85,11 @@ class ResponsesStore:
         ttl_s: float = STORED_TTL_S,
     ):
         self.max_entries, self.max_bytes, self.ttl_s = max_entries, max_bytes, ttl_s
+        # one owner's share of either bound, past which its entries go first
+        self.owner_entries, self.owner_bytes = max(1, max_entries // 4), max(1, max_bytes // 4)
         self._entries: OrderedDict[str, StoredResponse] = OrderedDict()
         self._bytes = 0
+        self._owned: dict[str, list[int]] = {}  # owner -> [entries, bytes]
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -106,17 +113,38 @@ class ResponsesStore:
         only_if_present: replace only (a background response evicted while it ran stays out)."""
         if only_if_present and response_id not in self._entries:
             return
-        old = self._entries.pop(response_id, None)
-        if old is not None:
-            self._bytes -= old.size
+        if response_id in self._entries:
+            self._drop(response_id, cancel=False)
         entry.used = time.monotonic()
-        self._bytes += entry.measure()
+        entry.measure()
         self._entries[response_id] = entry
+        self._count(entry, 1)
         self._expire()
-        while self._entries and (
-            len(self._entries) > self.max_entries or self._bytes > self.max_bytes
-        ):
-            self._drop(next(iter(self._entries)))
+        # over the bounds: first the oldest of owners holding more than their share, then anyone's
+        self._evict(self._over_share)
+        self._evict(lambda owner: True)
+
+    def _over_share(self, owner: str) -> bool:
+        owned = self._owned.get(owner, (0, 0))
+        return owned[0] > self.owner_entries or owned[1] > self.owner_bytes
+
+    def _evict(self, may_go: Any) -> None:
+        """Drop the least recently used entries that are not running and whose owner may_go(owner),
+        while the store is over a bound; one pass over it."""
+        for rid in list(self._entries):
+            if len(self._entries) <= self.max_entries and self._bytes <= self.max_bytes:
+                return
+            entry = self._entries[rid]
+            if not entry.running and may_go(entry.owner):
+                self._drop(rid)
+
+    def _count(self, entry: StoredResponse, sign: int) -> None:
+        owned = self._owned.setdefault(entry.owner, [0, 0])
+        owned[0] += sign
+        owned[1] += sign * entry.size
+        self._bytes += sign * entry.size
+        if owned[0] == 0:
+            del self._owned[entry.owner]
 
     def _expire(self) -> None:
         cutoff = time.monotonic() - self.ttl_s
@@ -126,8 +154,8 @@ class ResponsesStore:
                 return
             self._drop(oldest_id)
 
-    def _drop(self, response_id: str) -> None:
+    def _drop(self, response_id: str, cancel: bool = True) -> None:
         entry = self._entries.pop(response_id)
-        self._bytes -= entry.size
-        if entry.task is not None and not entry.task.done():
+        self._count(entry, -1)
+        if cancel and entry.task is not None and not entry.task.done():
             entry.task.cancel()  # a background response nobody can reach any more
