@@ -5,9 +5,11 @@ A request may carry a session_id. When it finishes, its prompt + output (what ha
 the part the two turns share never looks free. The next turn, whose prompt extends that text, is
 then a cache hit for all of it even when other traffic has filled the pool. A session ends when it
 is closed, when its pin's ttl passes without a new turn, or when MAX_SESSIONS newer sessions push it
-out. Per session the table counts turns and prompt / cached tokens (its hit rate) for
-/get_server_info. A session belongs to its cache_salt (session_key): another tenant naming the same
-session id has a session of its own, and cannot end or replace this one's pin.
+out: the oldest of a tenant holding more than a quarter of the table first, another tenant's only
+after them (#56.6: 4,096 sessions of one tenant unpinned everyone else's). Per session the table
+counts turns and prompt / cached tokens (its hit rate) for /get_server_info. A session belongs to
+its cache_salt (session_key): another tenant naming the same session id has a session of its own,
+and cannot end or replace this one's pin.
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ def session_key(session_id: str, cache_salt: str | None) -> SessionKey:
     return session_id, hashlib.sha256(cache_salt.encode()).hexdigest()[:16]
 
 
+def _tenant(key: SessionKey) -> str:
+    """Whose session it is: its salt's digest ("" unsalted)."""
+    return "" if isinstance(key, str) else key[1]
+
+
 def _shown(key: SessionKey) -> str:
     return key if isinstance(key, str) else "@".join(key)
 
@@ -55,6 +62,7 @@ class SessionTable:
         self.pins = pins
         self.ttl_s = ttl_s
         self._sessions: OrderedDict[str, Session] = OrderedDict()  # least recently used first
+        self._per_tenant: dict[str, int] = {}  # sessions held per salt digest ("": unsalted)
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -77,7 +85,7 @@ class SessionTable:
         # a prefix of what comes next
 
     def close(self, session_id: SessionKey) -> bool:
-        s = self._sessions.pop(session_id, None)
+        s = self._pop(session_id)
         if s is None:
             return False
         self._unpin(s)
@@ -91,7 +99,7 @@ class SessionTable:
             for sid, s in self._sessions.items()
             if s.handle is not None and self.pins.expiry(s.handle) is None
         ]:
-            del self._sessions[sid]
+            self._pop(sid)
 
     def owners(self) -> dict[str, str]:
         """pin handle -> the session holding it."""
@@ -118,11 +126,26 @@ class SessionTable:
         }
 
     def _touch(self, session_id: SessionKey) -> Session:
-        s = self._sessions.pop(session_id, None) or Session()
+        s = self._pop(session_id) or Session()
         self._sessions[session_id] = s  # most recently used last
-        while len(self._sessions) > MAX_SESSIONS:
-            _, oldest = self._sessions.popitem(last=False)
-            self._unpin(oldest)
+        tenant = _tenant(session_id)
+        self._per_tenant[tenant] = self._per_tenant.get(tenant, 0) + 1
+        if len(self._sessions) > MAX_SESSIONS:
+            share = MAX_SESSIONS // 4
+            victim = next(
+                (k for k in self._sessions if self._per_tenant[_tenant(k)] > share),
+                next(iter(self._sessions)),
+            )
+            self._unpin(self._pop(victim))
+        return s
+
+    def _pop(self, session_id: SessionKey) -> Session | None:
+        s = self._sessions.pop(session_id, None)
+        if s is not None:
+            tenant = _tenant(session_id)
+            self._per_tenant[tenant] -= 1
+            if not self._per_tenant[tenant]:
+                del self._per_tenant[tenant]
         return s
 
     def _unpin(self, s: Session) -> None:
