@@ -11,7 +11,7 @@ from test_scheduler import VOCAB, assert_all_pages_back, drain, ids
 
 from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.core.lora_slots import LoraSlots
-from radixrt.runtime.core.namespaces import KEY_STRIDE, TreeNamespaces
+from radixrt.runtime.core.namespaces import KEY_STRIDE, TreeNamespaces, adapter_part
 from radixrt.runtime.core.req import Req
 from radixrt.runtime.core.scheduler import Scheduler
 from radixrt.runtime.messages import TokenizedGenerateReq
@@ -42,15 +42,24 @@ def test_slots_are_reused_least_recently_used_first_and_never_taken_from_a_runni
 
 def test_each_adapter_and_salt_pair_is_a_namespace_and_ids_are_never_reused():
     spaces = TreeNamespaces()
-    assert spaces.key_offset(None, None) == 0 and spaces.key_offset("a", None) == KEY_STRIDE
-    assert spaces.key_offset("b", None) == 2 * KEY_STRIDE
-    assert spaces.key_offset("a", "s") == 3 * KEY_STRIDE  # a salt under an adapter: its own
-    assert spaces.key_offset(None, "s") == 4 * KEY_STRIDE  # the same salt on the base model
-    assert spaces.key_offset("a", None) == KEY_STRIDE  # known: the same
-    assert spaces.retire("a") == {1, 3}
-    assert spaces.key_offset("a", None) == 5 * KEY_STRIDE  # a reloaded adapter: a new namespace
-    assert spaces.is_plain(0) and spaces.is_plain(5) and not spaces.is_plain(4)
-    assert not spaces.is_plain(1), "a retired namespace is not known any more"
+    pairs = [(None, None), ("a", None), ("b", None), ("a", "s"), (None, "s"), ("b", "t")]
+    offsets = [spaces.key_offset(*p) for p in pairs]
+    assert offsets[0] == 0 and len(set(offsets)) == len(pairs)  # each pair its own
+    assert all(o % KEY_STRIDE == 0 for o in offsets)
+    assert [spaces.key_offset(*p) for p in pairs] == offsets  # known: the same
+    a_part = adapter_part(offsets[1] // KEY_STRIDE)
+    assert adapter_part(offsets[3] // KEY_STRIDE) == a_part  # a's salted namespace: a's part
+    assert spaces.retire("a") == {a_part} and spaces.retire("a") == set()
+    again = spaces.key_offset("a", None)
+    assert again not in offsets  # a reloaded adapter: a new namespace
+    assert spaces.is_plain(0) and spaces.is_plain(again // KEY_STRIDE)
+    assert spaces.is_plain(offsets[2] // KEY_STRIDE)  # b, unsalted
+    assert not spaces.is_plain(offsets[4] // KEY_STRIDE)  # salted
+    assert not spaces.is_plain(offsets[1] // KEY_STRIDE), (
+        "a retired namespace is not known any more"
+    )
+    # a salt's id is a keyed hash: another process (another key) gives another id
+    assert TreeNamespaces().key_offset(None, "s") != offsets[4]
 
 
 def make(loras=("a", "b", "c"), max_loras=2, num_tokens=2000):

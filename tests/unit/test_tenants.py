@@ -13,7 +13,6 @@ from fake_runner import FakeRunner, reference_output
 from test_scheduler import VOCAB, assert_all_pages_back, drain, ids
 
 from radixrt.runtime.config import ServerConfig
-from radixrt.runtime.core.namespaces import TreeNamespaces
 from radixrt.runtime.core.scheduler import Scheduler
 from radixrt.runtime.messages import TokenizedGenerateReq
 from radixrt.runtime.request.edge import MAX_CACHE_SALT_CHARS, RequestError, expand_n
@@ -167,15 +166,15 @@ def test_unloading_an_adapter_evicts_its_salted_entries_too():
     assert_all_pages_back(s)
 
 
-def test_the_namespace_table_is_bounded_and_a_forgotten_salt_shares_nothing():
+def test_fresh_salts_never_make_another_tenants_kv_unmatchable():
+    """#56.6: salts had ids from a table of 4,096 (least recently used out): 4,097 requests with
+    fresh salts made every other tenant's cached prefix a miss. Salt ids are keyed hashes now."""
     s = make()
-    s.namespaces = TreeNamespaces(max_salted=2)
-    for salt in ("s1", "s2", "s3"):  # s1 is pushed out of the table
-        run(s, salt, PROMPT, salt)
-    assert len(s.namespaces) == 2
-    assert run(s, "s3again", PROMPT, "s3")[0] == len(PROMPT) - 1
-    # s1 gets a new namespace: a miss (its old entries age out), never another salt's KV
-    assert run(s, "s1again", PROMPT, "s1")[0] == 0
+    run(s, "victim", PROMPT, "victim-salt")
+    for i in range(4097):
+        s.namespaces.key_offset(None, f"fresh-{i}")  # what admitting each request does
+    assert run(s, "victim-again", PROMPT, "victim-salt")[0] == len(PROMPT) - 1
+    assert run(s, "other", PROMPT, "another-salt")[0] == 0  # and still nobody else's
     assert_all_pages_back(s)
 
 

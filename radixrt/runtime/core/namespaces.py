@@ -6,70 +6,70 @@ namespace's offset (Req.tree_ids), a multiple of KEY_STRIDE (above any vocabular
 prompts in two namespaces are two entries and a prefix is reused only inside its own namespace.
 Everything keyed by tree keys (the pool's pages, the second tier's copies, pins, sessions' pins,
 beams, fork donors) follows. Namespace 0 is the base model without a salt (its keys are the token
-ids); every other (adapter, salt) pair gets the next id when first seen.
+ids).
 
-Ids are never reused: a namespace forgotten (its adapter unloaded, or a salt pushed out of the
-table) leaves entries nobody can match, which age out of the pool like any others; a reused id
-would hand them to whoever got it. Salts are client-chosen, so the table keeps at most
-MAX_SALTED_NAMESPACES of them, least recently used out first; an adapter's unsalted namespace is
-bounded by the adapters loaded and goes when its adapter is unloaded.
+A namespace id is two parts: the adapter's (0 for the base model; each loaded adapter a number of
+its own, never reused, so a reloaded adapter matches nothing its earlier load cached) and the
+salt's (0 without one; else a 64-bit keyed hash of the salt under a key drawn per process). No
+table of salts exists, so nothing a client sends can push another tenant's salt out of one: until
+#56.6 salts had ids from a table of 4,096, least recently used out, and 4,097 one-token requests
+with fresh salts made every other tenant's cached KV unmatchable. Two salts share an id only on a
+64-bit collision of a keyed hash nobody outside the process can compute. Unloading an adapter
+evicts every entry of its part, salted or not.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import hashlib
+import hmac
+import secrets
 
 KEY_STRIDE = 1 << 32
-MAX_SALTED_NAMESPACES = 4096  # ~1 MB of salts at their 256-character bound
+SALT_BITS = 64
+
+
+def adapter_part(ns: int) -> int:
+    """The adapter's part of namespace id ns (0: the base model)."""
+    return ns >> SALT_BITS
 
 
 class TreeNamespaces:
-    def __init__(self, max_salted: int = MAX_SALTED_NAMESPACES):
-        self.max_salted = max_salted
-        # (adapter, salt) -> namespace id, least recently used first
-        self._ids: OrderedDict[tuple[str | None, str | None], int] = OrderedDict()
-        self._num_salted = 0
-        self._plain: set[int] = {0}  # the unsalted namespaces' ids
-        self._next_id = 1
+    def __init__(self):
+        self._key = secrets.token_bytes(32)  # salts' ids are unpredictable and per process
+        self._adapters: dict[str, int] = {}  # loaded adapter -> its part (never reused)
+        self._next_adapter = 1
 
     def key_offset(self, adapter: str | None, salt: str | None) -> int:
         """The tree key offset of requests of adapter (None: the base model) under salt (None:
         none); 0 for the base model unsalted."""
         if adapter is None and salt is None:
             return 0
-        key = (adapter, salt)
-        ns = self._ids.pop(key, None)
-        if ns is None:
-            ns, self._next_id = self._next_id, self._next_id + 1
-            self._num_salted += salt is not None
-            if salt is None:
-                self._plain.add(ns)
-        self._ids[key] = ns  # most recently used last
-        if self._num_salted > self.max_salted:
-            self._forget_oldest_salted()
-        return ns * KEY_STRIDE
+        part = 0
+        if adapter is not None:
+            part = self._adapters.get(adapter, 0)
+            if not part:
+                part, self._next_adapter = self._next_adapter, self._next_adapter + 1
+                self._adapters[adapter] = part
+        return ((part << SALT_BITS) | self._salt_id(salt)) * KEY_STRIDE
 
-    def _forget_oldest_salted(self) -> None:
-        for key in self._ids:
-            if key[1] is not None:
-                del self._ids[key]
-                self._num_salted -= 1
-                return
+    def _salt_id(self, salt: str | None) -> int:
+        if salt is None:
+            return 0
+        digest = hmac.new(self._key, salt.encode("utf-8", "surrogatepass"), hashlib.sha256)
+        return int.from_bytes(digest.digest()[:8], "big") or 1  # 0 is "no salt"
 
     def retire(self, adapter: str) -> set[int]:
-        """Adapter was unloaded: its namespaces (unsalted and salted) are forgotten. Their ids (the
-        caller evicts their entries; a reloaded adapter gets new ones)."""
-        gone = [key for key in self._ids if key[0] == adapter]
-        self._num_salted -= sum(key[1] is not None for key in gone)
-        ids = {self._ids.pop(key) for key in gone}
-        self._plain -= ids
-        return ids
+        """Adapter was unloaded: its part (of its unsalted and salted namespaces alike) is
+        forgotten and returned, for the caller to evict (a reloaded adapter gets a new one)."""
+        part = self._adapters.pop(adapter, 0)
+        return {part} if part else set()
 
     def is_plain(self, ns: int) -> bool:
-        """Whether namespace ns is unsalted (the base model or an adapter, still known): its keys
+        """Whether namespace ns is unsalted (the base model or an adapter, still loaded): its keys
         are token ids anyone may see decoded in an admin view; a salted or forgotten one's are
         not."""
-        return ns in self._plain
+        part, salt = adapter_part(ns), ns & ((1 << SALT_BITS) - 1)
+        return salt == 0 and (part == 0 or part in self._adapters.values())
 
     def __len__(self) -> int:
-        return len(self._ids)
+        return len(self._adapters)

@@ -8,7 +8,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from radixrt.runtime.core import cache_view
-from radixrt.runtime.core.namespaces import KEY_STRIDE
+from radixrt.runtime.core.namespaces import KEY_STRIDE, adapter_part
 from radixrt.runtime.core.sessions import session_key
 
 if TYPE_CHECKING:
@@ -133,4 +133,4 @@ class SchedulerAdmin:
         self.s.lora_slots.retire(name)
         gone = self.s.namespaces.retire(name)
         if gone:
-            self.s.tree.evict_subtrees(lambda t: t // KEY_STRIDE in gone)
+            self.s.tree.evict_subtrees(lambda t: adapter_part(t // KEY_STRIDE) in gone)
