@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from radixrt.runtime.core.namespaces import KEY_STRIDE
+from radixrt.runtime.core.namespaces import KEY_STRIDE, adapter_part
 from radixrt.runtime.core.radix_cache import RadixCache, TreeNode
 
 DEFAULT_MAX_DEPTH = 16
@@ -122,7 +122,9 @@ class _Describer:
             "num_tokens": n,
             # token ids (keys carry their namespace's offset: core/namespaces.py)
             "preview_ids": [t % KEY_STRIDE for t in node.key[:shown]],
-            "lora_key": ns or None,  # the namespace: an adapter, a cache_salt, or both
+            # the namespace's adapter part (None: the base model); "salted" says whether a salt's
+            # part is there too (a keyed hash, never shown: it is wider than JSON's integers)
+            "lora_key": adapter_part(ns) or None,
             "salted": not self.plain(ns),
             "hits": node.hits,
             "tokens_served": node.hits * n,

@@ -25,12 +25,16 @@ import hmac
 import secrets
 
 KEY_STRIDE = 1 << 32
-SALT_BITS = 64
+ADAPTER_BITS = 32  # the adapter's part is the id's low bits: an unsalted namespace's id is small
 
 
 def adapter_part(ns: int) -> int:
     """The adapter's part of namespace id ns (0: the base model)."""
-    return ns >> SALT_BITS
+    return ns & ((1 << ADAPTER_BITS) - 1)
+
+
+def is_salted(ns: int) -> bool:
+    return ns >> ADAPTER_BITS != 0
 
 
 class TreeNamespaces:
@@ -50,7 +54,7 @@ class TreeNamespaces:
             if not part:
                 part, self._next_adapter = self._next_adapter, self._next_adapter + 1
                 self._adapters[adapter] = part
-        return ((part << SALT_BITS) | self._salt_id(salt)) * KEY_STRIDE
+        return ((self._salt_id(salt) << ADAPTER_BITS) | part) * KEY_STRIDE
 
     def _salt_id(self, salt: str | None) -> int:
         if salt is None:
@@ -68,8 +72,8 @@ class TreeNamespaces:
         """Whether namespace ns is unsalted (the base model or an adapter, still loaded): its keys
         are token ids anyone may see decoded in an admin view; a salted or forgotten one's are
         not."""
-        part, salt = adapter_part(ns), ns & ((1 << SALT_BITS) - 1)
-        return salt == 0 and (part == 0 or part in self._adapters.values())
+        part = adapter_part(ns)
+        return not is_salted(ns) and (part == 0 or part in self._adapters.values())
 
     def __len__(self) -> int:
         return len(self._adapters)
