@@ -56,6 +56,12 @@ class ServerConfig:
     max_running_requests: int = _opt(64, "most requests decoding at once")
     max_queued_requests: int = _opt(4096, "requests waiting to run past which new ones get a 503")
     max_requests_per_client: int | None = _opt(None, "in flight per client (429); default half")
+    enable_priority_scheduling: bool = _opt(
+        False, "admit waiting requests by their `priority` first (SGLang's flag)"
+    )
+    schedule_low_priority_values_first: bool = _opt(
+        False, "with --enable-priority-scheduling: lower priority values go first"
+    )
     enable_cache_report: bool = _opt(False, "exact cached_tokens (default: >= 64-token pages)")
     max_prompts_per_request: int = _opt(
         256, "sequences (prompts x n) one HTTP request may ask for (a client batch); more is a 400"

@@ -139,7 +139,7 @@ class Admission:
         reserve = policy.decode_reserve_tokens(running)
         held = rows_held(running)  # once per step, then counted up as requests are admitted
         items: list[tuple[Req, PlanItem]] = []
-        for req in self._order(ready):
+        for req in self._order(ready, running):
             if (
                 budget <= 0
                 or not self._room_to_run(held, len(running), rows_of(req))
@@ -172,15 +172,24 @@ class Admission:
             reserve += int(req.sampling.max_new_tokens * policy.NEW_TOKEN_RESERVE_RATIO)
         return items
 
-    def _order(self, ready: list[Req]) -> list[Req]:
+    def _order(self, ready: list[Req], running: list[Req]) -> list[Req]:
         """The candidates in admission order (schedule_policy.order_waiting): with 'lpm', longest
-        cached prefix first, matched here for every one of them."""
+        cached prefix first, matched here for every one of them; fair across the clients of the
+        running rows; priority first under --enable-priority-scheduling."""
         match_len: dict[int, int] = {}
         if self.config.schedule_policy == "lpm" and len(ready) <= policy.LPM_MAX_QUEUE:
             for r in ready:
                 pages, _ = self.tree.match_prefix(match_ids(r))
                 match_len[id(r)] = len(pages) * self.memory.page_size
-        return policy.order_waiting(ready, match_len, self.config.schedule_policy)
+        running_rows: dict[str | None, int] = {}  # each running row (a beam: one of them) once
+        for r in running:
+            running_rows[r.options.client] = running_rows.get(r.options.client, 0) + 1
+        sign = 0
+        if self.config.enable_priority_scheduling:
+            sign = -1 if self.config.schedule_low_priority_values_first else 1
+        return policy.order_waiting(
+            ready, match_len, self.config.schedule_policy, running_rows, sign
+        )
 
     def _room_to_run(self, held: int, num_running: int, width: int) -> bool:
         """Table rows are free for a request of `width` rows (a beam search: all its beams) and the

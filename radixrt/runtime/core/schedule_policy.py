@@ -26,16 +26,35 @@ MAX_DRAFT_TOKENS_PER_STEP = 256
 TIER_LOAD_TOKENS_PER_BUDGET_TOKEN = 16
 
 
-def order_waiting(waiting: list[Req], match_len: dict[int, int], policy: str) -> list[Req]:
-    """Longest cached prefix first ('lpm'), else arrival order. match_len: id(req) -> cached
-    tokens."""
+def order_waiting(
+    waiting: list[Req],
+    match_len: dict[int, int],
+    policy: str,
+    running_rows: dict[str | None, int] | None = None,
+    priority_sign: int = 0,
+) -> list[Req]:
+    """Longest cached prefix first ('lpm'), else arrival order, then fair across clients: a
+    request's turn is its client's running rows (running_rows: client -> rows) plus the client's
+    requests before it in that order, and turns go lowest first (stable), so a client with 500
+    queued requests does not hold every row for the length of its queue (#56.5) while one client
+    alone keeps the policy's order. priority_sign (1: higher priority values first, -1: lower
+    first, 0: --enable-priority-scheduling off) puts priority before the turn. match_len: id(req)
+    -> cached tokens."""
     if policy == "lpm" and len(waiting) <= LPM_MAX_QUEUE:
         # stable sort: ties keep arrival order, and a program's requests stay adjacent by program_id
-        return sorted(
+        ordered = sorted(
             waiting,
             key=lambda r: (-match_len.get(id(r), 0), r.options.program_id or "", r.arrival_time),
         )
-    return list(waiting)
+    else:
+        ordered = list(waiting)
+    turns = dict(running_rows or {})
+    keys: dict[int, tuple[int, int]] = {}
+    for r in ordered:
+        client = r.options.client
+        keys[id(r)] = (-priority_sign * (r.options.priority or 0), turns.get(client, 0))
+        turns[client] = turns.get(client, 0) + (r.sampling.beam_width if r.sampling.is_beam else 1)
+    return sorted(ordered, key=lambda r: keys[id(r)])
 
 
 def shares_inflight_prefix(ids: list[int], matched_len: int, inflight: list[list[int]]) -> bool:

@@ -8,6 +8,7 @@ or amends it: a derived value (the logprob start actually served, the session's 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +44,13 @@ class RequestOptions:
     # a reasoning model's end-of-thinking tag as token ids: the request's grammar starts after them
     # (constrained/reasoning_gate.py); set by the OpenAI routes under --reasoning-parser
     reasoning_end_ids: tuple[int, ...] | None = None
+    # whom the request counts against (serving/tenants.client_of: a digest, never a key), set by
+    # the tokenizer manager: admission takes turns across clients (schedule_policy.order_waiting)
+    client: str | None = None
+    priority: int | None = None  # SGLang's: under --enable-priority-scheduling, admitted first
+
+    def with_client(self, client: str) -> RequestOptions:
+        return dataclasses.replace(self, client=client)
 
     @property
     def logprob_start(self) -> int:
@@ -89,6 +97,8 @@ WIRE_TYPES = {
     "cache_salt": "str or None",
     "bootstrap": "dict or None",
     "reasoning_end_ids": "list or None",
+    "client": "str or None",
+    "priority": "int or None",
 }
 
 

@@ -138,6 +138,7 @@ async def _scheduler_requests(
             session_id=session_id,
             lora=loras[i],
             cache_salt=req.cache_salt,
+            priority=req.priority,
         )
         copies = tm.make_requests(ids, sp, options, num_prompts=num, budget=budget)
         reqs += copies

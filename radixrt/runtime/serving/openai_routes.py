@@ -157,6 +157,7 @@ class OpenAIRoutes:
             lora=self.check_model(req.model),
             cache_salt=req.cache_salt,
             reasoning_end_ids=reasoning_end_ids,
+            priority=req.priority,
         )
 
     async def prepare(

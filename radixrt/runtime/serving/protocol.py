@@ -118,6 +118,8 @@ class GenerateRequest(_BootstrapFields, _Strict):
     lora_path: Union[str, list[Union[str, None]], None] = None
     # vLLM's: KV is shared only between requests of the same salt (core/namespaces.py)
     cache_salt: str | None = Field(default=None, min_length=1, max_length=MAX_CACHE_SALT_CHARS)
+    # SGLang's and vLLM's: under --enable-priority-scheduling, the order of admission
+    priority: int | None = Field(default=None, ge=-(2**31), lt=2**31)
 
     def session(self) -> str | None:
         """session_id, or SGLang's session_params.id."""
@@ -202,6 +204,8 @@ class _SamplingFields(_BootstrapFields, _Strict):
     session_id: str | None = None
     # vLLM's: KV is shared only between requests of the same salt (core/namespaces.py)
     cache_salt: str | None = Field(default=None, min_length=1, max_length=MAX_CACHE_SALT_CHARS)
+    # SGLang's and vLLM's: under --enable-priority-scheduling, the order of admission
+    priority: int | None = Field(default=None, ge=-(2**31), lt=2**31)
     # vLLM's beam search: best_of (or n) beams wide, n returned
     use_beam_search: bool = False
     best_of: int | None = None

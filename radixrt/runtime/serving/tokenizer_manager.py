@@ -11,6 +11,7 @@ unfinished when it is closed.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import uuid
 from typing import Any, Iterable
@@ -248,6 +249,8 @@ class TokenizerManager:
         if client is not None:  # then this client's share of them (serving/tenants.py), in rows
             held = sum(st.rows for st in states.values() if st.client == client)
             check_in_flight(held, sum(rows), self.config.requests_per_client)
+        if client is not None:  # admission takes turns across clients (schedule_policy.py)
+            reqs = [dataclasses.replace(r, options=r.options.with_client(client)) for r in reqs]
         # encode all first: a request that cannot be sent (it never should, after the edge's bounds)
         # is refused whole and leaves nothing registered behind
         try:
