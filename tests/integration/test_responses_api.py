@@ -244,6 +244,12 @@ def test_store_is_per_tenant(server, client):
             client.responses.retrieve(resp.id, extra_query=query)
     r = httpx.get(f"{server.url}/v1/responses/{resp.id}", params={"cache_salt": "s" * 300})
     assert r.status_code == 400 and r.json()["error"]["param"] == "cache_salt"
+    # the salt in a header, which no URL (and so no proxy's or access log) records
+    url = f"{server.url}/v1/responses/{resp.id}"
+    assert httpx.get(url, headers={"X-Cache-Salt": "tenant-a"}).json()["id"] == resp.id
+    assert httpx.get(url, headers={"X-Cache-Salt": "tenant-b"}).status_code == 404
+    r = httpx.get(url, headers={"X-Cache-Salt": "s" * 300})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "cache_salt"
     with pytest.raises(openai.NotFoundError):  # another tenant cannot continue it either
         client.responses.create(model="default", input="x", previous_response_id=resp.id)
     unstored = client.responses.create(

@@ -5,7 +5,8 @@ A request is the chat route's machinery underneath (responses_run.py): its items
 messages (responses_items.py), rendered by the model's chat template, tools run by ToolRun and
 text.format by the chat route's response_format. Answers are stored (responses_store.py) unless
 `store` is false; `previous_response_id` continues a stored conversation from the exact ids the
-radix cache holds. GET and cancel take the tenant's `cache_salt` as a query parameter.
+radix cache holds. GET and cancel take the tenant's salt in an `X-Cache-Salt` header (or, as
+before, the `cache_salt` query parameter, which URLs and their logs carry).
 """
 
 from __future__ import annotations
@@ -194,8 +195,10 @@ class ResponsesRoute:
 
     # ------------------------------------------------------------------ GET, cancel
     def _entry(self, request: Request, response_id: str) -> StoredResponse:
-        salt = request.query_params.get("cache_salt")
-        try:  # the body's rule for the salt (bounded), on the query parameter too
+        # the salt in a header (X-Cache-Salt), which proxies and access logs do not record as they
+        # do a URL's query; the query parameter is still read when no header is given
+        salt = request.headers.get("x-cache-salt") or request.query_params.get("cache_salt")
+        try:  # the body's rule for the salt (bounded), on the header and the query parameter too
             check_cache_salt(salt)
         except RequestError as e:
             raise from_value_error(e) from None
