@@ -89,13 +89,22 @@ def print_cache_tree(args: argparse.Namespace) -> int:
     return 0
 
 
+def take_secret_envs(args: argparse.Namespace) -> None:
+    """The keys from their variables (kept out of argv, which every local user sees) where no flag
+    gave them, then out of this process's environment: the processes it starts (grammar compile
+    workers, tensor-parallel workers, sglang-router) inherit the environment, and none of them
+    needs a key; a launcher hands each replica its own (dp_launch.replica_env)."""
+    for name, env in SECRET_ENVS.items():
+        if getattr(args, name, None) is None and os.environ.get(env):
+            setattr(args, name, os.environ[env])
+        os.environ.pop(env, None)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "serve":
-        for name, env in SECRET_ENVS.items():  # keys kept out of argv, which every local user sees
-            if getattr(args, name, None) is None and os.environ.get(env):
-                setattr(args, name, os.environ[env])
+        take_secret_envs(args)
         try:
             config = ServerConfig.from_cli_args(args)
         except ValueError as e:
