@@ -28,10 +28,10 @@ def worker_pids(p: CompilePool) -> list[int]:
 
 
 def test_a_good_grammar_compiles_to_a_working_index(pool):
-    import pickle
+    from outlines_core import Index
 
     rx, blob, (dist, max_next) = pool.submit("index", grammar_key("regex", "(a|b)+"), 30).result()
-    index = pickle.loads(blob)
+    index = Index.from_binary(blob)  # its own binary form: a worker's result is never a pickle
     # one token ends the match; steering's table came along
     assert dist[index.get_initial_state()] == 1
     state = index.get_next_state(index.get_initial_state(), 1)
@@ -107,3 +107,35 @@ def test_the_time_limit_counts_from_when_a_worker_takes_the_job(pool):
         slow.result()
     assert quick.result(timeout=30)[0] == "ab"
     assert pool.num_killed == 1
+
+
+def test_a_workers_result_is_never_unpickled(tmp_path):
+    """#56.9: results were pickles, so a worker whose memory a hostile grammar corrupted could run
+    code in the server. They are JSON and raw bytes now: a pickle on the result pipe is refused."""
+    import io
+    import os
+    import pickle
+    import struct
+
+    from radixrt.runtime.constrained.compile_worker import read_result, write_result
+
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.mkdir, (str(marker),))
+
+    evil = pickle.dumps(("ok", Payload()))
+    frame = struct.pack(">I", len(evil)) + evil + struct.pack(">Q", 0)
+    with pytest.raises(ValueError):
+        read_result(io.BytesIO(frame))
+    assert not marker.exists()
+    out = io.BytesIO()
+    write_result(out, "ok", ["a+", None], b"\x00\x01")
+    out.seek(0)
+    assert read_result(out) == ("ok", ["a+", None], b"\x00\x01")
+    with pytest.raises(ValueError):  # a status that is neither ok nor err
+        out = io.BytesIO()
+        write_result(out, "exec", None)
+        out.seek(0)
+        read_result(out)

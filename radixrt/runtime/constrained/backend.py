@@ -20,7 +20,6 @@ closing brace); the language stays sound, a few tokenizations of it are not offe
 
 from __future__ import annotations
 
-import pickle
 import time
 from concurrent.futures import Future
 from typing import Any
@@ -126,10 +125,14 @@ class GrammarBackend:
         self.compiled.validate(kind, spec)
 
     def _read(self, key: tuple, job_result: Any) -> tuple[CompiledGrammar, int]:
-        """A finished compile job: the index unpickled, with its distance table."""
+        """A finished compile job (compile_worker.index_result: the Index in its own binary form,
+        never a pickle): the index and its distance tables."""
+        from outlines_core import Index
+
         _, blob, distances = job_result
+        index = Index.from_binary(blob)
         grammar = CompiledGrammar(
-            pickle.loads(blob), self._fsm_eos, f"{key[0]} grammar", self.num_words, distances
+            index, self._fsm_eos, f"{key[0]} grammar", self.num_words, distances
         )
         return grammar, len(blob)
 

@@ -9,7 +9,7 @@ new work when too much is pending. A job's time limit counts from when a worker 
 queue of slow but valid compiles delays the last of them instead of refusing it (the wait is
 bounded all the same: at most `max_pending` jobs, each stopped at its own limit). Jobs:
   ("regex", key)  -> the regex (validation at the edge)
-  ("index", key)  -> (regex, pickled outlines-core Index) for the scheduler's grammar
+  ("index", key)  -> ([regex, distance tables], the outlines-core Index's binary form)
   ("stop_regex", patterns) -> each pattern's automaton build in CPU seconds, or the refusal that
                               ends the list (stop_regex.py's build_seconds; stop_regex_check.py)
 """
@@ -17,6 +17,8 @@ bounded all the same: at most `max_pending` jobs, each stopped at its own limit)
 from __future__ import annotations
 
 import collections
+import os
+import struct
 import subprocess
 import sys
 import threading
@@ -25,7 +27,12 @@ from concurrent.futures import Future
 from multiprocessing.connection import wait
 from typing import Any
 
-from radixrt.runtime.constrained.compile_worker import read_frame, write_frame
+from radixrt.runtime.constrained.compile_worker import (
+    RESULT_FD_ENV,
+    index_result,
+    read_result,
+    write_frame,
+)
 from radixrt.runtime.constrained.regex_builder import GrammarError
 
 POLL_S = 0.05
@@ -36,13 +43,20 @@ WORKER_MODULE = "radixrt.runtime.constrained.compile_worker"
 
 class _Worker:
     def __init__(self, args: tuple, module: str = WORKER_MODULE):
-        # stderr inherited: a worker's crash report reaches the server log
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", module],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            start_new_session=False,
-        )
+        # stderr (and stdout) inherited: a worker's crash report reaches the server log; its
+        # results come on a pipe of their own (compile_worker.write_result: JSON and bytes)
+        read_fd, write_fd = os.pipe()
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", module],
+                stdin=subprocess.PIPE,
+                pass_fds=(write_fd,),
+                env={**os.environ, RESULT_FD_ENV: str(write_fd)},
+                start_new_session=False,
+            )
+        finally:
+            os.close(write_fd)
+        self.results = os.fdopen(read_fd, "rb")
         write_frame(self.proc.stdin, args)
         # (future, compile deadline, key, time limit)
         self.job: tuple[Future, float, tuple, float] | None = None
@@ -51,16 +65,16 @@ class _Worker:
     def send(self, obj: Any) -> None:
         write_frame(self.proc.stdin, obj)
 
-    def recv(self) -> Any:
-        return read_frame(self.proc.stdout)
+    def recv(self) -> tuple[str, Any, bytes]:
+        return read_result(self.results)
 
     def fileno(self) -> int:
-        return self.proc.stdout.fileno()
+        return self.results.fileno()
 
     def kill(self) -> None:
         self.proc.kill()
         self.proc.wait(5)
-        for f in (self.proc.stdin, self.proc.stdout):
+        for f in (self.proc.stdin, self.results):
             try:
                 f.close()
             except OSError:
@@ -204,15 +218,15 @@ class CompilePool:
     def _collect(self, worker: _Worker) -> None:
         future, _, key, _ = worker.job
         try:
-            status, value = worker.recv()
-        except (EOFError, OSError, ValueError):
+            status, value, blob = worker.recv()
+        except (EOFError, OSError, ValueError, struct.error):
             self._fail(
                 worker, f"compiling the {key[0]} grammar crashed its worker (out of memory?)"
             )
             return
         worker.job = None
         if status == "ok":
-            _settle(future, result=value)
+            _settle(future, result=index_result(value, blob) if blob else value)
         else:
             _settle(future, GrammarError(value))  # the worker's verdict on the grammar itself
 

@@ -1,6 +1,10 @@
 """A grammar compile worker: `python -m radixrt.runtime.constrained.compile_worker`, started by
-compile_pool.py. Frames on stdin/stdout are a 4-byte big-endian length and a pickle (parent and
-child are the same program). The first frame sets it up: (token_map | None, fsm_eos, memory_bytes).
+compile_pool.py. The parent's frames on stdin are a 4-byte big-endian length and a pickle (the
+parent is trusted by its child). The first sets it up: (token_map | None, fsm_eos, memory_bytes).
+Results go back on a pipe of their own (the fd in RESULT_FD_ENV: a native library's print to stdout
+cannot corrupt them) as JSON and raw bytes, never a pickle: a worker compiles hostile grammars, and
+a pickle from a worker whose memory such a grammar corrupted would run code in the server
+(write_result / read_result; an outlines-core Index travels as its own binary form).
 
 A plain subprocess, not multiprocessing: spawning through multiprocessing re-imports the user's main
 module, which an Engine() script without an `if __name__ == "__main__"` guard cannot survive.
@@ -36,6 +40,54 @@ def write_frame(f: BinaryIO, obj: Any) -> None:
     f.flush()
 
 
+RESULT_FD_ENV = "RADIXRT_COMPILE_RESULT_FD"
+MAX_RESULT_BYTES = 1 << 31
+
+
+def write_result(out: BinaryIO, status: str, value: Any, blob: bytes = b"") -> None:
+    """(status, a JSON value, raw bytes) as two length-prefixed parts: the JSON, then the bytes."""
+    import orjson
+
+    head = orjson.dumps([status, value])
+    out.write(struct.pack(">I", len(head)) + head + struct.pack(">Q", len(blob)) + blob)
+    out.flush()
+
+
+def read_result(f: BinaryIO) -> tuple[str, Any, bytes]:
+    """A worker's result: JSON and bytes only, each bounded (ValueError when malformed)."""
+    import orjson
+
+    head = _read_exactly(f, struct.unpack(">I", _read_exactly(f, 4))[0])
+    (size,) = struct.unpack(">Q", _read_exactly(f, 8))
+    if size > MAX_RESULT_BYTES:
+        raise ValueError(f"a compile result of {size} bytes")
+    status, value = orjson.loads(head)
+    if status not in ("ok", "err"):
+        raise ValueError(f"a compile result with status {status!r:.50}")
+    return status, value, _read_exactly(f, size)
+
+
+def index_result(value: Any, blob: bytes) -> tuple[str, bytes, Any]:
+    """An "index" job's result as the pool hands it on: (regex, the Index's binary form for
+    outlines_core.Index.from_binary, budget steering's tables as dicts or None)."""
+    rx, tables = value
+    distances = None if tables is None else tuple({k: v for k, v in t} for t in tables)
+    return rx, blob, distances
+
+
+def _read_exactly(f: BinaryIO, n: int) -> bytes:
+    data = f.read(n)
+    if len(data) < n:
+        raise EOFError
+    return data
+
+
+def result_pipe() -> BinaryIO:
+    """The result pipe this worker was given (stdout when run by hand)."""
+    fd = os.environ.get(RESULT_FD_ENV)
+    return os.fdopen(int(fd), "wb") if fd else sys.stdout.buffer
+
+
 def die_with_parent() -> None:
     """Linux: SIGKILL this worker when its parent dies, even in the middle of a compile."""
     try:
@@ -52,8 +104,8 @@ def _distances(index: Any) -> Any:
     then enforced unsteered rather than refused."""
     from radixrt.runtime.constrained.budget import completion_distances
 
-    try:
-        return completion_distances(index)
+    try:  # as JSON: each table a list of [state, distance] pairs
+        return [sorted(table.items()) for table in completion_distances(index)]
     except MemoryError:
         return None
 
@@ -85,31 +137,29 @@ def serve(inp: BinaryIO, out: BinaryIO) -> None:
         except EOFError:
             return
         if job == "stop_regex":  # bounds no grammar: its own refusals are in the result
-            write_frame(out, ("ok", build_seconds(key)))
+            write_result(out, "ok", build_seconds(key))
             continue
         try:
             rx = spec_regex(key)
             if job == "regex":
-                write_frame(out, ("ok", rx))
+                write_result(out, "ok", rx)
                 continue
             index = Index(rx, vocab)
-            write_frame(out, ("ok", (rx, pickle.dumps(index), _distances(index))))
+            write_result(out, "ok", [rx, _distances(index)], index.__reduce__()[1][0])
         except GrammarError as e:
-            write_frame(out, ("err", str(e)))
+            write_result(out, "err", str(e))
         except MemoryError:
-            write_frame(
+            write_result(
                 out,
-                (
-                    "err",
-                    f"the {key[0]} grammar needs more than {memory_bytes >> 20} MiB to compile",
-                ),
+                "err",
+                f"the {key[0]} grammar needs more than {memory_bytes >> 20} MiB to compile",
             )
         except (ValueError, RuntimeError, OverflowError, RecursionError) as e:
             msg = str(e)
             if len(msg) > 300:
                 msg = msg[:150] + " ... " + msg[-150:]
-            write_frame(out, ("err", f"cannot compile the {key[0]} grammar: {msg}"))
+            write_result(out, "err", f"cannot compile the {key[0]} grammar: {msg}")
 
 
 if __name__ == "__main__":
-    serve(sys.stdin.buffer, sys.stdout.buffer)
+    serve(sys.stdin.buffer, result_pipe())

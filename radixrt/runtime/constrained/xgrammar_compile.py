@@ -36,7 +36,12 @@ import sys
 import tempfile
 from typing import Any, BinaryIO
 
-from radixrt.runtime.constrained.compile_worker import die_with_parent, read_frame, write_frame
+from radixrt.runtime.constrained.compile_worker import (
+    die_with_parent,
+    read_frame,
+    result_pipe,
+    write_result,
+)
 from radixrt.runtime.constrained.json_schema.formats import without_nonstandard_formats
 from radixrt.runtime.constrained.json_schema.strict import LIST_KEYS, MAP_KEYS, SCHEMA_KEYS
 from radixrt.runtime.constrained.regex_builder import FORMATS, UNSUPPORTED_FORMATS, GrammarError
@@ -278,21 +283,21 @@ def serve(inp: BinaryIO, out: BinaryIO) -> None:
         except EOFError:
             return
         if job == "warm-up":
-            write_frame(out, ("ok", None))
+            write_result(out, "ok", None)
             continue
         try:
             grammar = grammar_for(key, strict, capture=True)
             if job == "check" or compiler is None:
-                write_frame(out, ("ok", None))
+                write_result(out, "ok", None)
                 continue
-            write_frame(out, ("ok", compiler.compile_grammar(grammar).serialize_json()))
+            write_result(out, "ok", compiler.compile_grammar(grammar).serialize_json())
         except GrammarError as e:
-            write_frame(out, ("err", str(e)))
+            write_result(out, "err", str(e))
         except MemoryError:
-            write_frame(out, ("err", f"the {key[0]} grammar needs more than the memory limit"))
+            write_result(out, "err", f"the {key[0]} grammar needs more than the memory limit")
         except (RuntimeError, ValueError) as e:
-            write_frame(out, ("err", f"xgrammar cannot compile the {key[0]}: {clean(e)}"))
+            write_result(out, "err", f"xgrammar cannot compile the {key[0]}: {clean(e)}")
 
 
 if __name__ == "__main__":
-    serve(sys.stdin.buffer, sys.stdout.buffer)
+    serve(sys.stdin.buffer, result_pipe())
