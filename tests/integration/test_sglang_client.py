@@ -151,16 +151,20 @@ def returned_states(monkeypatch, sgl):
 
 
 @pytest.fixture
-def local_tokenizer_loader(monkeypatch):
-    """test_gen_min_new_tokens loads the tokenizer at /get_model_info's model_path through
+def local_tokenizer_loader(monkeypatch, model_dir):
+    """test_gen_min_new_tokens loads the tokenizer named by /get_model_info's model_path through
     sglang.srt.utils.hf_transformers_utils, whose imports need torchvision (absent for CPU torch on the
-    registry); transformers' loader reads the same local path, which is what the server must provide."""
+    registry): transformers' loader stands in. The server names no path to a client (#56.7: its
+    model_path is the served model name), so the client loads its own copy of that model, as a client
+    of a remote server does (SGLang's servers name a hub id there, which a client downloads)."""
     from transformers import AutoTokenizer
 
+    def get_tokenizer(path, **kw):
+        assert "/" not in path, path  # the served name, no path of the server's
+        return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+
     shim = types.ModuleType("sglang.srt.utils.hf_transformers_utils")
-    shim.get_tokenizer = lambda path, **kw: AutoTokenizer.from_pretrained(
-        path, local_files_only=True
-    )
+    shim.get_tokenizer = get_tokenizer
     monkeypatch.setitem(sys.modules, "sglang.srt.utils.hf_transformers_utils", shim)
 
 
