@@ -65,6 +65,7 @@ def test_schemas_inside_tools_and_tags_are_walked():
         f"start: /{NESTED}/",
         f'start: "x" ~ {BIG}',
         f'start: item ~ 1..{BIG}\nitem: "a"',
+        'root ::= "a"{' + "9" * 20_000 + "}",  # more digits than Python's int() reads
     ],
 )
 def test_hostile_grammars_are_refused_naming_ebnf(grammar):

@@ -74,7 +74,9 @@ def check_grammar_bounds(grammar: str, param: str = "ebnf") -> None:
     """ValueError naming param when a repeat count in the grammar is larger than
     MAX_REGEX_EXPANSION or one of its regex literals expands past it."""
     for m in _REPEAT.finditer(grammar):
-        counts = [int(g) for g in m.groups() if g]
+        # a count of more digits than any bound is past it (and int() of thousands of digits is
+        # refused by Python itself, without naming the field)
+        counts = [int(g) if len(g) <= 9 else MAX_REGEX_EXPANSION + 1 for g in m.groups() if g]
         if counts and max(counts) > MAX_REGEX_EXPANSION:
             raise ValueError(
                 f"sampling parameter {param} is too large: the repeat {m.group(0)!r} counts past "
