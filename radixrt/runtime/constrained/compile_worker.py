@@ -24,14 +24,8 @@ WORKER_NICENESS = 10
 
 
 def read_frame(f: BinaryIO) -> Any:
-    head = f.read(4)
-    if len(head) < 4:
-        raise EOFError
-    (n,) = struct.unpack(">I", head)
-    data = f.read(n)
-    if len(data) < n:
-        raise EOFError
-    return pickle.loads(data)
+    """The parent's frame (a pickle: the child trusts its parent)."""
+    return pickle.loads(_read_exactly(f, struct.unpack(">I", _read_exactly(f, 4))[0]))
 
 
 def write_frame(f: BinaryIO, obj: Any) -> None:

@@ -74,6 +74,3 @@ class TreeNamespaces:
         not."""
         part = adapter_part(ns)
         return not is_salted(ns) and (part == 0 or part in self._adapters.values())
-
-    def __len__(self) -> int:
-        return len(self._adapters)

@@ -48,6 +48,8 @@ def order_waiting(
         )
     else:
         ordered = list(waiting)
+    if not priority_sign and len({r.options.client for r in ordered}) <= 1:
+        return ordered  # one client waiting: its turns rise along the order, which stays
     turns = dict(running_rows or {})
     keys: dict[int, tuple[int, int]] = {}
     for r in ordered:

@@ -61,14 +61,6 @@ def reported_cached_tokens(cached: int, page_size: int, exact: bool) -> int:
     return cached - cached % granule
 
 
-def rows_held(req: Any) -> int:
-    """The running rows a scheduler request may hold at once: a beam search holds beam_width (each
-    beam a row), any other request one. A client's share counts these (#56.5: a beam search
-    counted as one request held up to 16 rows)."""
-    width = req.sampling_params.get("beam_width")
-    return width if type(width) is int and width > 1 else 1
-
-
 def check_in_flight(held: int, asked: int, limit: int) -> None:
     """A client holding `held` rows in flight asks for `asked` more (limit: the config's
     requests_per_client; rows_held counts them): a 429 past the limit, a 400 when one body alone

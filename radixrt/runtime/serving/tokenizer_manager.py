@@ -28,6 +28,7 @@ from radixrt.runtime.request.edge import (
     check_prompt,
     constraint_of,
     expand_n,
+    rows_of,
 )
 from radixrt.runtime.request.options import RequestOptions
 from radixrt.runtime.request.sampling_params import SamplingParams
@@ -36,7 +37,7 @@ from radixrt.runtime.serving.metrics import ServerMetrics
 from radixrt.runtime.serving.protocol import APIError, from_value_error
 from radixrt.runtime.serving.request_handle import ReqState, RequestHandle
 from radixrt.runtime.serving.scheduler_client import SchedulerClient
-from radixrt.runtime.serving.tenants import CompileShares, check_in_flight, rows_held
+from radixrt.runtime.serving.tenants import CompileShares, check_in_flight
 
 
 class TokenizerManager:
@@ -245,7 +246,8 @@ class TokenizerManager:
                 503,
                 "server_overloaded",
             )
-        rows = [rows_held(r) for r in reqs]
+        # the running rows each may hold (each beam of a beam search one; #56.5: it counted one)
+        rows = [rows_of(r.sampling_params) for r in reqs]
         if client is not None:  # then this client's share of them (serving/tenants.py), in rows
             held = sum(st.rows for st in states.values() if st.client == client)
             check_in_flight(held, sum(rows), self.config.requests_per_client)
