@@ -29,6 +29,7 @@ from typing import Any
 
 from radixrt.runtime.constrained.compile_worker import (
     RESULT_FD_ENV,
+    encode_token_map,
     index_result,
     read_result,
     write_frame,
@@ -113,7 +114,9 @@ class CompilePool:
         """module, setup: another worker program and its first frame (xgrammar_compile.py), instead
         of compile_worker with (token_map, fsm_eos, memory_bytes). start_s: extra time the first job
         of a newly started worker gets, for a worker whose imports are slow (torch)."""
-        self._args = setup if setup is not None else (token_map, fsm_eos, memory_bytes)
+        self._args = (
+            setup if setup is not None else (encode_token_map(token_map), fsm_eos, memory_bytes)
+        )
         self._module, self.start_s = module, start_s
         self.num_workers = max(1, num_workers)
         self.max_pending = max_pending

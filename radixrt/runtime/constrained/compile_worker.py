@@ -1,6 +1,6 @@
 """A grammar compile worker: `python -m radixrt.runtime.constrained.compile_worker`, started by
-compile_pool.py. The parent's frames on stdin are a 4-byte big-endian length and a pickle (the
-parent is trusted by its child). The first sets it up: (token_map | None, fsm_eos, memory_bytes).
+compile_pool.py. The parent's frames on stdin are a 4-byte big-endian length and JSON. The first
+sets it up: (token_map as [hex, ids] pairs | None, fsm_eos, memory_bytes); then (job, key) each.
 Results go back on a pipe of their own (the fd in RESULT_FD_ENV: a native library's print to stdout
 cannot corrupt them) as JSON and raw bytes, never a pickle: a worker compiles hostile grammars, and
 a pickle from a worker whose memory such a grammar corrupted would run code in the server
@@ -14,7 +14,6 @@ Imports only the torch-free spec modules, budget.py, stop_regex.py, outlines-cor
 from __future__ import annotations
 
 import os
-import pickle
 import resource
 import struct
 import sys
@@ -24,14 +23,42 @@ WORKER_NICENESS = 10
 
 
 def read_frame(f: BinaryIO) -> Any:
-    """The parent's frame (a pickle: the child trusts its parent)."""
-    return pickle.loads(_read_exactly(f, struct.unpack(">I", _read_exactly(f, 4))[0]))
+    """The parent's frame: JSON (lists where the parent wrote tuples)."""
+    import orjson
+
+    return orjson.loads(_read_exactly(f, struct.unpack(">I", _read_exactly(f, 4))[0]))
 
 
 def write_frame(f: BinaryIO, obj: Any) -> None:
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    """A frame to a worker: JSON, length-prefixed (what crosses a process boundary is never a
+    pickle; bytes travel as hex, see encode_token_map)."""
+    import orjson
+
+    data = orjson.dumps(obj)
     f.write(struct.pack(">I", len(data)) + data)
     f.flush()
+
+
+def as_key(obj: list) -> tuple:
+    """A job's key as the parent made it: JSON gave its tuples back as lists (a key is one level
+    of strings and, for choices, a tuple of strings)."""
+    return tuple(tuple(x) if isinstance(x, list) else x for x in obj)
+
+
+def encode_token_map(token_map: dict[Any, list[int]] | None) -> list | None:
+    """The token map (token bytes or text -> ids) as JSON can carry it: [bytes as hex or None, text
+    or None, ids] per token."""
+    if token_map is None:
+        return None
+    return [
+        [k.hex(), None, v] if isinstance(k, bytes) else [None, k, v] for k, v in token_map.items()
+    ]
+
+
+def decode_token_map(rows: list | None) -> dict[Any, list[int]] | None:
+    if rows is None:
+        return None
+    return {bytes.fromhex(h) if h is not None else text: ids for h, text, ids in rows}
 
 
 RESULT_FD_ENV = "RADIXRT_COMPILE_RESULT_FD"
@@ -111,7 +138,9 @@ def serve(inp: BinaryIO, out: BinaryIO) -> None:
     from radixrt.runtime.constrained.spec import spec_regex
     from radixrt.runtime.request.stop_regex import build_seconds
 
-    token_map, fsm_eos, memory_bytes = read_frame(inp)
+    pairs, fsm_eos, memory_bytes = read_frame(inp)
+    token_map = decode_token_map(pairs)
+    del pairs
     die_with_parent()
     import signal
 
@@ -128,6 +157,7 @@ def serve(inp: BinaryIO, out: BinaryIO) -> None:
     while True:
         try:
             job, key = read_frame(inp)
+            key = as_key(key)
         except EOFError:
             return
         if job == "stop_regex":  # bounds no grammar: its own refusals are in the result

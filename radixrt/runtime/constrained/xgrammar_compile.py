@@ -37,6 +37,7 @@ import tempfile
 from typing import Any, BinaryIO
 
 from radixrt.runtime.constrained.compile_worker import (
+    as_key,
     die_with_parent,
     read_frame,
     result_pipe,
@@ -280,6 +281,7 @@ def serve(inp: BinaryIO, out: BinaryIO) -> None:
     while True:
         try:
             job, key = read_frame(inp)
+            key = as_key(key)
         except EOFError:
             return
         if job == "warm-up":
