@@ -63,6 +63,32 @@ def compile_count() -> int:
     return int(counters["aot_autograd"]["total"])
 
 
+_LOAD_AND_RUN = """
+import os, pathlib, sys, torch
+import radixrt.runtime.model.linear  # registers the op the graphs call
+from radixrt.runtime.model.compiled_kernels import check_cpu_isa_in_inductor_cache
+check_cpu_isa_in_inductor_cache()
+for path in pathlib.Path(sys.argv[1]).iterdir():
+    torch._inductor.CompiledArtifact.load(path=str(path), format="unpacked")
+"""
+
+
+def built_by_a_new_process(cache_env) -> list[str]:
+    """The files a new process's load of every saved graph adds to their folders (a C++ kernel it
+    built, or Inductor's ISA probe built in a graph's folder)."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    folder = pathlib.Path(os.environ["RADIXRT_CACHE_DIR"]) / "compiled"
+    before = {p for p in folder.rglob("*") if p.is_file() and "locks" not in p.parts}
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(folder.parent / "inductor")}
+    subprocess.run([sys.executable, "-c", _LOAD_AND_RUN, str(folder)], env=env, check=True)
+    after = {p for p in folder.rglob("*") if p.is_file() and "locks" not in p.parts}
+    return sorted(str(p.relative_to(folder)) for p in after - before)
+
+
 # dense weights; int8 weights x dynamically quantised activations at every row count (the plan's
 # form traced into the graphs, quantisation fused there)
 @pytest.mark.parametrize("quantization", ["none", "w8a8_int8"])
@@ -87,6 +113,8 @@ def test_compiled_equals_eager_and_never_recompiles(cache_env, quantization):
         assert graphs.num_compiles == 9 and steps.num_compiles == 3, "compiled after start-up"
         assert {variant for _, variant in steps.runs} == {"plain", "cascade"}, steps.runs
         assert compile_count() == compiled_at_start, "Inductor compiled after start-up"
+        # every graph saved with the kernels its compile built: no background build needed
+        assert graphs.to_build == [], graphs.to_build
         if quantization == "none":
             assert got == want
         else:  # the graph fuses quantisation differently: a near tie may flip, garbage would not
@@ -94,6 +122,8 @@ def test_compiled_equals_eager_and_never_recompiles(cache_env, quantization):
         engine.check_integrity()
     finally:
         engine.shutdown()
+    # a new process loads and runs every saved graph without building a kernel
+    assert built_by_a_new_process(cache_env) == []
     # a later start: every graph from the cache
     again = Engine(**cache_env, enable_torch_compile=True)
     try:

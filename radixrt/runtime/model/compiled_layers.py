@@ -20,10 +20,10 @@ Buckets of the step's token count T, each compiled once (at start-up, warm_up) a
   large steps       T > --torch-compile-max-bs (prefill chunks and mixed steps; T symbolic)
 The compiled graphs are saved under $RADIXRT_CACHE_DIR/compiled (keyed by torch's version, the layer
 code and the shapes) and Inductor's own caches under $RADIXRT_CACHE_DIR/inductor, so a later start
-loads them (nothing traced or compiled: ~4 s for all nine on a 2-core EPYC); the start that
-compiled them has a child process load them once in the background, which builds what a first load
-builds. Tracing: layer_tracing.py. Without a C++ compiler (Inductor's CPU code generation needs one)
-the engine runs eager and says so once.
+loads them (nothing traced or compiled: ~4 s for all nine on a 2-core EPYC); each is saved with the
+C++ kernels its compile built (compiled_kernels.py), so a new process loading it builds none.
+Tracing: layer_tracing.py. Without a C++ compiler (Inductor's CPU code generation needs one) the
+engine runs eager and says so once.
 """
 
 from __future__ import annotations
@@ -42,6 +42,11 @@ from typing import Any, Callable
 import torch
 
 from radixrt.runtime.model import int8_weight, linear
+from radixrt.runtime.model.compiled_kernels import (
+    check_cpu_isa_in_inductor_cache,
+    copy_kernels,
+    recording_kernel_sources,
+)
 from radixrt.runtime.model.layer_tracing import (
     activations,
     example_inputs,
@@ -128,7 +133,8 @@ class CompiledLayers:
         # (function name, bucket name) -> compiled
         self._graphs: dict[tuple[str, str], Callable] = {}
         self.num_compiles = 0  # graphs compiled (not loaded) in this process
-        self.saved: list[pathlib.Path] = []  # graphs this process compiled and saved
+        # graphs saved with kernels a new process would build
+        self.to_build: list[pathlib.Path] = []
         self.compile_seconds: dict[str, float] = {}
 
     def dims_of(self, bucket: Bucket) -> LayerDims:
@@ -170,10 +176,10 @@ class CompiledLayers:
             return gm, (flat if bucket.static else example_inputs(flat, t_ids, bucket))
 
         path = self.cache_dir / self._key(name, bucket, flat, rebuild)
-        artifact, compiled = load_or_compile(path, graph, bucket.static)
+        artifact, compiled, kernels_to_build = load_or_compile(path, graph, bucket.static)
         self.num_compiles += compiled
-        if compiled and path.exists():
-            self.saved.append(path)
+        if kernels_to_build:
+            self.to_build.append(path)
         return artifact
 
     def _key(self, name: str, bucket: Bucket, flat: list[torch.Tensor], rebuild: Callable) -> str:
@@ -193,8 +199,8 @@ class CompiledLayers:
             t0 = time.perf_counter()
             run_tokens(bucket.min_tokens)
             self.compile_seconds[bucket.name] = time.perf_counter() - t0
-        if self.saved:
-            load_in_a_new_process(self.saved)
+        if self.to_build:
+            load_in_a_new_process(self.to_build)
         log.info(
             "torch.compile: layer graphs for %s: %d compiled, %d loaded from %s in %.1f s (%s)",
             ", ".join(
@@ -214,39 +220,46 @@ def load_or_compile(
     path: pathlib.Path,
     graph: Callable[[], tuple[torch.fx.GraphModule, list[torch.Tensor]]],
     static: bool,
-) -> tuple[Callable, bool]:
+) -> tuple[Callable, bool, bool]:
     """The compiled graph saved at path, or graph() (an FX graph and example inputs) compiled by
-    Inductor now and saved there -> (callable, whether it was compiled)."""
+    Inductor now and saved there with its built kernels -> (callable, whether it was compiled,
+    whether a new process loading it has kernels left to build)."""
     if path.exists():
+        check_cpu_isa_in_inductor_cache()
         try:
-            return torch._inductor.CompiledArtifact.load(path=str(path), format="unpacked"), False
+            artifact = torch._inductor.CompiledArtifact.load(path=str(path), format="unpacked")
+            return artifact, False, False
         except Exception as e:  # a stale or partial entry: compile it again
             log.warning(
                 "torch.compile: could not load %s (%s: %s); compiling", path, type(e).__name__, e
             )
     gm, examples = graph()
-    artifact = torch._inductor.standalone_compile(
-        gm, examples, dynamic_shapes="from_example_inputs" if static else "from_graph"
-    )
+    with recording_kernel_sources() as sources:
+        artifact = torch._inductor.standalone_compile(
+            gm, examples, dynamic_shapes="from_example_inputs" if static else "from_graph"
+        )
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     try:
         artifact.save(path=str(tmp), format="unpacked")
+        complete = copy_kernels(sources, tmp)
         os.replace(tmp, path)  # whole entries only: another process may be loading
     except OSError as e:
         log.warning("torch.compile: could not save %s: %s", path, e)
         shutil.rmtree(tmp, ignore_errors=True)
-    return artifact, True
+        return artifact, True, False
+    return artifact, True, not complete
 
 
-# A saved graph's first load in a new process builds some of its C++ kernels again (~13 s of a warm
-# start on a 2-core EPYC; a load in the compiling process finds them in memory and builds nothing),
-# so the cold start that saved them has a child process load them once, in the background (the cold
-# start does not wait for it), and warm starts find every kernel built. It runs at the lowest
-# priority: on 2 cores an equal share would slow the serving it is meant to speed up (the requests
-# right after a cold start ran ~10x slower while it built).
+# A saved graph whose kernels could not all be copied (compiled_kernels.py) builds them on its
+# first load in a new process, so the cold start that saved it has a child process load it once, in
+# the background (the cold start does not wait for it), and warm starts find every kernel built. It
+# runs at the lowest priority (SCHED_IDLE where there is one): on 2 cores the g++ it runs still
+# slowed the requests right after a cold start ~10x at nice 19.
 _LOAD_ALL = """
 import os, sys
 os.nice(19)
+if hasattr(os, "SCHED_IDLE"):
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 import torch
 import radixrt.runtime.model.linear  # registers torch.ops.radixrt.linear, which the graphs call
 for path in sys.argv[1:]:

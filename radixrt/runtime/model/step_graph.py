@@ -34,7 +34,11 @@ import torch
 from radixrt.kernels import attention_math
 from radixrt.kernels.attention_torch import TorchAttentionBackend
 from radixrt.runtime.model import int8_weight, linear
-from radixrt.runtime.model.compiled_layers import Bucket, CompiledLayers, load_or_compile
+from radixrt.runtime.model.compiled_layers import (
+    Bucket,
+    CompiledLayers,
+    load_or_compile,
+)
 from radixrt.runtime.model.forward_batch import ForwardBatch
 from radixrt.runtime.model.kv_cache import KVCache
 from radixrt.runtime.model.layer_tracing import flatten, free_size, graph_key, trace_dims
@@ -137,12 +141,12 @@ class StepGraphs:
                          self.layers.dims_of(bucket), bucket, self.scale, skeleton)  # fmt: skip
         path = self.layers.cache_dir / name
         t0 = time.perf_counter()
-        artifact, compiled = load_or_compile(
+        artifact, compiled, kernels_to_build = load_or_compile(
             path, lambda: (trace_dims(run, examples, dims), examples), static=False
         )
         self.num_compiles += compiled
-        if compiled and path.exists():
-            self.layers.saved.append(path)
+        if kernels_to_build:
+            self.layers.to_build.append(path)
         log.info(
             "torch.compile: the whole decode step (%s, %s) %s in %.1f s",
             bucket.name,
