@@ -29,6 +29,8 @@ from radixrt.runtime.disaggregation.channel import bootstrap_socket, close_boots
 from radixrt.runtime.disaggregation.kv_layout import KVLayout
 from radixrt.runtime.disaggregation.page_bytes import PageBytes
 from radixrt.runtime.disaggregation.peer_checks import PeerError, check_first
+from radixrt.runtime.disaggregation.prefill_agent import PrefillAgent
+from radixrt.runtime.disaggregation.transfer import ThreadTransfer
 from radixrt.runtime.processes import free_port
 from radixrt.runtime.request.options import Bootstrap
 
@@ -284,3 +286,92 @@ def test_without_its_authenticator_the_bootstrap_port_admits_no_one():
         peer_ctx.term()
         sock.close(linger=0)
         ctx.term()
+
+
+def test_a_decode_server_that_never_reads_holds_a_few_chunks_not_every_rooms_kv(monkeypatch):
+    """#56.3 (b): a peer that registers rooms and never reads made the prefill agent queue every
+    room's KV (SNDHWM=0); now PEER_QUEUE_MESSAGES chunks wait for it, the rest waits unread in the
+    pool, and the transfers fail at the timeout. Truth: how far each transfer got."""
+    monkeypatch.setattr(prefill_agent, "CHUNK_BYTES", 1)  # one page a chunk
+    big = [torch.randn(64 * PAGE, 64, 64) for _ in range(2)]  # 64 pages of 128 KiB
+    page_bytes = PageBytes(big, PAGE).gather([0]).numel()
+    port = free_port()
+    transfer = ThreadTransfer(zmq.Context.instance())
+    layout = KVLayout.of_pool(big, PAGE)
+    bind = f"tcp://127.0.0.1:{port}"
+    agent = PrefillAgent(transfer.ctx, transfer.cmd_addr, transfer.evt_addr, 3.0, layout,
+                         PageBytes(big, PAGE), SECRET, bind)  # fmt: skip
+    transfer.start(agent)
+    ctx = zmq.Context()
+    ctx.setsockopt(zmq.RCVHWM, 1)  # its sockets queue one message and a small kernel buffer:
+    ctx.setsockopt(zmq.RCVBUF, 1 << 16)  # what waits, waits on the prefill server's side
+    peer = peer_socket(ctx, SECRET, f"127.0.0.1:{port}", 1 << 20)
+    try:
+        for room in range(4):
+            _register(peer, room, num_pages=64, layout=layout.to_wire())
+        time.sleep(0.3)
+        for room in range(4):
+            transfer.send(room, list(range(64)), FIRST)
+        time.sleep(1.0)
+        # nothing read: no room sent, and what the agent queued is a few chunks (plus what the
+        # kernel's buffers took), not the 4 x 8 MiB it would queue without a bound
+        assert transfer.events() == []
+        # 4 in its queue, one in ZeroMQ's engine, the rest in the two kernels' socket buffers (this
+        # machine's up to 4 MiB to send): at most 48 of the 256 chunks
+        queued = sum(t["bytes"] for t in list(agent.outgoing.values()))
+        assert queued <= 48 * page_bytes, (queued, page_bytes)
+        events = wait_events(transfer, n=4, timeout=60)  # the 3 s timeout, then every room fails
+        assert all(isinstance(e, KVSent) and "did not read" in e.error for e in events), events
+        assert agent.outgoing == {}
+    finally:
+        peer.close(linger=0)
+        ctx.term()
+        transfer.close()
+
+
+def test_a_transfer_of_more_chunks_than_the_queue_holds_arrives_whole(monkeypatch):
+    """The bound waits for the reader; it drops nothing: 64 chunks through a queue of 4."""
+    monkeypatch.setattr(prefill_agent, "CHUNK_BYTES", 1)
+    src, dst = pool(64, True), pool(64, False)
+    with linked(src, dst) as (p, d, port):
+        d.expect(Bootstrap("127.0.0.1", port, 5), list(range(64)), 0)
+        time.sleep(0.2)
+        p.send(5, list(range(63, -1, -1)), FIRST)
+        (arrived,) = wait_events(d)
+        assert isinstance(arrived, KVArrived)
+        (sent,) = wait_events(p)
+        assert isinstance(sent, KVSent) and sent.error is None and sent.num_pages == 64
+        assert all(torch.equal(page(dst[0], q), page(src[0], 63 - q)) for q in range(64))
+
+
+def test_replies_to_a_decode_server_that_never_reads_are_bounded(monkeypatch):
+    """Pings (or registrations) from a peer that never reads its answers: the replies waiting for
+    it stay within MAX_WAITING_REPLIES, and the agent still answers another decode server."""
+    monkeypatch.setattr(prefill_agent, "MAX_WAITING_REPLIES", 50)
+    port = free_port()
+    p = prefill_link(pool(8, True), port)
+    ctx = zmq.Context()
+    ctx.setsockopt(zmq.RCVHWM, 1)
+    ctx.setsockopt(zmq.RCVBUF, 1 << 12)
+    mute = peer_socket(ctx, SECRET, f"127.0.0.1:{port}", 1 << 20)
+    ctx2, other = _fake_decode(port)
+    try:
+        # until more pongs wait than the kernels' socket buffers take (up to 4 MiB to send here)
+        most = 0
+        for _ in range(10):
+            for _ in range(100_000):
+                mute.send(b'{"op": "ping"}')
+            time.sleep(0.2)
+            lengths = [len(w) for w in list(p.agent.replies.values())]
+            assert all(n <= 50 for n in lengths), lengths
+            most = max([most, *lengths])
+            if most == 50:
+                break
+        assert most == 50, most  # the queue was full and replies waited, at most 50
+        other.send(orjson.dumps({"op": "ping"}))
+        assert [a["op"] for a in _answers(other, 2.0)] == ["pong"]
+    finally:
+        for sock, c in ((mute, ctx), (other, ctx2)):
+            sock.close(linger=0)
+            c.term()
+        p.close()

@@ -7,7 +7,8 @@ socket is used by this thread alone.
 Wire messages (orjson dicts, "op" names them), decode -> prefill's bootstrap port:
   register {room, layout, num_pages, start}  cancel {room}  ping {}
 prefill -> decode:
-  done {room, first, num_pages, num_bytes, seconds} + one frame of the pages' bytes
+  pages {room, count} + a frame of whole pages' bytes (in order, as many as it takes)
+  done {room, first, num_pages, num_bytes}
   failed {room, error}  cancelled {room}  pong {}
 Every field that arrives is checked (peer_checks.py) before it is used.
 """
@@ -43,7 +44,7 @@ class Agent(threading.Thread):
         self.poller.register(self.cmd, zmq.POLLIN)
         try:
             while not self.stopping:
-                ready = dict(self.poller.poll(TICK_MS))
+                ready = dict(self.poller.poll(self.poll_ms()))
                 for sock in ready:
                     self._drain(sock)
                 self.tick(time.monotonic())
@@ -77,8 +78,12 @@ class Agent(threading.Thread):
         self.evt.send(orjson.dumps({"kind": kind, **fields}))
 
     @staticmethod
-    def reply(sock: zmq.Socket, ident: list[bytes], op: str, **fields: Any) -> None:
-        sock.send_multipart([*ident, orjson.dumps({"op": op, **fields})])
+    def reply(sock: zmq.Socket, ident: list[bytes], op: str, flags: int = 0, **fields: Any) -> None:
+        sock.send_multipart([*ident, orjson.dumps({"op": op, **fields})], flags=flags)
+
+    def poll_ms(self) -> int:
+        """How long the loop may wait for a message before tick runs."""
+        return TICK_MS
 
     # a side's own
     def on_command(self, msg: dict[str, Any]) -> None:

@@ -59,7 +59,9 @@ class _OnlyKey:
         return hmac.compare_digest(key, self.public)
 
 
-def bootstrap_socket(secret: str, bind: str) -> tuple[zmq.Context, zmq.Socket, object]:
+def bootstrap_socket(
+    secret: str, bind: str, peer_queue_messages: int = 1000
+) -> tuple[zmq.Context, zmq.Socket, object]:
     """The prefill server's bootstrap port (a ROUTER, CURVE server) bound at bind, in a context of
     its own so the authenticator governs these sockets only. Returns (context, socket,
     authenticator); close all three with close_bootstrap."""
@@ -79,6 +81,9 @@ def bootstrap_socket(secret: str, bind: str) -> tuple[zmq.Context, zmq.Socket, o
     sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
     sock.setsockopt(zmq.MAXMSGSIZE, CONTROL_MAX_BYTES)
     sock.setsockopt(zmq.LINGER, 0)
+    # messages queued to one peer: set before bind, as a bound socket's connections take the
+    # options it had when it was bound (set after, it was ZeroMQ's 1,000 chunks of 8 MiB a peer)
+    sock.setsockopt(zmq.SNDHWM, peer_queue_messages)
     try:
         sock.bind(bind)
     except zmq.ZMQError as e:

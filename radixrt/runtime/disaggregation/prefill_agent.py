@@ -4,6 +4,12 @@ servers' registrations; once the scheduler has computed a room's prompt (send) a
 has registered pages for it, the agent sends the pages' bytes in chunks of whole pages (`pages`)
 and then `done` with the first token.
 
+The bytes queued for one decode server are bounded: at most PEER_QUEUE_MESSAGES chunks wait in
+its queue (SNDHWM, sends that never block); a transfer whose next chunk does not fit waits, its
+pages held, and goes on as the decode server reads (retried every RETRY_MS), or fails at the
+timeout. A decode server that registers rooms and never reads holds a few chunks here, not every
+room's KV (#56.3).
+
 A room is registered once: a second registration for a room already registered or sent is refused
 (the first stands). Either half may come first; each waits at most --disaggregation-transfer-timeout
 for the other. A room dropped here (aborted, refused) or cancelled there is remembered for as long,
@@ -14,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from typing import Any
 
 import orjson
@@ -32,6 +39,12 @@ MAX_PAGES = 1 << 24
 # rooms registered and rooms remembered as ended: a decode server (even an authenticated one) names
 # them, so neither table may grow without bound; the oldest ended room is forgotten first
 MAX_ROOMS = 1 << 16
+PEER_QUEUE_MESSAGES = 4  # chunks queued to one decode server at most (its socket's SNDHWM)
+# replies (a few hundred bytes each) that wait for a decode server whose queue is full, and how many
+# decode servers may have some waiting
+MAX_WAITING_REPLIES = 1024
+MAX_WAITING_PEERS = 256
+RETRY_MS = 5  # how soon a transfer waiting for a decode server to read tries again
 
 
 def chunk_pages(bytes_per_page: int) -> int:
@@ -56,15 +69,18 @@ class PrefillAgent(Agent):
         name."""
         super().__init__(ctx, cmd_addr, evt_addr, timeout_s)
         self.layout, self.pages = layout, pages
-        self.net, self.router, self.auth = bootstrap_socket(secret, bind)
-        # a send to a decode server that is gone raises (instead of vanishing), and the queue of a
-        # slow one is bounded by the rooms in flight, not by a message count that would drop chunks
+        self.net, self.router, self.auth = bootstrap_socket(secret, bind, PEER_QUEUE_MESSAGES)
+        # a send to a decode server that is gone raises (instead of vanishing), and one to a
+        # decode server whose queue is full raises zmq.Again (sends never block): nothing is dropped
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.router.setsockopt(zmq.SNDHWM, 0)
         self.poller.register(self.router, zmq.POLLIN)
         self.sends: dict[int, dict[str, Any]] = {}  # room -> pages, first token, since
         self.regs: dict[int, dict[str, Any]] = {}  # room -> the decode side's registration
         self.ended: dict[int, tuple[str, float]] = {}  # room -> why it will not be sent, since
+        # room -> a transfer under way: its decode server, pages, the next page, the chunk that did
+        # not fit yet, bytes queued, when it started
+        self.outgoing: dict[int, dict[str, Any]] = {}
+        self.replies: dict[bytes, deque[bytes]] = {}  # a decode server -> replies waiting for it
 
     def on_command(self, msg: dict[str, Any]) -> None:
         room = msg["room"]
@@ -76,8 +92,7 @@ class PrefillAgent(Agent):
             self._try_transfer(room)
         elif msg["op"] == "drop":
             self._end(room, msg["error"])
-            if self.sends.pop(room, None) is not None:
-                self.emit("sent", room=room, error=msg["error"])
+            self._stop_sending(room, msg["error"])
 
     def _remember_ended(self, room: int, error: str) -> None:
         self.ended.pop(room, None)
@@ -92,13 +107,44 @@ class PrefillAgent(Agent):
         if reg is not None:
             self._tell(reg["ident"], "failed", room=room, error=error)
 
-    def _tell(self, ident: list[bytes], op: str, **fields: Any) -> bool:
-        """A message to one decode server; False when it is no longer connected."""
-        try:
-            self.reply(self.router, ident, op, **fields)
-            return True
-        except zmq.ZMQError:
-            return False
+    def _stop_sending(self, room: int, error: str) -> None:
+        """The room waits for its decode server, or is being sent: it stops (no page of it is read
+        again), and the scheduler learns, so its pages may be freed."""
+        if self.sends.pop(room, None) is not None:
+            self.emit("sent", room=room, error=error)
+        elif (t := self.outgoing.pop(room, None)) is not None:
+            self._tell(t["ident"], "failed", room=room, error=error)
+            self.emit("sent", room=room, error=error)
+
+    def _tell(self, ident: list[bytes], op: str, **fields: Any) -> None:
+        """A message to one decode server, in order. One whose queue is full waits here (at most
+        MAX_WAITING_REPLIES, the oldest dropped first, for at most MAX_WAITING_PEERS servers);
+        one to a decode server that is gone is dropped (it learns by its timeout)."""
+        msg = orjson.dumps({"op": op, **fields})
+        waiting = self.replies.get(ident[0])
+        if waiting is None:
+            try:
+                self.router.send_multipart([*ident, msg], flags=zmq.NOBLOCK)
+                return
+            except zmq.Again:
+                if len(self.replies) >= MAX_WAITING_PEERS:
+                    return
+                waiting = self.replies[ident[0]] = deque(maxlen=MAX_WAITING_REPLIES)
+            except zmq.ZMQError:
+                return
+        waiting.append(msg)
+
+    def _send_waiting_replies(self) -> None:
+        for key, waiting in list(self.replies.items()):
+            try:
+                while waiting:
+                    self.router.send_multipart([key, waiting[0]], flags=zmq.NOBLOCK)
+                    waiting.popleft()
+            except zmq.Again:
+                continue
+            except zmq.ZMQError:  # gone
+                pass
+            del self.replies[key]
 
     def on_peer(self, sock: zmq.Socket, frames: list[zmq.Frame]) -> None:
         if len(frames) != 2:
@@ -120,10 +166,12 @@ class PrefillAgent(Agent):
             reg = self.regs.get(room)
             if reg is not None and reg["ident"] != ident:
                 return  # only the decode server that registered a room may cancel it
+            t = self.outgoing.get(room)
+            if reg is None and t is not None and t["ident"] != ident:
+                return  # nor a room under way to another
             self.regs.pop(room, None)
             self._remember_ended(room, "cancelled by the decode server")
-            if self.sends.pop(room, None) is not None:
-                self.emit("sent", room=room, error="cancelled by the decode server")
+            self._stop_sending(room, "cancelled by the decode server")
             self._tell(ident, "cancelled", room=room)
 
     def _register(self, ident: list[bytes], room: int, msg: dict[str, Any]) -> None:
@@ -157,44 +205,74 @@ class PrefillAgent(Agent):
         self._try_transfer(room)
 
     def _try_transfer(self, room: int) -> None:
-        """Both halves are here: send the pages and `done`, then tell the scheduler."""
+        """Both halves are here: start sending the pages, then `done`."""
         if room not in self.sends or room not in self.regs:
             return
         send, reg = self.sends.pop(room), self.regs.pop(room)
-        started = time.perf_counter()
         # a room is sent once: a later registration of it is refused
         self._remember_ended(room, f"room {room} was already sent")
         pages = send["pages"][reg["start"] :]
-        try:
-            if len(pages) != reg["num_pages"]:
-                raise ValueError(f"{reg['num_pages']} pages asked for, {len(pages)} to send")
-            num_bytes = self._send_pages(reg["ident"], room, pages)
-            done = {"room": room, "first": send["first"], "num_pages": len(pages)}
-            self.reply(self.router, reg["ident"], "done", **done, num_bytes=num_bytes)
-        except (ValueError, zmq.ZMQError) as e:
-            error = str(e) or type(e).__name__
+        if len(pages) != reg["num_pages"]:
+            error = f"{reg['num_pages']} pages asked for, {len(pages)} to send"
             self._tell(reg["ident"], "failed", room=room, error=error)
             self.emit("sent", room=room, error=error)
             return
-        seconds = (
-            time.perf_counter() - started
-        )  # gathered and queued; the decode side times arrival
-        done = {"num_pages": len(pages), "num_bytes": num_bytes, "seconds": seconds}
+        self.outgoing[room] = {
+            "ident": reg["ident"], "pages": pages, "first": send["first"], "next": 0,
+            "waiting": None, "bytes": 0, "started": time.perf_counter(), "since": time.monotonic(),
+        }  # fmt: skip
+        self._advance(room)
+
+    def _advance(self, room: int) -> None:
+        """Queue the room's next chunks, then `done`, while its decode server's queue has room;
+        when all are queued, tell the scheduler (its pages may then be reused: each chunk is a
+        copy)."""
+        t = self.outgoing[room]
+        step = chunk_pages(self.layout.bytes_per_page)
+        try:
+            while t["waiting"] is not None or t["next"] < len(t["pages"]):
+                if t["waiting"] is None:
+                    chunk = t["pages"][t["next"] : t["next"] + step]
+                    head = orjson.dumps({"op": "pages", "room": room, "count": len(chunk)})
+                    t["waiting"] = (head, self.pages.gather(chunk), len(chunk))
+                head, buf, count = t["waiting"]
+                frames = [*t["ident"], head, memoryview(buf.numpy())]
+                self.router.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+                t["waiting"], t["next"], t["bytes"] = (
+                    None,
+                    t["next"] + count,
+                    t["bytes"] + buf.numel(),
+                )
+            done = {"room": room, "first": t["first"], "num_pages": len(t["pages"])}
+            self.reply(self.router, t["ident"], "done", zmq.NOBLOCK, **done, num_bytes=t["bytes"])
+        except zmq.Again:
+            return  # its queue is full: on when it has read (tick), or at the timeout
+        except (ValueError, zmq.ZMQError) as e:
+            del self.outgoing[room]
+            error = str(e) or type(e).__name__
+            self._tell(t["ident"], "failed", room=room, error=error)
+            self.emit("sent", room=room, error=error)
+            return
+        del self.outgoing[room]
+        # gathered and queued; the decode side times arrival
+        seconds = time.perf_counter() - t["started"]
+        done = {"num_pages": len(t["pages"]), "num_bytes": t["bytes"], "seconds": seconds}
         self.emit("sent", room=room, error=None, **done)
 
-    def _send_pages(self, ident: list[bytes], room: int, pages: list[int]) -> int:
-        """The pages' bytes in `pages` messages of whole pages, in order; returns the bytes sent.
-        Each gathered chunk is a copy, so the pool's pages may be reused once this returns."""
-        step, sent = chunk_pages(self.layout.bytes_per_page), 0
-        for i in range(0, len(pages), step):
-            buf = self.pages.gather(pages[i : i + step])
-            head = orjson.dumps({"op": "pages", "room": room, "count": len(pages[i : i + step])})
-            self.router.send_multipart([*ident, head, memoryview(buf.numpy())], copy=False)
-            sent += buf.numel()
-        return sent
+    def poll_ms(self) -> int:
+        return RETRY_MS if self.outgoing or self.replies else super().poll_ms()
 
     def tick(self, now: float) -> None:
         limit = self.timeout_s
+        self._send_waiting_replies()
+        for room in list(self.outgoing):
+            if now - self.outgoing[room]["since"] > limit:
+                t = self.outgoing.pop(room)
+                error = f"the decode server did not read the KV within {limit:g} s"
+                self._tell(t["ident"], "failed", room=room, error=error)
+                self.emit("sent", room=room, error=error)
+            else:
+                self._advance(room)
         for room in [r for r, s in self.sends.items() if now - s["since"] > limit]:
             del self.sends[room]
             error = (
