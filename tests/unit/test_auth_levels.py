@@ -127,6 +127,23 @@ def test_each_level_under_each_key_setup(setup):
     assert c.get("/dashboard").status_code == 200
 
 
+def test_a_keyless_disaggregated_server_serves_no_admin_route():
+    """#56.9: a prefill or decode server started without keys left /flush_cache,
+    /unload_lora_adapter and /metrics open to whoever reaches it (the gateway and its peer do, over
+    the network); its normal routes stay open (the gateway's requests)."""
+    pd = {"disaggregation_secret": "b" * 16, "disaggregation_channel_secret": "c" * 16}
+    for mode, extra in (("prefill", {}), ("decode", {"disaggregation_prefill_addrs": ("h:1",)})):
+        c = client(None, None, disaggregation_mode=mode, **pd, **extra)
+        for method, path in (("POST", "/flush_cache"), ("GET", "/metrics")):
+            got = c.request(method, path)
+            assert got.status_code == 403, (mode, path, got.text)
+            assert got.json()["error"]["code"] == "admin_key_not_set"
+        assert c.post("/unload_lora_adapter", json={"lora_name": "a"}).status_code == 403
+        assert c.get("/get_model_info").status_code == 200
+        keyed = client(None, ADMIN, disaggregation_mode=mode, **pd, **extra)
+        assert keyed.post("/flush_cache", headers=auth(ADMIN)).status_code == 200
+
+
 def test_refusals_name_the_missing_key():
     body = client(API, None).get("/cache_tree", headers=auth(API)).json()["error"]
     assert body["code"] == "admin_key_not_set" and "--admin-api-key" in body["message"]

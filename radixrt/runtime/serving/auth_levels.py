@@ -3,7 +3,8 @@ decision the gate (http_app.GateMiddleware) takes on every request.
 
 - NORMAL: the API key when --api-key is set (the admin key works too); open when it is not.
 - ADMIN_OPTIONAL: the admin key when --admin-api-key is set; else the API key when that is set;
-  else open (a keyless server on loopback stays usable from its own machine).
+  else open (a keyless server on loopback stays usable from its own machine), but on a prefill or
+  decode server, which the gateway and its peer reach over the network by design: refused (403).
 - ADMIN_FORCE: the admin key, and refused (403) when no admin key is set, whatever key is sent:
   these routes read other tenants' data (the cache view) or touch the server's files (LoRA
   load, the profiler's traces), which one shared API key must not unlock.
@@ -66,9 +67,12 @@ def level_of(path: str) -> AuthLevel:
 class KeyCheck:
     """The configured keys, compared in constant time against the Authorization header."""
 
-    def __init__(self, api_key: str | None, admin_api_key: str | None):
+    def __init__(self, api_key: str | None, admin_api_key: str | None, exposed: bool = False):
+        """exposed: a server others reach by design (a prefill or decode server: the gateway and
+        the peer server do), whose ADMIN_OPTIONAL routes a keyless setup must not leave open."""
         self.api = None if api_key is None else f"Bearer {api_key}".encode()
         self.admin = None if admin_api_key is None else f"Bearer {admin_api_key}".encode()
+        self.closed_optional = exposed and self.api is None and self.admin is None
 
     def holds(self, authorization: bytes) -> tuple[bool, bool]:
         """(carries the API key, carries the admin key); both compared whatever the first says."""
@@ -82,6 +86,13 @@ class KeyCheck:
             return None
         level = level_of(path)
         api, admin = self.holds(authorization)
+        if level is AuthLevel.ADMIN_OPTIONAL and self.closed_optional:
+            return Refusal(
+                403,
+                f"{path} is an admin route and this disaggregated server has no key: start it "
+                "with --admin-api-key (or --api-key) to use it",
+                "admin_key_not_set",
+            )
         if level is AuthLevel.ADMIN_FORCE and self.admin is None:
             return Refusal(
                 403,

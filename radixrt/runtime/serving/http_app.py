@@ -170,6 +170,7 @@ def create_app(
     add_tokenize_routes(app, tm)
     guard = BrowserGuard(config.host, config.port, config.allowed_hosts, config.allowed_origins)
     routes = frozenset(route.path for route in app.routes)
-    keys = KeyCheck(config.api_key, config.admin_api_key)
+    exposed = config.disaggregation_mode != "null"
+    keys = KeyCheck(config.api_key, config.admin_api_key, exposed)
     app.add_middleware(GateMiddleware, keys=keys, metrics=metrics, guard=guard, routes=routes)
     return app
