@@ -72,6 +72,8 @@ class SchedulerAdmin:
             "kv_bytes_per_token": self.s.runner.kv_bytes_per_token,
             "kv_pool_bytes": self.s.runner.kv_pool_bytes,
             "kv_cache_dtype": self.s.runner.kv_cache_dtype,
+            # the weight plan and when, on which CPU, it was measured (not in CLIENT_INFO: admin's)
+            "weight_plan": getattr(self.s.runner, "weight_plan_info", None),
             "disaggregation_mode": self.s.role.name,
             "num_transferring": len(self.s.role.held()),  # pages held for a KV transfer
             **st.transfer_info(),

@@ -65,6 +65,7 @@ class ModelRunner:
         self._make_pool(config)
         self.graphs: compiled_layers.CompiledLayers | None = None  # eager until compiled
         self.step_graphs: step_graph.StepGraphs | None = None  # decode steps as one graph
+        self.weight_plan_info: dict | None = None  # weight_plan.apply's account, when it plans
         why_not = deterministic.why_not_invariant_prompts(config, self.model, self.device, self.tp)
         self.invariant_prompts = why_not is None
         self.prompt_attn = None  # warm-up forwards (compiling) run as any step
@@ -73,8 +74,7 @@ class ModelRunner:
         self.prompt_attn = deterministic.prompt_backend(self.model, self.dtype, why_not)
 
     def _start_tp(self, config: ServerConfig, tp_rank: int, init_method: str | None) -> None:
-        self.tp, self.tp_workers, self.rank_lost = None, [], None
-        self._stop_watching = None
+        self.tp, self.tp_workers, self.rank_lost, self._stop_watching = None, [], None, None
         if config.tp_size > 1:
             if tp_rank == 0:
                 init_method = tp.init_method_of(config)
@@ -185,7 +185,7 @@ class ModelRunner:
         if self.int_copies:
             buckets = [(b.min_tokens, b.max_tokens) for b in compiled_layers.buckets(
                 config.torch_compile_max_bs)]  # fmt: skip
-            plan = weight_plan.apply(
+            plan, self.weight_plan_info = weight_plan.apply(
                 self.model, config.quantization, buckets, not why_eager, self.dtype, cache_root(),
                 keep_dense=self.invariant_prompts,
             )  # fmt: skip

@@ -34,6 +34,7 @@ from typing import Sequence
 import torch
 
 from radixrt.runtime.model import int8_weight
+from radixrt.runtime.model import weight_plan_timing as timing
 from radixrt.runtime.model.dtype_choice import cpu_flags
 from radixrt.runtime.model.linear import (
     DENSE,
@@ -43,7 +44,6 @@ from radixrt.runtime.model.linear import (
     INT8_DYN,
     MAX_ROWS,
     Linear,
-    run_format,
 )
 
 log = logging.getLogger(__name__)
@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 CHOICES = ("auto", "none", "int4", "int8", "w8a8_int8")
 FORCED = {"int4": INT4, "int8": INT8, "w8a8_int8": INT8_DYN}
 PLAN_FILE = "weight_plans.json"
+REMEASURE_ENV = "RADIXRT_REMEASURE_WEIGHT_PLAN"  # 1: time the plan again, whatever is cached
+ORIGIN_FIELDS = ("measured_at", "cpu", "stream_gb_per_s")
 
 
 def wants_copies(
@@ -109,49 +111,18 @@ def plan_ranges(buckets: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
-# at this many rows a pass is bound by arithmetic, not by streaming the weights: a few layers' worth
-# of linears times it as well as all of them
-COMPUTE_BOUND_ROWS = 64
-COMPUTE_BOUND_LINEARS = 8
-
-
-def _time_pass(linears: Sequence[Linear], fmt: int, rows: int, compiled: bool, dtype) -> float:
-    """Seconds of one pass of every linear at `rows` rows in format fmt (best of 2 after a warm
-    pass); past COMPUTE_BOUND_ROWS, of the first few linears scaled to all of them."""
-    subset = list(linears[:COMPUTE_BOUND_LINEARS]) if rows >= COMPUTE_BOUND_ROWS else list(linears)
-    inputs = {}
-    for lin in subset:
-        if lin.in_features not in inputs:
-            inputs[lin.in_features] = torch.randn(rows, lin.in_features).to(dtype)
-    if fmt == INT8_DYN and compiled:  # the GEMM alone: the graph fuses the rest
-        quantized = {k: int8_weight.quantize_rows(x)[0] for k, x in inputs.items()}
-
-        def one(lin):
-            torch._int_mm(quantized[lin.in_features], lin.int8.qweight.t())
-    else:
-
-        def one(lin):
-            run_format(fmt, inputs[lin.in_features], lin.op_args())
-
-    best = float("inf")
-    for rep in range(3):
-        t0 = time.perf_counter()
-        for lin in subset:
-            one(lin)
-        if rep:
-            best = min(best, time.perf_counter() - t0)
-    return best * len(linears) / len(subset)
+def _cpu_model() -> str:
+    try:
+        return next(
+            (ln.split(":", 1)[1].strip() for ln in pathlib.Path("/proc/cpuinfo").read_text()
+             .splitlines() if ln.startswith("model name")), "",
+        )  # fmt: skip
+    except OSError:
+        return ""
 
 
 def _key(linears, ranges, cands, compiled, dtype) -> str:
-    cpu = ""
-    try:
-        cpu = next(
-            (ln for ln in pathlib.Path("/proc/cpuinfo").read_text().splitlines()
-             if ln.startswith("model name")), "",
-        )  # fmt: skip
-    except OSError:
-        pass
+    cpu = _cpu_model()
     shapes = sorted({(lin.out_features, lin.in_features) for lin in linears})
     machine = (torch.__version__, cpu, sorted(cpu_flags()), os.cpu_count(), torch.get_num_threads())
     text = repr((machine, str(dtype), shapes, list(ranges), cands, compiled))
@@ -165,30 +136,52 @@ def choose(
     compiled: bool,
     dtype: torch.dtype,
     cache_dir: pathlib.Path | None,
-) -> tuple[tuple[int, ...], dict]:
-    """(the plan: max rows, format, ... ascending, the table behind it). One format per range of
-    plan_ranges: the one with the least total time over the range's probe rows."""
+) -> tuple[tuple[int, ...], dict, dict]:
+    """(the plan: max rows, format, ... ascending, the table behind it, where it comes from). One
+    format per range of plan_ranges: the one with the least total time over the range's probe rows.
+    A cached plan is read unless $RADIXRT_REMEASURE_WEIGHT_PLAN is 1; a measured one is cached only
+    when every probe was steady (weight_plan_timing.py)."""
     cands = candidates(linears, quantization)
     if not cands:
-        return (MAX_ROWS, DENSE), {}
+        return (MAX_ROWS, DENSE), {}, {}
     key = _key(linears, plan_ranges(buckets), cands, compiled, dtype)
     path = cache_dir / PLAN_FILE if cache_dir else None
-    cached = _read(path).get(key) if path else None
+    remeasure = os.environ.get(REMEASURE_ENV) == "1"
+    cached = _read(path).get(key) if path and not remeasure else None
     if cached:
-        return tuple(cached["plan"]), cached["table"]
+        origin = {"source": "cached", **{k: cached.get(k) for k in ORIGIN_FIELDS}}
+        return tuple(cached["plan"]), cached["table"], origin
     table: dict = {}
     plan: list[int] = []
     ranges = plan_ranges(buckets)
+    bandwidth = timing.stream_bandwidth()
+    doubts = []
     for (lo, hi), rows in zip(ranges, probe_rows(ranges)):
-        times = {f: [_time_pass(linears, f, r, compiled, dtype) for r in rows] for f in cands}
+        times: dict[int, list[float]] = {f: [] for f in cands}
+        for r in rows:
+            medians, why = timing.time_steadily(linears, cands, r, compiled, dtype, bandwidth)
+            doubts += [f"{r} rows: {why}"] if why else []
+            for f in cands:
+                times[f].append(medians[f])
         best = min(cands, key=lambda f: sum(times[f]))
         plan += [hi, best]
         table[f"{lo}-{hi}"] = {
             FORMAT_NAMES[f]: [round(t * 1e3, 2) for t in ts] for f, ts in times.items()
         } | {"rows": rows, "picked": FORMAT_NAMES[best]}
+    origin = {
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "cpu": _cpu_model(),
+        "stream_gb_per_s": round(bandwidth / 1e9, 1),
+    }
+    if doubts:
+        log.warning(
+            "weight plan: timings disagree with themselves (%s): used for this run, not cached",
+            "; ".join(doubts),
+        )
+        return tuple(plan), table, {"source": "measured, not cached (unsteady)", **origin}
     if path:
-        _write(path, key, {"plan": plan, "table": table})
-    return tuple(plan), table
+        _write(path, key, {"plan": plan, "table": table, **origin})
+    return tuple(plan), table, {"source": "measured", **origin}
 
 
 def apply(
@@ -199,20 +192,30 @@ def apply(
     dtype: torch.dtype,
     cache_root: pathlib.Path,
     keep_dense: bool = False,
-) -> tuple[int, ...]:
+) -> tuple[tuple[int, ...], dict]:
     """Choose the plan over the model's linears (its layers' and the lm_head's), set it on every
-    one (dropping the forms it does not read, but the dense weight when keep_dense) and log it."""
+    one (dropping the forms it does not read, but the dense weight when keep_dense) and log it ->
+    (the plan, what /get_server_info shows the admin of it: the plan, where it comes from, when
+    and on which CPU it was measured)."""
     layers = [lin for ly in model.layers for lin in (ly.qkv, ly.o, ly.gate_up, ly.down)]
     t0 = time.perf_counter()
-    plan, table = choose(layers, buckets, quantization, compiled, dtype, cache_root)
+    plan, table, origin = choose(layers, buckets, quantization, compiled, dtype, cache_root)
     for lin in [*layers, model.lm_head.linear]:
         lin.set_plan(plan, keep_dense)
     exact4 = sum(lin.int4 is not None for lin in layers)
     log.info(
-        "weights by step size: %s; %d of %d layer weights exact 4-bit, %.1f s",
+        "weights by step size: %s; %d of %d layer weights exact 4-bit, %.1f s; %s",
         describe(plan, table), exact4, len(layers), time.perf_counter() - t0,
+        describe_origin(origin),
     )  # fmt: skip
-    return plan
+    return plan, {"plan": describe(plan, {}), **origin}
+
+
+def describe_origin(origin: dict) -> str:
+    if not origin:
+        return "nothing to measure"
+    when = f"measured {origin.get('measured_at') or '?'} on {origin.get('cpu') or '?'}"
+    return f"{origin['source']} ({when}; {REMEASURE_ENV}=1 measures again)"
 
 
 def describe(plan: Sequence[int], table: dict) -> str:
