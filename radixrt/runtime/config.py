@@ -200,12 +200,19 @@ class ServerConfig:
     )
     dp_size: int = _opt(
         1,
-        "data parallel replicas behind sglang-router (pip install sglang-router); the router "
+        "data parallel replicas behind a gateway (--router-backend, pip install smg); it "
         "listens on --host/--port (serving/dp_launch.py)",
+    )
+    router_backend: str = _opt(
+        "smg",
+        "the gateway in front of --dp-size > 1 replicas and of --pd: smg (the SGLang Model "
+        "Gateway, pip install smg: every field reaches the servers) or sglang-router (0.3.2: "
+        "drops cache_salt and session_id on /generate and chat, so tenants share one cache)",
+        ("smg", "sglang-router"),
     )
     router_policy: str = _opt(
         "cache_aware",
-        "sglang-router's policy with --dp-size > 1",
+        "the gateway's policy with --dp-size > 1",
         ("cache_aware", "round_robin", "random", "power_of_two"),
     )
     disaggregation_mode: str = _opt(
@@ -248,7 +255,7 @@ class ServerConfig:
     pd: str | None = _opt(
         None,
         "start a local disaggregated deployment: 1p1d = a prefill server, a decode server and "
-        "sglang-router's PD mode on --host/--port (serving/pd_launch.py)",
+        "the gateway's PD mode on --host/--port (serving/pd_launch.py)",
         ("1p1d",),
     )
     tp_size: int = _opt(

@@ -92,6 +92,7 @@ def check_choices(c: Any) -> None:
         "quantization",
         "grammar_backend",
         "router_policy",
+        "router_backend",
         "kv_cache_dtype",
         "hicache_write_policy",
         "hicache_storage_backend",

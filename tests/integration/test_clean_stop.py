@@ -1,7 +1,7 @@
 """#35: stopping `radixrt serve` the way a terminal does it (Ctrl-C, or SIGTERM, sent to the whole process group,
 so every child gets it too) ends it with exit code 0 and no traceback from any process: the main process,
 scheduler, detokenizer, the grammar compile workers (each has compiled a grammar first), and under --dp-size
-the replicas and sglang-router. Each process logs one line as it stops. The servers serve the session's
+the replicas and the gateway (smg). Each process logs one line as it stops. The servers serve the session's
 tiny random Llama (tiny_model_dir): stopping is the point, not what the model says."""
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def test_group_signal_stops_cleanly(tmp_path, sig, tiny_model_dir):
 
 
 @pytest.mark.skipif(
-    not router_available(), reason="sglang-router is not installed (the test extra brings it)"
+    not router_available(), reason="smg is not installed (the test extra brings it)"
 )
 def test_group_ctrl_c_stops_replicas_and_router_cleanly(tmp_path, tiny_model_dir):
     code, text = serve_then_stop(

@@ -1,4 +1,4 @@
-"""`radixrt serve --dp-size 2`: two replicas behind the real sglang-router (cache-aware policy).
+"""`radixrt serve --dp-size 2`: two replicas behind the real gateway (smg, cache-aware policy).
 
 Truth: the replicas' own counters (/get_server_info on each, found through the router's /workers): requests
 that share a long prefix are admitted by one replica, which then reports them as cache hits; a killed
@@ -16,9 +16,7 @@ import pytest
 from conftest_server import ServerProcess
 
 pytestmark = pytest.mark.integration
-pytest.importorskip(
-    "sglang_router", reason="--dp-size needs sglang-router (pip install sglang-router)"
-)
+pytest.importorskip("smg", reason="--dp-size needs a gateway (pip install smg)")
 TENANTS = [
     "You are the support bot of a bicycle shop. You answer questions about repairs, parts and opening "
     "hours politely and briefly. ",
@@ -72,6 +70,42 @@ def test_requests_sharing_a_prefix_land_on_the_same_replica(server, tiny_model_d
     cached = [o["meta_info"]["cached_tokens"] for o in outs[2:]]
     assert min(cached) >= 20, cached
     assert sum(after[u]["cached_tokens"] - before[u]["cached_tokens"] for u in urls) >= 10 * 20
+
+
+SALTED_PROMPT = (
+    "You are the archivist of a small town library. You keep records of every book, map and "
+    "letter that the town has collected over two hundred years, and you answer briefly. "
+)
+
+
+@pytest.mark.parametrize("route", ["/generate", "/v1/chat/completions"])
+def test_a_tenants_salt_reaches_the_replica_through_the_gateway(server, route):
+    """The gateway routes by the text (both land on one replica), but the replica keeps the
+    salted request's KV apart: its first try finds nothing of the unsalted request's prefix cached
+    (behind sglang-router 0.3.2 it found 645 of 646 tokens), its second finds its own."""
+    text = SALTED_PROMPT + f"Which route is this? {route}"
+
+    def cached(salt: str | None) -> int:
+        extra = {} if salt is None else {"cache_salt": salt}
+        if route == "/generate":
+            body = {"text": text, "sampling_params": {"max_new_tokens": 1}, **extra}
+        else:
+            body = {
+                "model": "default",  # the gateway routes by it (an alias of the served name)
+                "messages": [{"role": "user", "content": text}],
+                "max_tokens": 1,
+                **extra,
+            }
+        r = httpx.post(server.url + route, json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        if route == "/generate":
+            return r.json()["meta_info"]["cached_tokens"]
+        return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    cached(None)
+    assert cached(None) >= 40  # the unsalted prefix is cached where the gateway sends this text
+    assert cached("tenant-a") == 0
+    assert cached("tenant-a") >= 40
 
 
 def test_a_killed_replica_is_routed_around(server):

@@ -1,4 +1,4 @@
-"""Prefill-decode disaggregation for real: a prefill server, a decode server and sglang-router's PD
+"""Prefill-decode disaggregation for real: a prefill server, a decode server and the gateway's (smg) PD
 mode in front (`--pd-disaggregation --prefill URL BOOTSTRAP_PORT --decode URL --api-key SECRET`), the KV
 moved over the pair's CURVE-authenticated ZeroMQ channel; a unified server beside them is the truth.
 
@@ -23,7 +23,7 @@ import pytest
 from conftest_server import ServerProcess, free_port, sse_events
 
 pytestmark = pytest.mark.integration
-pytest.importorskip("sglang_router", reason="the PD router is sglang-router's")
+pytest.importorskip("smg", reason="the PD gateway is smg's (pip install smg)")
 
 PAGE = 4
 COMMON = ["--page-size", str(PAGE), "--max-total-tokens", "8192", "--log-level", "warning"]
@@ -67,13 +67,18 @@ OTHERS = [
 ]
 
 
-def start_router(prefill: ServerProcess, decode: ServerProcess, bootstrap_port: int):
+def start_router(prefill: ServerProcess, decode: ServerProcess, bootstrap_port: int, name: str):
+    """The gateway's PD mode as one starts it by hand (docs/disaggregation.md): it routes by the
+    body's model among the names the servers list, so "default" is given as an alias of theirs."""
     port = free_port()
     proc = subprocess.Popen(
         [
             sys.executable,
             "-m",
-            "sglang_router.launch_router",
+            "smg.launch_router",
+            "--disable-tokenizer-autoload",
+            "--model-alias",
+            f"default={name}",
             "--pd-disaggregation",
             "--prefill",
             prefill.url,
@@ -174,7 +179,8 @@ def pd(tmp_path_factory, tiny_model_dir):
             tmp_path_factory.mktemp("decode"),
             env=PD_ENV,
         )
-        router, url = start_router(servers["prefill"], servers["decode"], bootstrap_port)
+        name = os.path.basename(tiny_model_dir)  # the served model name
+        router, url = start_router(servers["prefill"], servers["decode"], bootstrap_port, name)
     except Exception:
         for s in servers.values():
             s.stop()

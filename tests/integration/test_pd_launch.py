@@ -1,4 +1,4 @@
-"""`radixrt serve --pd 1p1d`: the launcher starts a prefill server, a decode server and sglang-router's PD
+"""`radixrt serve --pd 1p1d`: the launcher starts a prefill server, a decode server and the gateway's (smg) PD
 mode, answers like a unified server and stops cleanly.
 
 Truth: a unified server's greedy output in float32 (started and stopped first, so that no more than two
@@ -13,7 +13,7 @@ import pytest
 from conftest_server import ServerProcess, free_port
 
 pytestmark = pytest.mark.integration
-pytest.importorskip("sglang_router", reason="the PD router is sglang-router's")
+pytest.importorskip("smg", reason="the PD gateway is smg's (pip install smg)")
 
 COMMON = ["--page-size", "4", "--max-total-tokens", "8192", "--log-level", "warning"]
 KEY = "the-launchers-router-key"

@@ -1,6 +1,6 @@
 """Keys reach the replicas and the router by environment, never by command line (/proc/<pid>/cmdline
 is readable by every local user): dp_launch's replica argv and router argv, and router_main's
-hand-over to sglang-router. No process is started (Popen is recorded)."""
+hand-over to the gateway (smg or sglang-router). No process is started (Popen is recorded)."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def test_started_servers_and_router_carry_keys_in_the_environment(monkeypatch):
         assert not [a for a in args if API in a or ADMIN in a], args
     (_, replica_env), router = Recorded.calls[0], Recorded.calls[2]
     assert replica_env["RADIXRT_API_KEY"] == API and replica_env["RADIXRT_ADMIN_API_KEY"] == ADMIN
-    assert router[0][:3] == [sys.executable, "-m", "radixrt.runtime.serving.router_main"]
+    assert router[0][:4] == [sys.executable, "-m", "radixrt.runtime.serving.router_main", "smg"]
     # the router needs the API key (it asks clients for it); the admin key is not its to hold
     assert router[1][router_main.ROUTER_KEY_ENV] == API and ADMIN not in router[1].values()
     Recorded.calls = []
@@ -51,15 +51,23 @@ def test_started_servers_and_router_carry_keys_in_the_environment(monkeypatch):
     assert router_main.ROUTER_KEY_ENV not in Recorded.calls[0][1]
 
 
-def test_router_main_hands_the_key_to_sglang_router_in_process(monkeypatch):
-    pytest.importorskip("sglang_router")
+@pytest.mark.parametrize("backend", sorted(router_main.ROUTER_BACKENDS))
+def test_router_main_hands_the_key_to_the_gateway_in_process(monkeypatch, backend):
+    package, module = router_main.ROUTER_BACKENDS[backend]
+    pytest.importorskip(package)
     seen = []
-    # sglang-router's launcher itself (its import alone takes seconds) is replaced
-    fake = types.ModuleType("sglang_router.launch_router")
+    # the gateway's launcher itself (its import alone takes seconds) is replaced
+    fake = types.ModuleType(module)
     fake.main = lambda: seen.append(list(sys.argv))
-    monkeypatch.setitem(sys.modules, "sglang_router.launch_router", fake)
-    monkeypatch.setattr(sys, "argv", ["router_main", "--port", "1"])
+    monkeypatch.setitem(sys.modules, module, fake)
+    monkeypatch.setattr(sys, "argv", ["router_main", backend, "--port", "1"])
     monkeypatch.setenv(router_main.ROUTER_KEY_ENV, API)
     router_main.main()
     assert seen == [["router_main", "--port", "1", "--api-key", API]]
     assert router_main.ROUTER_KEY_ENV not in os.environ  # not inherited further
+
+
+def test_router_main_refuses_an_unknown_backend(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["router_main", "--port", "1"])
+    with pytest.raises(SystemExit, match="first argument"):
+        router_main.main()

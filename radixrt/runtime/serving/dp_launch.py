@@ -1,16 +1,18 @@
-"""`radixrt serve --dp-size N`: N replicas behind sglang-router (`pip install sglang-router`, the
-`[router]` extra), the router on the user's port with the cache-aware policy (`--router-policy`,
-default cache_aware): requests that share a prefix go to the replica that already holds it.
+"""`radixrt serve --dp-size N`: N replicas behind a gateway (--router-backend: smg, the SGLang
+Model Gateway, by default; `pip install smg`, the `[router]` extra), on the user's port with the
+cache-aware policy (`--router-policy`, default cache_aware): requests that share a prefix go to the
+replica that already holds it.
 
 Each replica is a plain `radixrt serve` subprocess on a free local port with its share of the CPU
-threads; the router is `python -m sglang_router.launch_router` on --host/--port with --worker-urls.
-The replicas answer what the router asks of a worker (/health, /get_model_info, /get_server_info,
-/v1/models). A replica or the router that dies is reported; the router routes around a dead replica
-(its health checks), and the whole server exits non-zero when the router dies or every replica is
-gone. SIGTERM / Ctrl-C stop everything. Replicas on other machines: start `radixrt serve` there and
-run the router yourself with their URLs (`python -m sglang_router.launch_router --worker-urls
-http://a:30000 http://b:30000 --policy cache_aware`). serve_behind_router is also --pd's
-(pd_launch.py): the same supervision around a prefill and a decode server.
+threads; the gateway is `python -m smg.launch_router` (or `sglang_router.launch_router`, the same
+flags) on --host/--port with --worker-urls. The replicas answer what the gateway asks of a worker
+(/health, /get_model_info, /get_server_info, /v1/models). A replica or the gateway that dies is
+reported; the gateway routes around a dead replica (its health checks), and the whole server exits
+non-zero when the gateway dies or every replica is gone. SIGTERM / Ctrl-C stop everything. Replicas
+on other machines: start `radixrt serve` there and run the gateway yourself with their URLs
+(`python -m smg.launch_router --worker-urls http://a:30000 http://b:30000 --policy cache_aware`).
+serve_behind_router is also --pd's (pd_launch.py): the same supervision around a prefill and a
+decode server.
 """
 
 from __future__ import annotations
@@ -27,14 +29,18 @@ from typing import Any, Callable
 
 from radixrt.runtime.config_checks import SECRET_ENVS
 from radixrt.runtime.processes import free_port, set_parent_death_signal, wait_until_healthy
-from radixrt.runtime.serving.router_main import ROUTER_KEY_ENV
+from radixrt.runtime.serving.router_main import (
+    DROPPED_BY_SGLANG_ROUTER,
+    ROUTER_BACKENDS,
+    ROUTER_KEY_ENV,
+)
 
 logger = logging.getLogger("radixrt.server")
 POLL_S = 0.5
 
 
-def router_available() -> bool:
-    return importlib.util.find_spec("sglang_router") is not None
+def router_available(backend: str = "smg") -> bool:
+    return importlib.util.find_spec(ROUTER_BACKENDS[backend][0]) is not None
 
 
 def replica_args(config: Any, port: int) -> list[str]:
@@ -47,7 +53,8 @@ def replica_args(config: Any, port: int) -> list[str]:
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
         if (
-            f.name in ("dp_size", "host", "port", "router_policy", "pd", *SECRET_ENVS)
+            f.name
+            in ("dp_size", "host", "port", "router_policy", "router_backend", "pd", *SECRET_ENVS)
             or value == getattr(defaults, f.name)
             or value is None
         ):
@@ -90,12 +97,19 @@ def serve_behind_router(
     startup_timeout: float = 900.0,
 ) -> int:
     """One `radixrt serve` per entry of configs on a free local port, the cores shared among them,
-    then sglang-router on --host/--port with router_flags(their urls); supervised until a stop or
+    then the gateway on --host/--port with router_flags(their urls); supervised until a stop or
     a failure (each_needed: any server's death ends it). Returns the exit code."""
-    if not router_available():
+    backend = config.router_backend
+    if not router_available(backend):
         raise SystemExit(
-            f"{what} needs sglang-router in front of the servers: pip install sglang-router "
-            "(or pip install 'radixrt[router]')"
+            f"{what} needs a gateway in front of the servers: pip install {backend}"
+            + (" (or pip install 'radixrt[router]')" if backend == "smg" else "")
+        )
+    if backend == "sglang-router":
+        logger.warning(
+            "sglang-router drops %s: behind it, tenants share one cache and sessions do not "
+            "reach the servers (--router-backend smg passes every field through)",
+            "; ".join(f"{', '.join(v)} on {k}" for k, v in DROPPED_BY_SGLANG_ROUTER.items()),
         )
     servers: list[tuple[str, subprocess.Popen]] = []
     router = None
@@ -109,7 +123,7 @@ def serve_behind_router(
         urls = [u for u, _ in servers]
         router = start_router(config, router_flags(urls))
         logger.info(
-            "%s: %s behind sglang-router on %s:%d", what, " ".join(urls), config.host, config.port
+            "%s: %s behind %s on %s:%d", what, " ".join(urls), backend, config.host, config.port
         )
         return supervise(router, servers, stopping, each_needed)
     except KeyboardInterrupt:
@@ -140,15 +154,31 @@ def start_servers(configs: list[Any], servers: list[tuple[str, subprocess.Popen]
 
 
 def start_router(config: Any, workers: list[str]) -> subprocess.Popen:
-    """sglang-router on --host/--port in front of the servers (workers: its flags naming them).
-    With --api-key, the router asks its clients for the key and presents it to the servers (a PD
-    pair takes bootstrap fields only with it); router_main.py hands it over in the environment."""
+    """The gateway (--router-backend) on --host/--port in front of the servers (workers: its flags
+    naming them). With --api-key, it asks its clients for the key and presents it to the servers
+    (a PD pair takes bootstrap fields only with it); router_main.py hands it over in the
+    environment."""
     key_env = {} if config.api_key is None else {ROUTER_KEY_ENV: config.api_key}
+    backend_flags = []
+    if config.router_backend == "smg":
+        from radixrt.runtime.serving.launch import served_model_name
+
+        backend_flags = [
+            # smg would fetch the served model's tokenizer from the Hub for its own tokenizing
+            # routes; HTTP workers tokenize themselves, and nothing is downloaded at run time
+            "--disable-tokenizer-autoload",
+            # smg routes by the body's model among the names the workers list (/v1/models); the
+            # servers also answer to "default", as SGLang's do
+            "--model-alias",
+            f"default={served_model_name(config.model_path)}",
+        ]
     return subprocess.Popen(
         [
             sys.executable,
             "-m",
             "radixrt.runtime.serving.router_main",
+            config.router_backend,
+            *backend_flags,
             "--host",
             config.host,
             "--port",
@@ -161,7 +191,7 @@ def start_router(config: Any, workers: list[str]) -> subprocess.Popen:
         ],
         env={**os.environ, **key_env},
         # its own session: Ctrl-C in the terminal would reach it with the rest of the
-        # group, and sglang-router's Python wrapper dies of it with a traceback; we stop
+        # group, and the gateway's Python wrapper dies of it with a traceback; we stop
         # it with SIGTERM, and it still dies with us (parent-death signal)
         start_new_session=True,
         preexec_fn=set_parent_death_signal,

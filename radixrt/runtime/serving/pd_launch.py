@@ -2,12 +2,13 @@
 on one machine: a prefill server (--disaggregation-mode prefill, its bootstrap port
 --disaggregation-bootstrap-port), a decode server (--disaggregation-mode decode, taking KV from that
 prefill server only), each a plain `radixrt serve` on a free local port with half the CPU threads,
-and sglang-router's PD mode on --host/--port in front:
+and the gateway's PD mode on --host/--port in front (--router-backend: smg by default, or
+sglang-router; the same flags):
 
-    python -m sglang_router.launch_router --pd-disaggregation --api-key KEY \\
+    python -m smg.launch_router --pd-disaggregation --api-key KEY \\
         --prefill http://127.0.0.1:P 8998 --decode http://127.0.0.1:D
 
-The pair's bootstrap secret is --api-key: sglang-router presents its key to the servers, and they
+The pair's bootstrap secret is --api-key: the gateway presents its key to the servers, and they
 take bootstrap fields only with it (docs/security.md). The channel between the two servers is keyed
 by a random secret generated per launch, handed to them in their environment and never to the
 router. Across machines, start the two servers there with --disaggregation-mode,
@@ -25,7 +26,7 @@ from radixrt.runtime.serving.dp_launch import serve_behind_router
 
 
 def launch_pd(config: Any) -> int:
-    """A prefill and a decode server (half the cores each) behind sglang-router's PD mode."""
+    """A prefill and a decode server (half the cores each) behind the gateway's PD mode."""
     port = config.disaggregation_bootstrap_port
     # the router presents --api-key to the servers (bootstrap fields); the channel between the two
     # servers is keyed by a secret of its own, random per launch, which the router never gets
