@@ -34,10 +34,11 @@ def add_generate_routes(app: FastAPI, tm: TokenizerManager) -> None:
     @app.post("/generate")
     async def generate(request: Request) -> Any:
         req: GenerateRequest = parse_body(
-            GenerateRequest, await read_body(request, tm.config.max_request_body_bytes)
+            GenerateRequest,
+            await read_body(request, tm.config.max_request_body_bytes),
+            lambda raw: tm.check_num_sequences(_rows_per_prompt(raw)),  # before validating it
         )
         check_bootstrap_auth(tm.config, request.headers, req.bootstrap())
-        tm.check_num_sequences(_rows_per_prompt(req))
         batch, prompts = await _prompts(tm, req)
         client = client_of(request, tm.config, req.cache_salt)
         reqs, flat_logprob = await _scheduler_requests(tm, req, prompts, client)
@@ -70,16 +71,16 @@ def add_generate_routes(app: FastAPI, tm: TokenizerManager) -> None:
         return json_response(outs if many else outs[0])
 
 
-def _rows_per_prompt(req: GenerateRequest) -> Iterator[int]:
-    """Each prompt's sequences as the body states them (checked later, in full): n or a beam
-    search's width; a value of the wrong type counts 1 and is refused by its own check."""
-    prompts = req.text if req.text is not None else req.input_ids
+def _rows_per_prompt(raw: dict) -> Iterator[int]:
+    """Each prompt's sequences as the parsed body states them (checked later, in full): n or a
+    beam search's width; a value of the wrong type counts 1 and is refused by its own check."""
+    prompts = raw.get("text") if raw.get("text") is not None else raw.get("input_ids")
     num = (
         len(prompts)
         if isinstance(prompts, list) and prompts and not isinstance(prompts[0], int)
         else 1
     )
-    params = req.sampling_params
+    params = raw.get("sampling_params")
     for i in range(num):
         p = params[i] if isinstance(params, list) and i < len(params) else params
         yield rows_of(p if isinstance(p, dict) else {})

@@ -63,6 +63,16 @@ class ChatRoute:
     ) -> str:
         """The messages through the chat template, as text (openai_responses.py compares the
         renders of a conversation and its continuation)."""
+        # each message renders to 2 tokens at least (its role's markers): more than half the
+        # context's worth cannot fit, and is refused before the render (30,000 grew this process
+        # by ~80 MB that it kept)
+        most = self.tm.context_len // 2
+        if len(req.messages) > most:
+            raise APIError(
+                f"{len(req.messages)} messages: their prompt cannot fit the context of "
+                f"{self.tm.context_len} tokens (at most {most} messages)",
+                param="messages",
+            )
         msgs = [m.as_dict() for m in req.messages]
         if req.continue_final_message and msgs[-1]["role"] != "assistant":
             raise APIError(

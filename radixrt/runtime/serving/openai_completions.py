@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
-from typing import Any
+from typing import Any, Iterator
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
@@ -28,7 +28,9 @@ class CompletionRoute:
 
     async def __call__(self, request: Request) -> Any:
         req: CompletionRequest = parse_body(
-            CompletionRequest, await read_body(request, self.tm.config.max_request_body_bytes)
+            CompletionRequest,
+            await read_body(request, self.tm.config.max_request_body_bytes),
+            lambda raw: self.tm.check_num_sequences(rows_stated(raw)),  # before validating it
         )
         check_bootstrap_auth(self.tm.config, request.headers, req.bootstrap())
         return self.routes.reply(req, await self.answer(request, req))
@@ -121,3 +123,12 @@ class CompletionRoute:
             "choices": [self.choice(req, i, r, echo[i] + r.text, 0) for i, r in enumerate(results)],
             "usage": self.routes.usage(results, prompt_tokens),
         }
+
+
+def rows_stated(raw: dict) -> Iterator[int]:
+    """Each prompt's sequences as the parsed body states them, at least (n; a beam search's width
+    and best_of are checked once the body is validated): a value of the wrong type counts 1."""
+    p = raw.get("prompt")
+    num = len(p) if isinstance(p, list) and p and not isinstance(p[0], int) else 1
+    n = raw.get("n")
+    return itertools.repeat(n if isinstance(n, int) and n > 1 else 1, num)
