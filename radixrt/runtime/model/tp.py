@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import os
 import subprocess
 import sys
 import threading
@@ -53,6 +54,10 @@ class TPGroup:
         self, rank: int, size: int, init_method: str, device: torch.device, timeout_s: float
     ):
         backend = "nccl" if device.type == "cuda" else "gloo"
+        if init_method.startswith("tcp://127.0.0.1:") and os.path.exists("/sys/class/net/lo"):
+            # one machine: gloo's pairs listen on loopback, not on the interface the hostname
+            # resolves to (neither gloo nor the rendezvous store authenticates a peer)
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         dist.init_process_group(
             backend,
             init_method=init_method,
