@@ -268,3 +268,44 @@ def test_responses_give_the_thinking_as_a_reasoning_item(r1):
     assert kinds[0] == "reasoning" and "message" in kinds, kinds
     jsonschema.validate(json.loads(resp.output_text), SCHEMA)
     assert resp.usage.output_tokens_details.reasoning_tokens > 0
+
+
+SEARCH = {
+    "type": "function",
+    "function": {
+        "name": "search_notes",
+        "description": "Search the user's notes.",
+        "parameters": {
+            "type": "object",
+            "properties": {"query": {"type": "string"}},
+            "required": ["query"],
+            "additionalProperties": False,
+        },
+        "strict": True,
+    },
+}
+
+
+def test_a_required_call_fits_a_small_budget_after_thinking_that_never_ends(qwen3):
+    """#56 (seen through the Agents SDK under --reasoning-parser qwen3: finish_reason length, no
+    call, no text): the random model never closes its thinking, so the end tag is forced while a
+    whole call still fits 64 tokens; sampled, every reply is one valid call."""
+    srv, _ = qwen3
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", timeout=300)
+    for seed in range(4):
+        reply = client.chat.completions.create(
+            model="default",
+            messages=[{"role": "user", "content": "Find my notes about the meeting with Anna."}],
+            tools=[SEARCH],
+            tool_choice="required",
+            max_tokens=64,
+            temperature=1.0,
+            seed=seed,
+        )
+        choice = reply.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.tool_calls, reply
+        (call,) = choice.message.tool_calls[:1]
+        assert call.function.name == "search_notes"
+        args = json.loads(call.function.arguments)
+        jsonschema.validate(args, SEARCH["function"]["parameters"])
+        assert reply.usage.completion_tokens <= 64
