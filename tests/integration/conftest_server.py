@@ -47,6 +47,9 @@ class ServerProcess:
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         self.ps = psutil.Process(self.proc.pid)
         self._wait_healthy()
+        if "--dp-size" in args or "--pd" in args:  # a gateway in front
+            key = env.get("RADIXRT_API_KEY")
+            wait_until_routing(self.url, {"Authorization": f"Bearer {key}"} if key else {})
         self.child_pids = [c.pid for c in self.ps.children(recursive=True)]
 
     def _wait_healthy(self) -> None:
@@ -112,6 +115,23 @@ def inflight_then(
             return await asyncio.gather(plain, streaming, trigger, return_exceptions=True)
 
     return asyncio.run(run())
+
+
+def wait_until_routing(url: str, headers: dict | None = None, timeout: float = 120.0) -> None:
+    """The gateway (smg) answers /health before it has learnt its workers' models (a /generate then
+    was a 404 "No worker available for model 'unknown'"): wait until /v1/models lists one."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            got = httpx.get(url + "/v1/models", headers=headers or {}, timeout=5)
+            if got.status_code == 200 and got.json().get("data"):
+                return
+        except (httpx.HTTPError, ValueError):
+            pass
+        time.sleep(0.3)
+    raise TimeoutError(f"the gateway on {url} listed no model in {timeout:.0f} s")
 
 
 def sse_events(lines: list[str]) -> list[str]:

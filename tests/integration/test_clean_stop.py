@@ -14,7 +14,7 @@ import sys
 import httpx
 import psutil
 import pytest
-from conftest_server import free_port
+from conftest_server import free_port, wait_until_routing
 
 from radixrt.runtime.processes import wait_until_healthy
 from radixrt.runtime.serving.dp_launch import router_available
@@ -48,6 +48,8 @@ def serve_then_stop(tmp_path, sig: int, extra: list[str]) -> tuple[int, str]:
             wait_until_healthy(
                 url, proc, 600, poll_s=0.5, log_tail=lambda: log.read_text(errors="replace")[-4000:]
             )
+            if "--dp-size" in extra:
+                wait_until_routing(url)
             for params in (
                 {"json_schema": SCHEMA},
                 {"regex": "[0-9]+"},
