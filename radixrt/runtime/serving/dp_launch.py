@@ -122,6 +122,7 @@ def serve_behind_router(
             wait_until_healthy(url, proc, startup_timeout)
         urls = [u for u, _ in servers]
         router = start_router(config, router_flags(urls))
+        wait_until_routing(config, router, startup_timeout)
         logger.info(
             "%s: %s behind %s on %s:%d", what, " ".join(urls), backend, config.host, config.port
         )
@@ -138,6 +139,28 @@ def serve_behind_router(
         stop_all([p for _, p in servers] + ([router] if router is not None else []))
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGINT, previous_int)
+
+
+def wait_until_routing(config: Any, router: subprocess.Popen, timeout: float) -> None:
+    """Until the gateway lists a model on /v1/models: it answers /health before it has learnt its
+    workers' models, and a request in that moment is a 404 ("No worker available")."""
+    import requests  # a dependency (wait_until_healthy's too); httpx is the tests'
+
+    host = "127.0.0.1" if config.host in ("0.0.0.0", "::") else config.host
+    url = f"http://{host}:{config.port}/v1/models"
+    headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if router.poll() is not None:
+            raise RuntimeError(f"the gateway exited with code {router.returncode} at start")
+        try:
+            got = requests.get(url, headers=headers, timeout=5)
+            if got.status_code == 200 and got.json().get("data"):
+                return
+        except (requests.RequestException, ValueError):
+            pass
+        time.sleep(POLL_S)
+    raise TimeoutError(f"the gateway on {url} listed no model in {timeout:.0f} s")
 
 
 def start_servers(configs: list[Any], servers: list[tuple[str, subprocess.Popen]]) -> None:
