@@ -14,6 +14,7 @@ import time
 import psutil
 
 from radixrt.runtime.processes import free_port, wait_until_healthy  # noqa: F401 (tests import free_port here)
+from radixrt.runtime.serving.dp_launch import wait_until_routing
 
 STARTUP_TIMEOUT_S = 420  # model load is 10-40 s alone; several parallel test sessions slow it a lot
 HERE = pathlib.Path(__file__).parent
@@ -49,7 +50,8 @@ class ServerProcess:
         self._wait_healthy()
         if "--dp-size" in args or "--pd" in args:  # a gateway in front
             key = env.get("RADIXRT_API_KEY")
-            wait_until_routing(self.url, {"Authorization": f"Bearer {key}"} if key else {})
+            auth = {"Authorization": f"Bearer {key}"} if key else {}
+            wait_until_routing(self.url, auth, self.proc, STARTUP_TIMEOUT_S)
         self.child_pids = [c.pid for c in self.ps.children(recursive=True)]
 
     def _wait_healthy(self) -> None:
@@ -115,23 +117,6 @@ def inflight_then(
             return await asyncio.gather(plain, streaming, trigger, return_exceptions=True)
 
     return asyncio.run(run())
-
-
-def wait_until_routing(url: str, headers: dict | None = None, timeout: float = 120.0) -> None:
-    """The gateway (smg) answers /health before it has learnt its workers' models (a /generate then
-    was a 404 "No worker available for model 'unknown'"): wait until /v1/models lists one."""
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            got = httpx.get(url + "/v1/models", headers=headers or {}, timeout=5)
-            if got.status_code == 200 and got.json().get("data"):
-                return
-        except (httpx.HTTPError, ValueError):
-            pass
-        time.sleep(0.3)
-    raise TimeoutError(f"the gateway on {url} listed no model in {timeout:.0f} s")
 
 
 def sse_events(lines: list[str]) -> list[str]:

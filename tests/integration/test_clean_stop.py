@@ -14,10 +14,10 @@ import sys
 import httpx
 import psutil
 import pytest
-from conftest_server import free_port, wait_until_routing
+from conftest_server import free_port
 
 from radixrt.runtime.processes import wait_until_healthy
-from radixrt.runtime.serving.dp_launch import router_available
+from radixrt.runtime.serving.dp_launch import router_available, wait_until_routing
 
 SCHEMA = '{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}'
 
@@ -49,7 +49,7 @@ def serve_then_stop(tmp_path, sig: int, extra: list[str]) -> tuple[int, str]:
                 url, proc, 600, poll_s=0.5, log_tail=lambda: log.read_text(errors="replace")[-4000:]
             )
             if "--dp-size" in extra:
-                wait_until_routing(url)
+                wait_until_routing(url, {}, proc, 120)
             for params in (
                 {"json_schema": SCHEMA},
                 {"regex": "[0-9]+"},

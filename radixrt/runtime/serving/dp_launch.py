@@ -122,7 +122,9 @@ def serve_behind_router(
             wait_until_healthy(url, proc, startup_timeout)
         urls = [u for u, _ in servers]
         router = start_router(config, router_flags(urls))
-        wait_until_routing(config, router, startup_timeout)
+        host = "127.0.0.1" if config.host in ("0.0.0.0", "::") else config.host
+        key = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+        wait_until_routing(f"http://{host}:{config.port}", key, router, startup_timeout)
         logger.info(
             "%s: %s behind %s on %s:%d", what, " ".join(urls), backend, config.host, config.port
         )
@@ -141,20 +143,20 @@ def serve_behind_router(
         signal.signal(signal.SIGINT, previous_int)
 
 
-def wait_until_routing(config: Any, router: subprocess.Popen, timeout: float) -> None:
-    """Until the gateway lists a model on /v1/models: it answers /health before it has learnt its
-    workers' models, and a request in that moment is a 404 ("No worker available")."""
-    import requests  # a dependency (wait_until_healthy's too); httpx is the tests'
+def wait_until_routing(
+    url: str, headers: dict[str, str], proc: subprocess.Popen, timeout: float
+) -> None:
+    """Until the gateway at url lists a model on /v1/models: it answers /health before it has
+    learnt its workers' models, and a request in that moment is a 404 ("No worker available").
+    proc: the process whose exit ends the wait (the gateway, or a launcher in front of it)."""
+    import requests  # a dependency (wait_until_healthy's too)
 
-    host = "127.0.0.1" if config.host in ("0.0.0.0", "::") else config.host
-    url = f"http://{host}:{config.port}/v1/models"
-    headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if router.poll() is not None:
-            raise RuntimeError(f"the gateway exited with code {router.returncode} at start")
+        if proc.poll() is not None:
+            raise RuntimeError(f"pid {proc.pid} exited with code {proc.returncode} at start")
         try:
-            got = requests.get(url, headers=headers, timeout=5)
+            got = requests.get(url + "/v1/models", headers=headers, timeout=5)
             if got.status_code == 200 and got.json().get("data"):
                 return
         except (requests.RequestException, ValueError):
