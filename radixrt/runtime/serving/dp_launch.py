@@ -148,6 +148,8 @@ def wait_until_routing(
 ) -> None:
     """Until the gateway at url lists a model on /v1/models: it answers /health before it has
     learnt its workers' models, and a request in that moment is a 404 ("No worker available").
+    It asks /readiness first (200 once a worker is healthy, in smg and sglang-router) because
+    smg logs every 503 from /v1/models as an ERROR, and a clean start should log none.
     proc: the process whose exit ends the wait (the gateway, or a launcher in front of it)."""
     import requests  # a dependency (wait_until_healthy's too)
 
@@ -156,9 +158,11 @@ def wait_until_routing(
         if proc.poll() is not None:
             raise RuntimeError(f"pid {proc.pid} exited with code {proc.returncode} at start")
         try:
-            got = requests.get(url + "/v1/models", headers=headers, timeout=5)
-            if got.status_code == 200 and got.json().get("data"):
-                return
+            ready = requests.get(url + "/readiness", headers=headers, timeout=5)
+            if ready.status_code in (200, 404):  # 404: a gateway without the route
+                got = requests.get(url + "/v1/models", headers=headers, timeout=5)
+                if got.status_code == 200 and got.json().get("data"):
+                    return
         except (requests.RequestException, ValueError):
             pass
         time.sleep(POLL_S)
