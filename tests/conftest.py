@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import pathlib
 import random
+import sys
 
 import pytest
 import torch
@@ -25,11 +26,69 @@ _INTEGRATION_DIR = pathlib.Path(__file__).parent / "integration"
 # quality test) pass enable_torch_compile=True, which wins over this.
 os.environ.setdefault("RADIXRT_DISABLE_TORCH_COMPILE", "1")
 
+# Under pytest-xdist (two workers on 2 cores) each worker and the servers it starts use one thread:
+# the suite's small batches run as fast on one core as on two, and two OpenMP teams spinning on the
+# same two cores would slow both.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
+
+# Files that bound wall-clock times or count processes: `-m serial` runs them alone, after the rest
+# has run on two pytest-xdist workers (README's test command), so no other test's load moves them.
+SERIAL = {
+    "test_clean_stop", "test_compile_pool", "test_event_loop_bounds", "test_hardening",
+    "test_lora_loads", "test_pd_agents", "test_pd_disaggregation", "test_pd_hostile_peers",
+    "test_process_death", "test_stop_regex_bounds", "test_tenant_battery", "test_watchdog_hang",
+}  # fmt: skip
+# Files that share process-wide objects run on one worker, one after another: the DSL files' engine
+# (dsl_shared.py), the quality floors' transformers references (chat_references).
+GROUPS = {
+    "test_dsl_compat": "dsl", "test_dsl_engine": "dsl", "test_dsl_runtime": "dsl",
+    "test_dsl_select": "dsl", "test_default_dtype_quality": "references",
+    "test_kv_cache_dtype": "references",
+}  # fmt: skip
+# The longest groups first (a full run's --durations, 2-core Zen 4), so that neither worker is
+# left with one long file at the end while the other idles.
+LONGEST_FIRST = [
+    "test_compiled_layers", "references", "test_grammar_backends", "test_sglang_client", "dsl",
+    "test_agent_api", "test_constrained", "test_tensor_parallel", "test_constrained_prefixes",
+    "test_engine_greedy", "test_beam_search_engine", "test_deterministic_inference",
+]  # fmt: skip
+
+
+def group_of(item) -> str:
+    """The item's xdist group: its file's, or the group its file shares."""
+    name = pathlib.Path(str(item.fspath)).stem
+    return GROUPS.get(name, name)
+
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if _INTEGRATION_DIR in pathlib.Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.integration)
+        if pathlib.Path(str(item.fspath)).stem in SERIAL:
+            item.add_marker(pytest.mark.serial)
+        item.add_marker(pytest.mark.xdist_group(group_of(item)))
+    first_seen: dict[str, int] = {}
+    for item in items:
+        first_seen.setdefault(group_of(item), len(first_seen))
+    rank = {g: i for i, g in enumerate(LONGEST_FIRST)}
+
+    def order(item) -> tuple[int, int]:
+        group = group_of(item)
+        return rank.get(group, len(rank)), first_seen[group]
+
+    items.sort(key=order)  # stable: a file's tests keep their order, a group's files stay together
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """After the last DSL file, its shared engine goes (it holds ~2 GB)."""
+    if group_of(item) == "dsl" and (nextitem is None or group_of(nextitem) != "dsl"):
+        sys.path.insert(0, str(_INTEGRATION_DIR))
+        import dsl_shared
+
+        dsl_shared.release()
 
 
 @pytest.fixture(scope="session")
@@ -41,19 +100,16 @@ def model_dir() -> pathlib.Path:
 
 @pytest.fixture(scope="session")
 def hf_model(model_dir):
-    from transformers import AutoModelForCausalLM
+    import hf_reference
 
-    model = AutoModelForCausalLM.from_pretrained(
-        str(model_dir), dtype=torch.float32, local_files_only=True
-    )
-    return model.eval()
+    return hf_reference.hf_model()
 
 
 @pytest.fixture(scope="session")
 def chat_references(hf_model, tokenizer):
     """transformers' float32 greedy continuations (and their log-probs) of the benchmarks' 24 chat
     prompts, NUM_TOKENS each: the teacher-forced quality tests' truth, computed once per session
-    (~90 s on 2 cores) for the default dtype's and the KV dtypes' floors alike."""
+    (~11 s on 2 cores, batched) for the default dtype's and the KV dtypes' floors alike."""
     import sys
 
     sys.path.insert(0, str(pathlib.Path(__file__).parent.parent / "benchmarks"))

@@ -5,24 +5,22 @@ from __future__ import annotations
 import functools
 import os
 
+from hf_reference import hf_model
+
 
 @functools.lru_cache(maxsize=None)
 def engine_backend():
+    """One engine for the four DSL test files, which run one after another on one worker (the
+    "dsl" group in conftest.py); release() shuts it down after the last of them."""
     import radixrt as sgl
 
     return sgl.EngineBackend(sgl.Engine(dtype="float32"))
 
 
-@functools.lru_cache(maxsize=None)
-def hf_model():
-    """transformers' own Llama on the same weights: the independent truth (fp32, CPU)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from radixrt.runtime.model.weights import transformers_dir
-
-    model = AutoModelForCausalLM.from_pretrained(str(transformers_dir()), dtype=torch.float32)
-    return model.eval()
+def release() -> None:
+    if engine_backend.cache_info().currsize:
+        engine_backend().shutdown()
+        engine_backend.cache_clear()
 
 
 def hf_prompt_logprobs(ids: list[int]) -> list[float]:

@@ -39,7 +39,9 @@ def cfg_regex(spec: str) -> str:
     request's grammar arrives."""
     out = _cached(spec)
     if isinstance(out, GrammarError):
-        raise out
+        # a new error each time: raising the cached one would chain every raise's traceback (the
+        # scheduler's frames, and through them the engine and its model) onto the cache for good
+        raise GrammarError(*out.args) from None
     return out
 
 
