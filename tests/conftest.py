@@ -57,12 +57,21 @@ LONGEST_FIRST = [
 ]  # fmt: skip
 
 
+# Files whose tests share nothing but a folder of their own: each test its own group, so that the
+# two cold compiles (~150 s each) run on both workers at once.
+SPLIT = {"test_compiled_layers"}
+
+
 def group_of(item) -> str:
-    """The item's xdist group: its file's, or the group its file shares."""
+    """The item's xdist group: its file's, or the group its file shares (a SPLIT file's: the test's)."""
     name = pathlib.Path(str(item.fspath)).stem
+    if name in SPLIT:
+        return f"{name}::{item.name}"
     return GROUPS.get(name, name)
 
 
+# before pytest-xdist's own hook, which reads the xdist_group marks into each test's id
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if _INTEGRATION_DIR in pathlib.Path(str(item.fspath)).parents:
@@ -77,7 +86,7 @@ def pytest_collection_modifyitems(config, items):
 
     def order(item) -> tuple[int, int]:
         group = group_of(item)
-        return rank.get(group, len(rank)), first_seen[group]
+        return rank.get(group.split("::")[0], len(rank)), first_seen[group]
 
     items.sort(key=order)  # stable: a file's tests keep their order, a group's files stay together
 
