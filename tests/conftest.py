@@ -94,10 +94,7 @@ def pytest_collection_modifyitems(config, items):
 def pytest_runtest_teardown(item, nextitem):
     """After the last DSL file, its shared engine goes (it holds ~2 GB)."""
     if group_of(item) == "dsl" and (nextitem is None or group_of(nextitem) != "dsl"):
-        sys.path.insert(0, str(_INTEGRATION_DIR))
-        import dsl_shared
-
-        dsl_shared.release()
+        sys.modules["dsl_shared"].release()  # imported by every DSL file
 
 
 @pytest.fixture(scope="session")
