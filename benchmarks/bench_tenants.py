@@ -1,18 +1,19 @@
 """Two clients on one server, one of them flooding: the well-behaved client's latency with and without
-the fair admission across clients (core/schedule_policy.order_waiting), side by side in one run, on a
-real `radixrt serve` (HTTP, the default model and dtype, --max-running-requests 8).
+the fairness across clients (core/fair_share.py: a row given back, the step's time shared; and
+schedule_policy.order_waiting's turns), side by side in one run, on real `radixrt serve` processes
+(HTTP, the default model and dtype, --max-running-requests 8).
 
     python benchmarks/bench_tenants.py [--requests 24] [--flood 96]
 
 The polite client sends --requests requests (a short prompt, 16 new tokens, greedy), two at a time.
 Alone first; then while the other client floods, in three ways: many small requests (--flood at once,
 16 tokens each), beam searches (--flood / 8 of width 4) and long prompts (--flood / 4 of ~1,500
-tokens). Each flood runs twice: the two clients as two tenants (their own cache_salt each, so
-admission takes turns between them: "fair"), and as one tenant (the same salt: first come, first
-served between them, what admission did before #56.5: "one queue"). Printed per case: the polite
-client's p50 / p99 latency and requests per second, the flood's tokens per second, and the polite
-p99 as a multiple of its p99 alone (the issue's bound: within 2x).
-Raw results: benchmarks/results/tenants.json.
+tokens). Each flood runs twice: on the default server with the two clients as two tenants (their
+own cache_salt each: "fair"), and on a server started with --disable-fair-share with the two
+clients as one tenant (the same salt: first come, first served, every row and step open to the
+flood, what the server did before #56.5: "none"). Printed per case: the polite client's p50 / p99
+latency and requests per second, the flood's tokens per second, and the polite p99 as a multiple
+of its p99 alone (the issue's bound: within 2x). Raw results: benchmarks/results/tenants.json.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from radixrt.frontend.launcher import Runtime  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 POLITE, FLOODER = "tenant-polite-0123456789abcdef", "tenant-flood-0123456789abcdef"
+FLOODS = ("none", "small", "beams", "long")
 WORDS = "the quick brown fox jumps over a lazy dog while seven tired owls sing about rain".split()
 
 
@@ -73,6 +75,7 @@ def flood_bodies(kind: str, n: int, salt: str) -> list[dict]:
 
 
 async def case(url: str, args, kind: str | None, same_tenant: bool) -> dict:
+    """The polite client's run (while `kind` floods, if any)."""
     limits = httpx.Limits(max_connections=args.flood + 8)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
         flood_salt = POLITE if same_tenant else FLOODER
@@ -95,7 +98,7 @@ async def case(url: str, args, kind: str | None, same_tenant: bool) -> dict:
     )
     return {
         "flood": kind or "none",
-        "admission": "one queue" if same_tenant else "fair",
+        "admission": "none" if same_tenant else "fair",
         "p50_s": pct(latencies, 0.5),
         "p99_s": pct(latencies, 0.99),
         "polite_rps": len(latencies) / polite_s,
@@ -108,17 +111,25 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=24)
     ap.add_argument("--flood", type=int, default=96)
     args = ap.parse_args()
-    rt = Runtime(max_running_requests=8, max_total_tokens=32768, log_level="warning")
-    try:
-        url = rt.url
-        asyncio.run(case(url, args, None, False))  # warm-up: graphs, allocator, the first steps
-        rows = [asyncio.run(case(url, args, None, False))]
-        for kind in ("small", "beams", "long"):
-            for same in (False, True):
+    rows = []
+    for fair in (True, False):
+        rt = Runtime(
+            max_running_requests=8,
+            max_total_tokens=32768,
+            disable_fair_share=not fair,
+            log_level="warning",
+        )
+        try:
+            url = rt.url
+            asyncio.run(case(url, args, None, False))  # warm-up: graphs, allocator, first steps
+            if fair:
+                rows.append(asyncio.run(case(url, args, None, False)))  # the polite client alone
+            for kind in ("small", "beams", "long"):
                 httpx.post(url + "/flush_cache", timeout=60)
-                rows.append(asyncio.run(case(url, args, kind, same)))
-    finally:
-        rt.shutdown()
+                rows.append(asyncio.run(case(url, args, kind, same_tenant=not fair)))
+        finally:
+            rt.shutdown()
+    rows[1:] = sorted(rows[1:], key=lambda r: (FLOODS.index(r["flood"]), r["admission"]))
     alone = rows[0]["p99_s"]
     print(f"polite client: {args.requests} requests, 2 at a time; flood: --flood {args.flood}")
     print(f"{'flood':8} {'admission':10} {'p50 s':>7} {'p99 s':>7} {'p99/alone':>9} "

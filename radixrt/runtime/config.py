@@ -62,6 +62,11 @@ class ServerConfig:
     schedule_low_priority_values_first: bool = _opt(
         False, "with --enable-priority-scheduling: lower priority values go first"
     )
+    disable_fair_share: bool = _opt(
+        False,
+        "let one client's flood take every row and step (default: clients share both when "
+        "several have work: core/fair_share.py)",
+    )
     enable_cache_report: bool = _opt(False, "exact cached_tokens (default: >= 64-token pages)")
     max_prompts_per_request: int = _opt(
         256, "sequences (prompts x n) one HTTP request may ask for (a client batch); more is a 400"

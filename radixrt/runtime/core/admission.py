@@ -18,6 +18,7 @@ from typing import Callable
 
 from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.core import schedule_policy as policy
+from radixrt.runtime.core.fair_share import FairShare, rows_by_client
 from radixrt.runtime.core.lora_slots import LoraSlots
 from radixrt.runtime.core.plan import PlanItem
 from radixrt.runtime.core.radix_cache import RadixCache
@@ -109,9 +110,11 @@ class Admission:
         *,
         fork_samples: bool = True,
         lora_slots: LoraSlots | None = None,
+        fair: FairShare | None = None,
     ):
         """fork_samples: a request whose prompt a running request has already computed forks from it
-        (fork_donor) instead of computing its partial last page again."""
+        (fork_donor) instead of computing its partial last page again. fair: the step's shares
+        across clients and their row rule (fair_share.py; None: neither)."""
         self.config = config
         self.tree = tree
         self.memory = memory
@@ -119,6 +122,7 @@ class Admission:
         self.sessions = sessions
         self.fork_samples = fork_samples
         self.lora_slots = lora_slots
+        self.fair = fair
 
     def admit(
         self,
@@ -138,6 +142,9 @@ class Admission:
             return []
         reserve = policy.decode_reserve_tokens(running)
         held = rows_held(running)  # once per step, then counted up as requests are admitted
+        # the step's shares across clients apply to prompts computed here (a decode server's
+        # requests whose KV is to come compute none)
+        fair = self.fair if status is ReqStatus.RUNNING else None
         items: list[tuple[Req, PlanItem]] = []
         for req in self._order(ready, running):
             if (
@@ -146,14 +153,17 @@ class Admission:
                 or not self._lora_slot(req, running)
             ):
                 break
+            mine = budget if fair is None else fair.budget(req, budget)
+            if mine <= 0:
+                continue  # its client's share of the step is spent: another client's may go
             match = self._match(req)
             if self._must_wait(req, match.matched_len, inflight):
                 continue  # wait for it: then match its pages, or fork from it
-            left = self.memory.admit(req, match, budget, reserve)
+            left = self.memory.admit(req, match, mine, reserve)
             if left is None:
                 break  # keep arrival fairness: nobody overtakes the request that does not fit
-            budget = left
-            target = min(req.seq_len, match.matched_len + budget)
+            budget -= mine - left  # a copy back from the second tier costs budget
+            target = min(req.seq_len, match.matched_len + left)
             if wants_prompt_logprobs(req):
                 req.input_logprobs = req.input_top_logprobs = None  # a resumed prefill rescores
             copies = self._fork(req, running, match)
@@ -169,8 +179,27 @@ class Admission:
             if not copies:  # a fork computes one token: its siblings fork too, not wait
                 inflight.append(req.tree_ids(req.fill_ids))
             budget -= target - computed
+            if fair is not None:
+                fair.spend(req, target - computed)
             reserve += int(req.sampling.max_new_tokens * policy.NEW_TOKEN_RESERVE_RATIO)
         return items
+
+    def make_room(self, waiting: list[Req], running: list[Req]) -> None:
+        """Before a step is planned: when every row is taken and the waiting request whose client
+        runs the fewest rows cannot start, another client running more rows gives one back
+        (fair_share.FairShare.take_row preempts its newest request), as long as that is fair."""
+        if self.fair is None or not self.fair.enabled:
+            return
+        if self._room_to_run(rows_held(running), len(running), 1):
+            return  # a row is free: admission's turns decide who takes it
+        ready = [r for r in waiting if r.status is ReqStatus.WAITING]
+        if not ready:
+            return
+        rows = rows_by_client(running)
+        req = min(ready, key=lambda r: rows.get(r.options.client, 0))  # the first such, if ties
+        while not self._room_to_run(rows_held(running), len(running), rows_of(req)):
+            if not self.fair.take_row(req, running):
+                return
 
     def _order(self, ready: list[Req], running: list[Req]) -> list[Req]:
         """The candidates in admission order (schedule_policy.order_waiting): with 'lpm', longest

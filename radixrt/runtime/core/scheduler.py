@@ -16,12 +16,14 @@ LONG_FILE: one step's phases (intake, plan, run, apply, finish, preempt) read as
 from __future__ import annotations
 
 import logging
+import time
 
 from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.core import schedule_policy as policy
 from radixrt.runtime.core.admission import Admission
 from radixrt.runtime.core.beam_searches import BeamSearches
 from radixrt.runtime.core.drafts import next_draft, take_draft
+from radixrt.runtime.core.fair_share import FairShare
 from radixrt.runtime.core.faults import FaultInjector
 from radixrt.runtime.core.finish_reason import FinishReason
 from radixrt.runtime.core.intake import (
@@ -93,6 +95,9 @@ class Scheduler:
         self.role = make_role(config.disaggregation_mode, kv_transfer, config.page_size, self.stats)
         self.kv_transfer = kv_transfer  # its event socket wakes the serving loop
         self.beams = BeamSearches(self.memory, self.outbox, self.stats, self.eos_ids)
+        self.fair = FairShare(
+            not config.disable_fair_share, self.preempt, config.chunked_prefill_size
+        )
         self.admission = Admission(
             config,
             self.tree,
@@ -101,6 +106,7 @@ class Scheduler:
             self.sessions,
             fork_samples=self.role.computes_prompts,
             lora_slots=self.lora_slots,
+            fair=self.fair,
         )
         self.grammar_backends = grammar_backends
         # (faults looked up at each call: a test swaps the injector)
@@ -180,7 +186,10 @@ class Scheduler:
             return False
         self.stats.num_forwards += 1
         try:
+            started = time.perf_counter()
             results = self.runner.run(plan.items, plan.mask_sources)
+            tokens = sum(len(item.new_ids) for item in plan.items)
+            self.fair.costs.record(tokens, time.perf_counter() - started)
             if self.faults.enabled:  # off in production: no per-step work
                 self.faults.check_plan([req.origin_input_ids for req in plan.reqs])
         except Exception as e:
@@ -210,6 +219,9 @@ class Scheduler:
 
     def _plan(self) -> StepPlan:
         plan = StepPlan()
+        if self.role.name == "null":  # (a PD half holds rows the queues do not show)
+            self.admission.make_room(self.waiting, self.running)  # a row back from a flood
+        self.fair.plan(self.running, self.waiting)  # each client's share of the step (if shared)
         self._plan_decodes(plan)
         self._plan_extends(plan)
         if not plan:
@@ -234,6 +246,7 @@ class Scheduler:
             while req.status is RUNNING and not self.memory.grow(req, req.seq_len):
                 self.preempt(self._newest_running())
             ready.append(req)
+        ready = self.fair.pick_decodes(ready)  # past its client's share, a decode pauses
         drafted: list[tuple[Req, PlanItem]] = []
         failed = False
         draft_budget = policy.MAX_DRAFT_TOKENS_PER_STEP
@@ -269,10 +282,11 @@ class Scheduler:
             if req.is_decoding or budget <= 0:
                 continue
             computed = req.kv.computed_len
-            target = min(req.seq_len, computed + budget)
-            if self.memory.grow(req, target):
+            target = min(req.seq_len, computed + self.fair.budget(req, budget))
+            if target > computed and self.memory.grow(req, target):
                 plan.add(req, self.items.extend(req, target, plan.mask_sources))
                 budget -= target - computed
+                self.fair.spend(req, target - computed)
                 inflight.append(req.tree_ids(req.fill_ids))
         if budget > 0 and self.waiting:
 

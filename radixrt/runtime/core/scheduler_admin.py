@@ -74,6 +74,8 @@ class SchedulerAdmin:
             "kv_cache_dtype": self.s.runner.kv_cache_dtype,
             # the weight plan and when, on which CPU, it was measured (not in CLIENT_INFO: admin's)
             "weight_plan": getattr(self.s.runner, "weight_plan_info", None),
+            # what a step of n tokens costs here, as fair_share learnt it (admin's too)
+            "step_costs_ms": [[round(n), round(t * 1e3, 3)] for n, t in self.s.fair.costs.points()],
             "disaggregation_mode": self.s.role.name,
             "num_transferring": len(self.s.role.held()),  # pages held for a KV transfer
             **st.transfer_info(),

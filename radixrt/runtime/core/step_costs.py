@@ -1,0 +1,63 @@
+"""What a step costs, learnt from the steps the server runs: seconds by the number of tokens fed.
+
+The fair share of a step across clients (fair_share.py) needs to know what a step of n tokens
+costs on this machine, with this model and these kernels: on a GPU, or a CPU whose decode is bound
+by reading the weights, 8 rows cost barely more than 2; on a 2-core CPU each row costs. Measured,
+not assumed, so the same rule holds on each. Steps are binned by tokens (roughly geometric bins);
+a bin's point is the median of its last few steps (a one-off slow step, a graph compiled on first
+use, does not move it); between bins the cost is interpolated, past the largest it grows in
+proportion to the tokens, and it never falls as the tokens rise.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from statistics import median
+
+# upper edges of the bins (a step of n tokens falls in the first bin whose edge is >= n)
+BIN_EDGES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024,
+             1536, 2048, 3072, 4096, 6144, 8192)  # fmt: skip
+SAMPLES_PER_BIN = 9
+
+
+class StepCosts:
+    def __init__(self) -> None:
+        self._bins: dict[int, deque[tuple[int, float]]] = {}
+        self._points: list[tuple[float, float]] | None = None  # points(), until the next record
+
+    def record(self, tokens: int, seconds: float) -> None:
+        """A forward that fed `tokens` tokens took `seconds`."""
+        if tokens <= 0 or not seconds > 0:
+            return
+        edge = BIN_EDGES[min(bisect.bisect_left(BIN_EDGES, tokens), len(BIN_EDGES) - 1)]
+        self._bins.setdefault(edge, deque(maxlen=SAMPLES_PER_BIN)).append((tokens, seconds))
+        self._points = None
+
+    def points(self) -> list[tuple[float, float]]:
+        """(tokens, seconds) per bin measured, by tokens, the seconds made non-decreasing."""
+        if self._points is not None:
+            return self._points
+        out: list[tuple[float, float]] = []
+        for edge in sorted(self._bins):
+            samples = self._bins[edge]
+            x = median(t for t, _ in samples)
+            y = median(s for _, s in samples)
+            if out:
+                y = max(y, out[-1][1])
+            out.append((x, y))
+        self._points = out
+        return out
+
+    def estimate(self, tokens: int) -> float | None:
+        """Seconds a step of `tokens` tokens should take; None before any step was measured."""
+        pts = self.points()
+        if not pts:
+            return None
+        if tokens <= pts[0][0]:
+            return pts[0][1]
+        for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+            if tokens <= x1:
+                return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
+        x, y = pts[-1]
+        return y * tokens / x
