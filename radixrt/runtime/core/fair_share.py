@@ -10,34 +10,38 @@ as the budget allows):
   its own client would after it starts, takes a row from that client: the other client's newest
   request is preempted (its KV goes into the tree, so it resumes mostly cached; a beam search
   restarts whole).
-- **Time.** A step's tokens (one per decode row, the prefill tokens of extends) are shared out by
-  water-filling: each client gets min(its demand, L) for the largest level L whose step still fits
-  a cost cap, FAIR_STEP_FACTOR times what the lightest client's own tokens cost alone, or what every
-  client's equal share costs together if that is more. What a step of n tokens costs is measured as
-  the server runs (step_costs.py), so the rule is the same on every machine: where 8 rows cost
-  barely more than 2 (a GPU, a decode bound by reading the weights) nothing is held back; where
-  each row costs (a 2-core CPU) a flood's rows take turns. A decode row past its client's share
-  pauses for the step, keeping its pages and row (the least recently stepped go first); a prefill
-  past it goes on in a later step.
+- **Time.** A step's tokens (one per decode row, the prompt tokens of extends) are shared out by
+  water-filling (water_fill): the lightest clients get all they want, every other client min(its
+  demand, L) for the largest level L whose step still fits FAIR_STEP_FACTOR times the lightest
+  clients' own step, plus the headroom saved up while someone was held back (so that a prompt
+  chunk, far dearer than a decode row, runs now and then; on average the steps keep within the
+  cap). What a step costs is measured as the server runs (step_costs.py), so the rule is the same
+  on every machine: where 8 rows cost barely more than 2 (a GPU, a decode bound by reading the
+  weights) nothing is held back; where each row costs (a 2-core CPU) a flood's rows take turns. A
+  decode row past its client's share pauses for the step, keeping its pages and row (the least
+  recently stepped go first); a prompt past it goes on in a later step.
 
-A client that had work within RECENT_S still counts, with one token of demand: a client between two
-requests of a conversation is not absent, and the next step would otherwise be the flood's alone.
-`--disable-fair-share` turns both rules off (turns stay).
+A client alone keeps the whole step unless another had work within RECENT_S: then its step stays
+within what one shared step may take, so the other's next request (most likely on its way) does not
+wait behind a whole prompt chunk. `--disable-fair-share` turns both rules off (turns stay).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Callable, Hashable
 
 from radixrt.runtime.core.req import Req, ReqStatus
 from radixrt.runtime.core.step_costs import StepCosts
 
-FAIR_STEP_FACTOR = 1.5
-RECENT_S = 1.0
-MAX_RECENT_CLIENTS = 4096  # clients remembered as recent (the oldest forgotten first)
+FAIR_STEP_FACTOR = 1.25
+RECENT_S = 1.0  # a client with work this recently is between two requests, not gone
+MAX_RECENT_CLIENTS = 1024
+CREDIT_STEPS = 3  # the most time a held-back client saves up, in caps (a burst: one step)
 
 Client = Hashable
+log = logging.getLogger(__name__)
 
 
 def rows_by_client(running: list[Req]) -> dict[Client, int]:
@@ -58,25 +62,51 @@ def unit_rows(req: Req) -> int:
     return req.beam.root.sampling.beam_width if req.beam is not None else 1
 
 
-def water_fill(demand: dict[Client, int], cost: Callable[[int], float | None],
-               factor: float = FAIR_STEP_FACTOR) -> dict[Client, int] | None:  # fmt: skip
-    """Tokens each client may feed this step (see the module's docstring); None: no limit (fewer
-    than two clients, or no cost measured yet). demand: client -> tokens wanted (> 0)."""
+Demand = tuple[int, int]  # what a client wants of a step: (decode rows, prompt tokens)
+
+
+def water_fill(
+    demand: dict[Client, Demand],
+    cost: Callable[[int, bool], float | None],
+    credit: float = 0.0,
+    factor: float | None = None,
+) -> tuple[dict[Client, int], float] | None:
+    """(tokens each client may feed this step, the step's cap in seconds); None: no limit (fewer
+    than two clients, or no cost measured yet). cost(tokens, extends): a step's seconds (extends:
+    with a prompt chunk in it).
+
+    The lightest clients (fewest tokens wanted) get all they want; every other client min(its
+    tokens, L), decodes first, for the largest L whose step fits the cap (FAIR_STEP_FACTOR times the
+    lightest clients' own step) plus `credit`, the headroom earlier steps left (FairShare.record);
+    when nothing fits even the most credit there is, every client gets the lightest's tokens."""
     if len(demand) < 2:
         return None
-    light = min(demand.values())
-    c_light, c_equal = cost(light), cost(light * len(demand))
-    if c_light is None or c_equal is None:
+    total = {c: d + p for c, (d, p) in demand.items()}
+    light = min(total.values())
+
+    def step(level: int) -> float | None:
+        tokens, extends = 0, False
+        for c, t in total.items():
+            n = t if t == light else min(t, level)
+            tokens += n
+            extends |= n > demand[c][0]
+        return cost(tokens, extends)
+
+    base = step(0)  # the lightest clients' own step
+    if base is None:
         return None
-    cap = max(factor * c_light, c_equal)
-    lo, hi = light, max(demand.values())
-    while lo < hi:  # the largest level whose step fits the cap (the cost rises with the level)
+    cap = (FAIR_STEP_FACTOR if factor is None else factor) * base
+    credit = min(credit, CREDIT_STEPS * cap)  # saved under a larger cap: this step's bound
+    lo, hi = 0, max(total.values())
+    while lo < hi:  # the largest level whose step fits (the cost rises with the level)
         mid = (lo + hi + 1) // 2
-        if (cost(sum(min(d, mid) for d in demand.values())) or 0.0) <= cap:
+        if (step(mid) or 0.0) <= cap + credit:
             lo = mid
         else:
             hi = mid - 1
-    return {c: min(d, lo) for c, d in demand.items()}
+    if lo == 0 and credit >= CREDIT_STEPS * cap:
+        lo = light  # nothing fits even the most time saved up: the lightest's tokens each, once
+    return {c: t if t == light else min(t, lo) for c, t in total.items()}, cap
 
 
 class FairShare:
@@ -87,11 +117,13 @@ class FairShare:
         self.costs = StepCosts()
         self._preempt = preempt
         self._chunk = chunk
-        self._recent: dict[Client, float] = {}  # client -> when it last had work (monotonic)
         self._last_step: dict[int, int] = {}  # id(req) -> the forward it last decoded in
-        self._credit: dict[
-            Client, int
-        ] = {}  # tokens a client saved up for a unit larger than its share
+        # tokens a client saved up for a unit larger than its share (pick_decodes)
+        self._credit: dict[Client, int] = {}
+        # seconds of headroom saved up while someone was held back (record), and this step's cap
+        self._time_credit = 0.0
+        self._cap: float | None = None
+        self._recent: dict[Client, float] = {}  # client -> when it last had work (monotonic)
         self._forward = 0
         self.shares: dict[Client, int] | None = None  # this step's (None: no limit)
 
@@ -99,20 +131,74 @@ class FairShare:
     def plan(self, running: list[Req], waiting: list[Req]) -> None:
         """This step's token shares, from what each client wants of it."""
         self._forward += 1
-        self.shares = None
+        self.shares, self._cap = None, None
         if not self.enabled:
             return
-        if (
-            len(self._last_step) > 2 * len(running) + 64
-        ):  # requests gone since (finished, preempted)
+        if len(self._last_step) > 2 * len(running) + 64:  # requests gone since (ended, preempted)
             live = {id(r) for r in running}
             self._last_step = {k: v for k, v in self._last_step.items() if k in live}
         demand = self._demand(running, waiting)
-        if len(demand) > 1:
-            self.shares = water_fill(demand, self.costs.estimate)
+        if len(demand) == 1:
+            self.shares = self._lone_share(demand)
+            return
+        filled = water_fill(demand, self.costs.estimate, self._time_credit)
+        if filled is None:
+            self._time_credit = 0.0
+            return
+        self._seen(demand)
+        self.shares, cap = filled
+        if any(self.shares[c] < d + p for c, (d, p) in demand.items()):
+            self._cap = cap  # someone is held back: the step's time counts against the cap
+        else:
+            self._time_credit = 0.0
+        log.debug("step %d: demand %s, shares %s", self._forward, demand, self.shares)
 
-    def _demand(self, running: list[Req], waiting: list[Req]) -> dict[Client, int]:
+    def _lone_share(self, demand: dict[Client, Demand]) -> dict[Client, int] | None:
+        """One client has work while another had some within RECENT_S (between two of its requests,
+        most likely): the lone client's step stays within the most one shared step may take (a
+        decode row's cap plus the most credit), so the other's next request does not wait behind a
+        whole prompt chunk; None (no limit) once nobody else is recent or nothing is measured."""
         now = time.monotonic()
+        ((client, (decodes, prompt)),) = demand.items()
+        others = [c for c, t in self._recent.items() if c != client and now - t <= RECENT_S]
+        self._seen(demand)
+        self._time_credit = 0.0
+        one_row = self.costs.estimate(1, False)
+        if not others or one_row is None:
+            return None
+        bound = (1 + CREDIT_STEPS) * FAIR_STEP_FACTOR * one_row
+        lo, hi = 1, decodes + prompt
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if (self.costs.estimate(mid, mid > decodes) or 0.0) <= bound:
+                lo = mid
+            else:
+                hi = mid - 1
+        return {client: lo}
+
+    def _seen(self, demand: dict[Client, Demand]) -> None:
+        """The clients with work now are recent; the table keeps the MAX_RECENT_CLIENTS latest."""
+        now = time.monotonic()
+        for c in demand:
+            self._recent[c] = now
+        if len(self._recent) > MAX_RECENT_CLIENTS:
+            latest = sorted(self._recent.items(), key=lambda kv: kv[1])[-MAX_RECENT_CLIENTS // 2 :]
+            self._recent = dict(latest)
+
+    def record(self, tokens: int, seconds: float, extends: bool) -> None:
+        """The step ran: its cost goes on the curves, and while someone is held back what it took
+        comes off the credit and its cap goes on, so the steps keep within the cap on average as
+        measured (the estimates know tokens, not the attention over long contexts nor the load
+        from other processes), and a step past the cap is paid back by the next ones."""
+        self.costs.record(tokens, seconds, extends)
+        if self._cap is not None:
+            bound = CREDIT_STEPS * self._cap
+            self._time_credit = max(-bound, min(bound, self._time_credit + self._cap - seconds))
+            self._cap = None
+
+    def _demand(self, running: list[Req], waiting: list[Req]) -> dict[Client, Demand]:
+        """Each client with work: (its decoding rows, the prompt tokens its extends and waiting
+        requests could use this step, at most a chunk)."""
         prefill: dict[Client, int] = {}
         decode: dict[Client, int] = {}
         for r in running:
@@ -124,19 +210,8 @@ class FairShare:
         for r in waiting:
             if r.status is ReqStatus.WAITING:
                 prefill[r.options.client] = prefill.get(r.options.client, 0) + r.seq_len
-        demand = {c: decode.get(c, 0) + min(prefill.get(c, 0), self._chunk)
-                  for c in decode.keys() | prefill.keys()}  # fmt: skip
-        for c in demand:
-            self._recent.pop(c, None)
-            self._recent[c] = now  # (re-inserted: the dict stays oldest first)
-        while self._recent and (
-            len(self._recent) > MAX_RECENT_CLIENTS
-            or next(iter(self._recent.values())) < now - RECENT_S
-        ):
-            del self._recent[next(iter(self._recent))]
-        for c in self._recent:
-            demand.setdefault(c, 1)  # a client between two requests is not absent
-        return demand
+        return {c: (decode.get(c, 0), min(prefill.get(c, 0), self._chunk))
+                for c in decode.keys() | prefill.keys()}  # fmt: skip
 
     def pick_decodes(self, ready: list[Req]) -> list[Req]:
         """The decoding requests that run this step (the others pause, keeping pages and row): per

@@ -75,7 +75,7 @@ class SchedulerAdmin:
             # the weight plan and when, on which CPU, it was measured (not in CLIENT_INFO: admin's)
             "weight_plan": getattr(self.s.runner, "weight_plan_info", None),
             # what a step of n tokens costs here, as fair_share learnt it (admin's too)
-            "step_costs_ms": [[round(n), round(t * 1e3, 3)] for n, t in self.s.fair.costs.points()],
+            "step_costs_ms": self.s.fair.costs.info(),
             "disaggregation_mode": self.s.role.name,
             "num_transferring": len(self.s.role.held()),  # pages held for a KV transfer
             **st.transfer_info(),

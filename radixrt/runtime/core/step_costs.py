@@ -1,12 +1,15 @@
-"""What a step costs, learnt from the steps the server runs: seconds by the number of tokens fed.
+"""What a step costs, learnt from the steps the server runs: seconds by the number of tokens fed,
+for steps of decodes alone and for steps with a prompt chunk (an extend) in them.
 
 The fair share of a step across clients (fair_share.py) needs to know what a step of n tokens
 costs on this machine, with this model and these kernels: on a GPU, or a CPU whose decode is bound
-by reading the weights, 8 rows cost barely more than 2; on a 2-core CPU each row costs. Measured,
-not assumed, so the same rule holds on each. Steps are binned by tokens (roughly geometric bins);
-a bin's point is the median of its last few steps (a one-off slow step, a graph compiled on first
-use, does not move it); between bins the cost is interpolated, past the largest it grows in
-proportion to the tokens, and it never falls as the tokens rise.
+by reading the weights, 8 rows cost barely more than 2; on a 2-core CPU each row costs, and a step
+with any prompt chunk in it costs far more than one of decodes (measured on a 2-core Zen 4, the
+default model: 2 decode rows 14 ms, 8 rows 26 ms, a 15-token chunk beside them 60 ms). Measured,
+not assumed, so the same rule holds on each machine. Steps are binned by tokens (roughly
+geometric bins); a bin's point is the median of its last few steps (a one-off slow step, a graph
+compiled on first use, does not move it); between bins the cost is interpolated, past the largest
+it grows in proportion to the tokens, and it never falls as the tokens rise.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ BIN_EDGES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 5
 SAMPLES_PER_BIN = 9
 
 
-class StepCosts:
+class StepCurve:
+    """Seconds by tokens for one kind of step."""
+
     def __init__(self) -> None:
         self._bins: dict[int, deque[tuple[int, float]]] = {}
         self._points: list[tuple[float, float]] | None = None  # points(), until the next record
@@ -61,3 +66,28 @@ class StepCosts:
                 return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
         x, y = pts[-1]
         return y * tokens / x
+
+
+class StepCosts:
+    """The two curves: decodes alone, and steps with a prompt chunk (never cheaper than decodes)."""
+
+    def __init__(self) -> None:
+        self.decode, self.extend = StepCurve(), StepCurve()
+
+    def record(self, tokens: int, seconds: float, extends: bool = False) -> None:
+        (self.extend if extends else self.decode).record(tokens, seconds)
+
+    def estimate(self, tokens: int, extends: bool = False) -> float | None:
+        """Seconds a step of `tokens` tokens should take (None: not measured yet)."""
+        plain = self.decode.estimate(tokens)
+        if not extends:
+            return plain
+        chunk = self.extend.estimate(tokens)
+        return chunk if plain is None or chunk is None else max(chunk, plain)
+
+    def info(self) -> dict[str, list[list[float]]]:
+        """Both curves' points as [tokens, milliseconds] (an admin's figure)."""
+        return {
+            name: [[round(n), round(t * 1e3, 3)] for n, t in curve.points()]
+            for name, curve in (("decode", self.decode), ("extend", self.extend))
+        }
