@@ -191,6 +191,8 @@ class Scheduler:
             tokens = sum(len(item.new_ids) for item in plan.items)
             extends = not all(req.is_decoding for req in plan.reqs)  # (applied below: as planned)
             self.fair.record(tokens, time.perf_counter() - started, extends)
+            if self.faults.enabled:  # off in production: no per-step work
+                self.faults.check_plan([req.origin_input_ids for req in plan.reqs])
         except Exception as e:
             for req, error, status in recover(plan.reqs, e, self.memory, self.stats):
                 if not req.finished:  # a beam's failure ends its whole search, siblings included
