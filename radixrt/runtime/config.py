@@ -121,8 +121,10 @@ class ServerConfig:
         ("auto", "none", "int4", "int8", "w8a8_int8"),
     )
     speculative_algorithm: str = _opt(
-        "none", "ngram: draft a request's next tokens from an earlier occurrence of its last "
-        "tokens in its prompt/output, verified in one forward (output unchanged); none: off",
+        "none", "ngram: draft a request's next tokens from what the radix tree holds after its "
+        "tokens (other requests' prompts and answers) or from an earlier occurrence of its last "
+        "tokens in its prompt/output, verified in one forward (the output of decoding it alone "
+        "in the deterministic mode; otherwise as a batch may change it); none: off",
         ("none", "ngram"),
     )  # fmt: skip
     speculative_num_draft_tokens: int = _opt(

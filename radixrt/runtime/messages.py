@@ -91,6 +91,9 @@ class TokenOut:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    # drafts verified for it so far (jump-forward, tree, prompt lookup): steps, tokens kept
+    spec_verify_ct: int = 0
+    spec_accepted_tokens: int = 0
     # (logprob, token_id) pairs for new_ids; top: list of [(logprob, token_id), ...] per new id
     output_logprobs: list[list[Any]] = field(default_factory=list)
     output_top_logprobs: list[list[list[Any]]] = field(default_factory=list)

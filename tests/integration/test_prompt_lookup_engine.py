@@ -73,3 +73,27 @@ def test_seeded_sampling_and_stops_equal(engines):
         assert engine.flush_cache()
         info = engine.get_server_info()
         assert info["kv_pages_free"] == info["kv_pages_total"]
+
+
+def test_the_same_question_again_drafts_the_earlier_answer_from_the_tree(engines):
+    """#57: drafts from the radix tree: the second asking finds the first answer after its prompt
+    (the first request's tokens went into the tree when it ended) and verifies it in a few wide
+    steps instead of one step a token; the answer is the same, token for token, and equal to the
+    engine without drafts."""
+    on, off = engines
+    prompt = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+    params = {"temperature": 0, "max_new_tokens": 40, "min_new_tokens": 40, "ignore_eos": True}
+    first = on.generate(prompt, params)
+    stats = on.scheduler.stats
+    before = stats.num_forwards, stats.num_draft_tokens, stats.num_draft_accepted
+    again = on.generate(prompt, params)
+    forwards = stats.num_forwards - before[0]
+    accepted = stats.num_draft_accepted - before[2]
+    assert again["output_ids"] == first["output_ids"] == off.generate(prompt, params)["output_ids"]
+    # 40 tokens: the first from the prompt's step, 39 to draft; 4 a step, each fully kept
+    assert accepted >= 30 and forwards <= 12, (
+        accepted,
+        forwards,
+        stats.num_draft_tokens - before[1],
+    )
+    on.check_integrity()

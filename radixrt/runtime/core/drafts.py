@@ -12,15 +12,20 @@ from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.core.finish_reason import FinishReason
 from radixrt.runtime.core.plan import ItemResult, PlanItem
 from radixrt.runtime.core.prompt_lookup import PromptLookup
+from radixrt.runtime.core.radix_cache import RadixCache
 from radixrt.runtime.core.req import Req
 from radixrt.runtime.core.req_finish import apply_sampled_token
 from radixrt.runtime.core.req_memory import ReqMemory
 from radixrt.runtime.core.scheduler_stats import SchedulerStats
+from radixrt.runtime.core.tree_drafts import tree_draft
 
 
-def next_draft(req: Req, config: ServerConfig) -> tuple[list[int], list[int]]:
+def next_draft(
+    req: Req, config: ServerConfig, tree: RadixCache | None = None
+) -> tuple[list[int], list[int]]:
     """(draft ids, grammar states after each) to verify next step: the text the grammar forces, else
-    a prompt-lookup guess when --speculative-algorithm ngram. output_ids + draft + one pick stay
+    when --speculative-algorithm ngram what the radix tree holds after the request's tokens
+    (tree_drafts.py) or a prompt-lookup guess, the longer. output_ids + draft + one pick stay
     within max_new_tokens."""
     room = req.sampling.max_new_tokens - len(req.output_ids) - 1
     if req.grammar is not None:
@@ -28,7 +33,8 @@ def next_draft(req: Req, config: ServerConfig) -> tuple[list[int], list[int]]:
     if config.speculative_algorithm == "ngram" and room > 0:
         if req.lookup is None:
             req.lookup = PromptLookup(config.speculative_num_draft_tokens)
-        return req.lookup.propose(req.fill_ids, room), []
+        from_tree = None if tree is None else (lambda limit: tree_draft(tree, req, limit))
+        return req.lookup.propose(req.fill_ids, room, from_tree), []
     return [], []
 
 
@@ -73,6 +79,8 @@ def take_draft(
         if reason is not None or not agrees:
             break
     stats.num_draft_accepted += accepted
+    req.spec_verify_ct += 1
+    req.spec_accepted += accepted
     if req.lookup is not None and req.grammar is None:
         req.lookup.record(len(draft), accepted)
     assert reason is not None or not agrees or len(picks) == len(draft) + 1, (

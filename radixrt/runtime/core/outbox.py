@@ -24,6 +24,8 @@ class Outbox:
             prompt_tokens=len(req.origin_input_ids),
             completion_tokens=len(req.output_ids),
             cached_tokens=req.cached_tokens,
+            spec_verify_ct=req.spec_verify_ct,
+            spec_accepted_tokens=req.spec_accepted,
             error=req.error,
             error_status=req.error_status,
         )

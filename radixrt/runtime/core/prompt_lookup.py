@@ -14,6 +14,8 @@ A request whose drafts keep missing waits longer and longer before it drafts aga
 
 from __future__ import annotations
 
+from typing import Callable
+
 NGRAM_SIZES = (3, 2)  # longest first: a longer match predicts better
 # most recent tokens indexed: bounds the index (~2 entries a token) for very long prompts
 LOOKUP_WINDOW = 8192
@@ -25,33 +27,37 @@ class PromptLookup:
 
     def __init__(self, num_draft: int):
         self.num_draft = num_draft
-        self._next: dict[
-            tuple[int, ...], int
-        ] = {}  # n-gram -> position just after its latest occurrence
+        # n-gram -> position just after its latest occurrence
+        self._next: dict[tuple[int, ...], int] = {}
         self._indexed = 0  # n-grams ending before this position are in _next
         self._wait = 0  # steps to skip before drafting again
         self._backoff = 1
 
-    def propose(self, tokens: list[int], limit: int) -> list[int]:
+    def propose(
+        self, tokens: list[int], limit: int, from_tree: Callable[[int], list[int]] | None = None
+    ) -> list[int]:
         """Up to min(num_draft, limit) tokens to try after `tokens` (the request's prompt +
-        output)."""
+        output): what the radix tree holds after them (from_tree: tree_drafts.tree_draft) or
+        the n-gram guess, whichever is longer (the tree's on a tie)."""
         n_tok = len(tokens)
-        self._index(
-            tokens, n_tok - 1
-        )  # every n-gram but the tail's own: its continuation is unknown
+        self._index(tokens, n_tok - 1)  # every n-gram but the tail's own: its sequel is unknown
         if self._wait > 0:
             self._wait -= 1
             return []
         limit = min(self.num_draft, limit)
         if limit <= 0:
             return []
+        best = from_tree(limit) if from_tree is not None else []
+        if len(best) >= limit:
+            return best
         for n in NGRAM_SIZES:
             if n_tok <= n:
                 continue
             start = self._next.get(tuple(tokens[n_tok - n :]))
             if start is not None:
-                return tokens[start : start + limit]
-        return []
+                guess = tokens[start : start + limit]
+                return guess if len(guess) > len(best) else best
+        return best
 
     def record(self, num_drafted: int, num_accepted: int) -> None:
         """The verdict on the last draft: a draft that missed at its first token doubles the

@@ -109,6 +109,8 @@ class Req:
         self.cached_tokens = 0  # tokens the cache supplied on first admission (usage's figure)
         self.admitted = False  # admitted at least once (a resumption is not counted again)
         self.num_preemptions = 0
+        self.spec_verify_ct = 0  # steps that verified a draft of it (meta_info, SGLang's name)
+        self.spec_accepted = 0  # draft tokens the model agreed with
         self.finished_reason: FinishReason | None = None
         self.num_sent = 0  # output ids already sent out as deltas
         self.grammar: GrammarState | None = None

@@ -345,7 +345,7 @@ class Scheduler:
         if reason is not None:
             self.finish(req, reason)
             return
-        req.draft_ids, req.draft_states = next_draft(req, self.config)
+        req.draft_ids, req.draft_states = next_draft(req, self.config, self.tree)
         if req.options.stream:
             self.outbox.emit(req)
 

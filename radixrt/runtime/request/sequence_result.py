@@ -17,6 +17,7 @@ class SequenceResult:
         self.output_ids: list[int] = []
         self.finished_reason: dict[str, Any] | None = None
         self.prompt_tokens = self.completion_tokens = self.cached_tokens = 0
+        self.spec_verify_ct = self.spec_accepted_tokens = 0
         self.output_logprobs: list[list[Any]] = []
         self.output_top_logprobs: list[list[list[Any]]] = []
         self.input_logprobs: list[list[Any]] | None = None
@@ -38,7 +39,8 @@ class SequenceResult:
                 out["input_logprobs"],
                 out.get("input_top_logprobs"),
             )
-        for key in ("prompt_tokens", "completion_tokens", "cached_tokens"):
+        for key in ("prompt_tokens", "completion_tokens", "cached_tokens", "spec_verify_ct",
+                    "spec_accepted_tokens"):  # fmt: skip
             if out.get(key):
                 setattr(self, key, out[key])
         if out.get("beams") is not None:
@@ -95,6 +97,9 @@ def generate_output(
     }
     if res.error:
         meta["error"] = res.error
+    if res.spec_verify_ct:  # drafts were verified (SGLang's spec_verify_ct; the tokens kept)
+        meta["spec_verify_ct"] = res.spec_verify_ct
+        meta["spec_accepted_tokens"] = res.spec_accepted_tokens
     if res.beam_meta is not None:
         meta.update(res.beam_meta)
     if res.finished_reason and res.finished_reason.get("incomplete"):
