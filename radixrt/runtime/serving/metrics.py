@@ -90,6 +90,17 @@ class ServerMetrics:
         self.cached_tokens = Counter(
             "radixrt:cached_tokens", "Prompt tokens served from the radix cache", registry=r
         )
+        self.spec_verify_steps = Counter(
+            "radixrt:spec_verify_steps",
+            "Steps that verified a draft of a finished request (jump-forward, radix tree, prompt "
+            "lookup)",
+            registry=r,
+        )
+        self.spec_accepted_tokens = Counter(
+            "radixrt:spec_accepted_tokens",
+            "Draft tokens of finished requests the model agreed with",
+            registry=r,
+        )
         self.ttft = Histogram(
             "radixrt:time_to_first_token_seconds",
             "Arrival to first token (streamed requests)",
@@ -153,6 +164,8 @@ class ServerMetrics:
         self.prompt_tokens.inc(out.get("prompt_tokens", 0))
         self.generation_tokens.inc(out.get("completion_tokens", 0))
         self.cached_tokens.inc(out.get("cached_tokens", 0))
+        self.spec_verify_steps.inc(out.get("spec_verify_ct", 0))
+        self.spec_accepted_tokens.inc(out.get("spec_accepted_tokens", 0))
         self.e2e.observe(seconds)
 
     def on_http(self, route: str, status: int) -> None:
