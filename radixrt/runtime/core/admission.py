@@ -74,16 +74,10 @@ def waits_to_fork(req: Req, inflight: list[list[int]], page_size: int) -> bool:
     return page_size > 1 and not req.admitted and req.tree_ids(req.fill_ids) in inflight
 
 
-def rows_of(req: Req) -> int:
-    """Table rows a request runs in: one, a beam search its width."""
-    return req.sampling.beam_width if req.sampling.is_beam else 1
-
-
 def rows_held(running: list[Req]) -> int:
     """Table rows the running requests hold or are promised: one each, a beam search its width
     (counted once, whichever of its beams run)."""
-    groups = {id(r.beam): rows_of(r.beam.root) for r in running if r.beam is not None}
-    return sum(r.beam is None for r in running) + sum(groups.values())
+    return sum(rows_by_client(running).values())
 
 
 def wants_prompt_logprobs(req: Req) -> bool:
@@ -149,7 +143,7 @@ class Admission:
         for req in self._order(ready, running):
             if (
                 budget <= 0
-                or not self._room_to_run(held, len(running), rows_of(req))
+                or not self._room_to_run(held, len(running), req.rows)
                 or not self._lora_slot(req, running)
             ):
                 break
@@ -174,7 +168,7 @@ class Admission:
             waiting.remove(req)
             req.move_to(status)
             running.append(req)
-            held += rows_of(req)
+            held += req.rows
             items.append((req, extend_item(req, target, 0, copies)))
             if not copies:  # a fork computes one token: its siblings fork too, not wait
                 inflight.append(req.tree_ids(req.fill_ids))
@@ -197,7 +191,7 @@ class Admission:
             return
         rows = rows_by_client(running)
         req = min(ready, key=lambda r: rows.get(r.options.client, 0))  # the first such, if ties
-        while not self._room_to_run(rows_held(running), len(running), rows_of(req)):
+        while not self._room_to_run(rows_held(running), len(running), req.rows):
             if not self.fair.take_row(req, running):
                 return
 

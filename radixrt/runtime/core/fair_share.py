@@ -45,7 +45,8 @@ log = logging.getLogger(__name__)
 
 
 def rows_by_client(running: list[Req]) -> dict[Client, int]:
-    """Table rows each client's running requests hold: one each, a beam search its width once."""
+    """Table rows each client's running requests hold or are promised: one each, a beam search its
+    width once (whichever of its beams run)."""
     rows: dict[Client, int] = {}
     seen: set[int] = set()
     for r in running:
@@ -58,8 +59,8 @@ def rows_by_client(running: list[Req]) -> dict[Client, int]:
 
 
 def unit_rows(req: Req) -> int:
-    """Rows req's unit holds: a beam search its width, else one."""
-    return req.beam.root.sampling.beam_width if req.beam is not None else 1
+    """Rows req's unit holds: its beam search's width (the root's), else its own."""
+    return (req.beam.root if req.beam is not None else req).rows
 
 
 Demand = tuple[int, int]  # what a client wants of a step: (decode rows, prompt tokens)

@@ -43,6 +43,8 @@ class UnifiedRole:
 
     name = "null"
     computes_prompts = True  # admission may fork a sample from a running request's prompt
+    # every row it holds is a running request's (fair_share may take one back for another client)
+    rows_all_running = True
 
     def intake(self, req: Req, running: list[Req], waiting: list[Req]) -> None:
         """ValueError when req cannot run on this server (running, waiting: the queues)."""

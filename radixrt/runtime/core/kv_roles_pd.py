@@ -38,6 +38,8 @@ class RoomInUse(ValueError):
 class _PDRole(UnifiedRole):
     """What both halves share: the room check, the held requests, the transfer's liveness."""
 
+    rows_all_running = False  # requests sending or awaiting their KV hold rows too
+
     def __init__(self, transfer: KVTransfer, page_size: int, stats: SchedulerStats):
         self.transfer = transfer
         self.page_size = page_size

@@ -167,6 +167,11 @@ class Req:
         return [t + self.key_offset for t in ids] if self.key_offset else ids
 
     @property
+    def rows(self) -> int:
+        """Table rows it runs in: one, a beam search its width (asked of the search's root)."""
+        return self.sampling.beam_width if self.sampling.is_beam else 1
+
+    @property
     def seq_len(self) -> int:
         return len(self.origin_input_ids) + len(self.output_ids)
 

@@ -220,7 +220,7 @@ class Scheduler:
 
     def _plan(self) -> StepPlan:
         plan = StepPlan()
-        if self.role.name == "null":  # (a PD half holds rows the queues do not show)
+        if self.role.rows_all_running:
             self.admission.make_room(self.waiting, self.running)  # a row back from a flood
         self.fair.plan(self.running, self.waiting)  # each client's share of the step (if shared)
         self._plan_decodes(plan)

@@ -50,7 +50,7 @@ def _child(tree: RadixCache, node: TreeNode, ids: list[int], pos: int) -> TreeNo
     if left >= tree.page_size:
         return node.children.get(tree._child_key(ids, pos))
     tail = ids[pos:]
-    fits = [c for c in node.children.values() if list(c.key[:left]) == tail]
+    fits = [c for c in node.children.values() if c.key[:left] == tail]
     return max(fits, key=lambda c: (c.hits, c.last_access)) if fits else None
 
 
