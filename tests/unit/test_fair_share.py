@@ -15,7 +15,7 @@ from test_scheduler import VOCAB, assert_all_pages_back, drain, ids
 from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.core import fair_share
 from radixrt.runtime.core.fair_share import FairShare, water_fill
-from radixrt.runtime.core.req import Req
+from radixrt.runtime.core.req import Req, ReqStatus
 from radixrt.runtime.core.scheduler import Scheduler
 from radixrt.runtime.core.step_costs import StepCosts
 from radixrt.runtime.messages import TokenizedGenerateReq
@@ -217,18 +217,21 @@ def test_a_flood_gives_a_row_back_and_shares_each_step():
     assert {r.rid for r in s.running} == {"f0", "f1", "f2", "f3"}
     send(s, "p0", "addr:polite", prompt_len=6, new=8)
     fed = step_taking(s, outs)
-    # the rows were full: the flood's newest request gave its row back, and the polite prompt ran
-    # (its 6 tokens: the level of the lightest client's demand, 6, fits the cap, cost(12))
-    assert fed.get("p0") == 6 and "f3" not in fed, fed
+    # the rows were full: the flood's newest request gave its row back (its KV into the tree: it
+    # waits with one token to compute), so the flood wants 3 rows + 1 token, the lightest client;
+    # the polite prompt runs at the largest level that fits the cap 1.5 * cost(4) = 7.5: 2 tokens
+    assert fed.get("p0") == 2 and "f3" not in fed, fed
     assert [r.rid for r in s.waiting] == ["f3"]
     polite_steps = 0
     while s.has_work():
+        p0 = next((r for r in s.running if r.rid == "p0"), None)
+        decoding = p0 is not None and p0.is_decoding
         fed = step_taking(s, outs)
-        if "p0" in fed:
+        if decoding:
             polite_steps += 1
             flood = sum(n for rid, n in fed.items() if rid != "p0")
             # cap = 1.5 * cost(1) = 3 units: one flood token beside the polite one
-            assert flood <= 1, fed
+            assert fed["p0"] == 1 and flood <= 1, fed
     assert polite_steps == 7  # p0 decoded in every step until its 8 tokens were out
     for rid in ["p0", "f0", "f3"]:
         alone = make()
@@ -289,6 +292,25 @@ def test_the_credit_follows_what_steps_really_took():
     assert fs._time_credit == -6.0
 
 
+def test_a_mostly_cached_prompt_is_a_light_client_and_holds_the_others_to_its_step():
+    """A polite request whose prompt the cache holds but for one token computes one token: the
+    flood is held to a step of about that size, not to one of the whole prompt's tokens."""
+    cached = {"p": 99, "f": 0}
+    fs = FairShare(True, lambda r: None, 512, cached=lambda r: cached[r.rid])
+    fs.costs = LinearCosts()  # 1 + n units
+    polite = Req("p", list(range(100)), SamplingParams(), RequestOptions(client="polite"))
+    flood = Req("f", list(range(300)), SamplingParams(), RequestOptions(client="flood"))
+    fs.plan([], [polite, flood])
+    assert fs.shares == {"polite": 1, "flood": 1}  # cap 1.5 * (1 + 1) = 3: one flood token
+    cached["p"] = 0  # guessed once while it waits: the table is not read again
+    fs.plan([], [polite, flood])
+    assert fs.shares == {"polite": 1, "flood": 1}
+    polite.move_to(ReqStatus.RUNNING)
+    polite.move_to(ReqStatus.WAITING)  # preempted: guessed again
+    fs.plan([], [polite, flood])
+    assert fs.shares == {"polite": 100, "flood": 50}  # cap 1.5 * 101: 50 flood tokens beside it
+
+
 def test_a_lone_client_keeps_its_steps_short_while_another_is_between_requests(monkeypatch):
     now = [100.0]
     monkeypatch.setattr(fair_share.time, "monotonic", lambda: now[0])
@@ -304,4 +326,13 @@ def test_a_lone_client_keeps_its_steps_short_while_another_is_between_requests(m
     assert fs.shares == {"flood": 11}
     now[0] += fair_share.RECENT_S
     fs.plan([], [flood])
-    assert fs.shares is None  # gone for longer than RECENT_S: the whole step again
+    # gone for longer than RECENT_S but still about: a quarter of a chunk at most
+    assert fs.shares == {"flood": 512 // fair_share.PRESENT_CHUNK_PART}
+    fs.plan([decoding_req("f2", "flood")], [flood])
+    assert fs.shares == {"flood": 1 + 512 // fair_share.PRESENT_CHUNK_PART}  # its decodes too
+    small = Req("s", list(range(100)), SamplingParams(), RequestOptions(client="flood"))
+    fs.plan([], [small])
+    assert fs.shares is None  # a prompt within the quarter: nothing to hold back
+    now[0] += fair_share.PRESENT_S
+    fs.plan([], [flood])
+    assert fs.shares is None  # nobody else for longer than PRESENT_S: the whole step again

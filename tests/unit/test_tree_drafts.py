@@ -10,7 +10,7 @@ import pytest
 
 from radixrt.runtime.core.page_allocator import PageAllocator
 from radixrt.runtime.core.radix_cache import RadixCache
-from radixrt.runtime.core.tree_drafts import continuation
+from radixrt.runtime.core.tree_drafts import cached_len, continuation
 
 
 def build(page_size: int, rng: random.Random, n: int = 12):
@@ -74,3 +74,26 @@ def test_at_a_branch_the_continuation_most_requests_ran_through_wins():
     assert continuation(tree, [1, 2], 2) == [3, 4]
     assert continuation(tree, common + [4], 9) == [5, 6]  # the list's end
     assert continuation(tree, [2], 3) == []  # not a prefix of anything held
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_cached_len_is_the_longest_inserted_whole_page_prefix_and_changes_nothing(page_size):
+    rng = random.Random(10 + page_size)
+    for _ in range(40):
+        tree, seqs = build(page_size, rng)
+        before, clock = shape(tree), tree._clock
+        for _ in range(30):
+            src = rng.choice(seqs)
+            ids = src[: rng.randint(0, len(src))] + [rng.randint(1, 9) for _ in range(3)]
+            want = max(  # the naive model: the longest common whole-page prefix with any list
+                (n - n % page_size for n in (common(s, ids) for s in seqs)), default=0
+            )
+            assert cached_len(tree, ids) == want, (ids, want)
+        assert shape(tree) == before and tree._clock == clock  # no split, no LRU stamp
+
+
+def common(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n

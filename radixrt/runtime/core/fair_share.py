@@ -23,7 +23,12 @@ as the budget allows):
 
 A client alone keeps the whole step unless another had work within RECENT_S: then its step stays
 within what one shared step may take, so the other's next request (most likely on its way) does not
-wait behind a whole prompt chunk. `--disable-fair-share` turns both rules off (turns stay).
+wait behind a whole prompt chunk. While another client had work within PRESENT_S (it is still
+using the server, between two of its turns), a lone client's prompt chunk is a PRESENT_CHUNK_PART
+of the chunk at most: a request that arrives then waits for a quarter of a chunk, not a whole one
+(~1.3 s of a 512-token chunk on a 2-core CPU), at a few percent of the lone client's prefill rate
+(one more fixed per-step cost each quarter) and only while someone else is about.
+`--disable-fair-share` turns both rules off (turns stay).
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ from radixrt.runtime.core.step_costs import StepCosts
 
 FAIR_STEP_FACTOR = 1.25
 RECENT_S = 1.0  # a client with work this recently is between two requests, not gone
+PRESENT_S = 30.0  # ... this recently: still using the server
+PRESENT_CHUNK_PART = 4  # a lone client's chunk is at most 1/4 of one while another is present
 MAX_RECENT_CLIENTS = 1024
 CREDIT_STEPS = 3  # the most time a held-back client saves up, in caps (a burst: one step)
 
@@ -111,10 +118,18 @@ def water_fill(
 
 
 class FairShare:
-    def __init__(self, enabled: bool, preempt: Callable[[Req], None], chunk: int):
+    def __init__(
+        self,
+        enabled: bool,
+        preempt: Callable[[Req], None],
+        chunk: int,
+        cached: Callable[[Req], int] = lambda r: 0,
+    ):
         """preempt: the scheduler's (the request's memory back, it waits again). chunk: the most
-        prefill tokens of one step (--chunked-prefill-size)."""
+        prefill tokens of one step (--chunked-prefill-size). cached: how many of a waiting
+        request's tokens the cache holds (a read-only guess; its prefill computes the rest)."""
         self.enabled = enabled
+        self._cached = cached
         self.costs = StepCosts()
         self._preempt = preempt
         self._chunk = chunk
@@ -158,14 +173,21 @@ class FairShare:
         """One client has work while another had some within RECENT_S (between two of its requests,
         most likely): the lone client's step stays within the most one shared step may take (a
         decode row's cap plus the most credit), so the other's next request does not wait behind a
-        whole prompt chunk; None (no limit) once nobody else is recent or nothing is measured."""
+        whole prompt chunk. Another had work within PRESENT_S: its prompt tokens are at most
+        1/PRESENT_CHUNK_PART of a chunk. None (no limit) once nobody else is about."""
         now = time.monotonic()
         ((client, (decodes, prompt)),) = demand.items()
-        others = [c for c, t in self._recent.items() if c != client and now - t <= RECENT_S]
+        ago = [now - t for c, t in self._recent.items() if c != client]
         self._seen(demand)
         self._time_credit = 0.0
+        if not ago or min(ago) > PRESENT_S:
+            return None
+        if min(ago) > RECENT_S:
+            if prompt <= self._chunk // PRESENT_CHUNK_PART:
+                return None
+            return {client: decodes + max(1, self._chunk // PRESENT_CHUNK_PART)}
         one_row = self.costs.estimate(1, False)
-        if not others or one_row is None:
+        if one_row is None:
             return None
         bound = (1 + CREDIT_STEPS) * FAIR_STEP_FACTOR * one_row
         lo, hi = 1, decodes + prompt
@@ -199,7 +221,9 @@ class FairShare:
 
     def _demand(self, running: list[Req], waiting: list[Req]) -> dict[Client, Demand]:
         """Each client with work: (its decoding rows, the prompt tokens its extends and waiting
-        requests could use this step, at most a chunk)."""
+        requests could use this step, at most a chunk; a waiting prompt's cached prefix aside: a
+        request whose prompt is mostly cached is a light client's, and the step the others are
+        held to is the one it runs)."""
         prefill: dict[Client, int] = {}
         decode: dict[Client, int] = {}
         for r in running:
@@ -210,7 +234,9 @@ class FairShare:
                 prefill[c] = prefill.get(c, 0) + r.seq_len - r.kv.computed_len
         for r in waiting:
             if r.status is ReqStatus.WAITING:
-                prefill[r.options.client] = prefill.get(r.options.client, 0) + r.seq_len
+                if r.uncached_hint is None:  # guessed once while it waits: O(prompt) once
+                    r.uncached_hint = max(1, r.seq_len - self._cached(r))
+                prefill[r.options.client] = prefill.get(r.options.client, 0) + r.uncached_hint
         return {c: (decode.get(c, 0), min(prefill.get(c, 0), self._chunk))
                 for c in decode.keys() | prefill.keys()}  # fmt: skip
 

@@ -109,6 +109,7 @@ class Req:
         self.cached_tokens = 0  # tokens the cache supplied on first admission (usage's figure)
         self.admitted = False  # admitted at least once (a resumption is not counted again)
         self.num_preemptions = 0
+        self.uncached_hint: int | None = None  # its prompt tokens not cached, as fair_share guessed
         self.spec_verify_ct = 0  # steps that verified a draft of it (meta_info, SGLang's name)
         self.spec_accepted = 0  # draft tokens the model agreed with
         self.finished_reason: FinishReason | None = None
@@ -132,6 +133,7 @@ class Req:
         """The one way a request changes status (a transition the lifecycle lacks is a bug)."""
         assert status in TRANSITIONS[self.status], f"{self}: {self.status.name} -> {status.name}"
         self.status = status
+        self.uncached_hint = None  # (guessed again when it next waits: a preemption cached more)
 
     def wait_for_grammar(self, compile: Future[GrammarState]) -> None:
         """A new request's constraint compiles off the loop: it waits for it before admission."""

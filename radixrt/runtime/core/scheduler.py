@@ -20,7 +20,7 @@ import time
 
 from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.core import schedule_policy as policy
-from radixrt.runtime.core.admission import Admission
+from radixrt.runtime.core.admission import Admission, match_ids
 from radixrt.runtime.core.beam_searches import BeamSearches
 from radixrt.runtime.core.drafts import next_draft, take_draft
 from radixrt.runtime.core.fair_share import FairShare
@@ -54,6 +54,7 @@ from radixrt.runtime.core.scheduler_stats import SchedulerStats
 from radixrt.runtime.core.sessions import SessionTable
 from radixrt.runtime.core.step_recovery import recover
 from radixrt.runtime.core.tiered_cache import make_tree
+from radixrt.runtime.core.tree_drafts import cached_len
 from radixrt.runtime.messages import TokenizedGenerateReq, TokenOut
 from radixrt.runtime.request.edge import EdgeLimits, constraint_of
 
@@ -96,7 +97,7 @@ class Scheduler:
         self.kv_transfer = kv_transfer  # its event socket wakes the serving loop
         self.beams = BeamSearches(self.memory, self.outbox, self.stats, self.eos_ids)
         self.fair = FairShare(
-            not config.disable_fair_share, self.preempt, config.chunked_prefill_size
+            not config.disable_fair_share, self.preempt, config.chunked_prefill_size, self._cached
         )
         self.admission = Admission(
             config,
@@ -405,6 +406,10 @@ class Scheduler:
         req.num_preemptions += 1
         self.stats.num_preemptions += 1
         self.waiting.insert(0, req)
+
+    def _cached(self, req: Req) -> int:
+        """Tokens of a waiting req the pool holds (a read-only guess, for the fair share)."""
+        return cached_len(self.tree, match_ids(req))
 
     def _newest_running(self) -> Req:
         return max(self.running, key=lambda r: (r.arrival_time, -len(r.output_ids)))

@@ -9,6 +9,9 @@ The lookup is read-only: it splits no edge, stamps no LRU age and takes no lock,
 changes what the cache keeps. The draft goes the way prompt-lookup drafts go (prompt_lookup.py,
 drafts.py): fed after the request's last token, kept up to the model's first disagreeing pick, so a
 wrong guess costs compute, never output.
+
+cached_len, the same kind of read-only walk, says how much of a waiting prompt the pool holds (the
+fair share's estimate of what its prefill will compute).
 """
 
 from __future__ import annotations
@@ -58,3 +61,19 @@ def tree_draft(tree: RadixCache, req: Req, limit: int) -> list[int]:
     """req's next tokens as the tree holds them after its prompt and output so far (token ids)."""
     out = continuation(tree, req.tree_ids(req.fill_ids), limit)
     return [t - req.key_offset for t in out] if req.key_offset else out
+
+
+def cached_len(tree: RadixCache, ids: list[int]) -> int:
+    """Tokens of ids' longest whole-page prefix held in the pool, read-only (no split, no LRU
+    stamp): an estimate for planning; admission's match_prefix is the one that counts."""
+    node, pos, end = tree.root, 0, len(ids) - len(ids) % tree.page_size
+    while pos < end and not tree.disable:
+        child = node.children.get(tree._child_key(ids, pos))
+        if child is None or child.value is None:
+            break
+        m = common_prefix_len(child.key, ids[pos : pos + len(child.key)])
+        m -= m % tree.page_size
+        node, pos = child, pos + m
+        if m < len(child.key):
+            break
+    return pos
