@@ -5,6 +5,9 @@ without the profiler.
 
     python benchmarks/profile_decode_step.py [--cases batch-1,shared-16,shared-32] [--iters 20]
 
+Cases: bench_vs_vllm's (batch-1: one ~25-token question; shared-16/32), and batch-1-long: one request
+of shared-16's ~560-token prompt (bench_vs_llamacpp's context length).
+
 The profiler's own cost per op (~2-5 us) inflates a step of many small ops: the un-profiled wall
 time is the true step time, the table says where it goes. Compiled graphs appear as their
 generated wrappers' kernel calls (cpp_fused_*), the matmuls as radixrt::linear or aten::_int_mm.
@@ -57,7 +60,10 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--top", type=int, default=12)
     args = ap.parse_args()
-    cases = build_cases(load_tokenizer(str(resolve_model(None))))[0]
+    cases, prefix_len = build_cases(load_tokenizer(str(resolve_model(None))))
+    # one request at bench_vs_llamacpp's context (~550 tokens): attention over a long context
+    one = cases["shared-16"]
+    cases["batch-1-long"] = {"prompts": one["prompts"][:1], "new_tokens": one["new_tokens"]}
     engine = Engine()
     runner = engine.scheduler.runner
     try:

@@ -4,10 +4,10 @@ compiled_layers.py compiles the math between two attentions, so a step is still 
 30 attention calls from Python, with the torch backend's gathers between them: on a small CPU that
 Python and dispatch is about a quarter of a batch-1 step (9.1 -> 7.1 ms on a 2-core AMX Xeon). Here
 the step of a decode batch (every row one request's next token) is one graph: the embedding, all
-layers with their attention over the paged pool (gathered pages + the CPU flash kernel, the
-cascade's shared prefix included), the final norm; the matmuls are torch.ops.radixrt.linear (the
-weight plan's kernels) inside it. The lm_head and the sampler stay outside (the head's float32
-refinement picks rows by data).
+layers with their attention over the paged pool (read in place: llama_step.paged_attention; the
+cascade's shared prefix through the CPU flash kernel), the final norm; the matmuls are
+torch.ops.radixrt.linear (the weight plan's kernels) inside it. The lm_head and the sampler stay
+outside (the head's float32 refinement picks rows by data).
 
 Graphs, each traced once with the batch size B (small batches), each request's own KV length L and
 the shared prefix's length S symbolic, compiled by Inductor, saved beside the layer graphs and
