@@ -41,7 +41,7 @@ from typing import Any, Callable
 
 import torch
 
-from radixrt.runtime.model import int8_weight, linear
+from radixrt.runtime.model import int4_weight, int8_weight, linear
 from radixrt.runtime.model.compiled_kernels import (
     check_cpu_isa_in_inductor_cache,
     copy_kernels,
@@ -138,11 +138,9 @@ class CompiledLayers:
         self.compile_seconds: dict[str, float] = {}
 
     def dims_of(self, bucket: Bucket) -> LayerDims:
-        dynamic = (
-            linear.uniform_format(self.plan, bucket.min_tokens, bucket.max_tokens)
-            == linear.INT8_DYN
-        )
-        return LayerDims(**{**self.dims.__dict__, "int8_dynamic": dynamic})
+        fmt = linear.uniform_format(self.plan, bucket.min_tokens, bucket.max_tokens)
+        traced = fmt if fmt in linear.TRACED_FORMATS else None
+        return LayerDims(**{**self.dims.__dict__, "traced_format": traced})
 
     def bucket_of(self, num_tokens: int) -> Bucket:
         return next(b for b in self.buckets if b.min_tokens <= num_tokens <= b.max_tokens)
@@ -187,7 +185,7 @@ class CompiledLayers:
         and shape (the token dim as the bucket), the constants (absent biases, out_features)."""
         num_tokens = flat[0].shape[0]
         dims = [(0,) if t.shape and t.shape[0] == num_tokens else () for t in flat]
-        modules = (llama_layer, linear, int8_weight)
+        modules = (llama_layer, linear, int8_weight, int4_weight)
         constants = rebuild(list(range(len(flat))))
         return graph_key(f"{name}-{bucket.min_tokens}", modules, flat, dims,
                          self.dims_of(bucket), bucket, constants)  # fmt: skip

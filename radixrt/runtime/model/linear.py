@@ -30,6 +30,9 @@ DENSE, INT4, INT8, INT8_DYN, INVARIANT = 0, 1, 2, 3, 4
 FORMAT_NAMES = {DENSE: "dense", INT4: "int4", INT8: "int8", INT8_DYN: "int8-dyn"}
 FORMAT_NAMES[INVARIANT] = "invariant"
 MAX_ROWS = 1 << 30
+# formats a compiled graph calls the kernel of itself when its bucket reads only that one (ATen ops
+# Inductor calls with graph inputs; oneDNN's packed dense linear it lowers only for constants)
+TRACED_FORMATS = (INT4, INT8, INT8_DYN)
 DENSE_ONLY = (MAX_ROWS, DENSE)  # a plan: (max rows, format, max rows, format, ...) ascending
 INVARIANT_ONLY = (MAX_ROWS, INVARIANT)
 
@@ -65,6 +68,11 @@ def uniform_format(plan: tuple[int, ...], lo: int, hi: int) -> int | None:
 
 def linear_kernel(x, w, bias, int4_packed, int4_scales, int8_q, int8_scales, plan, out_features):
     fmt = format_for(plan, x.shape[0])
+    return format_kernel(fmt, x, w, bias, int4_packed, int4_scales, int8_q, int8_scales)
+
+
+def format_kernel(fmt, x, w, bias, int4_packed, int4_scales, int8_q, int8_scales):
+    """x times the weight in format fmt (no row count read: traceable with symbolic rows)."""
     if fmt == DENSE:
         if w.is_mkldnn:
             return torch.ops.mkldnn._linear_pointwise(x.contiguous(), w, bias, "none", [], "")
@@ -81,8 +89,9 @@ def linear_kernel(x, w, bias, int4_packed, int4_scales, int8_q, int8_scales, pla
 
 
 def run_format(fmt: int, x: torch.Tensor, args: tuple) -> torch.Tensor:
-    """One format of a Linear's op_args, whatever its plan (weight_plan.py's measurement)."""
-    return linear_kernel(x, *args[:6], (MAX_ROWS, fmt), args[7])
+    """One format of a Linear's op_args, whatever its plan (weight_plan.py's measurement, the
+    compiled buckets' traced_format)."""
+    return format_kernel(fmt, x, *args[:6])
 
 
 def _linear_shape(x, w, bias, int4_packed, int4_scales, int8_q, int8_scales, plan, out_features):

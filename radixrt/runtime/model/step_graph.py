@@ -33,7 +33,7 @@ import torch
 
 from radixrt.kernels import attention_math
 from radixrt.kernels.attention_torch import TorchAttentionBackend
-from radixrt.runtime.model import int8_weight, linear
+from radixrt.runtime.model import int4_weight, int8_weight, linear
 from radixrt.runtime.model.compiled_layers import (
     Bucket,
     CompiledLayers,
@@ -135,7 +135,7 @@ class StepGraphs:
 
         examples = self._example_inputs(bucket, variant)
         dims = _dynamic_dims(bucket, variant, len(examples))
-        modules = (llama_step, llama_layer, linear, int8_weight, attention_math)
+        modules = (llama_step, llama_layer, linear, int8_weight, int4_weight, attention_math)
         skeleton = self._rebuild(list(range(len(self._fixed) - 2)))
         name = graph_key(f"step-{variant}-{bucket.min_tokens}", modules, examples, dims,
                          self.layers.dims_of(bucket), bucket, self.scale, skeleton)  # fmt: skip

@@ -20,8 +20,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from radixrt.runtime.model import int8_weight
-from radixrt.runtime.model.linear import linear_kernel
+from radixrt.runtime.model.linear import linear_kernel, run_format
 
 Reduce = Callable[[torch.Tensor], torch.Tensor]
 # LoRA (model/lora_pool.LayerLora): lora(group, x, out) adds the adapters' updates of a group of
@@ -44,9 +43,12 @@ class LayerDims:
     attn_dtype: torch.dtype  # q/k/v as attention reads them
     # matmuls through torch.ops.radixrt.linear (graph-safe) instead of the kernel
     compiled: bool = False
-    # a compiled bucket whose weight plan reads int8 with dynamically quantised activations: the
-    # quantisation and rescale are traced into the graph around the integer GEMM (fused there)
-    int8_dynamic: bool = False
+    # the one weight format a compiled bucket's plan reads at every row count, when its kernel is
+    # traced into the graph itself instead of behind torch.ops.radixrt.linear (which picks by rows
+    # at run time, ~9 us of dispatch a call: ~1 ms of a one-row step's 120 matmuls): the 4-bit and
+    # int8 weight-only kernels (ATen ops Inductor calls directly), and int8 with dynamically
+    # quantised activations (its quantisation and rescale fused into the graph's loops)
+    traced_format: int | None = None
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -68,10 +70,8 @@ def norm(d: LayerDims, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 def linear(d: LayerDims, x: torch.Tensor, args: tuple) -> torch.Tensor:
     """x [T, K] times a Linear (its op_args) -> [T, N]."""
-    if d.int8_dynamic:
-        bias = args[1]
-        y = int8_weight.matmul_dynamic(x, args[4], args[5])
-        return y if bias is None else y + bias
+    if d.traced_format is not None:
+        return run_format(d.traced_format, x, args)
     if d.compiled:
         return torch.ops.radixrt.linear(x, *args)
     return linear_kernel(x, *args)
