@@ -6,11 +6,11 @@ Attention reads the pool in place and never writes it: each request's scores and
 are reductions whose loads index the pool through kv_idx (paged_attention: Inductor fuses the
 indexing into the loops, so no layer gathers a copy of its pages; 1.3-2x faster than a gather, the
 newest key put in, and the CPU flash kernel, at 1-32 rows and 560-2,048 keys on a 2-core Zen 4:
-benchmarks/bench_paged_attention.py),
-and the newest token's key and value, not yet in the pool, are attended to beside it (where the
-eager path writes the pool first and then gathers the same slots). The graph returns the new keys
-and values of every layer, which the caller writes into the pool after it (two index copies). So
-the graph mutates none of its inputs: a mutated input makes Inductor copy it back whole.
+benchmarks/bench_paged_attention.py), and the newest token's key and value, not yet in the pool,
+are attended to beside them (where the eager path writes the pool first and then gathers the same
+slots). The graph returns the new keys and values of every layer, which the caller writes into the
+pool after it (two index copies). So the graph mutates none of its inputs: a mutated input makes
+Inductor copy it back whole.
 
 The layout is the torch backend's decode group (kernels/attention_torch_plan.DecodeMeta): one row
 per request, its own positions kv_idx [B, L] (padding masked), and, for the cascade, the slots of a
