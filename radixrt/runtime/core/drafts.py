@@ -81,6 +81,7 @@ def take_draft(
     stats.num_draft_accepted += accepted
     req.spec_verify_ct += 1
     req.spec_accepted += accepted
+    req.spec_missed += not agrees and j < len(draft)  # it ended on a draft token picked otherwise
     if req.lookup is not None and req.grammar is None:
         req.lookup.record(len(draft), accepted)
     assert reason is not None or not agrees or len(picks) == len(draft) + 1, (

@@ -112,6 +112,7 @@ class Req:
         self.uncached_hint: int | None = None  # its prompt tokens not cached, as fair_share guessed
         self.spec_verify_ct = 0  # steps that verified a draft of it (meta_info, SGLang's name)
         self.spec_accepted = 0  # draft tokens the model agreed with
+        self.spec_missed = 0  # verify steps that ended on a draft token the model disagreed with
         self.finished_reason: FinishReason | None = None
         self.num_sent = 0  # output ids already sent out as deltas
         self.grammar: GrammarState | None = None

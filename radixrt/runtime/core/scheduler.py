@@ -22,6 +22,7 @@ from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.core import schedule_policy as policy
 from radixrt.runtime.core.admission import Admission, match_ids
 from radixrt.runtime.core.beam_searches import BeamSearches
+from radixrt.runtime.core.draft_lengths import cut_drafts
 from radixrt.runtime.core.drafts import next_draft, take_draft
 from radixrt.runtime.core.fair_share import FairShare
 from radixrt.runtime.core.faults import FaultInjector
@@ -249,6 +250,7 @@ class Scheduler:
                 self.preempt(self._newest_running())
             ready.append(req)
         ready = self.fair.pick_decodes(ready)  # past its client's share, a decode pauses
+        cut_drafts(ready, self.fair.costs.draft_cost)  # the drafts its measured cost pays for
         drafted: list[tuple[Req, PlanItem]] = []
         failed = False
         draft_budget = policy.MAX_DRAFT_TOKENS_PER_STEP

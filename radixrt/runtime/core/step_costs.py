@@ -85,6 +85,14 @@ class StepCosts:
         chunk = self.extend.estimate(tokens)
         return chunk if plain is None or chunk is None else max(chunk, plain)
 
+    def draft_cost(self, rows: int) -> float | None:
+        """Seconds of a decode step of `rows` rows as drafts are costed (draft_lengths.py): past the
+        largest row count measured, what that one cost, so drafts run and the curve learns."""
+        points = self.decode.points()
+        if points and rows > points[-1][0]:
+            return points[-1][1]
+        return self.decode.estimate(rows)
+
     def info(self) -> dict[str, list[list[float]]]:
         """Both curves' points as [tokens, milliseconds] (an admin's figure)."""
         return {
