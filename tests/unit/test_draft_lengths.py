@@ -105,3 +105,15 @@ def test_row_counts_past_the_measured_ones_cost_the_largest_so_drafts_run_and_ar
     again = drafting("a", 4)
     cut_drafts([again], costs.draft_cost)
     assert again.draft_ids == []
+
+
+def test_in_a_wide_step_first_drafts_are_judged_by_the_prior_not_all_verified():
+    def cost(n):  # each row costs 3% of a 16-row step
+        return 0.012 + 0.001 * n
+
+    fresh = [drafting(f"f{i}", 4, verified=0) for i in range(16)]  # nothing known of any of them
+    cut_drafts(fresh, cost)
+    kept = sum(len(r.draft_ids) for r in fresh)
+    assert kept < 16  # not 64 rows at once: at p = 0.5 only the first tokens that pay, if any
+    worths = sorted((0.5**j for _ in range(16) for j in range(1, 5)), reverse=True)
+    assert kept == paying_total(worths, 16, cost)

@@ -14,10 +14,11 @@ most likely draft tokens) / cost(rows + E), on the decode curve the server measu
 A request's j-th draft token (from 1) is accepted only if every one before it was: with p the
 request's acceptance so far (tokens accepted / (accepted + tokens the model disagreed with), a
 one-and-one prior), its worth is p^j, and the E tokens of most worth are kept (a request's first
-tokens before its later ones). What is not known yet is tried, so that it becomes known: a request
-that has verified no draft yet verifies its first whole (its rows count in the step), and row counts
-the curve has not measured cost what the largest measured one does. Grammar drafts (forced text,
-nearly always accepted) are left alone.
+tokens before its later ones). What is not known yet is tried, so that it becomes known: in a step
+of at most EXPLORE_ROWS decoding requests, a request that has verified no draft yet verifies its
+first whole (its rows count in the step; in a wider step every request's first guess would widen it
+at once, and the prior judges them), and row counts the curve has not measured cost what the
+largest measured one does. Grammar drafts (forced text, nearly always accepted) are left alone.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Callable
 from radixrt.runtime.core.req import Req
 
 Cost = Callable[[int], float | None]  # seconds of a decode step of n rows (None: not measured)
+EXPLORE_ROWS = 4  # the widest step in which a request's first draft is verified whole
 
 
 def acceptance(req: Req) -> float:
@@ -35,9 +37,10 @@ def acceptance(req: Req) -> float:
     return (req.spec_accepted + 1) / (req.spec_accepted + req.spec_missed + 2)
 
 
-def _cut(req: Req) -> bool:
-    """Whether req's draft is one this rule may cut: speculative, and not its first."""
-    return req.grammar is None and req.spec_verify_ct > 0
+def _cut(req: Req, rows: int) -> bool:
+    """Whether req's draft is one this rule may cut in a step of `rows` decoding requests:
+    speculative, and not its first in a narrow step."""
+    return req.grammar is None and (req.spec_verify_ct > 0 or rows > EXPLORE_ROWS)
 
 
 def paying_total(worths: list[float], rows: int, cost: Cost) -> int | None:
@@ -60,17 +63,17 @@ def cut_drafts(ready: list[Req], cost: Cost) -> None:
     worths = [
         (acceptance(r) ** j, i)
         for i, r in enumerate(ready)
-        if _cut(r)
+        if _cut(r, len(ready))
         for j in range(1, len(r.draft_ids) + 1)
     ]
     if not worths:
         return
     worths.sort(key=lambda w: -w[0])
-    rows = len(ready) + sum(len(r.draft_ids) for r in ready if not _cut(r))
+    rows = len(ready) + sum(len(r.draft_ids) for r in ready if not _cut(r, len(ready)))
     total = paying_total([w for w, _ in worths], rows, cost)
     if total is None:
         return
     keep = Counter(i for _, i in worths[:total])
     for i, r in enumerate(ready):
-        if _cut(r) and len(r.draft_ids) > keep[i]:
+        if _cut(r, len(ready)) and len(r.draft_ids) > keep[i]:
             r.draft_ids, r.draft_states = r.draft_ids[: keep[i]], r.draft_states[: keep[i]]
