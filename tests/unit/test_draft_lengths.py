@@ -22,7 +22,7 @@ def drafting(rid: str, draft: int, accepted: int = 0, missed: int = 0, verified:
 
 
 def rate(worths: list[float], rows: int, total: int, cost) -> float:
-    return (rows + sum(worths[:total])) / cost(rows + total)
+    return (rows + sum(worths[:total])) / cost(rows + total, total > 0)
 
 
 def test_the_paying_total_is_the_best_of_every_total_and_never_below_no_drafts():
@@ -30,7 +30,7 @@ def test_the_paying_total_is_the_best_of_every_total_and_never_below_no_drafts()
     for _ in range(500):
         fixed, per_row, bend = rng.uniform(1, 20), rng.uniform(0, 3), rng.uniform(0, 0.05)
 
-        def cost(n, fixed=fixed, per_row=per_row, bend=bend):
+        def cost(n, verifies=False, fixed=fixed, per_row=per_row, bend=bend):
             return fixed + per_row * n + bend * n * n
 
         worths = sorted((rng.random() ** rng.randint(1, 4) for _ in range(rng.randint(1, 40))),
@@ -43,7 +43,7 @@ def test_the_paying_total_is_the_best_of_every_total_and_never_below_no_drafts()
 
 
 def test_a_wide_batch_of_poor_guesses_verifies_none_and_a_good_guess_keeps_its_draft():
-    def cost(n):  # a 2-core CPU's decode curve: each row costs
+    def cost(n, verifies=False):  # a 2-core CPU's decode curve: each row costs
         return 0.012 + 0.002 * n
 
     poor = [drafting(f"p{i}", 4, accepted=1, missed=20) for i in range(16)]
@@ -58,7 +58,7 @@ def test_a_wide_batch_of_poor_guesses_verifies_none_and_a_good_guess_keeps_its_d
 
 
 def test_where_rows_are_almost_free_every_guess_is_verified():
-    def cost(n):  # one stream bound by reading the weights (a GPU, a large CPU)
+    def cost(n, verifies=False):  # one stream bound by reading the weights (a GPU, a large CPU)
         return 0.010 + 1e-6 * n
 
     batch = [drafting(f"r{i}", 5, accepted=8, missed=4) for i in range(8)]
@@ -69,16 +69,16 @@ def test_where_rows_are_almost_free_every_guess_is_verified():
 def test_grammar_drafts_stay_and_nothing_measured_keeps_every_draft():
     forced = drafting("f", 6, accepted=0, missed=50)
     forced.grammar = object()  # forced text: left alone whatever its record
-    cut_drafts([forced], lambda n: 0.01 + 0.01 * n)
+    cut_drafts([forced], lambda n, v: 0.01 + 0.01 * n)
     assert len(forced.draft_ids) == 6
     fresh = drafting("n", 6)
-    cut_drafts([fresh], lambda n: None)
+    cut_drafts([fresh], lambda n, v: None)
     assert len(fresh.draft_ids) == 6
     assert acceptance(fresh) == 0.5  # the one-and-one prior
 
 
 def test_a_first_draft_is_verified_whole_and_its_rows_count_against_the_others():
-    def cost(n):
+    def cost(n, verifies=False):
         return 0.012 + 0.002 * n
 
     first = drafting("first", 8, verified=0)  # nothing known of its guesses yet: tried
@@ -95,20 +95,36 @@ def test_a_first_draft_is_verified_whole_and_its_rows_count_against_the_others()
 def test_row_counts_past_the_measured_ones_cost_the_largest_so_drafts_run_and_are_learnt():
     costs = StepCosts()
     for _ in range(5):
-        costs.record(1, 0.010)  # only single rows measured
-    assert costs.draft_cost(5) == costs.draft_cost(1) == 0.010
+        costs.record(1, 0.010)  # only single rows measured, no verify step yet
+    assert costs.draft_cost(5, True) == costs.draft_cost(1, False) == 0.010
     lone = drafting("l", 4)  # (verified once: p = 0.5)
     cut_drafts([lone], costs.draft_cost)
     assert len(lone.draft_ids) == 4  # tried, and so measured
     for _ in range(5):
-        costs.record(5, 0.050)  # five rows cost five times one: drafts at p = 0.5 do not pay
+        costs.record(5, 0.050, verifies=True)  # a verify step of 5 costs five one-row steps
+    assert costs.draft_cost(1, False) == 0.010  # the decode curve keeps its own points
     again = drafting("a", 4)
     cut_drafts([again], costs.draft_cost)
-    assert again.draft_ids == []
+    assert again.draft_ids == []  # at p = 0.5 they do not pay
+
+
+def test_a_verify_step_is_costed_on_its_own_curve_not_by_its_token_count():
+    costs = StepCosts()
+    for _ in range(5):
+        costs.record(16, 0.040)  # 16 plain decode rows: the whole-step graph
+        costs.record(24, 0.045)  # 24 plain rows
+        costs.record(17, 0.080, verifies=True)  # 16 rows + a draft token: off the graph
+    good = [drafting(f"g{i}", 1, accepted=6, missed=3) for i in range(16)]  # p = 7/11
+    worths = [7 / 11] * 16
+    # by token count alone 16 more tokens cost 5 ms for ~10 expected: every draft would be kept
+    assert paying_total(worths, 16, lambda n, v: costs.draft_cost(n, False)) == 16
+    cut_drafts(good, costs.draft_cost)
+    # as verify steps cost: 26 expected tokens in 80 ms against 16 in 40: none pays
+    assert all(r.draft_ids == [] for r in good)
 
 
 def test_in_a_wide_step_first_drafts_are_judged_by_the_prior_not_all_verified():
-    def cost(n):  # each row costs 3% of a 16-row step
+    def cost(n, verifies=False):  # each row costs 3% of a 16-row step
         return 0.012 + 0.001 * n
 
     fresh = [drafting(f"f{i}", 4, verified=0) for i in range(16)]  # nothing known of any of them

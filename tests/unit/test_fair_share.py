@@ -30,7 +30,7 @@ class CurveCosts(StepCosts):
         super().__init__()
         self.curve = curve
 
-    def record(self, tokens: int, seconds: float, extends: bool = False) -> None:
+    def record(self, tokens: int, seconds: float, extends: bool = False, verifies=False) -> None:
         pass
 
     def estimate(self, tokens: int, extends: bool = False) -> float:
@@ -151,7 +151,7 @@ def on_linear_machine(s: Scheduler) -> Scheduler:
     of noise)."""
     s.fair.costs = LinearCosts()
     real = s.fair.record
-    s.fair.record = lambda tokens, _seconds, extends: real(tokens, 1.0 + tokens, extends)
+    s.fair.record = lambda tokens, _s, extends, verifies=False: real(tokens, 1.0 + tokens, extends)
     return s
 
 
@@ -159,7 +159,7 @@ class LinearCosts(StepCosts):
     """A machine where every token of a step costs the same (1 + n units): the fake runner's own
     times are microseconds of noise."""
 
-    def record(self, tokens: int, seconds: float, extends: bool = False) -> None:
+    def record(self, tokens: int, seconds: float, extends: bool = False, verifies=False) -> None:
         pass
 
     def estimate(self, tokens: int, extends: bool = False) -> float:

@@ -8,8 +8,9 @@ rows are almost free (a GPU, one stream bound by reading the weights) every gues
 per request fails: sixteen requests each adding four tokens are each costed as four, not as the
 sixty-four the step grows by. So each step the drafts are cut to the total E of extra rows that
 maximises the step's expected tokens per second, (rows + the expected accepted tokens of the E
-most likely draft tokens) / cost(rows + E), on the decode curve the server measures
-(step_costs.py). E = 0 is a candidate, so the expected rate never falls below no drafts.
+most likely draft tokens) / cost(rows + E), on the curves the server measures (step_costs.py: a
+step that verifies drafts leaves the whole-step graph, so it has its own curve). E = 0 is a
+candidate, so the expected rate never falls below no drafts.
 
 A request's j-th draft token (from 1) is accepted only if every one before it was: with p the
 request's acceptance so far (tokens accepted / (accepted + tokens the model disagreed with), a
@@ -28,7 +29,8 @@ from typing import Callable
 
 from radixrt.runtime.core.req import Req
 
-Cost = Callable[[int], float | None]  # seconds of a decode step of n rows (None: not measured)
+# seconds of a decode step of n tokens, verifying drafts or not (None: not measured)
+Cost = Callable[[int, bool], float | None]
 EXPLORE_ROWS = 4  # the widest step in which a request's first draft is verified whole
 
 
@@ -43,16 +45,17 @@ def _cut(req: Req, rows: int) -> bool:
     return req.grammar is None and (req.spec_verify_ct > 0 or rows > EXPLORE_ROWS)
 
 
-def paying_total(worths: list[float], rows: int, cost: Cost) -> int | None:
+def paying_total(worths: list[float], rows: int, cost: Cost, verifying: bool = False) -> int | None:
     """The number of draft tokens (worths sorted from most to least) that maximises the step's
-    expected tokens per second; None when nothing is measured (keep every draft)."""
-    base = cost(rows)
+    expected tokens per second (verifying: the step verifies drafts anyway); None when nothing is
+    measured (keep every draft)."""
+    base = cost(rows, verifying)
     if base is None:
         return None
     best, best_rate, gained = 0, rows / base, 0.0
     for extra, worth in enumerate(worths, 1):
         gained += worth
-        rate = (rows + gained) / (cost(rows + extra) or base)
+        rate = (rows + gained) / (cost(rows + extra, True) or base)
         if rate > best_rate:
             best, best_rate = extra, rate
     return best
@@ -69,8 +72,8 @@ def cut_drafts(ready: list[Req], cost: Cost) -> None:
     if not worths:
         return
     worths.sort(key=lambda w: -w[0])
-    rows = len(ready) + sum(len(r.draft_ids) for r in ready if not _cut(r, len(ready)))
-    total = paying_total([w for w, _ in worths], rows, cost)
+    tried = sum(len(r.draft_ids) for r in ready if not _cut(r, len(ready)))
+    total = paying_total([w for w, _ in worths], len(ready) + tried, cost, tried > 0)
     if total is None:
         return
     keep = Counter(i for _, i in worths[:total])

@@ -208,12 +208,12 @@ class FairShare:
             latest = sorted(self._recent.items(), key=lambda kv: kv[1])[-MAX_RECENT_CLIENTS // 2 :]
             self._recent = dict(latest)
 
-    def record(self, tokens: int, seconds: float, extends: bool) -> None:
+    def record(self, tokens: int, seconds: float, extends: bool, verifies: bool = False) -> None:
         """The step ran: its cost goes on the curves, and while someone is held back what it took
         comes off the credit and its cap goes on, so the steps keep within the cap on average as
         measured (the estimates know tokens, not the attention over long contexts nor the load
         from other processes), and a step past the cap is paid back by the next ones."""
-        self.costs.record(tokens, seconds, extends)
+        self.costs.record(tokens, seconds, extends, verifies)
         if self._cap is not None:
             bound = CREDIT_STEPS * self._cap
             self._time_credit = max(-bound, min(bound, self._time_credit + self._cap - seconds))

@@ -192,7 +192,8 @@ class Scheduler:
             results = self.runner.run(plan.items, plan.mask_sources)
             tokens = sum(len(item.new_ids) for item in plan.items)
             extends = not all(req.is_decoding for req in plan.reqs)  # (applied below: as planned)
-            self.fair.record(tokens, time.perf_counter() - started, extends)
+            verifies = any(item.num_draft for item in plan.items)
+            self.fair.record(tokens, time.perf_counter() - started, extends, verifies)
             if self.faults.enabled:  # off in production: no per-step work
                 self.faults.check_plan([req.origin_input_ids for req in plan.reqs])
         except Exception as e:

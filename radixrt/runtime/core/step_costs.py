@@ -69,13 +69,17 @@ class StepCurve:
 
 
 class StepCosts:
-    """The two curves: decodes alone, and steps with a prompt chunk (never cheaper than decodes)."""
+    """The curves: decodes alone, steps with a prompt chunk (never cheaper than decodes), and steps
+    of decodes that verify drafts (draft_cost: such a step leaves the whole-step graph)."""
 
     def __init__(self) -> None:
-        self.decode, self.extend = StepCurve(), StepCurve()
+        self.decode, self.extend, self.verify = StepCurve(), StepCurve(), StepCurve()
 
-    def record(self, tokens: int, seconds: float, extends: bool = False) -> None:
-        (self.extend if extends else self.decode).record(tokens, seconds)
+    def record(
+        self, tokens: int, seconds: float, extends: bool = False, verifies: bool = False
+    ) -> None:
+        curve = self.extend if extends else self.verify if verifies else self.decode
+        curve.record(tokens, seconds)
 
     def estimate(self, tokens: int, extends: bool = False) -> float | None:
         """Seconds a step of `tokens` tokens should take (None: not measured yet)."""
@@ -85,13 +89,15 @@ class StepCosts:
         chunk = self.extend.estimate(tokens)
         return chunk if plain is None or chunk is None else max(chunk, plain)
 
-    def draft_cost(self, rows: int) -> float | None:
-        """Seconds of a decode step of `rows` rows as drafts are costed (draft_lengths.py): past the
-        largest row count measured, what that one cost, so drafts run and the curve learns."""
-        points = self.decode.points()
-        if points and rows > points[-1][0]:
+    def draft_cost(self, tokens: int, verifies: bool) -> float | None:
+        """Seconds of a decode step of `tokens` tokens as drafts are cost (draft_lengths.py): one
+        that verifies drafts on their own curve (the decode curve until one is measured); past the
+        largest count a curve measured, what that one cost, so drafts run and the curve learns."""
+        curve = self.verify if verifies and self.verify.points() else self.decode
+        points = curve.points()
+        if points and tokens > points[-1][0]:
             return points[-1][1]
-        return self.decode.estimate(rows)
+        return curve.estimate(tokens)
 
     def info(self) -> dict[str, list[list[float]]]:
         """Both curves' points as [tokens, milliseconds] (an admin's figure)."""
