@@ -1,5 +1,6 @@
 """What a step costs, learnt from the steps the server runs: seconds by the number of tokens fed,
-for steps of decodes alone and for steps with a prompt chunk (an extend) in them.
+for steps of decodes alone, steps with a prompt chunk (an extend) in them, and steps of decodes
+that verify drafts (draft_lengths.py; such a step leaves the whole-step graph).
 
 The fair share of a step across clients (fair_share.py) needs to know what a step of n tokens
 costs on this machine, with this model and these kernels: on a GPU, or a CPU whose decode is bound
@@ -103,5 +104,9 @@ class StepCosts:
         """Both curves' points as [tokens, milliseconds] (an admin's figure)."""
         return {
             name: [[round(n), round(t * 1e3, 3)] for n, t in curve.points()]
-            for name, curve in (("decode", self.decode), ("extend", self.extend))
+            for name, curve in (
+                ("decode", self.decode),
+                ("extend", self.extend),
+                ("verify", self.verify),
+            )
         }
