@@ -91,7 +91,7 @@ class StepCosts:
         return chunk if plain is None or chunk is None else max(chunk, plain)
 
     def draft_cost(self, tokens: int, verifies: bool) -> float | None:
-        """Seconds of a decode step of `tokens` tokens as drafts are cost (draft_lengths.py): one
+        """Seconds of a decode step of `tokens` tokens as drafts are costed (draft_lengths.py): one
         that verifies drafts on their own curve (the decode curve until one is measured); past the
         largest count a curve measured, what that one cost, so drafts run and the curve learns."""
         curve = self.verify if verifies and self.verify.points() else self.decode
@@ -101,7 +101,7 @@ class StepCosts:
         return curve.estimate(tokens)
 
     def info(self) -> dict[str, list[list[float]]]:
-        """Both curves' points as [tokens, milliseconds] (an admin's figure)."""
+        """The curves' points as [tokens, milliseconds] (an admin's figure)."""
         return {
             name: [[round(n), round(t * 1e3, 3)] for n, t in curve.points()]
             for name, curve in (
