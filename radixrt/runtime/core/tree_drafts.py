@@ -71,8 +71,7 @@ def cached_len(tree: RadixCache, ids: list[int]) -> int:
         child = node.children.get(tree._child_key(ids, pos))
         if child is None or child.value is None:
             break
-        m = common_prefix_len(child.key, ids[pos : pos + len(child.key)])
-        m -= m % tree.page_size
+        m = tree._match_len(child.key, ids, pos)  # whole pages, as match_prefix counts them
         node, pos = child, pos + m
         if m < len(child.key):
             break
