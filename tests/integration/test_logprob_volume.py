@@ -11,7 +11,7 @@ import httpx
 import pytest
 from conftest_server import ServerProcess
 
-from radixrt.runtime.request.edge import MAX_LOGPROB_ITEMS
+from radixrt.runtime.request.prompt_checks import MAX_LOGPROB_ITEMS
 from radixrt.runtime.serving.tokenizer_manager import TokenizerManager
 
 TOP = 20

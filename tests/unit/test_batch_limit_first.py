@@ -43,8 +43,8 @@ class StubTM:
     async def validate_sampling(self, *a, **k):
         raise PerPromptWork("a sampling dict was checked")
 
-    def make_requests(self, *a, **k):
-        raise PerPromptWork("a request was built")
+    async def admit(self, *a, **k):
+        raise PerPromptWork("a request was checked or built")
 
     def generate(self, *a, **k):
         raise PerPromptWork("requests were sent")

@@ -35,24 +35,24 @@ def manager() -> TokenizerManager:
     return tm
 
 
-def reqs(rid: str, **sampling):
+def reqs(rid: str, client: str, **sampling):
     sp = SamplingParams(max_new_tokens=4, **sampling)
     sp.validate()
-    return expand_n(rid, [5, 6, 7], sp, RequestOptions())
+    return expand_n(rid, [5, 6, 7], sp, RequestOptions(client=client))
 
 
 def test_beams_count_as_rows_against_the_clients_share():
     tm = manager()
 
     async def run():
-        tm.generate(reqs("a1", beam_width=4), "a")
-        tm.generate(reqs("a2", beam_width=4), "a")  # 8 rows: the share is full
+        tm.generate(reqs("a1", "a", beam_width=4))
+        tm.generate(reqs("a2", "a", beam_width=4))  # 8 rows: the share is full
         with pytest.raises(APIError) as e:
-            tm.generate(reqs("a3"), "a")
+            tm.generate(reqs("a3", "a"))
         assert e.value.status == 429 and "8 sequences" in e.value.message
-        tm.generate(reqs("b1", n=4), "b")  # another client is not held to a's share
+        tm.generate(reqs("b1", "b", n=4))  # another client is not held to a's share
         with pytest.raises(APIError) as e:  # one body asking for more than the share: a 400
-            tm.generate(reqs("c1", beam_width=PER_CLIENT + 1), "c")
+            tm.generate(reqs("c1", "c", beam_width=PER_CLIENT + 1))
         assert e.value.status == 400
 
     asyncio.run(run())

@@ -16,10 +16,11 @@ from test_scheduler import VOCAB, ids
 from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.core.kv_transfer import KVArrived, KVFailed, KVSent
 from radixrt.runtime.core.scheduler import Scheduler
-from radixrt.runtime.disaggregation.edge import check_bootstrap, check_disaggregated
 from radixrt.runtime.messages import TokenizedGenerateReq
-from radixrt.runtime.request.edge import RequestError
+from radixrt.runtime.request.option_checks import check_bootstrap, check_disaggregated
 from radixrt.runtime.request.options import Bootstrap, RequestOptions
+from radixrt.runtime.request.request_error import RequestError
+from radixrt.runtime.request.sampling_params import SamplingParams
 
 
 class MemoryTransfer:
@@ -325,7 +326,16 @@ def test_settings_disaggregation_cannot_serve_are_refused_by_name():
 
 def test_the_request_edge_names_the_bootstrap_field_at_fault():
     addrs = dict(prefill_addrs=("h:8998",))
-    ok = dict(num_prompts=1, n=1, is_beam=False, logprob_start_len=None)
+    ok = dict(num_prompts=1, n=1, logprob_start_len=None)
+
+    def check_disaggregated_of(mode, boot, num_prompts, n, logprob_start_len):
+        options = RequestOptions(
+            bootstrap=boot,
+            return_logprob=logprob_start_len is not None,
+            logprob_start_len=-1 if logprob_start_len is None else logprob_start_len,
+        )
+        check_disaggregated(mode, options, SamplingParams.from_dict({"n": n}), num_prompts)
+
     assert check_bootstrap("null", None, None, None, **addrs) is None  # ignored, as SGLang does
     assert check_bootstrap("decode", "h", None, 2**64 - 1, **addrs).room == 2**64 - 1
     assert check_bootstrap("decode", "h", 8998, 1, **addrs).port == 8998
@@ -345,11 +355,11 @@ def test_the_request_edge_names_the_bootstrap_field_at_fault():
     for args, kwargs, field in cases:
         with pytest.raises(RequestError) as e:
             boot = check_bootstrap(*args, **addrs)
-            check_disaggregated(args[0], boot, **kwargs)
+            check_disaggregated_of(args[0], boot, **kwargs)
         assert e.value.param == field, (args, kwargs)
-    check_disaggregated("null", None, **{**ok, "n": 2})
+    check_disaggregated_of("null", None, **{**ok, "n": 2})
     with pytest.raises(RequestError) as e:
-        check_disaggregated("decode", None, **ok)  # options built without a bootstrap
+        check_disaggregated_of("decode", None, **ok)  # options built without a bootstrap
     assert e.value.param == "bootstrap_room" and "bootstrap_room is required" in str(e.value)
     assert check_bootstrap("decode", "h", None, 3, **addrs) == Bootstrap("h", 8998, 3)
 

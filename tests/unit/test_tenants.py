@@ -15,9 +15,9 @@ from test_scheduler import VOCAB, assert_all_pages_back, drain, ids
 from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.core.scheduler import Scheduler
 from radixrt.runtime.messages import TokenizedGenerateReq
-from radixrt.runtime.request.edge import MAX_CACHE_SALT_CHARS, RequestError, expand_n
+from radixrt.runtime.request.option_checks import MAX_CACHE_SALT_CHARS, check_cache_salt
 from radixrt.runtime.request.options import RequestOptions
-from radixrt.runtime.request.sampling_params import SamplingParams
+from radixrt.runtime.request.request_error import RequestError
 
 PROMPT = [(k * 7) % 40 + 3 for k in range(40)]
 
@@ -197,7 +197,7 @@ def test_a_bad_salt_is_refused_naming_it(salt):
     (out,) = ask(s, "bad", PROMPT, salt)
     assert out.error_status == 400 and "cache_salt" in out.error
     with pytest.raises(RequestError) as e:
-        expand_n("r", PROMPT, SamplingParams(), RequestOptions(cache_salt=salt))
+        check_cache_salt(salt)  # the edge's rule, which intake ran above
     assert e.value.param == "cache_salt"
     assert not s.has_work()
     assert run(s, "ok", PROMPT, "x" * MAX_CACHE_SALT_CHARS)[0] == 0

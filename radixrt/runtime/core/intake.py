@@ -13,7 +13,7 @@ from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.core.finish_reason import FinishReason
 from radixrt.runtime.core.req import GrammarState, Req, ReqStatus
 from radixrt.runtime.messages import TokenizedGenerateReq, TokenOut
-from radixrt.runtime.request.edge import EdgeLimits, check_cache_salt, check_prompt
+from radixrt.runtime.request.edge import EdgeRules, check_request
 from radixrt.runtime.request.incremental_detokenizer import IncrementalDetokenizer
 from radixrt.runtime.request.options import RequestOptions
 from radixrt.runtime.request.sampling_params import SamplingParams
@@ -63,30 +63,23 @@ def check_queue(num_held: int, config: ServerConfig) -> None:
 
 def new_req(
     msg: TokenizedGenerateReq,
-    limits: EdgeLimits,
+    rules: EdgeRules,
     tokenizer: Any,
     check_fault: Callable[[str, list[int]], None],
 ) -> Req:
-    """The Req for msg, checked as the request edge checks it (ValueError: refused)."""
+    """The Req for msg, checked as the request edge checks it (request/edge.check_request; a
+    ValueError or TypeError: refused)."""
     sampling = SamplingParams.from_dict(msg.sampling_params)
     options = RequestOptions.from_wire(msg.options)  # TypeError naming the field: refused
-    check_prompt(msg.input_ids, sampling, limits, options)
-    check_cache_salt(options.cache_salt)
+    check_request(msg.input_ids, sampling, options, rules)
     check_fault("intake", msg.input_ids)
     # the output may not run past the context
-    room = limits.context_len - len(msg.input_ids)
+    room = rules.limits.context_len - len(msg.input_ids)
     sampling.max_new_tokens = min(sampling.max_new_tokens, room)
     req = Req(msg.rid, msg.input_ids, sampling, options, arrival_time=msg.arrival_time or None)
     if sampling.stop or sampling.stop_regex:
         req.stop_matcher = IncrementalDetokenizer.for_request(tokenizer, sampling)
     return req
-
-
-def check_lora(name: str | None, loaded: list[str]) -> None:
-    """A request's adapter must be loaded (ValueError naming it: a 400)."""
-    if name is not None and (not isinstance(name, str) or name not in loaded):
-        names = ", ".join(loaded) or "none"
-        raise ValueError(f"lora_path: LoRA adapter {name!r} is not loaded (loaded: {names})")
 
 
 def refusal(msg: TokenizedGenerateReq, error: Exception) -> TokenOut:

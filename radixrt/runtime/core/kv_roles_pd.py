@@ -24,6 +24,7 @@ from radixrt.runtime.core.kv_transfer import KVArrived, KVFailed, KVSent, KVTran
 from radixrt.runtime.core.plan import ItemResult, PlanItem
 from radixrt.runtime.core.req import Req, ReqStatus
 from radixrt.runtime.core.scheduler_stats import SchedulerStats
+from radixrt.runtime.request.option_checks import missing_bootstrap
 from radixrt.runtime.request.options import Bootstrap
 
 log = logging.getLogger(__name__)
@@ -49,11 +50,8 @@ class _PDRole(UnifiedRole):
     def intake(self, req: Req, running: list[Req], waiting: list[Req]) -> None:
         """A room names one request between two servers: a second one in use is refused."""
         boot = req.options.bootstrap
-        if boot is None:
-            raise ValueError(
-                f"this is a {self.name} server: a request needs bootstrap_host and "
-                "bootstrap_room (sglang-router's PD mode adds them)"
-            )
+        if boot is None:  # (intake's check_request refused it already: the edge's rule)
+            raise missing_bootstrap(self.name, "bootstrap_room")
         if boot.room in self.by_room or any(
             r.options.bootstrap is not None and r.options.bootstrap.room == boot.room
             for r in (*running, *waiting)

@@ -30,7 +30,6 @@ from radixrt.runtime.core.finish_reason import FinishReason
 from radixrt.runtime.core.intake import (
     GrammarBackend,
     GrammarBackends,
-    check_lora,
     check_queue,
     collect_grammars,
     new_req,
@@ -57,7 +56,8 @@ from radixrt.runtime.core.step_recovery import recover
 from radixrt.runtime.core.tiered_cache import make_tree
 from radixrt.runtime.core.tree_drafts import cached_len
 from radixrt.runtime.messages import TokenizedGenerateReq, TokenOut
-from radixrt.runtime.request.edge import EdgeLimits, constraint_of
+from radixrt.runtime.request.edge import EdgeRules, constraint_of
+from radixrt.runtime.request.prompt_checks import EdgeLimits
 
 log = logging.getLogger(__name__)
 ABORTED = FinishReason.abort("aborted by the client")
@@ -126,15 +126,18 @@ class Scheduler:
         }
 
     # ---------------------------------------------------------------- intake
+    @property
+    def edge_rules(self) -> EdgeRules:
+        """What a request must meet here (request/edge.py): intake's and the Engine's checks."""
+        return EdgeRules(self.limits, self.runner.lora_names(), self.config.disaggregation_mode)
+
     def add_request(self, msg: TokenizedGenerateReq) -> None:
         """Queue a request; anything wrong with it (or any failure taking it in) ends it alone, its
         refusal in take_outputs()."""
         try:
-            req = new_req(msg, self.limits, self.tokenizer, self.faults.check)
+            req = new_req(msg, self.edge_rules, self.tokenizer, self.faults.check)
             self.role.intake(req, self.running, self.waiting)
             check_queue(len(self.waiting) + len(self.running), self.config)
-            if req.lora is not None:
-                check_lora(req.lora, self.runner.lora_names())
             req.key_offset = self.namespaces.key_offset(req.lora, req.options.cache_salt)
             constraint = constraint_of(req.sampling)
             if constraint is not None:

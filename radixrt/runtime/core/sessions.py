@@ -22,7 +22,6 @@ from radixrt.runtime.core.pins import PinTable
 
 MAX_SESSIONS = 4096
 MAX_REPORTED = 64  # sessions listed in server_info (the most recently used)
-MAX_SESSION_ID_CHARS = 128
 
 
 SessionKey = str | tuple[str, str]

@@ -16,13 +16,11 @@ from typing import Any, Iterator
 from radixrt.runtime.cache_tree_text import add_previews, check_view_limits
 from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.core.cache_view import DEFAULT_MAX_DEPTH, DEFAULT_MAX_NODES
-from radixrt.runtime.core.intake import check_lora
 from radixrt.runtime.core.pins import MAX_PIN_TTL_S
 from radixrt.runtime.engine.sequence import Sequence
 from radixrt.runtime.messages import TokenizedGenerateReq, TokenOut
-from radixrt.runtime.request.edge import check_prompt, constraint_of, expand_n, per_prompt
+from radixrt.runtime.request.edge import STOP_REGEX, admit, per_prompt
 from radixrt.runtime.request.options import RequestOptions
-from radixrt.runtime.request.sampling_params import SamplingParams
 from radixrt.runtime.request.stop_regex_check import StopRegexChecker
 
 _CONFIG_FIELDS = {f.name for f in dataclasses.fields(ServerConfig)}
@@ -73,25 +71,21 @@ class Engine:
         prompt (None: the base model). cache_salt (vLLM's): KV is shared only with requests of the
         same salt (core/namespaces.py)."""
         single, ids_list = self._tokenize(prompt, input_ids)
-        if session_id is not None and len(ids_list) != 1:
-            raise ValueError(
-                "session_id needs a single prompt (a session continues one conversation)"
+        num = len(ids_list)
+        options = [  # one per prompt: the prompts differ only in their LoRA adapter
+            RequestOptions(
+                stream=stream,
+                return_logprob=return_logprob,
+                logprob_start_len=-1 if logprob_start_len is None else logprob_start_len,
+                top_logprobs_num=top_logprobs_num,
+                program_id=program_id,
+                session_id=session_id,
+                lora=lora,
+                cache_salt=cache_salt,
             )
-        params = per_prompt(sampling_params, len(ids_list), "sampling_params")
-        loras = per_prompt(lora_path, len(ids_list), "lora_path")
-        options = RequestOptions(  # once per call: the prompts differ only in their LoRA adapter
-            stream=stream,
-            return_logprob=return_logprob,
-            logprob_start_len=-1 if logprob_start_len is None else logprob_start_len,
-            top_logprobs_num=top_logprobs_num,
-            program_id=program_id,
-            session_id=session_id,
-            cache_salt=cache_salt,
-        )
-        msgs = [
-            self._messages(ids, p, dataclasses.replace(options, lora=lora))
-            for ids, p, lora in zip(ids_list, params, loras)
+            for lora in per_prompt(lora_path, num, "lora_path")
         ]
+        msgs = self._admit(ids_list, per_prompt(sampling_params, num, "sampling_params"), options)
         flat = [m for copies in msgs for m in copies]
         if stream:
             if len(flat) != 1:
@@ -132,18 +126,15 @@ class Engine:
         beams = [[r] if isinstance(r, dict) else r for r in out]  # a dict: one beam returned
         return beams[0] if single else beams
 
-    def _messages(
-        self, ids: list[int], params: dict | None, options: RequestOptions
-    ) -> list[TokenizedGenerateReq]:
-        """One prompt's requests (n of them with n > 1), checked at the edge as the server does."""
-        sp = SamplingParams.from_dict(params)
-        self._stop_regex.check(sp.stop_regex)  # built in a worker first (stop_regex_check.py)
-        self._validate_constraint(sp)
-        check_prompt(ids, sp, self.scheduler.limits, options)
-        if options.lora is not None:
-            with self._lock:
-                check_lora(options.lora, self.scheduler.runner.lora_names())
-        return expand_n(self._new_rid(), ids, sp, options)
+    def _admit(
+        self, prompts: list[list[int]], params: list[Any], options: list[RequestOptions]
+    ) -> list[list[TokenizedGenerateReq]]:
+        """The request edge (request/edge.admit), as the server runs it: each prompt's requests."""
+        with self._lock:
+            rules = self.scheduler.edge_rules
+        return admit(
+            prompts, params, options, rules, new_rid=self._new_rid, validate=self._validate
+        )
 
     def pin_prefix(
         self,
@@ -158,12 +149,10 @@ class Engine:
         _, ids_list = self._tokenize(prompt, input_ids)
         if not (isinstance(ttl_s, (int, float)) and 0 < ttl_s <= MAX_PIN_TTL_S):
             raise ValueError(f"ttl_s must be a number in (0, {MAX_PIN_TTL_S:g}], got {ttl_s!r}")
-        sp = SamplingParams(max_new_tokens=0)
         options = RequestOptions(
             program_id=program_id, pin_ttl_s=float(ttl_s), cache_salt=cache_salt
         )
-        check_prompt(ids_list[0], sp, self.scheduler.limits, options)
-        msg = expand_n(self._new_rid(), ids_list[0], sp, options)[0]
+        msg = self._admit(ids_list[:1], [{"max_new_tokens": 0}], [options])[0][0]
         reason = self._run([msg])[msg.rid].result.finished_reason or {}
         return reason.get("pin_handle")
 
@@ -240,13 +229,16 @@ class Engine:
     def _new_rid(self) -> str:
         return f"{self._prefix}-{next(self._ids)}"
 
-    def _validate_constraint(self, sp: SamplingParams) -> None:
-        constraint = constraint_of(sp)
-        if constraint is not None:
-            with self._lock:
-                grammar = self.scheduler.grammar_backend(constraint[0])
-            # thread-safe; outside the lock so other callers' steps go on
-            grammar.validate(*constraint)
+    def _validate(self, kind: str, spec: Any) -> None:
+        """The edge's validator: stop regexes built in a worker (stop_regex_check.py), a
+        constraint compiled by its grammar backend (thread-safe; outside the lock so other
+        callers' steps go on)."""
+        if kind == STOP_REGEX:
+            self._stop_regex.check(spec)
+            return
+        with self._lock:
+            grammar = self.scheduler.grammar_backend(kind)
+        grammar.validate(kind, spec)
 
     def _submit(self, msgs: list[TokenizedGenerateReq]) -> dict[str, Sequence]:
         seqs = {m.rid: Sequence(m, self.tokenizer) for m in msgs}

@@ -1,90 +1,147 @@
-"""The request edge: what every way in (HTTP, the in-process Engine, the scheduler's intake) checks,
-and how one prompt becomes n scheduler requests (a sequence's result: sequence_result.py).
+"""The request edge: every check of a request, in one fixed order, then its n-expansion.
 
-One module so the three entries cannot drift apart: the tokenizer manager turns a RequestError into
-a 4xx naming the field, the Engine raises it, the scheduler turns it into an abort of that request.
-No torch, no HTTP framework here.
+`admit` is the one way in. Its order: the sampling parameters and stop rules
+(SamplingParams.from_dict), the stop regexes and the constraint (through the caller's validator:
+the Engine waits on its compile workers, the tokenizer manager runs the whole edge on a worker
+thread when something must compile), then for each prompt the prompt itself (prompt_checks.py),
+its LoRA adapter, session, cache salt and prefill-decode split (option_checks.py), then the
+expansion into scheduler requests, pure. The Engine and the tokenizer manager (for every HTTP
+route) call `admit`; the scheduler's intake runs `check_request` (the same checks, no expansion) on
+what crossed the socket. A refusal is a RequestError naming the field (an HTTP 400, the Engine's
+ValueError, an abort of that request alone at intake). No torch, no HTTP framework here.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Collection, Protocol
 
-from radixrt.runtime.core.sessions import MAX_SESSION_ID_CHARS
 from radixrt.runtime.messages import TokenizedGenerateReq
+from radixrt.runtime.request.option_checks import (
+    check_cache_salt,
+    check_disaggregated,
+    check_lora,
+    check_session,
+)
 from radixrt.runtime.request.options import RequestOptions
+from radixrt.runtime.request.prompt_checks import EdgeLimits, LogprobBudget, check_prompt
+from radixrt.runtime.request.request_error import RequestError
 from radixrt.runtime.request.sampling_param_names import CONSTRAINT_FIELDS
-from radixrt.runtime.request.sampling_params import MAX_TOP_LOGPROBS, SamplingParams
+from radixrt.runtime.request.sampling_params import SamplingParams
 
 __all__ = [
-    "CONSTRAINT_KINDS",
-    "EdgeLimits",
-    "LogprobBudget",
-    "RequestError",
-    "check_beam_request",
-    "check_cache_salt",
-    "check_prompt",
+    "EdgeRules",
+    "Validator",
+    "admit",
+    "check_request",
+    "check_sampling",
     "constraint_of",
     "expand_n",
+    "needs_compile",
     "per_prompt",
+    "rows_of",
 ]
 
 CONSTRAINT_KINDS = CONSTRAINT_FIELDS  # a constraint's kind is the name of its sampling parameter
-# vLLM's advice is a 43-character (256-bit) random salt; the bound keeps the namespace table small
-MAX_CACHE_SALT_CHARS = 256
-MAX_REASONING_END_IDS = 16  # an end-of-thinking tag is one token on the models that have one
-# The logprob items (a position's token plus each of its top alternatives) one request may ask for,
-# every prompt and copy together: each is decoded and encoded on the serving event loop (#56: a
-# 30k-token prompt's logprobs from position 0 with 20 alternatives were ~650k decodes and stalled
-# /health). 2^17 is a 32k-token prompt's logprobs with 3 alternatives, or 6,000 positions with 20.
-MAX_LOGPROB_ITEMS = 1 << 17
+STOP_REGEX = "stop_regex"  # the validator's kind for a request's stop regexes
 
 
-class RequestError(ValueError):
-    """A request that can never run as given; `param` names the offending field."""
+class Validator(Protocol):
+    """Checks that a request's stop regexes (kind "stop_regex", the patterns) or its constraint
+    (kind, spec) compile; ValueError saying why not."""
 
-    def __init__(self, message: str, param: str | None = None, code: str | None = None):
-        super().__init__(message)
-        self.param = param
-        self.code = code
+    def __call__(self, kind: str, spec: Any) -> None: ...
 
 
 @dataclass(frozen=True)
-class EdgeLimits:
-    """What the model and the pool allow a single request."""
+class EdgeRules:
+    """What this server allows a request: the model's and the pool's limits, the LoRA adapters
+    loaded now, and its part in a prefill-decode split (--disaggregation-mode)."""
 
-    vocab_size: int
-    context_len: int
-    pool_tokens: int
-    max_running: int = 2**31 - 1  # requests running at once (a beam search runs beam_width)
-    page_size: int = 1
+    limits: EdgeLimits
+    loras: Collection[str] = ()
+    disaggregation_mode: str = "null"
 
 
-class LogprobBudget:
-    """The logprob items of one request's prompts so far (positions x (1 + top alternatives), every
-    copy), refused past MAX_LOGPROB_ITEMS before anything runs."""
+def admit(
+    prompts: list[list[int]],
+    params: list[Any],
+    options: list[RequestOptions],
+    rules: EdgeRules,
+    *,
+    new_rid: Callable[[], str],
+    validate: Validator,
+) -> list[list[TokenizedGenerateReq]]:
+    """A request body's prompts, each checked with its sampling dict and options (one per prompt;
+    a dict given for several prompts is checked once), then each expanded into its scheduler
+    requests (the list per prompt). The logprob volume counts the body's prompts together."""
+    if not len(prompts) == len(params) == len(options):
+        raise RequestError(f"{len(prompts)} prompts, {len(params)} sampling dicts", "prompt")
+    checked: dict[int, SamplingParams] = {}
+    for p in params:
+        if id(p) not in checked:
+            checked[id(p)] = check_sampling(p, validate)
+    sps = [checked[id(p)] for p in params]
+    budget = LogprobBudget()
+    for ids, sp, opts in zip(prompts, sps, options):
+        check_request(ids, sp, opts, rules, num_prompts=len(prompts), budget=budget)
+    return [expand_n(new_rid(), ids, sp, opts) for ids, sp, opts in zip(prompts, sps, options)]
 
-    def __init__(self, limit: int = MAX_LOGPROB_ITEMS):
-        self.limit, self.used = limit, 0
 
-    def take(self, num_prompt_tokens: int, sp: SamplingParams, options: RequestOptions) -> None:
-        top = options.top_logprobs_num
-        if not (options.return_logprob or top > 0):
-            return
-        start = options.logprob_start  # -1: no prompt logprobs
-        prompt = num_prompt_tokens - start if start >= 0 else 0
-        positions = prompt + max(sp.max_new_tokens, 0)
-        self.used += positions * (1 + top) * (1 if sp.is_beam else sp.n)
-        if self.used > self.limit:
-            raise RequestError(
-                f"the request asks for {self.used} logprob items (positions from "
-                f"logprob_start_len and max_new_tokens, times 1 + top_logprobs_num, times n), "
-                f"over the {self.limit} allowed",
-                param="logprob_start_len" if prompt else "top_logprobs_num",
-            )
+def check_sampling(params: Any, validate: Validator) -> SamplingParams:
+    """The sampling parameters and stop rules, then the stop regexes and the constraint through
+    validate (SamplingParams' words name the parameter: the RequestError's param)."""
+    try:
+        sp = SamplingParams.from_dict(params)
+    except (TypeError, ValueError) as e:  # TypeError: not a dict
+        named = re.search(r"sampling parameters? (\w+)", str(e))
+        raise RequestError(str(e), param=named.group(1) if named else None) from None
+    if sp.stop_regex:
+        _validated(validate, STOP_REGEX, sp.stop_regex)
+    constraint = constraint_of(sp)
+    if constraint is not None:
+        _validated(validate, *constraint)
+    return sp
+
+
+def _validated(validate: Validator, kind: str, spec: Any) -> None:
+    try:
+        validate(kind, spec)
+    except RequestError:
+        raise
+    except ValueError as e:
+        message = str(e) if kind == STOP_REGEX else f"invalid {kind}: {e}"
+        raise RequestError(message, param=kind) from None
+
+
+def check_request(
+    input_ids: Any,
+    sp: SamplingParams,
+    options: RequestOptions,
+    rules: EdgeRules,
+    *,
+    num_prompts: int = 1,
+    budget: LogprobBudget | None = None,
+) -> None:
+    """One prompt with its checked sampling parameters and options: can it ever run here.
+    num_prompts: the body's (a session or a disaggregated server takes one); budget: the logprob
+    items of the body's earlier prompts (None: this prompt alone)."""
+    check_prompt(input_ids, sp, rules.limits, options, budget)
+    check_lora(options.lora, rules.loras)
+    check_session(options.session_id, sp, num_prompts)
+    check_cache_salt(options.cache_salt)
+    check_disaggregated(rules.disaggregation_mode, options, sp, num_prompts)
+
+
+def needs_compile(params: Any) -> bool:
+    """Whether a raw sampling dict names a stop regex or a constraint: checking it compiles
+    something (the tokenizer manager then runs the edge off its event loop)."""
+    return isinstance(params, dict) and any(
+        params.get(k) is not None for k in (STOP_REGEX, *CONSTRAINT_FIELDS)
+    )
 
 
 def per_prompt(value: Any, num_prompts: int, name: str) -> list[Any]:
@@ -95,18 +152,6 @@ def per_prompt(value: Any, num_prompts: int, name: str) -> list[Any]:
     if len(value) != num_prompts:
         raise RequestError(f"{name} has {len(value)} entries for {num_prompts} prompts", param=name)
     return value
-
-
-def check_cache_salt(salt: Any) -> None:
-    """cache_salt (vLLM's field): None, or the non-empty string naming the request's trust domain
-    (core/namespaces.py); RequestError naming it otherwise."""
-    if salt is not None and (
-        not isinstance(salt, str) or not 0 < len(salt) <= MAX_CACHE_SALT_CHARS
-    ):
-        raise RequestError(
-            f"cache_salt must be a string of 1 to {MAX_CACHE_SALT_CHARS} characters",
-            param="cache_salt",
-        )
 
 
 def constraint_of(sp: SamplingParams) -> tuple[str, Any] | None:
@@ -122,126 +167,6 @@ def constraint_of(sp: SamplingParams) -> tuple[str, Any] | None:
     return None
 
 
-def check_prompt(
-    input_ids: Any,
-    sp: SamplingParams,
-    limits: EdgeLimits,
-    options: RequestOptions,
-    budget: LogprobBudget | None = None,
-) -> None:
-    """RequestError unless the prompt can run with these sampling parameters and options; budget:
-    the logprob items of the request's earlier prompts (None: this prompt alone)."""
-    if not isinstance(input_ids, list) or not input_ids:
-        raise RequestError("the prompt is empty", param="prompt")
-    n = len(input_ids)
-    vocab = limits.vocab_size
-    if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab for t in input_ids):
-        raise RequestError(f"input_ids must be token ids in [0, {vocab})", param="input_ids")
-    if n >= limits.context_len:
-        raise RequestError(
-            f"the prompt has {n} tokens but this model's context length is {limits.context_len}",
-            param="prompt",
-            code="context_length_exceeded",
-        )
-    if sp.max_new_tokens > limits.context_len:
-        raise RequestError(
-            f"max_new_tokens is {sp.max_new_tokens} but this model's context length is "
-            f"{limits.context_len}",
-            param="max_tokens",
-            code="context_length_exceeded",
-        )
-    _check_token_ids(sp, vocab)
-    need = n + min(sp.max_new_tokens, limits.context_len - n)  # the scheduler clamps at the context
-    if need > limits.pool_tokens:
-        raise RequestError(
-            f"the request needs {need} tokens of KV (prompt {n} + max_new_tokens) but the KV pool "
-            f"holds {limits.pool_tokens}; it can never run",
-            param="max_tokens",
-            code="context_length_exceeded",
-        )
-    if sp.is_beam:
-        check_beam_request(
-            n, sp, limits, stream=options.stream, return_logprob=options.return_logprob
-        )
-    _check_logprobs(n, sp, options, budget)
-    ends = options.reasoning_end_ids
-    if ends is not None and not (
-        1 <= len(ends) <= MAX_REASONING_END_IDS and all(0 <= t < vocab for t in ends)
-    ):
-        raise RequestError(
-            f"reasoning_end_ids must be 1 to {MAX_REASONING_END_IDS} token ids in [0, {vocab})",
-            param="reasoning_end_ids",
-        )
-
-
-def _check_logprobs(
-    n: int, sp: SamplingParams, options: RequestOptions, budget: LogprobBudget | None
-) -> None:
-    """logprob_start_len and top_logprobs_num in range, and their items within the budget."""
-    start = options.logprob_start
-    if not (isinstance(start, int) and -1 <= start < n):
-        raise RequestError(
-            f"logprob_start_len must be in [-1, {n - 1}], got {start}", param="logprob_start_len"
-        )
-    top = options.top_logprobs_num
-    if not (isinstance(top, int) and 0 <= top <= MAX_TOP_LOGPROBS):
-        raise RequestError(
-            f"top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS}], got {top}",
-            param="top_logprobs",
-        )
-    (budget or LogprobBudget()).take(n, sp, options)
-
-
-def _check_token_ids(sp: SamplingParams, vocab: int) -> None:
-    """logit_bias keys and stop_token_ids are ids of this vocabulary."""
-    bad_bias = [t for t, _ in sp.logit_bias_pairs() if t >= vocab]
-    if bad_bias:
-        raise RequestError(
-            f"logit_bias keys must be token ids in [0, {vocab}), got {bad_bias[:3]}",
-            param="logit_bias",
-        )
-    bad_stop = [t for t in sp.stop_token_ids if t >= vocab]
-    if bad_stop:
-        raise RequestError(
-            f"stop_token_ids must be token ids in [0, {vocab}), got {bad_stop[:3]}",
-            param="stop_token_ids",
-        )
-
-
-def check_beam_request(
-    prompt_len: int, sp: SamplingParams, limits: EdgeLimits, *, stream: bool, return_logprob: bool
-) -> None:
-    """A beam search (beam_width > 1) is answered whole, with each beam's cumulative logprob, and
-    must fit the batch and the pool even if its beams shared nothing after the prompt."""
-    if stream:
-        raise RequestError(
-            "beam search (beam_width > 1) cannot stream: its beams are known only at the end",
-            param="stream",
-        )
-    if return_logprob:
-        raise RequestError(
-            "beam search (beam_width > 1) returns each beam's cumulative_logprob, not per-token "
-            "logprobs: leave return_logprob off",
-            param="return_logprob",
-        )
-    width = sp.beam_width
-    if width > limits.max_running:
-        raise RequestError(
-            f"beam_width {width} exceeds the {limits.max_running} requests this server runs at "
-            "once (--max-running-requests)",
-            param="beam_width",
-        )
-    new = min(sp.max_new_tokens, limits.context_len - prompt_len)
-    need = prompt_len + width * (new + limits.page_size)
-    if need > limits.pool_tokens:
-        raise RequestError(
-            f"a beam search (beam_width {width}) may need {need} tokens of KV (prompt "
-            f"{prompt_len} + {width} beams x (max_new_tokens + a page)) but the KV pool holds "
-            f"{limits.pool_tokens}; it can never run",
-            param="beam_width",
-        )
-
-
 def rows_of(sampling: dict) -> int:
     """The sequences one prompt's raw sampling dict asks for (n, or a beam search's width), read
     before the dict is checked: a value that is not an int above 1 counts 1 (its check refuses
@@ -253,22 +178,9 @@ def rows_of(sampling: dict) -> int:
 def expand_n(
     base_rid: str, input_ids: list[int], sp: SamplingParams, options: RequestOptions
 ) -> list[TokenizedGenerateReq]:
-    """One prompt -> sp.n scheduler requests: rid base (n = 1) or base-0..base-{n-1}, seeds
+    """One checked prompt -> sp.n scheduler requests: rid base (n = 1) or base-0..base-{n-1}, seeds
     seed+i, each with the same options. A beam search is one request whatever n (its n is the
     beams it returns)."""
-    check_cache_salt(options.cache_salt)
-    session_id = options.session_id
-    if session_id is not None:
-        if not isinstance(session_id, str) or not 0 < len(session_id) <= MAX_SESSION_ID_CHARS:
-            raise RequestError(
-                f"session_id must be a string of 1 to {MAX_SESSION_ID_CHARS} characters",
-                param="session_id",
-            )
-        if sp.n != 1 or sp.is_beam:
-            raise RequestError(
-                "session_id needs n = 1 and no beam search (a session continues one conversation)",
-                param="session_id",
-            )
     copies = 1 if sp.is_beam else sp.n
     reqs = []
     for i in range(copies):

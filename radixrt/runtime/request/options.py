@@ -8,7 +8,6 @@ or amends it: a derived value (the logprob start actually served, the session's 
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,12 +44,10 @@ class RequestOptions:
     # (constrained/reasoning_gate.py); set by the OpenAI routes under --reasoning-parser
     reasoning_end_ids: tuple[int, ...] | None = None
     # whom the request counts against (serving/tenants.client_of: a digest, never a key), set by
-    # the tokenizer manager: admission takes turns across clients (schedule_policy.order_waiting)
+    # the route that built the options: admission takes turns across clients
+    # (schedule_policy.order_waiting), the tokenizer manager holds it to its share
     client: str | None = None
     priority: int | None = None  # SGLang's: under --enable-priority-scheduling, admitted first
-
-    def with_client(self, client: str) -> RequestOptions:
-        return dataclasses.replace(self, client=client)
 
     @property
     def logprob_start(self) -> int:

@@ -11,7 +11,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
 from radixrt.runtime.messages import TokenizedGenerateReq
-from radixrt.runtime.request.edge import LogprobBudget, RequestError, per_prompt, rows_of
+from radixrt.runtime.request.edge import per_prompt, rows_of
+from radixrt.runtime.request.request_error import RequestError
 from radixrt.runtime.request.sequence_result import SequenceResult, expand_beams, generate_output
 from radixrt.runtime.serving.http_io import (
     SSE_DONE,
@@ -43,7 +44,7 @@ def add_generate_routes(app: FastAPI, tm: TokenizerManager) -> None:
         client = client_of(request, tm.config, req.cache_salt)
         reqs, flat_logprob = await _scheduler_requests(tm, req, prompts, client)
         many = batch or len(reqs) > 1
-        handle = tm.generate(reqs, client)
+        handle = tm.generate(reqs)
         results = [SequenceResult(r.rid) for r in reqs]
         token_text = tm.token_text if req.return_text_in_logprobs else (lambda t: None)
 
@@ -115,20 +116,8 @@ async def _scheduler_requests(
         loras = per_prompt(req.lora_path, num, "lora_path")
     except RequestError as e:
         raise from_value_error(e) from None
-    reqs, flat_logprob = [], []
-    budget = LogprobBudget()  # the body's prompts together
-    checked: dict[int, Any] = {}  # a dict given once for every prompt is checked once
-    for i, ids in enumerate(prompts):
-        if id(params[i]) not in checked:
-            checked[id(params[i])] = await tm.validate_sampling(params[i], client)
-        sp = checked[id(params[i])]
-        session_id = req.session()
-        if session_id is not None and len(prompts) > 1:
-            raise APIError(
-                "session_id needs a single prompt (a session continues one conversation)",
-                param="session_id",
-            )
-        options = request_options(
+    options = [
+        request_options(
             tm.config,
             req.bootstrap(),
             stream=req.stream,
@@ -136,14 +125,17 @@ async def _scheduler_requests(
             logprob_start_len=starts[i],
             top_logprobs_num=tops[i],
             program_id=req.program_id,
-            session_id=session_id,
+            session_id=req.session(),
             lora=loras[i],
             cache_salt=req.cache_salt,
             priority=req.priority,
+            client=client,
         )
-        copies = tm.make_requests(ids, sp, options, num_prompts=num, budget=budget)
-        reqs += copies
-        flat_logprob += [return_logprob[i]] * len(copies)
+        for i in range(num)
+    ]
+    per_prompt_reqs = await tm.admit(prompts, params, options)
+    reqs = [r for copies in per_prompt_reqs for r in copies]
+    flat_logprob = [return_logprob[i] for i, copies in enumerate(per_prompt_reqs) for _ in copies]
     return reqs, flat_logprob
 
 

@@ -135,14 +135,14 @@ class ChatRoute:
                 )
             return await answer_with_tools(self, request, req, plan, prompt, max_tokens, thinking)
         options = self.routes.request_options(
-            req, req.logprobs, req.top_logprobs or 0, thinking.end_ids
+            req,
+            client_of(request, self.tm.config, req.cache_salt),
+            req.logprobs,
+            req.top_logprobs or 0,
+            thinking.end_ids,
         )
         handle, results, prompt_tokens = await self.routes.prepare(
-            req,
-            [prompt],
-            max_tokens,
-            options,
-            client=client_of(request, self.tm.config, req.cache_salt),
+            req, [prompt], max_tokens, options
         )
         base = {
             "id": f"chatcmpl-{uuid.uuid4().hex}",

@@ -16,7 +16,6 @@ answer resumes from there, free.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import uuid
 from typing import Any, AsyncIterator
@@ -78,7 +77,7 @@ async def answer_with_tools(
     client = client_of(request, chat.tm.config, req.cache_salt)
     # built once: every phase's request carries the same options (no logprobs with tools)
     thinking = thinking or ChatReasoning(chat.tm, req)
-    options = chat.routes.request_options(req, False, 0, thinking.end_ids)
+    options = chat.routes.request_options(req, client, reasoning_end_ids=thinking.end_ids)
     run = ToolRun(chat, req, plan, prompt, max_tokens, options, client, thinking)
     await run.start()
     base = {
@@ -176,7 +175,7 @@ class ToolRun:
         options: RequestOptions | None = None,
     ) -> None:
         self.handle, results, prompt_tokens = await self.chat.routes.prepare(
-            self.req, [prompt], max_tokens, options or self.options, extra=extra, client=self.client
+            self.req, [prompt], max_tokens, options or self.options, extra=extra
         )
         self.phase_results.append(results)
         self.phase_prompt = prompt  # the last phase's (a Responses continuation starts with it)
@@ -229,7 +228,7 @@ class ToolRun:
             prompt + text_ids,
             left,
             {"tool_call_grammar": self.plan.grammar(opened=True), "stop": []},
-            dataclasses.replace(self.options, reasoning_end_ids=None),
+            self.chat.routes.request_options(self.req, self.client),  # the thinking is over
         )
         async for idx, events, _ in self._phase_events(False):
             yield idx, events

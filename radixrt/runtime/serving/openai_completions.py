@@ -80,13 +80,14 @@ class CompletionRoute:
         rows = max(req.n, beam_search_fields(req).get("beam_width", 1))
         self.tm.check_num_sequences(itertools.repeat(rows, num_prompts))  # before tokenizing
         prompts = await self.prompts(req)
-        options = self.routes.request_options(req, req.logprobs is not None, req.logprobs or 0)
-        handle, results, prompt_tokens = await self.routes.prepare(
+        options = self.routes.request_options(
             req,
-            prompts,
-            req.max_tokens,
-            options,
-            client=client_of(request, self.tm.config, req.cache_salt),
+            client_of(request, self.tm.config, req.cache_salt),
+            req.logprobs is not None,
+            req.logprobs or 0,
+        )
+        handle, results, prompt_tokens = await self.routes.prepare(
+            req, prompts, req.max_tokens, options
         )
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         base = {

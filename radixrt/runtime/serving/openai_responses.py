@@ -19,7 +19,8 @@ from typing import Any, AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
-from radixrt.runtime.request.edge import RequestError, check_cache_salt
+from radixrt.runtime.request.option_checks import check_cache_salt
+from radixrt.runtime.request.request_error import RequestError
 from radixrt.runtime.serving import responses_items as items
 from radixrt.runtime.serving import tool_calls
 from radixrt.runtime.serving.http_io import SSE_HEADERS, read_body, until_disconnect

@@ -15,7 +15,6 @@ from typing import Any, AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from radixrt.runtime.request.edge import LogprobBudget
 from radixrt.runtime.request.options import RequestOptions
 from radixrt.runtime.request.sequence_result import SequenceResult, expand_beams
 from radixrt.runtime.serving.http_io import (
@@ -140,13 +139,15 @@ class OpenAIRoutes:
     def request_options(
         self,
         req: Any,
-        return_logprob: bool,
-        top_logprobs: int,
+        client: str,
+        return_logprob: bool = False,
+        top_logprobs: int = 0,
         reasoning_end_ids: tuple[int, ...] | None = None,
     ) -> RequestOptions:
-        """The options of an OpenAI body (serving/request_options.py), built once per body: its
-        LoRA adapter is the model it names (check_model), its bootstrap fields are checked;
-        reasoning_end_ids: the grammar waits for the end of the thinking (chat_reasoning.py)."""
+        """The options of an OpenAI body (serving/request_options.py): its LoRA adapter is the
+        model it names (check_model), its bootstrap fields are checked; client: whom it counts
+        against (tenants.client_of); reasoning_end_ids: the grammar waits for the end of the
+        thinking (chat_reasoning.py)."""
         return request_options(
             self.tm.config,
             req.bootstrap(),
@@ -158,6 +159,7 @@ class OpenAIRoutes:
             cache_salt=req.cache_salt,
             reasoning_end_ids=reasoning_end_ids,
             priority=req.priority,
+            client=client,
         )
 
     async def prepare(
@@ -167,30 +169,25 @@ class OpenAIRoutes:
         max_tokens: int | None,
         options: RequestOptions,
         extra: dict[str, Any] | None = None,
-        client: str | None = None,
     ) -> tuple[RequestHandle, list[SequenceResult], int]:
-        """Validate and submit: one scheduler request per prompt and copy, each with options
-        (request_options); extra overrides sampling fields; client: whom they count against
-        (tenants.client_of)."""
-        if options.session_id is not None and len(prompts) > 1:
-            raise APIError(
-                "session_id needs a single prompt (a session continues one conversation)",
-                param="session_id",
-            )
-        reqs = []
-        budget = LogprobBudget()  # the body's prompts together
+        """Check and submit: one scheduler request per prompt and copy, each with options
+        (request_options); extra overrides sampling fields."""
         width = beam_search_fields(req).get("beam_width", 1)
-        for ids in prompts:
-            max_new = self.default_max_tokens(len(ids), width) if max_tokens is None else max_tokens
-            sp = await self.tm.validate_sampling(
-                {
-                    **sampling_dict(req, max_new, self.tm.config.json_object_max_depth),
-                    **(extra or {}),
-                },
-                client,
-            )
-            reqs += self.tm.make_requests(ids, sp, options, num_prompts=len(prompts), budget=budget)
-        handle = self.tm.generate(reqs, client)
+        depth = self.tm.config.json_object_max_depth
+        params = [
+            {
+                **sampling_dict(
+                    req,
+                    self.default_max_tokens(len(ids), width) if max_tokens is None else max_tokens,
+                    depth,
+                ),
+                **(extra or {}),
+            }
+            for ids in prompts
+        ]
+        per_prompt_reqs = await self.tm.admit(prompts, params, [options] * len(prompts))
+        reqs = [r for copies in per_prompt_reqs for r in copies]
+        handle = self.tm.generate(reqs)
         return handle, [SequenceResult(r.rid) for r in reqs], sum(len(p) for p in prompts)
 
     @staticmethod

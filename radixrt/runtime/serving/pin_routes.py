@@ -14,9 +14,8 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from radixrt.runtime.core.pins import MAX_PIN_TTL_S
-from radixrt.runtime.core.sessions import MAX_SESSION_ID_CHARS
 from radixrt.runtime.messages import CloseSessionReq, UnpinReq
-from radixrt.runtime.request.edge import MAX_CACHE_SALT_CHARS
+from radixrt.runtime.request.option_checks import MAX_CACHE_SALT_CHARS, MAX_SESSION_ID_CHARS
 from radixrt.runtime.request.options import RequestOptions
 from radixrt.runtime.request.sequence_result import SequenceResult
 from radixrt.runtime.serving.http_io import collect_results, read_body
@@ -66,12 +65,15 @@ def add_pin_routes(app: FastAPI, tm: Any) -> None:
             if req.text is not None
             else req.input_ids
         )
-        # no bootstrap fields in this body: a disaggregated server refuses it (make_requests)
+        # no bootstrap fields in this body: a disaggregated server refuses it (the edge)
         options = RequestOptions(
-            program_id=req.program_id, pin_ttl_s=req.ttl_s, cache_salt=req.cache_salt
+            program_id=req.program_id,
+            pin_ttl_s=req.ttl_s,
+            cache_salt=req.cache_salt,
+            client=client_of(request, config, req.cache_salt),
         )
-        reqs = tm.make_requests(ids, await tm.validate_sampling({"max_new_tokens": 0}), options)
-        handle = tm.generate(reqs, client_of(request, config, req.cache_salt))
+        reqs = (await tm.admit([ids], [{"max_new_tokens": 0}], [options]))[0]
+        handle = tm.generate(reqs)
         res = SequenceResult(reqs[0].rid)
         await collect_results(request, handle, [res])
         return {

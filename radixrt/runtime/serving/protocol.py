@@ -10,7 +10,8 @@ from typing import Any, Callable, Literal, Union
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from radixrt.runtime.request.edge import MAX_CACHE_SALT_CHARS, RequestError
+from radixrt.runtime.request.option_checks import MAX_CACHE_SALT_CHARS
+from radixrt.runtime.request.request_error import RequestError
 
 
 class APIError(Exception):

@@ -1,20 +1,19 @@
 """A request's RequestOptions (request/options.py) from the HTTP body's fields, built once by the
-route that parsed the body and carried unchanged through the tokenizer manager's make_requests.
+route that parsed the body and carried unchanged through the request edge (TokenizerManager.admit).
 
-The body's bootstrap fields are checked here (disaggregation/edge.py's check_bootstrap) before they
-become the options' Bootstrap: a room needs a host, each must be well formed, and a decode server
-takes KV only from its own prefill servers. Whether the request suits a split at all (a room on a
-prefill or decode server, one sequence, no prompt logprobs) is make_requests' check
-(check_disaggregated), after the prompt's own checks.
+The body's bootstrap fields are checked here (request/option_checks.check_bootstrap) as they become
+the options' Bootstrap: a room needs a host, each must be well formed, and a decode server takes KV
+only from its own prefill servers. Whether the request suits a split at all (a room on a prefill or
+decode server, one sequence, no prompt logprobs) is the edge's check, after the prompt's own.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from radixrt.runtime.disaggregation.edge import check_bootstrap
-from radixrt.runtime.request.edge import RequestError
+from radixrt.runtime.request.option_checks import check_bootstrap
 from radixrt.runtime.request.options import RequestOptions
+from radixrt.runtime.request.request_error import RequestError
 from radixrt.runtime.serving.protocol import from_value_error
 
 
@@ -29,7 +28,7 @@ def request_options(
     (GenerateRequest.bootstrap()), checked for this server's --disaggregation-mode (a 4xx naming
     the field); logprob_start_len None is -1 (no prompt logprobs); fields: RequestOptions' others
     (stream, return_logprob, top_logprobs_num, program_id, pin_ttl_s, session_id, lora,
-    cache_salt), as the body gave them (expand_n checks session_id and cache_salt)."""
+    cache_salt, priority, client), as the body gave them (the edge checks them)."""
     try:
         boot = check_bootstrap(
             config.disaggregation_mode, *bootstrap, prefill_addrs=config.prefill_bootstrap_addrs

@@ -12,7 +12,7 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from radixrt.runtime.request.edge import MAX_CACHE_SALT_CHARS
+from radixrt.runtime.request.option_checks import MAX_CACHE_SALT_CHARS
 
 MAX_ID_CHARS = 128  # a response id (ours are "resp_" + 48 hex digits)
 

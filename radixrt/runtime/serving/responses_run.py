@@ -146,7 +146,9 @@ class ResponseRun:
         """Submit (a bad request is a 4xx here, before anything is answered)."""
         self.prompt = prompt
         if self.uses_tools:
-            options = self.routes.request_options(self.creq, False, 0, self.thinking.end_ids)
+            options = self.routes.request_options(
+                self.creq, self.client, reasoning_end_ids=self.thinking.end_ids
+            )
             self.tool_run = ToolRun(
                 self.chat,
                 self.creq,
@@ -159,10 +161,12 @@ class ResponseRun:
             )
             await self.tool_run.start()
             return
-        options = self.routes.request_options(self.creq, False, 0, self.thinking.end_ids)
+        options = self.routes.request_options(
+            self.creq, self.client, reasoning_end_ids=self.thinking.end_ids
+        )
         try:
             self.handle, self.results, self.prompt_tokens = await self.routes.prepare(
-                self.creq, [prompt], max_tokens, options, client=self.client
+                self.creq, [prompt], max_tokens, options
             )
         except APIError as e:  # text.format's schema is the chat route's json_schema
             if e.param in ("json_schema", "ebnf") and self.creq.response_format is not None:

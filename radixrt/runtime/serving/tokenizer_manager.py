@@ -1,7 +1,8 @@
-"""The main process's side of the runtime: tokenize, validate, send, and route the text deltas back.
+"""The main process's side of the runtime: tokenize, run the request edge, send, and route the text
+deltas back.
 
-Everything that can be checked is checked here, so a bad request is a 4xx and never reaches the
-scheduler. Each scheduler request (one per sequence: n>1 is expanded into rid-0..rid-{n-1})
+The request edge (request/edge.admit: every check, then n-expansion) runs here for every route, so
+a bad request is a 4xx and never reaches the scheduler. Each scheduler request (one per sequence: n>1 is expanded into rid-0..rid-{n-1})
 has a state whose queue receives its text deltas. The manager holds a `SchedulerClient` (.scheduler,
 scheduler_client.py: the sockets, the routing of deltas, heartbeats, admin round trips); a
 `RequestHandle` (request_handle.py) iterates the deltas of one HTTP request and aborts whatever is
@@ -11,7 +12,6 @@ unfinished when it is closed.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import uuid
 from typing import Any, Iterable
@@ -19,18 +19,17 @@ from typing import Any, Iterable
 from radixrt.runtime import messages
 from radixrt.runtime.cache_tree_text import add_previews
 from radixrt.runtime.config import ServerConfig
-from radixrt.runtime.disaggregation.edge import check_disaggregated
 from radixrt.runtime.messages import TokenizedGenerateReq
 from radixrt.runtime.request.edge import (
-    EdgeLimits,
-    LogprobBudget,
-    RequestError,
-    check_prompt,
-    constraint_of,
-    expand_n,
+    STOP_REGEX,
+    EdgeRules,
+    admit,
+    check_sampling,
+    needs_compile,
     rows_of,
 )
 from radixrt.runtime.request.options import RequestOptions
+from radixrt.runtime.request.prompt_checks import EdgeLimits
 from radixrt.runtime.request.sampling_params import SamplingParams
 from radixrt.runtime.request.stop_regex_check import StopRegexChecker
 from radixrt.runtime.serving.metrics import ServerMetrics
@@ -104,28 +103,57 @@ class TokenizerManager:
     async def validate_sampling(
         self, params: dict[str, Any] | None, client: str | None = None
     ) -> SamplingParams:
-        """params checked; a constraint compiled at the edge counts against client's share."""
-        try:
-            sp = SamplingParams.from_dict(params)
-        except (ValueError, TypeError) as e:  # TypeError: a non-dict
-            raise from_value_error(ValueError(str(e))) from None
-        if sp.stop_regex:
-            await self._check_stop_regex(sp.stop_regex, client)
-        constraint = constraint_of(sp)
-        if constraint is not None:
-            await self._validate_constraint(*constraint, client)
-        return sp
+        """A sampling dict checked as the edge checks it (request/edge.check_sampling), alone: a
+        constraint a later phase of the request will use (openai_chat_tools.py)."""
+        return await self._edge([params], client, check_sampling, params, self._validate)
 
-    async def _check_stop_regex(self, patterns: list[str], client: str | None) -> None:
-        """Their automata are built in a compile worker and awaited off the event loop
-        (stop_regex_check.py), counted in the client's share of compiles."""
-        self._compiles.take(client)
+    async def admit(
+        self, prompts: list[list[int]], params: list[Any], options: list[RequestOptions]
+    ) -> list[list[TokenizedGenerateReq]]:
+        """The request edge (request/edge.admit) over a body's prompts, one sampling dict and one
+        options per prompt (built once by the route: serving/request_options.py): each prompt's
+        scheduler requests, or an APIError naming the field."""
+        client = options[0].client if options else None
+        rules = EdgeRules(
+            self.limits, tuple(self.scheduler.lora_adapters), self.config.disaggregation_mode
+        )
+        return await self._edge(
+            params,
+            client,
+            admit,
+            prompts,
+            params,
+            options,
+            rules,
+            new_rid=self.new_rid,
+            validate=self._validate,
+        )
+
+    async def _edge(
+        self, params: list[Any], client: str | None, run: Any, *a: Any, **k: Any
+    ) -> Any:
+        """run(*a, **k), an edge function: on the event loop when no sampling dict of params names
+        anything to compile, else on a worker thread (a stop regex or a constraint compiles in the
+        compile workers, up to their timeout: the loop, /health and every stream, never waits),
+        counted in client's share of compiles. A refusal is an APIError naming the field."""
         try:
-            await asyncio.wrap_future(self._stop_regex.submit(patterns))
-        except ValueError as e:
-            raise APIError(str(e), param="stop_regex") from None
-        finally:
-            self._compiles.give_back(client)
+            if not any(needs_compile(p) for p in {id(p): p for p in params}.values()):
+                return run(*a, **k)
+            self._compiles.take(client)
+            try:
+                return await asyncio.to_thread(run, *a, **k)
+            finally:
+                self._compiles.give_back(client)
+        except ValueError as e:  # RequestError, or SamplingParams' own words
+            raise from_value_error(e) from None
+
+    def _validate(self, kind: str, spec: Any) -> None:
+        """The edge's validator, on a worker thread: stop regexes built by the compile worker
+        (stop_regex_check.py), a constraint normalised and compiled in the grammar workers."""
+        if kind == STOP_REGEX:
+            self._stop_regex.check(spec)
+        elif self._grammar is not None:
+            self._grammar.for_kind(kind).validate(kind, spec)
 
     def _decode_vocabulary(self) -> list[str]:
         return self.tokenizer.batch_decode([[i] for i in range(len(self.tokenizer))])
@@ -176,39 +204,6 @@ class TokenizerManager:
             int(self.scheduler.startup_server_info.get("page_size", 1)),
         )
 
-    def make_requests(
-        self,
-        input_ids: list[int],
-        sp: SamplingParams,
-        options: RequestOptions,
-        num_prompts: int = 1,
-        budget: LogprobBudget | None = None,
-    ) -> list[TokenizedGenerateReq]:
-        """One prompt -> sp.n scheduler requests (seeds seed+i), each with options (built once by
-        the route: serving/request_options.py), after checking it can ever run. num_prompts: the
-        body's prompts (a disaggregated server takes one); budget: the body's logprob items so far
-        (one per body, so its prompts together stay under the cap)."""
-        lora = options.lora
-        adapters = self.scheduler.lora_adapters
-        if lora is not None and lora not in adapters:
-            loaded = ", ".join(adapters) or "none"
-            raise APIError(
-                f"LoRA adapter {lora!r} is not loaded (loaded: {loaded})", param="lora_path"
-            )
-        try:
-            check_prompt(input_ids, sp, self.limits, options, budget)
-            check_disaggregated(
-                self.config.disaggregation_mode,
-                options.bootstrap,
-                num_prompts=num_prompts,
-                n=sp.n,
-                is_beam=sp.is_beam,
-                logprob_start_len=options.logprob_start,  # -1 unless prompt logprobs were asked
-            )
-            return expand_n(self.new_rid(), input_ids, sp, options)
-        except RequestError as e:
-            raise from_value_error(e) from None
-
     def check_num_sequences(self, rows_per_prompt: Iterable[int]) -> None:
         """Refuse a body that asks for more sequences (each prompt's n, or a beam search's width)
         than max_prompts_per_request, right after it is parsed: before any prompt is tokenized,
@@ -226,11 +221,11 @@ class TokenizerManager:
                 param="prompt",
             )
 
-    def generate(
-        self, reqs: list[TokenizedGenerateReq], client: str | None = None
-    ) -> RequestHandle:
-        """Send reqs; client (serving/tenants.py) is held to its share of the in-flight slots."""
+    def generate(self, reqs: list[TokenizedGenerateReq]) -> RequestHandle:
+        """Send reqs (one body's, from admit); their client (options.client: serving/tenants.py)
+        is held to its share of the in-flight slots."""
         scheduler = self.scheduler
+        client = reqs[0].options.client if reqs else None
         scheduler.check_alive()
         if len(reqs) > self.config.max_prompts_per_request:
             raise APIError(
@@ -251,8 +246,6 @@ class TokenizerManager:
         if client is not None:  # then this client's share of them (serving/tenants.py), in rows
             held = sum(st.rows for st in states.values() if st.client == client)
             check_in_flight(held, sum(rows), self.config.requests_per_client)
-        if client is not None:  # admission takes turns across clients (schedule_policy.py)
-            reqs = [dataclasses.replace(r, options=r.options.with_client(client)) for r in reqs]
         # encode all first: a request that cannot be sent (it never should, after the edge's bounds)
         # is refused whole and leaves nothing registered behind
         try:
@@ -276,8 +269,8 @@ class TokenizerManager:
     async def cache_tree(
         self, max_depth: int, max_nodes: int, timeout: float = 30.0
     ) -> dict[str, Any]:
-        """The scheduler's cache view with text previews (decoded here: the scheduler has no
-        tokenizer)."""
+        """The scheduler's cache view with text previews (decoded here, off the scheduler's step:
+        the view crosses the socket as ids)."""
         view = await self.scheduler.cache_view(max_depth, max_nodes, timeout)
         if "error" in view:
             raise APIError(f"the cache view failed: {view['error']}", 500, "server_error")
