@@ -95,3 +95,53 @@ def test_gguf_four_bit_types_get_copies_and_the_others_none(qtype):
     torch.testing.assert_close(
         int4(x).float(), expected, atol=0.01 * float(expected.abs().max()), rtol=0.02
     )
+
+
+def test_every_compiled_bucket_of_an_int4_plan_runs_and_multiplies_like_the_weight(tmp_path):
+    """A plan reading int4 at every row count (an AVX2 machine's: its int8 kernel is slow)
+    compiles each bucket's matmuls as the whole-step graph does (llama_layer.linear with the
+    bucket's dims; in a bucket of many row counts each layer is a region, torch's invoke_subgraph,
+    traced with symbolic rows), and each runs at the bucket's row counts. Traced into a region,
+    torch 2.13's int4 kernel fails when run ("group size must be a scalar"): a compiled engine
+    could not start on such a plan."""
+    from radixrt.runtime.model.compiled_layers import CompiledLayers, load_or_compile
+    from radixrt.runtime.model.layer_tracing import trace_dims
+    from radixrt.runtime.model.models import llama_layer, llama_step
+
+    w = q4_weight(64, 2 * GROUP, seed=3)
+    lin = Linear(w.bfloat16(), copies=IntCopies.of(w))
+    lin.set_plan((MAX_ROWS, INT4))
+    args = lin.op_args()
+    weights = [a for a in args if isinstance(a, torch.Tensor)]
+    dims = llama_layer.LayerDims(1, 1, 8, 8, 1e-5, torch.bfloat16, torch.float32, torch.float32)
+    layers = CompiledLayers(dims, 4, tmp_path, (MAX_ROWS, INT4))
+
+    def layer(bucket, x, *tensors):  # as llama_step.decode_step: a region where not static
+        it = iter(tensors)
+        op_args = tuple(next(it) if isinstance(a, torch.Tensor) else a for a in args)
+        d = layers.dims_of(bucket)
+        return (
+            llama_step._region(
+                not bucket.static,
+                lambda h, *a: (llama_layer.linear(d, h, a),),
+                "lin",
+                (x, *op_args),
+            ),
+        )
+
+    for bucket in layers.buckets[:2]:  # one token, small batches
+        rows = [bucket.min_tokens, min(bucket.max_tokens, 4)]
+        examples = [torch.zeros(3 if rows[1] > 1 else 1, 64, dtype=torch.bfloat16), *weights]
+        dyn = [() if bucket.static else (0,)] + [()] * len(weights)
+        traced = trace_dims(lambda *t, b=bucket: layer(b, *t), examples, dyn)
+        fn, _, _ = load_or_compile(
+            tmp_path / bucket.name.replace(" ", "-"),
+            lambda g=traced, e=examples: (g, e),
+            static=bucket.static,
+        )
+        for n in sorted(set(rows)):
+            x = torch.randn(n, 64, generator=torch.Generator().manual_seed(n))
+            out = fn(x.bfloat16(), *weights)
+            out = (out[0] if isinstance(out, (list, tuple)) else out).float()
+            want = x.bfloat16().float() @ w.t()
+            torch.testing.assert_close(out, want, atol=0.02 * float(out.abs().max()), rtol=0.02)

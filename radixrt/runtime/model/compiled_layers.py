@@ -140,6 +140,12 @@ class CompiledLayers:
     def dims_of(self, bucket: Bucket) -> LayerDims:
         fmt = linear.uniform_format(self.plan, bucket.min_tokens, bucket.max_tokens)
         traced = fmt if fmt in linear.TRACED_FORMATS else None
+        if traced == linear.INT4 and not bucket.static:
+            # a bucket of many row counts runs each layer as a region (torch's invoke_subgraph),
+            # and torch 2.13's int4 kernel traced into a region fails when run ("group size must
+            # be a scalar"): there it goes through the linear operator (a plan reading int4 up to
+            # 32 rows, as an AVX2 machine's does, could not start a compiled engine)
+            traced = None
         return LayerDims(**{**self.dims.__dict__, "traced_format": traced})
 
     def bucket_of(self, num_tokens: int) -> Bucket:
