@@ -114,15 +114,15 @@ def main(argv: list[str] | None = None) -> int:
 
             code = run_headless_node(config)
         elif config.pd is not None:
-            from radixrt.runtime.serving.pd_launch import launch_pd
+            from radixrt.runtime.serving.launch.pd_launch import launch_pd
 
             code = launch_pd(config)
         elif config.dp_size > 1:
-            from radixrt.runtime.serving.dp_launch import launch_dp
+            from radixrt.runtime.serving.launch.dp_launch import launch_dp
 
             code = launch_dp(config)
         else:
-            from radixrt.runtime.serving.launch import launch_server
+            from radixrt.runtime.serving.launch.launch import launch_server
 
             code = launch_server(config, args.scheduler_class)
         # Children are stopped and sockets removed: skip the interpreter's slow teardown of torch.

@@ -154,7 +154,7 @@ class ServerConfig:
     tool_call_parser: str | None = _opt(
         None, "the model's own tool-call format, read from the free text of a tool_choice auto "
         "answer (unset: the Hermes envelope, constrained once the model opens a call); "
-        "required / a named function stay grammar-constrained (serving/tool_parsers/)",
+        "required / a named function stay grammar-constrained (serving/openai_api/tool_parsers/)",
         ("hermes", "qwen25", "llama3", "mistral", "pythonic"),
     )  # fmt: skip
     host: str = _opt("127.0.0.1", "HTTP bind address (loopback by default)")
@@ -208,7 +208,7 @@ class ServerConfig:
     dp_size: int = _opt(
         1,
         "data parallel replicas behind a gateway (--router-backend, pip install smg); it "
-        "listens on --host/--port (serving/dp_launch.py)",
+        "listens on --host/--port (serving/launch/dp_launch.py)",
     )
     router_backend: str = _opt(
         "smg",
@@ -262,7 +262,7 @@ class ServerConfig:
     pd: str | None = _opt(
         None,
         "start a local disaggregated deployment: 1p1d = a prefill server, a decode server and "
-        "the gateway's PD mode on --host/--port (serving/pd_launch.py)",
+        "the gateway's PD mode on --host/--port (serving/launch/pd_launch.py)",
         ("1p1d",),
     )
     tp_size: int = _opt(
@@ -298,7 +298,7 @@ class ServerConfig:
     profile_dir: str | None = _opt(None, "the directory /start_profile writes traces in")
     reasoning_parser: str | None = _opt(
         None, "a reasoning model's thinking into reasoning_content, its answer into content; "
-        "a grammar constrains only the answer (serving/reasoning_parser.py)",
+        "a grammar constrains only the answer (serving/openai_api/reasoning_parser.py)",
         ("deepseek-r1", "qwen3", "qwen3-thinking"),
     )  # fmt: skip
 

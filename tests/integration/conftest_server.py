@@ -14,7 +14,7 @@ import time
 import psutil
 
 from radixrt.runtime.processes import free_port, wait_until_healthy  # noqa: F401 (tests import free_port here)
-from radixrt.runtime.serving.dp_launch import wait_until_routing
+from radixrt.runtime.serving.launch.dp_launch import wait_until_routing
 
 STARTUP_TIMEOUT_S = 420  # model load is 10-40 s alone; several parallel test sessions slow it a lot
 HERE = pathlib.Path(__file__).parent

@@ -52,7 +52,7 @@ def runtime_available() -> bool:
     import importlib.util
 
     return importlib.util.find_spec(
-        "radixrt.runtime.serving.launch"
+        "radixrt.runtime.serving.launch.launch"
     ) is not None and not os.environ.get("RADIXRT_NO_SERVE")
 
 

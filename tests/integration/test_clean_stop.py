@@ -17,7 +17,7 @@ import pytest
 from conftest_server import free_port
 
 from radixrt.runtime.processes import wait_until_healthy
-from radixrt.runtime.serving.dp_launch import router_available, wait_until_routing
+from radixrt.runtime.serving.launch.dp_launch import router_available, wait_until_routing
 
 SCHEMA = '{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}'
 

@@ -112,7 +112,7 @@ def test_ebnf_output_parses_with_an_independent_parser(engines, name):
 
 
 def test_json_object_is_real_json_at_any_depth(engines):
-    from radixrt.runtime.serving.openai_sampling import JSON_OBJECT_LARK
+    from radixrt.runtime.serving.openai_api.openai_sampling import JSON_OBJECT_LARK
 
     engine = engines["llguidance"]
     prompts = [
@@ -204,7 +204,7 @@ def test_json_object_depth_is_bounded_by_the_flag(tokenizer, max_depth):
     import llguidance.hf
     from llguidance.gbnf_to_lark import any_to_lark
 
-    from radixrt.runtime.serving.openai_sampling import json_object_grammar
+    from radixrt.runtime.serving.openai_api.openai_sampling import json_object_grammar
 
     llt = llguidance.hf.from_tokenizer(tokenizer, n_vocab=len(tokenizer))
     grammar = llguidance.LLMatcher.grammar_from_lark(any_to_lark(json_object_grammar(max_depth)))

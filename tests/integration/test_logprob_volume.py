@@ -12,7 +12,7 @@ import pytest
 from conftest_server import ServerProcess
 
 from radixrt.runtime.request.prompt_checks import MAX_LOGPROB_ITEMS
-from radixrt.runtime.serving.tokenizer_manager import TokenizerManager
+from radixrt.runtime.serving.http.tokenizer_manager import TokenizerManager
 
 TOP = 20
 

@@ -19,7 +19,7 @@ from conftest_server import ServerProcess
 from test_lora_engine import PROMPTS, make_adapter, peft_greedy
 
 from radixrt.runtime.model.lora_paths import REFUSED
-from radixrt.runtime.serving.lora_loads import READ_DELAY_ENV
+from radixrt.runtime.serving.backend.lora_loads import READ_DELAY_ENV
 
 MAX_NEW = 8
 READ_DELAY_S = 1.5  # every load of this module's server reads this much longer (a slow disk)

@@ -1,4 +1,4 @@
-"""The gate's key levels (serving/auth_levels.py) on the real app (create_app) over a stub tokenizer
+"""The gate's key levels (serving/http/auth_levels.py) on the real app (create_app) over a stub tokenizer
 manager: each level under each key setup for each caller, POST-only profiling, /get_server_info's
 two views, and a crash's generic answer. Truth: the table SGLang's levels imply, written out."""
 
@@ -12,9 +12,9 @@ from starlette.testclient import TestClient
 
 from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.messages import ProfileOut
-from radixrt.runtime.serving.auth_levels import ROUTE_LEVELS
-from radixrt.runtime.serving.http_app import create_app
-from radixrt.runtime.serving.metrics import ServerMetrics
+from radixrt.runtime.serving.http.auth_levels import ROUTE_LEVELS
+from radixrt.runtime.serving.http.http_app import create_app
+from radixrt.runtime.serving.http.metrics import ServerMetrics
 
 API, ADMIN = "api-key-1", "admin-key-2"
 SESSION = "chat-of-another-tenant"

@@ -14,9 +14,9 @@ import pytest
 from starlette.testclient import TestClient
 
 from radixrt.runtime.config import ServerConfig
-from radixrt.runtime.serving.http_app import create_app
-from radixrt.runtime.serving.metrics import ServerMetrics
-from radixrt.runtime.serving.tokenizer_manager import TokenizerManager
+from radixrt.runtime.serving.http.http_app import create_app
+from radixrt.runtime.serving.http.metrics import ServerMetrics
+from radixrt.runtime.serving.http.tokenizer_manager import TokenizerManager
 
 LIMIT = 256  # the default
 

@@ -4,7 +4,7 @@ import socket
 
 import pytest
 
-from radixrt.runtime.serving.browser_guard import BrowserGuard, host_name
+from radixrt.runtime.serving.http.browser_guard import BrowserGuard, host_name
 
 
 @pytest.mark.parametrize(

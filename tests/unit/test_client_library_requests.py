@@ -13,7 +13,7 @@ from client_models import Person
 from pydantic import BaseModel, Field
 
 from radixrt.runtime.constrained.spec import grammar_key, spec_regex
-from radixrt.runtime.serving.tool_calls import plan_tools
+from radixrt.runtime.serving.openai_api.tool_calls import plan_tools
 
 
 class Node(BaseModel):

@@ -13,9 +13,9 @@ from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.request.edge import expand_n
 from radixrt.runtime.request.options import RequestOptions
 from radixrt.runtime.request.sampling_params import SamplingParams
-from radixrt.runtime.serving.metrics import ServerMetrics
-from radixrt.runtime.serving.protocol import APIError
-from radixrt.runtime.serving.tokenizer_manager import TokenizerManager
+from radixrt.runtime.serving.http.metrics import ServerMetrics
+from radixrt.runtime.serving.http.protocol import APIError
+from radixrt.runtime.serving.http.tokenizer_manager import TokenizerManager
 
 PER_CLIENT = 8
 

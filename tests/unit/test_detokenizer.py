@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from radixrt.runtime.messages import BatchTokenOut, DetokenizeReq
 from radixrt.runtime.request.incremental_detokenizer import IncrementalDetokenizer
-from radixrt.runtime.serving.detokenizer import DetokenizerManager
+from radixrt.runtime.serving.backend.detokenizer import DetokenizerManager
 
 EOS = 1000
 

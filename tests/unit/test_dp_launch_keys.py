@@ -11,7 +11,7 @@ import types
 import pytest
 
 from radixrt.runtime.config import ServerConfig
-from radixrt.runtime.serving import dp_launch, router_main
+from radixrt.runtime.serving.launch.launch import dp_launch, router_main
 
 API, ADMIN = "api-key-in-no-argv-1", "admin-key-in-no-argv-2"
 
@@ -43,7 +43,12 @@ def test_started_servers_and_router_carry_keys_in_the_environment(monkeypatch):
         assert not [a for a in args if API in a or ADMIN in a], args
     (_, replica_env), router = Recorded.calls[0], Recorded.calls[2]
     assert replica_env["RADIXRT_API_KEY"] == API and replica_env["RADIXRT_ADMIN_API_KEY"] == ADMIN
-    assert router[0][:4] == [sys.executable, "-m", "radixrt.runtime.serving.router_main", "smg"]
+    assert router[0][:4] == [
+        sys.executable,
+        "-m",
+        "radixrt.runtime.serving.launch.router_main",
+        "smg",
+    ]
     # the router needs the API key (it asks clients for it); the admin key is not its to hold
     assert router[1][router_main.ROUTER_KEY_ENV] == API and ADMIN not in router[1].values()
     Recorded.calls = []

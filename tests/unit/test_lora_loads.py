@@ -1,4 +1,4 @@
-"""LoRA loads in the scheduler process (serving/lora_loads.py): the read runs on a worker thread, so
+"""LoRA loads in the scheduler process (serving/backend/lora_loads.py): the read runs on a worker thread, so
 the loop's call returns at once while it runs; answers come back in arrival order (the scheduler
 client pairs them by order); refusals name their field, a read's failure of any kind is the one
 text. Truth: a scheduler stand-in whose read blocks until the test releases it, and which records
@@ -12,7 +12,7 @@ import types
 
 from radixrt.runtime.messages import LoraAdapterReq
 from radixrt.runtime.model.lora_paths import REFUSED, LoraRefused
-from radixrt.runtime.serving.lora_loads import LoraLoads
+from radixrt.runtime.serving.backend.lora_loads import LoraLoads
 
 
 class SlowScheduler:

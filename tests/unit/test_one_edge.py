@@ -24,9 +24,9 @@ from radixrt.runtime.request.edge import EdgeRules, admit
 from radixrt.runtime.request.options import Bootstrap, RequestOptions
 from radixrt.runtime.request.prompt_checks import EdgeLimits
 from radixrt.runtime.request.request_error import RequestError
-from radixrt.runtime.serving.protocol import APIError
-from radixrt.runtime.serving.tenants import CompileShares
-from radixrt.runtime.serving.tokenizer_manager import TokenizerManager
+from radixrt.runtime.serving.http.protocol import APIError
+from radixrt.runtime.serving.http.tenants import CompileShares
+from radixrt.runtime.serving.http.tokenizer_manager import TokenizerManager
 
 CONTEXT = 256
 RULES = EdgeRules(EdgeLimits(VOCAB, CONTEXT, 4000), loras=("a",))

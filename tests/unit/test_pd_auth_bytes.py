@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 from starlette.datastructures import Headers
 
-from radixrt.runtime.serving.pd_auth import check_bootstrap_auth
-from radixrt.runtime.serving.protocol import APIError
+from radixrt.runtime.serving.http.pd_auth import check_bootstrap_auth
+from radixrt.runtime.serving.http.protocol import APIError
 
 FIELDS = ("10.0.0.2", 8998, 1234)
 

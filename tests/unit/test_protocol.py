@@ -15,19 +15,19 @@ from radixrt.runtime import messages
 from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.request.sampling_params import SamplingParams
 from radixrt.runtime.request.sequence_result import SequenceResult
-from radixrt.runtime.serving.http_io import raise_error, sse
-from radixrt.runtime.serving.openai_sampling import (
-    JSON_OBJECT_LARK,
-    constraint_from_request,
-    sampling_dict,
-)
-from radixrt.runtime.serving.protocol import (
+from radixrt.runtime.serving.http.http_io import raise_error, sse
+from radixrt.runtime.serving.http.protocol import (
     APIError,
     ChatCompletionRequest,
     CompletionRequest,
     GenerateRequest,
     from_value_error,
     parse_body,
+)
+from radixrt.runtime.serving.openai_api.openai_sampling import (
+    JSON_OBJECT_LARK,
+    constraint_from_request,
+    sampling_dict,
 )
 
 
@@ -381,7 +381,7 @@ def test_cli_flags_come_from_the_config():
 
 
 def test_ipc_dir_is_private():
-    from radixrt.runtime.serving.launch import IpcPaths
+    from radixrt.runtime.serving.launch.launch import IpcPaths
 
     ipc = IpcPaths.create()
     try:

@@ -1,4 +1,4 @@
-"""Reasoning parsers (serving/reasoning_parser.py) and the grammar held back until the thinking ends
+"""Reasoning parsers (serving/openai_api/reasoning_parser.py) and the grammar held back until the thinking ends
 (constrained/reasoning_gate.py).
 
 Truths: an oracle written here with str.split for what each format means (SGLang's semantics: the
@@ -20,7 +20,7 @@ from test_grammar import compiled, validator
 
 from radixrt.runtime.constrained.backend import GrammarBackend
 from radixrt.runtime.constrained.reasoning_gate import ThinkingGate
-from radixrt.runtime.serving.reasoning_parser import (
+from radixrt.runtime.serving.openai_api.reasoning_parser import (
     FORMATS,
     ReasoningParser,
     reasoning_token_count,

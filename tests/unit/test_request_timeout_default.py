@@ -1,6 +1,6 @@
 """A request that sets no timeout of its own is aborted once the default request_timeout (600 s)
 has passed, on a server started with no --request-timeout. The timeout is applied where the HTTP
-side waits on the request's outputs (serving/request_handle.py); here its clock and the event loop's
+side waits on the request's outputs (serving/http/request_handle.py); here its clock and the event loop's
 are one virtual clock that jumps to the next timer instead of sleeping, so 600 s pass at once.
 
 Truth: the configuration `radixrt serve` builds from no flags, the request sent to the scheduler
@@ -18,9 +18,9 @@ from radixrt.runtime import messages
 from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.messages import AbortReq, TokenizedGenerateReq
 from radixrt.runtime.request.sampling_params import SamplingParams
-from radixrt.runtime.serving import request_handle
-from radixrt.runtime.serving.scheduler_client import SchedulerClient
-from radixrt.runtime.serving.tokenizer_manager import TokenizerManager
+from radixrt.runtime.serving.http import request_handle
+from radixrt.runtime.serving.http.scheduler_client import SchedulerClient
+from radixrt.runtime.serving.http.tokenizer_manager import TokenizerManager
 
 DEFAULT_TIMEOUT_S = 600
 

@@ -17,13 +17,18 @@ from openai.types.responses import (
 )
 from pydantic import TypeAdapter
 
-from radixrt.runtime.serving import responses_items as items
-from radixrt.runtime.serving.protocol import APIError, ChatCompletionRequest
-from radixrt.runtime.serving.responses_protocol import TextConfig
-from radixrt.runtime.serving.responses_run import Prompts
-from radixrt.runtime.serving.responses_store import ResponsesStore, StoredResponse
-from radixrt.runtime.serving.responses_stream import OutputBuilder, SSEWriter
-from radixrt.runtime.serving.tool_parsers.events import ArgsDelta, CallEnd, CallStart, Content
+from radixrt.runtime.serving.http.protocol import APIError, ChatCompletionRequest
+from radixrt.runtime.serving.openai_api import responses_items as items
+from radixrt.runtime.serving.openai_api.responses_protocol import TextConfig
+from radixrt.runtime.serving.openai_api.responses_run import Prompts
+from radixrt.runtime.serving.openai_api.responses_store import ResponsesStore, StoredResponse
+from radixrt.runtime.serving.openai_api.responses_stream import OutputBuilder, SSEWriter
+from radixrt.runtime.serving.openai_api.tool_parsers.events import (
+    ArgsDelta,
+    CallEnd,
+    CallStart,
+    Content,
+)
 
 EVENT = TypeAdapter(ResponseStreamEvent)
 OUTPUT_ITEM = TypeAdapter(ResponseOutputItem)

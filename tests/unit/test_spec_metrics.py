@@ -7,7 +7,7 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from radixrt.runtime.serving.metrics import ServerMetrics
+from radixrt.runtime.serving.http.metrics import ServerMetrics
 
 
 def sample(metrics: ServerMetrics, name: str) -> float:

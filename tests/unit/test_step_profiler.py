@@ -1,4 +1,4 @@
-"""/start_profile writes only inside the operator's directory (serving/step_profiler.py): a
+"""/start_profile writes only inside the operator's directory (serving/backend/step_profiler.py): a
 request's output_dir must resolve to --profile-dir or inside it. Truth: the directories the test
 builds (`..`, a symlink out, an absolute path elsewhere) and what exists on disk afterwards."""
 
@@ -9,7 +9,11 @@ import os
 import pytest
 
 from radixrt.runtime.config import ServerConfig
-from radixrt.runtime.serving.step_profiler import StepProfiler, check_output_dir, profile_root
+from radixrt.runtime.serving.backend.step_profiler import (
+    StepProfiler,
+    check_output_dir,
+    profile_root,
+)
 
 
 def test_output_dir_must_resolve_inside_the_profile_dir(tmp_path):

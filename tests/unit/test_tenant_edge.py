@@ -1,4 +1,4 @@
-"""Tenants at the HTTP edge (serving/tenants.py): who a client is, the cached_tokens a client is
+"""Tenants at the HTTP edge (serving/http/tenants.py): who a client is, the cached_tokens a client is
 told, and the per-client share of the edge's grammar compiles, checked on the tokenizer manager's
 own validation path with a compile that blocks until released (the truth: which calls are refused
 while the others are still compiling). The in-flight cap on a real server: test_tenant_battery.py."""
@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 
 from radixrt.runtime.constrained.compile_pool import CompilePool
-from radixrt.runtime.serving.protocol import APIError
-from radixrt.runtime.serving.tenants import (
+from radixrt.runtime.serving.http.protocol import APIError
+from radixrt.runtime.serving.http.tenants import (
     CACHED_TOKENS_GRANULE,
     MAX_COMPILES_PER_CLIENT,
     CompileShares,
@@ -21,7 +21,7 @@ from radixrt.runtime.serving.tenants import (
     client_of,
     reported_cached_tokens,
 )
-from radixrt.runtime.serving.tokenizer_manager import TokenizerManager
+from radixrt.runtime.serving.http.tokenizer_manager import TokenizerManager
 
 
 def request(host="10.0.0.1", auth=None):

@@ -1,7 +1,7 @@
 """Tenants in the scheduler (core/namespaces.py): KV is shared only between requests of the same
 cache_salt. Truth: the fake runner checks every KV slot a request reads holds its own token, outputs
 equal `reference_output`, and a cache hit is the scheduler's cached_tokens (exact here: the HTTP
-edge rounds it, serving/tenants.py); integrity after every step (drain) and every page back at the
+edge rounds it, serving/http/tenants.py); integrity after every step (drain) and every page back at the
 end. Every path that keys by the tree's keys is crossed with two salts: the pool, the second tier,
 forks of the same prompt, pins, sessions, beams, prompt-lookup drafts, LoRA unloads, the namespace
 table's bound and the cache view."""

@@ -132,7 +132,7 @@ def test_corrupt_tier_in_a_conversation_is_recomputed():
 
 
 def test_tier_figures_reach_server_info_and_metrics():
-    from radixrt.runtime.serving.metrics import HICACHE_GAUGES, ServerMetrics
+    from radixrt.runtime.serving.http.metrics import HICACHE_GAUGES, ServerMetrics
 
     s = make(True, page_size=1)
     conversations(s, random.Random(2), turns=2)

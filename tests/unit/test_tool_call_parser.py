@@ -7,7 +7,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixrt.runtime.serving.tool_parsers import (
+from radixrt.runtime.serving.openai_api.tool_parsers import (
     ArgsDelta,
     CallEnd,
     CallStart,

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixrt.runtime.config import ServerConfig
-from radixrt.runtime.serving.tool_parsers import (
+from radixrt.runtime.serving.openai_api.tool_parsers import (
     PARSERS,
     ArgsDelta,
     CallEnd,

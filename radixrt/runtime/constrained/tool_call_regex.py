@@ -4,9 +4,9 @@ A call is `<tool_call>\n{"name": NAME, "arguments": ARGS}\n</tool_call>` where N
 request's tools and ARGS matches that tool's parameter schema (json_schema/to_regex.py enforces it);
 parallel calls follow each other separated by a newline. `opened`: the text starts after an opening
 `<tool_call>` the model wrote itself (tool_choice auto: free text until the model opens a call, then
-this grammar). serving/tool_calls.py renders the same format into prompts;
-serving/tool_call_parser.py reads it back. The spec is plain JSON so it keys the grammar cache and
-crosses into compile workers.
+this grammar). serving/openai_api/tool_calls.py renders the same format into prompts;
+serving/openai_api/tool_parsers/ reads it back. The spec is plain JSON so it keys the grammar cache
+and crosses into compile workers.
 """
 
 from __future__ import annotations

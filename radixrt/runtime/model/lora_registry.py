@@ -3,7 +3,7 @@ forward reads (lora_pool.py), and per forward the slots its items name, filled f
 held another adapter.
 
 A run-time load is two calls: read() (the files, on any thread: it touches no state here; the
-scheduler process runs it on a worker thread, serving/lora_loads.py) and install() (on the
+scheduler process runs it on a worker thread, serving/backend/lora_loads.py) and install() (on the
 scheduler's thread). What read() may open is lora_paths.py's rule."""
 
 from __future__ import annotations
