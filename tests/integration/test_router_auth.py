@@ -19,7 +19,7 @@ import pytest
 
 from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.processes import free_port
-from radixrt.runtime.serving.launch.launch import dp_launch, router_main
+from radixrt.runtime.serving.launch import dp_launch, router_main
 
 KEY = "router-key-seen-by-no-ps-1"
 ISOLATING = {

@@ -11,7 +11,7 @@ import types
 import pytest
 
 from radixrt.runtime.config import ServerConfig
-from radixrt.runtime.serving.launch.launch import dp_launch, router_main
+from radixrt.runtime.serving.launch import dp_launch, router_main
 
 API, ADMIN = "api-key-in-no-argv-1", "admin-key-in-no-argv-2"
 

@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from radixrt.runtime.config import ServerConfig
 from radixrt.runtime.disaggregation import channel
-from radixrt.runtime.serving.launch.launch import pd_launch
+from radixrt.runtime.serving.launch import pd_launch
 
 
 def test_hkdf_is_rfc_5869():
