@@ -1,7 +1,7 @@
 """#56.4: a request's logprob volume is bounded before anything runs. Every logprob item (a position's
 token and each of its top alternatives, with its text when asked) is decoded and encoded on the
 serving event loop, so positions x (1 + top_logprobs_num) x n, summed over the body's prompts, is
-capped (edge.MAX_LOGPROB_ITEMS) with a 400 naming the field; what passes is decoded through a table
+capped (prompt_checks.MAX_LOGPROB_ITEMS) with a 400 naming the field; what passes is decoded through a table
 built once (each entry decode([id]), checked here for every id) and encoded by orjson. On a launched
 server over the tiny model (the point is the edge, not what the weights know)."""
 

@@ -37,7 +37,7 @@ MAX_PIN_HANDLE_CHARS = 64  # a handle is secrets.token_urlsafe(16): 22 character
 
 
 class CloseSessionRequest(BaseModel):
-    # bounded as where they are made (edge.expand_n, check_cache_salt): nothing longer names one
+    # bounded as where they are made (option_checks.py): nothing longer names one
     model_config = ConfigDict(extra="forbid")
     session_id: str = Field(min_length=1, max_length=MAX_SESSION_ID_CHARS)
     # the session's salt: a session belongs to its tenant

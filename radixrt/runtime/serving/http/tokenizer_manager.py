@@ -179,20 +179,6 @@ class TokenizerManager:
         chooser.for_kind("regex")
         return chooser
 
-    async def _validate_constraint(self, kind: str, spec: Any, client: str | None) -> None:
-        """Schema normalisation can be slow or explosive: it runs in the grammar workers (killed at
-        the compile timeout), awaited on a thread, so the event loop (/health, every stream) never
-        waits."""
-        if self._grammar is None:
-            return
-        self._compiles.take(client)
-        try:
-            await asyncio.to_thread(lambda: self._grammar.for_kind(kind).validate(kind, spec))
-        except ValueError as e:
-            raise APIError(f"invalid {kind}: {e}", param=kind) from None
-        finally:
-            self._compiles.give_back(client)
-
     @property
     def limits(self) -> EdgeLimits:
         return EdgeLimits(
