@@ -198,10 +198,11 @@ class DeterministicAttentionBackend:
             lo, n = ch.first, ch.num_tiles
             here = slice(lo, lo + n)
             kc, vc = (
-                cache.select(ch.kv_idx, buf[: ch.kv_idx.shape[0]]).float()
+                cache.select(ch.kv_idx, buf[: ch.kv_idx.shape[0]])
+                .float()
                 .view(-1, KV_CHUNK, Hkv, D)
                 for cache, buf in ((k_cache, meta.k_buf), (v_cache, meta.v_buf))
-            )  # fmt: skip
+            )
             s = qt.new_empty((Hkv, n, rows, KV_CHUNK))
             for h in range(Hkv):  # one fixed-shape matmul per tile; K/V strided, never copied
                 torch.bmm(qt[h, here], kc[:, :, h].expand(n, -1, -1).transpose(1, 2), out=s[h])

@@ -133,9 +133,16 @@ class TorchAttentionBackend:
             rows = slice(e.q_start, e.q_start + e.num_tokens)
             cast = (lambda x: x.float()) if self.prompt_fp32 else (lambda x: x)
             out = self._extend(
-                cast(q[rows]), cast(k[rows]), cast(v[rows]), k_cache, v_cache, meta, e, scale,
+                cast(q[rows]),
+                cast(k[rows]),
+                cast(v[rows]),
+                k_cache,
+                v_cache,
+                meta,
+                e,
+                scale,
                 softcap,
-            )  # fmt: skip
+            )
             outs.append(out.to(q.dtype))
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
 
@@ -189,8 +196,12 @@ class TorchAttentionBackend:
         qg = q.view(n, self.num_kv_heads, self.group, self.head_dim).transpose(0, 1)
         out, lse = _attend_lse(
             qg.reshape(1, self.num_kv_heads, n * self.group, self.head_dim),
-            k, v, None, scale, softcap,
-        )  # fmt: skip
+            k,
+            v,
+            None,
+            scale,
+            softcap,
+        )
         out = out.view(self.num_kv_heads, n, self.group, self.head_dim).transpose(0, 1)
         return out, lse.view(self.num_kv_heads, n, self.group).transpose(0, 1)
 

@@ -121,51 +121,58 @@ class ServerConfig:
         ("auto", "none", "int4", "int8", "w8a8_int8"),
     )
     speculative_algorithm: str = _opt(
-        "none", "ngram: draft a request's next tokens from what the radix tree holds after its "
+        "none",
+        "ngram: draft a request's next tokens from what the radix tree holds after its "
         "tokens (other requests' prompts and answers) or from an earlier occurrence of its last "
         "tokens in its prompt/output, verified in one forward (the output of decoding it alone "
         "in the deterministic mode; otherwise as a batch may change it); none: off",
         ("none", "ngram"),
-    )  # fmt: skip
+    )
     speculative_num_draft_tokens: int = _opt(
         4, "most draft tokens a request verifies in one step (ngram)"
     )
     grammar_compile_timeout: float = _opt(10.0, "seconds a regex/schema may take to compile")
     json_object_max_depth: int = _opt(
-        16, "response_format json_object: most nesting levels (the object is level 1); needs "
+        16,
+        "response_format json_object: most nesting levels (the object is level 1); needs "
         "llguidance, else a depth-2 regex",
-    )  # fmt: skip
+    )
     grammar_backend: str = _opt(
-        "auto", "constrained decoding engine: outlines (DFA), llguidance (Earley), xgrammar "
+        "auto",
+        "constrained decoding engine: outlines (DFA), llguidance (Earley), xgrammar "
         "(SGLang's default: pushdown automaton) or auto (llguidance, outlines for what it refuses) "
         "- outlines' DFA steers the others near the budget's end. ebnf: llguidance (GBNF: xgrammar "
-        "under xgrammar)", ("auto", "outlines", "llguidance", "xgrammar"),
-    )  # fmt: skip
+        "under xgrammar)",
+        ("auto", "outlines", "llguidance", "xgrammar"),
+    )
     json_schema_strict: bool = _opt(
-        True, "json_schema objects take only their declared keys where the schema says nothing "
+        True,
+        "json_schema objects take only their declared keys where the schema says nothing "
         "about others (xgrammar's strict mode, SGLang's default; outlines always does); "
         "--no-json-schema-strict follows JSON Schema on llguidance",
-    )  # fmt: skip
+    )
     grammar_cache_size: int = _opt(256, "compiled grammars kept (LRU)")
     grammar_compile_workers: int = _opt(
         1, "processes that compile grammars (killed at the timeout; niced)"
     )
     grammar_compile_memory_mb: int = _opt(2048, "address space one grammar compile may use")
     tool_call_parser: str | None = _opt(
-        None, "the model's own tool-call format, read from the free text of a tool_choice auto "
+        None,
+        "the model's own tool-call format, read from the free text of a tool_choice auto "
         "answer (unset: the Hermes envelope, constrained once the model opens a call); "
         "required / a named function stay grammar-constrained (serving/openai_api/tool_parsers/)",
         ("hermes", "qwen25", "llama3", "mistral", "pythonic"),
-    )  # fmt: skip
+    )
     host: str = _opt("127.0.0.1", "HTTP bind address (loopback by default)")
     port: int = _opt(30000, "HTTP port")
     api_key: str | None = _opt(
         None, "require Authorization: Bearer <key> on every route but /health ($RADIXRT_API_KEY)"
     )
     admin_api_key: str | None = _opt(
-        None, "the admin routes' key (SGLang's levels; unset, the cache view, LoRA loads and the "
-        "profiler are refused): docs/security.md ($RADIXRT_ADMIN_API_KEY)"
-    )  # fmt: skip
+        None,
+        "the admin routes' key (SGLang's levels; unset, the cache view, LoRA loads and the "
+        "profiler are refused): docs/security.md ($RADIXRT_ADMIN_API_KEY)",
+    )
     allowed_origins: str | None = _opt(
         None,
         "comma-separated browser Origins allowed to call the API ('*': any); "
@@ -186,20 +193,23 @@ class ServerConfig:
     max_request_body_bytes: int = _opt(8 * 1024 * 1024, "largest accepted HTTP body")
     num_threads: int | None = _opt(None, "torch intra-op threads on CPU; default all cores")
     enable_torch_compile: bool = _opt(
-        False, "run the layers as torch.compile'd graphs even where the default would not "
+        False,
+        "run the layers as torch.compile'd graphs even where the default would not "
         "(CUDA); on a CPU with a C++ compiler they already are",
-    )  # fmt: skip
+    )
     disable_torch_compile: bool = _opt(
         False, "run the model eager (no torch.compile'd layer graphs)"
     )
     cache_invariant_prefill: bool = _opt(
-        True, "steps computing prompt KV run batch-invariant kernels, so a warm cache changes no "
+        True,
+        "steps computing prompt KV run batch-invariant kernels, so a warm cache changes no "
         "answer (--no-cache-invariant-prefill: the fast ones; docs/deterministic-inference.md)",
-    )  # fmt: skip
+    )
     enable_deterministic_inference: bool = _opt(
-        False, "ids and logprobs bitwise the same in any batch, cache state, chunking or page "
+        False,
+        "ids and logprobs bitwise the same in any batch, cache state, chunking or page "
         "size (batch-invariant kernels, eager; docs/deterministic-inference.md)",
-    )  # fmt: skip
+    )
     torch_compile_max_bs: int = _opt(
         32,
         "steps of up to this many tokens (decode batches) share one compiled "
@@ -290,17 +300,19 @@ class ServerConfig:
         None, "largest adapter rank served (default: the largest among --lora-paths, else 16)"
     )
     lora_target_modules: tuple[str, ...] | None = _opt(
-        None, "projections adapters may target (default all: q_proj k_proj v_proj o_proj "
-        "gate_proj up_proj down_proj)"
-    )  # fmt: skip
+        None,
+        "projections adapters may target (default all: q_proj k_proj v_proj o_proj "
+        "gate_proj up_proj down_proj)",
+    )
     lora_dir: tuple[str, ...] | None = _opt(None, "directories /load_lora_adapter may read from")
     max_loaded_loras: int = _opt(32, "most adapters loaded at once (a load past it: a 400)")
     profile_dir: str | None = _opt(None, "the directory /start_profile writes traces in")
     reasoning_parser: str | None = _opt(
-        None, "a reasoning model's thinking into reasoning_content, its answer into content; "
+        None,
+        "a reasoning model's thinking into reasoning_content, its answer into content; "
         "a grammar constrains only the answer (serving/openai_api/reasoning_parser.py)",
         ("deepseek-r1", "qwen3", "qwen3-thinking"),
-    )  # fmt: skip
+    )
 
     @property
     def prefill_bootstrap_addrs(self) -> tuple[str, ...]:

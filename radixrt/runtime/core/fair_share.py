@@ -237,8 +237,10 @@ class FairShare:
                 if r.uncached_hint is None:  # guessed once while it waits: O(prompt) once
                     r.uncached_hint = max(1, r.seq_len - self._cached(r))
                 prefill[r.options.client] = prefill.get(r.options.client, 0) + r.uncached_hint
-        return {c: (decode.get(c, 0), min(prefill.get(c, 0), self._chunk))
-                for c in decode.keys() | prefill.keys()}  # fmt: skip
+        return {
+            c: (decode.get(c, 0), min(prefill.get(c, 0), self._chunk))
+            for c in decode.keys() | prefill.keys()
+        }
 
     def pick_decodes(self, ready: list[Req]) -> list[Req]:
         """The decoding requests that run this step (the others pause, keeping pages and row): per

@@ -70,8 +70,16 @@ class PlanItem:
 
     # the fields a forward needs: what tensor parallelism sends to the other ranks (they sample
     # nothing, so picks stay behind)
-    WIRE_FIELDS = ("row", "new_ids", "computed_len", "slots", "write_start", "logits_start",
-                   "num_draft", "page_copies")  # fmt: skip
+    WIRE_FIELDS = (
+        "row",
+        "new_ids",
+        "computed_len",
+        "slots",
+        "write_start",
+        "logits_start",
+        "num_draft",
+        "page_copies",
+    )
 
     def to_wire(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.WIRE_FIELDS}

@@ -218,9 +218,15 @@ class PrefillAgent(Agent):
             self.emit("sent", room=room, error=error)
             return
         self.outgoing[room] = {
-            "ident": reg["ident"], "pages": pages, "first": send["first"], "next": 0,
-            "waiting": None, "bytes": 0, "started": time.perf_counter(), "since": time.monotonic(),
-        }  # fmt: skip
+            "ident": reg["ident"],
+            "pages": pages,
+            "first": send["first"],
+            "next": 0,
+            "waiting": None,
+            "bytes": 0,
+            "started": time.perf_counter(),
+            "since": time.monotonic(),
+        }
         self._advance(room)
 
     def _advance(self, room: int) -> None:

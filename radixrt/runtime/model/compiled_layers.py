@@ -193,8 +193,15 @@ class CompiledLayers:
         dims = [(0,) if t.shape and t.shape[0] == num_tokens else () for t in flat]
         modules = (llama_layer, linear, int8_weight, int4_weight)
         constants = rebuild(list(range(len(flat))))
-        return graph_key(f"{name}-{bucket.min_tokens}", modules, flat, dims,
-                         self.dims_of(bucket), bucket, constants)  # fmt: skip
+        return graph_key(
+            f"{name}-{bucket.min_tokens}",
+            modules,
+            flat,
+            dims,
+            self.dims_of(bucket),
+            bucket,
+            constants,
+        )
 
     def warm_up(self, run_tokens: Callable[[int], None]) -> None:
         """Compile (or load) every bucket now: run_tokens(T) runs one forward of T tokens."""
@@ -276,8 +283,10 @@ def load_in_a_new_process(paths: list[pathlib.Path]) -> subprocess.Popen | None:
     try:
         return subprocess.Popen(
             [sys.executable, "-c", _LOAD_ALL, *map(str, paths)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     except OSError as e:  # only the next start is slower
         log.warning("torch.compile: could not load the saved graphs in a new process: %s", e)
         return None

@@ -43,10 +43,12 @@ def matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch
         padded = x.new_zeros((tiles * tile, x.shape[1]))
         padded[:rows] = x
     if w.is_mkldnn:
-        y = torch.cat([
-            torch.ops.mkldnn._linear_pointwise(t, w, None, "none", [], "")
-            for t in padded.split(tile)
-        ])  # fmt: skip
+        y = torch.cat(
+            [
+                torch.ops.mkldnn._linear_pointwise(t, w, None, "none", [], "")
+                for t in padded.split(tile)
+            ]
+        )
     else:
         y = torch.bmm(padded.view(tiles, tile, -1), w.t().expand(tiles, -1, -1))
         y = y.view(tiles * tile, -1)

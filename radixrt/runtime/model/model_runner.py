@@ -1,4 +1,8 @@
-"""plan -> tensors -> forward -> logits -> sampled tokens. Owns the model and the KV tensors."""
+"""plan -> tensors -> forward -> logits -> sampled tokens. Owns the model and the KV tensors.
+
+LONG_FILE: one concept, the ModelRunner (core's plan.Runner): its set-up steps already live in
+runner_setup.py, what remains is the runner's own state and the step it runs.
+"""
 
 from __future__ import annotations
 
@@ -127,8 +131,9 @@ class ModelRunner:
         if gguf_weights.is_quantized_dir(model_dir):
             log.info(
                 "GGUF tensors %s, dequantised into %s at load",
-                gguf_weights.quantization_types(model_dir), self.dtype,
-            )  # fmt: skip
+                gguf_weights.quantization_types(model_dir),
+                self.dtype,
+            )
         self.vocab_size = self.model.vocab_size
         self.eos_token_ids = eos_token_ids(hf_config, model_dir, self.tokenizer)
         max_context = self.model.max_context
@@ -171,9 +176,15 @@ class ModelRunner:
         )
         log.info(
             "model %s: %s on %s, KV pool %d tokens (%d pages of %d, %.1f MiB at %d bytes a token)",
-            self.model_path, self.dtype, self.device, num_slots, self.num_pages, page_size,
-            self.kv_pool_bytes / 2**20, self.kv_bytes_per_token,
-        )  # fmt: skip
+            self.model_path,
+            self.dtype,
+            self.device,
+            num_slots,
+            self.num_pages,
+            page_size,
+            self.kv_pool_bytes / 2**20,
+            self.kv_bytes_per_token,
+        )
 
     def _compile_layers(self, config: ServerConfig) -> None:
         """The layers as compiled graphs (compiled_layers.py), compiled or loaded now; self.graphs
@@ -183,12 +194,19 @@ class ModelRunner:
             why_eager = f"{type(self.model).__name__} runs its layers eager"
         plan = linear.DENSE_ONLY
         if self.int_copies:
-            buckets = [(b.min_tokens, b.max_tokens) for b in compiled_layers.buckets(
-                config.torch_compile_max_bs)]  # fmt: skip
+            buckets = [
+                (b.min_tokens, b.max_tokens)
+                for b in compiled_layers.buckets(config.torch_compile_max_bs)
+            ]
             plan, self.weight_plan_info = weight_plan.apply(
-                self.model, config.quantization, buckets, not why_eager, self.dtype, cache_root(),
+                self.model,
+                config.quantization,
+                buckets,
+                not why_eager,
+                self.dtype,
+                cache_root(),
                 keep_dense=self.invariant_prompts,
-            )  # fmt: skip
+            )
         if why_eager:
             log.info("torch.compile off: %s; the model runs eager", why_eager)
             return
@@ -260,8 +278,10 @@ class ModelRunner:
 
     def read_lora(self, name: str, path: str) -> Any:
         if self.lora is None:
-            raise ValueError("this server serves no LoRA adapters (start it with --lora-dir, "
-                             "--lora-paths or --max-lora-rank)")  # fmt: skip
+            raise ValueError(
+                "this server serves no LoRA adapters (start it with --lora-dir, "
+                "--lora-paths or --max-lora-rank)"
+            )
         return self.lora.read(name, path)
 
     def install_lora(self, adapter: Any) -> None:

@@ -130,15 +130,24 @@ class StepGraphs:
 
         def run(*t):
             shared = t[4] if variant == CASCADE else None
-            return fn(*t[:4], shared, *t[num_act:num_act + 2],
-                      *self._rebuild(list(t[num_act + 2:])))  # fmt: skip
+            return fn(
+                *t[:4], shared, *t[num_act : num_act + 2], *self._rebuild(list(t[num_act + 2 :]))
+            )
 
         examples = self._example_inputs(bucket, variant)
         dims = _dynamic_dims(bucket, variant, len(examples))
         modules = (llama_step, llama_layer, linear, int8_weight, int4_weight, attention_math)
         skeleton = self._rebuild(list(range(len(self._fixed) - 2)))
-        name = graph_key(f"step-{variant}-{bucket.min_tokens}", modules, examples, dims,
-                         self.layers.dims_of(bucket), bucket, self.scale, skeleton)  # fmt: skip
+        name = graph_key(
+            f"step-{variant}-{bucket.min_tokens}",
+            modules,
+            examples,
+            dims,
+            self.layers.dims_of(bucket),
+            bucket,
+            self.scale,
+            skeleton,
+        )
         path = self.layers.cache_dir / name
         t0 = time.perf_counter()
         artifact, compiled, kernels_to_build = load_or_compile(
@@ -181,7 +190,7 @@ def _layers(model: Any) -> tuple:
             layer.post_norm,
             layer.gate_up.op_args(),
             layer.down.op_args(),
-        )  # fmt: skip
+        )
         for layer in model.layers
     )
 

@@ -114,9 +114,13 @@ def plan_ranges(buckets: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
 def _cpu_model() -> str:
     try:
         return next(
-            (ln.split(":", 1)[1].strip() for ln in pathlib.Path("/proc/cpuinfo").read_text()
-             .splitlines() if ln.startswith("model name")), "",
-        )  # fmt: skip
+            (
+                ln.split(":", 1)[1].strip()
+                for ln in pathlib.Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")
+            ),
+            "",
+        )
     except OSError:
         return ""
 
@@ -205,9 +209,12 @@ def apply(
     exact4 = sum(lin.int4 is not None for lin in layers)
     log.info(
         "weights by step size: %s; %d of %d layer weights exact 4-bit, %.1f s; %s",
-        describe(plan, table), exact4, len(layers), time.perf_counter() - t0,
+        describe(plan, table),
+        exact4,
+        len(layers),
+        time.perf_counter() - t0,
         describe_origin(origin),
-    )  # fmt: skip
+    )
     return plan, {"plan": describe(plan, {}), **origin}
 
 
@@ -229,7 +236,7 @@ def describe(plan: Sequence[int], table: dict) -> str:
         f"{span} at {row['rows']} rows: "
         + ", ".join(
             f"{k} {'/'.join(map(str, v))} ms" for k, v in row.items() if k not in ("rows", "picked")
-        )  # fmt: skip
+        )
         for span, row in table.items()
     )
     return ", ".join(parts) + (f" (measured: {measured})" if measured else "")

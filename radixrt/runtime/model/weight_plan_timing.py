@@ -120,9 +120,13 @@ def unsteady(
 
 
 def time_steadily(
-    linears: Sequence[Linear], cands: Sequence[int], rows: int, compiled: bool,
-    dtype: torch.dtype, bandwidth: float,
-) -> tuple[dict[int, float], str | None]:  # fmt: skip
+    linears: Sequence[Linear],
+    cands: Sequence[int],
+    rows: int,
+    compiled: bool,
+    dtype: torch.dtype,
+    bandwidth: float,
+) -> tuple[dict[int, float], str | None]:
     """time_forms until a probe is steady (at most ATTEMPTS times) -> (medians, why the last one
     was not, or None)."""
     streamed = {f: form_bytes(linears, f, dtype) / bandwidth for f in cands}

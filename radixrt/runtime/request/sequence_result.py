@@ -39,8 +39,13 @@ class SequenceResult:
                 out["input_logprobs"],
                 out.get("input_top_logprobs"),
             )
-        for key in ("prompt_tokens", "completion_tokens", "cached_tokens", "spec_verify_ct",
-                    "spec_accepted_tokens"):  # fmt: skip
+        for key in (
+            "prompt_tokens",
+            "completion_tokens",
+            "cached_tokens",
+            "spec_verify_ct",
+            "spec_accepted_tokens",
+        ):
             if out.get(key):
                 setattr(self, key, out[key])
         if out.get("beams") is not None:

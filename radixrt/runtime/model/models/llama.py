@@ -241,9 +241,13 @@ class LlamaForCausalLM:
         """Layer i after its attention, eager: the new residual stream. Models whose feed-forward
         differs (mixture-of-experts) override this."""
         return llama_layer.feed_forward(
-            self.eager_dims, h, o, *self._ffn_args(i), reduce=self._reduce,
+            self.eager_dims,
+            h,
+            o,
+            *self._ffn_args(i),
+            reduce=self._reduce,
             lora=_layer_lora(lora, i),
-        )  # fmt: skip
+        )
 
     def _logits(
         self, h: torch.Tensor, o: torch.Tensor, fb: ForwardBatch, graphs: Any, lora: Any = None

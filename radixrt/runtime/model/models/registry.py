@@ -58,8 +58,10 @@ def architecture_of(config: dict[str, Any], where: str = "the config") -> str:
 def model_class(hf_config) -> type:
     """The class for a transformers config object."""
     name = architecture_of(
-        {"architectures": getattr(hf_config, "architectures", None),
-         "model_type": getattr(hf_config, "model_type", None)}
-    )  # fmt: skip
+        {
+            "architectures": getattr(hf_config, "architectures", None),
+            "model_type": getattr(hf_config, "model_type", None),
+        }
+    )
     module, cls = ARCHITECTURES[name]
     return getattr(importlib.import_module(f"{_PACKAGE}.{module}"), cls)

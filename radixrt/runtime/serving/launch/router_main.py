@@ -32,9 +32,13 @@ ROUTER_BACKENDS = {
 DROPPED_BY_SGLANG_ROUTER = {
     "/generate": ("cache_salt", "session_id"),
     "/v1/chat/completions": (
-        "cache_salt", "session_id", "bootstrap_host", "bootstrap_port", "bootstrap_room",
+        "cache_salt",
+        "session_id",
+        "bootstrap_host",
+        "bootstrap_port",
+        "bootstrap_room",
     ),
-}  # fmt: skip
+}
 
 
 def main() -> None:
