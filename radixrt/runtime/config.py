@@ -131,7 +131,9 @@ class ServerConfig:
     speculative_num_draft_tokens: int = _opt(
         4, "most draft tokens a request verifies in one step (ngram)"
     )
-    grammar_compile_timeout: float = _opt(10.0, "seconds a regex/schema may take to compile")
+    grammar_compile_timeout: float = _opt(
+        10.0, "CPU seconds a regex/schema compile may use (wall time ends it at 10x that)"
+    )
     json_object_max_depth: int = _opt(
         16,
         "response_format json_object: most nesting levels (the object is level 1); needs "

@@ -1,7 +1,10 @@
 """Grammar compiles in worker processes: a compile past its deadline is killed (its CPU stops at once),
 one past its memory limit dies alone, a full queue refuses, the time
-limit counts from the start of the compile (not the wait), and the pool keeps working after each."""
+limit counts from the start of the compile (not the wait) and in the worker's CPU seconds (not the
+seconds it waited for a CPU), and the pool keeps working after each."""
 
+import os
+import signal
 import time
 
 import psutil
@@ -41,12 +44,27 @@ def test_a_good_grammar_compiles_to_a_working_index(pool):
 
 
 def test_a_compile_past_its_deadline_is_killed_and_the_pool_recovers(pool):
+    from radixrt.runtime.constrained.compile_pool import WALL_FACTOR
+
     pool.submit("regex", grammar_key("regex", "a"), 30).result()  # a live worker
     (pid,) = worker_pids(pool)
+    worker = psutil.Process(pid)
+    cpu_before = sum(worker.cpu_times()[:2])
     started = time.monotonic()
+    job = pool.submit("index", grammar_key("regex", EXPLOSIVE), 2)
+    cpu_used = 0.0
+    while not job.done():  # the worker's CPU on the job, sampled until it is stopped
+        try:
+            cpu_used = sum(worker.cpu_times()[:2]) - cpu_before
+        except psutil.Error:  # gone: killed
+            break
+        time.sleep(0.02)
     with pytest.raises(GrammarError, match="longer than 2 s"):
-        pool.submit("index", grammar_key("regex", EXPLOSIVE), 2).result()
-    assert time.monotonic() - started < 6
+        job.result()
+    # stopped once it had used its 2 s of CPU (a poll and a kill later), however long it waited
+    # for a CPU on a busy machine; the wall bound holds whatever the load
+    assert cpu_used < 2 + 0.5
+    assert time.monotonic() - started < 2 * WALL_FACTOR + 4
     assert pool.num_killed == 1
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, (
         "still burning CPU"
@@ -107,6 +125,31 @@ def test_the_time_limit_counts_from_when_a_worker_takes_the_job(pool):
         slow.result()
     assert quick.result(timeout=30)[0] == "ab"
     assert pool.num_killed == 1
+
+
+def test_the_time_limit_counts_the_workers_cpu_not_the_wall_clock(pool):
+    """A worker that gets no CPU for longer than the limit (stopped, as a niced worker starved by
+    the model's steps is) finishes its job once it runs again; one that never runs again is still
+    ended, at WALL_FACTOR times the limit."""
+    from radixrt.runtime.constrained.compile_pool import WALL_FACTOR
+
+    pool.submit("regex", grammar_key("regex", "a"), 30).result()  # a live worker, imports done
+    (pid,) = worker_pids(pool)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        job = pool.submit("index", grammar_key("regex", "(a|b)+b"), 0.5)
+        time.sleep(1.5)  # three times the limit, without a CPU
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert job.result(timeout=30)[0] == "(a|b)+b"
+    assert pool.num_killed == 0
+    os.kill(pid, signal.SIGSTOP)  # for good: the wall bound ends its next job
+    started = time.monotonic()
+    with pytest.raises(GrammarError, match="longer than 0.2 s"):
+        pool.submit("index", grammar_key("regex", "a+"), 0.2).result(timeout=30)
+    assert 0.2 * WALL_FACTOR <= time.monotonic() - started < 0.2 * WALL_FACTOR + 10
+    assert pool.num_killed == 1
+    assert pool.submit("index", grammar_key("regex", "ab"), 30).result()[0] == "ab"
 
 
 def test_a_workers_result_is_never_unpickled(tmp_path):

@@ -7,7 +7,12 @@ compile stops using CPU at once. Each worker runs at a lower CPU priority (decod
 under an address-space limit (a compile that needs more dies alone), and a bounded queue refuses
 new work when too much is pending. A job's time limit counts from when a worker takes it, so a
 queue of slow but valid compiles delays the last of them instead of refusing it (the wait is
-bounded all the same: at most `max_pending` jobs, each stopped at its own limit). Jobs:
+bounded all the same: at most `max_pending` jobs, each stopped at its own limit). The limit is the
+worker's CPU seconds on the job (Linux: /proc/<pid>/stat), not wall seconds: a niced worker starved
+by the model's steps was killed at 10 wall seconds having done a fraction of that, and the request
+then ran on the other backend without its budget steering (a required tool call could run out of
+tokens only because the machine was busy). Wall time still ends a job at WALL_FACTOR times its
+limit, whatever its CPU. Jobs:
   ("regex", key)  -> the regex (validation at the edge)
   ("index", key)  -> ([regex, distance tables], the outlines-core Index's binary form)
   ("stop_regex", patterns) -> each pattern's automaton build in CPU seconds, or the refusal that
@@ -37,6 +42,10 @@ from radixrt.runtime.constrained.compile_worker import (
 from radixrt.runtime.constrained.regex_builder import GrammarError
 
 POLL_S = 0.05
+# a job's wall-clock bound, in multiples of its CPU limit: it ends a job that waits on the CPU (or
+# on anything else) for that long
+WALL_FACTOR = 10
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 WORKER_MODULE = "radixrt.runtime.constrained.compile_worker"
@@ -59,8 +68,8 @@ class _Worker:
             os.close(write_fd)
         self.results = os.fdopen(read_fd, "rb")
         write_frame(self.proc.stdin, args)
-        # (future, compile deadline, key, time limit)
-        self.job: tuple[Future, float, tuple, float] | None = None
+        # (future, wall deadline, key, time limit, CPU seconds at its start + the limit)
+        self.job: tuple[Future, float, tuple, float, float | None] | None = None
         self.fresh = True  # no job taken yet: its first may also wait out the start-up
 
     def send(self, obj: Any) -> None:
@@ -71,6 +80,26 @@ class _Worker:
 
     def fileno(self) -> int:
         return self.results.fileno()
+
+    def cpu_seconds(self) -> float | None:
+        """CPU seconds (user + system) the worker has used so far; None where there is no /proc."""
+        try:
+            with open(f"/proc/{self.proc.pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()  # after the command's name
+            return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def past_limit(self, now: float) -> bool:
+        """Its job used its CPU limit (or, without /proc, its wall seconds), or WALL_FACTOR
+        times that in wall seconds."""
+        _, wall_deadline, _, limit, cpu_deadline = self.job
+        if now >= wall_deadline:
+            return True
+        if cpu_deadline is None:
+            return now >= wall_deadline - (WALL_FACTOR - 1) * limit
+        used = self.cpu_seconds()
+        return used is not None and used >= cpu_deadline
 
     def kill(self) -> None:
         self.proc.kill()
@@ -131,7 +160,9 @@ class CompilePool:
     def settle_bound(self, timeout: float) -> float:
         """Seconds within which a job submitted now is settled when no job takes longer than
         `timeout`: the full queue ahead of it, then its own compile."""
-        return (-(-self.max_pending // self.num_workers) + 1) * (timeout + self.start_s)
+        return (-(-self.max_pending // self.num_workers) + 1) * (
+            WALL_FACTOR * timeout + self.start_s
+        )
 
     def submit(self, job: str, key: tuple, timeout: float) -> Future:
         """Future of the job's result; GrammarError when it fails, TransientGrammarError when the
@@ -184,10 +215,10 @@ class CompilePool:
             self._collect(worker)
         now = time.monotonic()
         for w in busy:
-            if w.job is not None and now >= w.job[1]:
+            if w.job is not None and w.past_limit(now):
                 self._fail(
                     w,
-                    f"compiling the {w.job[2][0]} grammar took longer than {w.job[3]:g} s "
+                    f"compiling the {w.job[2][0]} grammar took longer than {w.job[3]:g} s of CPU "
                     f"(grammar_compile_timeout); the compile was stopped",
                     CompileTimeout,
                 )
@@ -210,16 +241,19 @@ class CompilePool:
             if item is None:
                 return
             future, timeout, job, key = item
-            grace = self.start_s if idle.fresh else 0.0
+            grace = self.start_s if idle.fresh else 0.0  # a new worker's imports use CPU too
             idle.fresh = False
-            idle.job = (future, time.monotonic() + timeout + grace, key, timeout)
+            used = idle.cpu_seconds()
+            cpu_deadline = None if used is None else used + timeout + grace
+            wall_deadline = time.monotonic() + WALL_FACTOR * timeout + grace
+            idle.job = (future, wall_deadline, key, timeout, cpu_deadline)
             try:
                 idle.send((job, key))
             except (OSError, ValueError):
                 self._fail(idle, f"the {key[0]} grammar's worker was gone")
 
     def _collect(self, worker: _Worker) -> None:
-        future, _, key, _ = worker.job
+        future, _, key, _, _ = worker.job
         try:
             status, value, blob = worker.recv()
         except (EOFError, OSError, ValueError, struct.error):
