@@ -157,7 +157,7 @@ def test_intake_refuses_what_the_edge_refuses_in_the_same_words(fields, params):
     assert not s.has_work()
 
 
-def test_a_decode_servers_intake_refuses_a_request_without_a_room_in_the_edges_words():
+def test_a_decode_server_refuses_a_request_without_a_room_naming_the_missing_field():
     rules = EdgeRules(RULES.limits, disaggregation_mode="decode")
     with pytest.raises(RequestError) as e:
         admit([PROMPT], [{}], [RequestOptions()], rules, new_rid=lambda: "r", validate=never)

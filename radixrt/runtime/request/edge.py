@@ -78,8 +78,11 @@ def admit(
     """A request body's prompts, each checked with its sampling dict and options (one per prompt;
     a dict given for several prompts is checked once), then each expanded into its scheduler
     requests (the list per prompt). The logprob volume counts the body's prompts together."""
-    if not len(prompts) == len(params) == len(options):
-        raise RequestError(f"{len(prompts)} prompts, {len(params)} sampling dicts", "prompt")
+    if not len(prompts) == len(params) == len(options):  # the callers' per_prompt makes them so
+        raise RequestError(
+            f"{len(prompts)} prompts with {len(params)} sampling dicts and {len(options)} options",
+            param="prompt",
+        )
     checked: dict[int, SamplingParams] = {}
     for p in params:
         if id(p) not in checked:
