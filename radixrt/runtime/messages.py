@@ -1,88 +1,66 @@
-"""Every message that crosses a process boundary, encoded with orjson (never pickle).
+"""Every message that crosses a process boundary (HTTP process <-> scheduler <-> detokenizer),
+declared once as a msgspec struct and sent as MessagePack (never pickle).
 
-A message is a dataclass registered here; `encode` tags it with its class name and
-`decode` rebuilds it, refusing any tag it does not know.
+Each message is a `Message`: msgspec tags it with its class name, and `decode` reads any of them
+through one decoder that checks every field's type as it reads (an unknown tag or field, a field of
+another type: a ValueError naming it). A generate request that fails so is a `MalformedRequest`
+carrying its rid, so the scheduler can still answer it (a 400 naming the field).
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Union
 
-import orjson
+import msgspec
 
 from radixrt.runtime.request.options import RequestOptions
 
-_TYPES: dict[str, type] = {}
+
+class Message(msgspec.Struct, tag=True, kw_only=True, forbid_unknown_fields=True):
+    """A message between radixrt's processes; its class name is its tag on the wire."""
 
 
-def message(cls: type) -> type:
-    cls = dataclass(cls)
-    _TYPES[cls.__name__] = cls
-    return cls
+class MalformedRequest(ValueError):
+    """A TokenizedGenerateReq whose fields are not of their types: answered for its rid."""
+
+    def __init__(self, rid: str, error: str):
+        super().__init__(error)
+        self.rid = rid
 
 
-def encode(msg: Any) -> bytes:
-    return orjson.dumps({"type": type(msg).__name__, "body": dataclasses.asdict(msg)})
-
-
-def decode(data: bytes) -> Any:
-    obj = orjson.loads(data)
-    cls = _TYPES.get(obj.get("type")) if isinstance(obj, dict) else None
-    if cls is None:
-        raise ValueError(
-            f"unknown message type {obj.get('type') if isinstance(obj, dict) else obj!r}"
-        )
-    return cls(**obj["body"])
-
-
-@message
-class TokenizedGenerateReq:
+class TokenizedGenerateReq(Message):
     """One sequence to generate (n>1 is expanded into n of these before the scheduler)."""
 
     rid: str
     input_ids: list[int]
     sampling_params: dict[str, Any]  # SamplingParams.to_dict(), already validated
     # stream, logprobs, program/session/pin, LoRA, cache salt, bootstrap: built once at the entry
-    options: RequestOptions = field(default_factory=RequestOptions)
+    options: RequestOptions = msgspec.field(default_factory=RequestOptions)
     arrival_time: float = 0.0
 
-    def __post_init__(self) -> None:
-        try:
-            self.options = RequestOptions.from_wire(self.options)  # a dict when decoded
-        except TypeError:
-            pass  # left as it came: intake refuses it, answering this rid (a 400)
 
-
-@message
-class AbortReq:
+class AbortReq(Message):
     rid: str
 
 
-@message
-class FlushCacheReq:
+class FlushCacheReq(Message):
     pass
 
 
-@message
-class GetServerInfoReq:
+class GetServerInfoReq(Message):
     pass
 
 
-@message
-class GetCacheTreeReq:
+class GetCacheTreeReq(Message):
     max_depth: int
     max_nodes: int
 
 
-@message
-class CacheTreeOut:
+class CacheTreeOut(Message):
     view: dict[str, Any]  # core/cache_view.py's view (token ids), or {"error": ...}
 
 
-@message
-class TokenOut:
+class TokenOut(Message):
     """What one request produced in one step: only the delta."""
 
     rid: str
@@ -95,8 +73,8 @@ class TokenOut:
     spec_verify_ct: int = 0
     spec_accepted_tokens: int = 0
     # (logprob, token_id) pairs for new_ids; top: list of [(logprob, token_id), ...] per new id
-    output_logprobs: list[list[Any]] = field(default_factory=list)
-    output_top_logprobs: list[list[list[Any]]] = field(default_factory=list)
+    output_logprobs: list[list[Any]] = msgspec.field(default_factory=list)
+    output_top_logprobs: list[list[list[Any]]] = msgspec.field(default_factory=list)
     # prompt logprobs, sent once with the first delta when requested
     input_logprobs: list[list[Any]] | None = None
     input_top_logprobs: list[list[list[Any]]] | None = None
@@ -108,44 +86,47 @@ class TokenOut:
     beams: list[dict[str, Any]] | None = None
 
 
-@message
-class BatchTokenOut:
-    outputs: list[dict[str, Any]]  # TokenOut as dicts (nested dataclasses stay plain for orjson)
+class TextOut(TokenOut):
+    """A TokenOut with its text: the detokenizer's answer for one request in one step."""
+
+    text: str = ""  # the delta's text (stop strings already trimmed)
+    # the detokenizer failed the request while the scheduler still runs it: the HTTP process
+    # aborts it there
+    abort_scheduler: bool = False
 
 
-@message
-class SchedulerInfo:
+class BatchTokenOut(Message):
+    outputs: list[TokenOut]
+
+
+class SchedulerInfo(Message):
     info: dict[str, Any]
 
 
 # --- serving runtime (server / scheduler process / detokenizer), added by the serving issue ---
 
 
-@message
-class DetokenizeReq:
+class DetokenizeReq(Message):
     """Scheduler process -> detokenizer, sent on the same socket before any TokenOut of rid (so it
     always arrives first): what the detokenizer needs to turn that request's ids into text."""
 
     rid: str
     # what shapes the text: stop, stop_regex, ...
-    sampling_params: dict[str, Any] = field(default_factory=dict)
+    sampling_params: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
-@message
-class BatchTextOut:
-    """Detokenizer -> tokenizer manager: TokenOut dicts, each with a "text" delta added (and
-    finished_reason set once the request is done, stop strings already trimmed from the text)."""
+class BatchTextOut(Message):
+    """Detokenizer -> tokenizer manager: each TokenOut with its text (and finished_reason set once
+    the request is done)."""
 
-    outputs: list[dict[str, Any]]
+    outputs: list[TextOut]
 
 
-@message
-class FlushCacheOut:
+class FlushCacheOut(Message):
     success: bool
 
 
-@message
-class ProfileReq:
+class ProfileReq(Message):
     """/start_profile and /stop_profile (SGLang's routes): torch.profiler around the scheduler's
     steps."""
 
@@ -154,14 +135,12 @@ class ProfileReq:
     num_steps: int | None = None  # stop by itself after this many forward steps
 
 
-@message
-class ProfileOut:
+class ProfileOut(Message):
     success: bool
     message: str
 
 
-@message
-class LoraAdapterReq:
+class LoraAdapterReq(Message):
     """POST /load_lora_adapter (action "load": lora_name served from lora_path) and
     /unload_lora_adapter (action "unload")."""
 
@@ -170,47 +149,79 @@ class LoraAdapterReq:
     lora_path: str | None = None
 
 
-@message
-class LoraAdapterOut:
+class LoraAdapterOut(Message):
     success: bool
     message: str
-    adapters: list[str] = field(default_factory=list)  # loaded after the call
+    adapters: list[str] = msgspec.field(default_factory=list)  # loaded after the call
     param: str = "lora_name"  # the field a refusal names
 
 
-@message
-class HealthCheckReq:
+class HealthCheckReq(Message):
     probe_id: int
 
 
-@message
-class HealthCheckOut:
+class HealthCheckOut(Message):
     probe_id: int
 
 
-@message
-class ProcessReady:
+class ProcessReady(Message):
     """A child process finished starting (scheduler: model loaded; info holds model_info and
     server_info)."""
 
     name: str
-    info: dict[str, Any] = field(default_factory=dict)
+    info: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
-@message
-class ProcessFailed:
+class ProcessFailed(Message):
     """A child process could not start; error is the reason (a traceback's last line)."""
 
     name: str
     error: str
 
 
-@message
-class CloseSessionReq:
+class CloseSessionReq(Message):
     session_id: str
     cache_salt: str | None = None  # a session belongs to its salt (sessions.session_key)
 
 
-@message
-class UnpinReq:
+class UnpinReq(Message):
     handle: str
+
+
+_MESSAGES = Union[
+    tuple(m for m in (Message, *Message.__subclasses__(), TextOut) if m is not Message)
+]
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(_MESSAGES)
+
+
+class _RequestId(msgspec.Struct, tag="TokenizedGenerateReq"):
+    """What a malformed TokenizedGenerateReq is still read for: whom to answer."""
+
+    rid: str
+
+
+_rid_decoder = msgspec.msgpack.Decoder(_RequestId)
+
+
+def encode(msg: Message) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decode(data: bytes) -> Message:
+    """The message data holds, every field checked against its type (ValueError naming the field;
+    MalformedRequest for a generate request whose rid can still be answered)."""
+    try:
+        return _decoder.decode(data)
+    except msgspec.DecodeError as e:  # ValidationError included
+        try:
+            rid = _rid_decoder.decode(data).rid
+        except msgspec.DecodeError:
+            raise ValueError(f"a malformed message: {e}") from None
+        raise MalformedRequest(rid, f"a malformed request: {e}") from None
+
+
+def output_dicts(batch: BatchTextOut) -> list[dict[str, Any]]:
+    """The HTTP process's view of a batch: one dict per request (its queues and routes read
+    those)."""
+    return [msgspec.structs.asdict(out) for out in batch.outputs]

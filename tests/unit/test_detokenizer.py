@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixrt.runtime.messages import BatchTokenOut, DetokenizeReq
+from radixrt.runtime.messages import BatchTokenOut, DetokenizeReq, TokenOut, output_dicts
 from radixrt.runtime.request.incremental_detokenizer import IncrementalDetokenizer
 from radixrt.runtime.serving.backend.detokenizer import DetokenizerManager
 
@@ -141,17 +141,17 @@ def test_manager_registers_trims_and_drops_after_early_stop():
     mgr.register(DetokenizeReq(rid="b"))
 
     def out(rid, ids, reason=None):
-        return {"rid": rid, "new_ids": ids, "finished_reason": reason}
+        return TokenOut(rid=rid, new_ids=ids, finished_reason=reason)
 
-    r = mgr.handle(
-        BatchTokenOut(outputs=[out("a", list(b"xyST")), out("b", list(b"hello"))])
-    ).outputs
+    r = output_dicts(
+        mgr.handle(BatchTokenOut(outputs=[out("a", list(b"xyST")), out("b", list(b"hello"))]))
+    )
     assert [(o["rid"], o["text"], o["finished_reason"]) for o in r] == [
         ("a", "xy", None),
         ("b", "hello", None),
     ]
     # the stop string completes here, before the scheduler notices: reported once, later deltas dropped
-    r = mgr.handle(BatchTokenOut(outputs=[out("a", list(b"OPz"))])).outputs
+    r = output_dicts(mgr.handle(BatchTokenOut(outputs=[out("a", list(b"OPz"))])))
     assert r[0]["text"] == "" and r[0]["finished_reason"] == {"type": "stop", "matched": "STOP"}
     assert (
         mgr.handle(
@@ -161,7 +161,7 @@ def test_manager_registers_trims_and_drops_after_early_stop():
     )
     assert "a" not in mgr.states and "a" not in mgr.done_early
     r = mgr.handle(BatchTokenOut(outputs=[out("b", [], {"type": "abort", "message": "x"})])).outputs
-    assert r[0]["finished_reason"]["type"] == "abort" and "b" not in mgr.states
+    assert r[0].finished_reason["type"] == "abort" and "b" not in mgr.states
 
 
 @pytest.fixture(scope="module")
@@ -216,11 +216,12 @@ def test_manager_fails_one_request_whose_text_breaks_and_serves_the_rest():
     out = mgr.handle(
         BatchTokenOut(
             outputs=[
-                {"rid": "a", "new_ids": list(b"ok"), "finished_reason": None},
-                {"rid": "b", "new_ids": [104, 666], "finished_reason": None},
+                TokenOut(rid="a", new_ids=list(b"ok"), finished_reason=None),
+                TokenOut(rid="b", new_ids=[104, 666], finished_reason=None),
             ]
         )
-    ).outputs
+    )
+    out = output_dicts(out)
     assert out[0]["text"] == "ok" and out[0]["finished_reason"] is None
     assert out[1]["finished_reason"]["type"] == "abort" and out[1]["error_status"] == 500
     assert out[1]["abort_scheduler"] and "detokenizing failed" in out[1]["error"]
@@ -228,9 +229,9 @@ def test_manager_fails_one_request_whose_text_breaks_and_serves_the_rest():
     out = mgr.handle(
         BatchTokenOut(
             outputs=[
-                {"rid": "b", "new_ids": [105], "finished_reason": None},
-                {"rid": "a", "new_ids": list(b"!"), "finished_reason": {"type": "length"}},
+                TokenOut(rid="b", new_ids=[105], finished_reason=None),
+                TokenOut(rid="a", new_ids=list(b"!"), finished_reason={"type": "length"}),
             ]
         )
     )
-    assert [(o["rid"], o["text"]) for o in out.outputs] == [("a", "!")]
+    assert [(o.rid, o.text) for o in out.outputs] == [("a", "!")]

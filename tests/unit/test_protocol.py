@@ -3,12 +3,12 @@ params, result accumulation, SSE framing, the CLI flags, the ipc dir, the servin
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
 import stat
 
+import msgspec
 import pytest
 
 from radixrt.runtime import messages
@@ -398,7 +398,7 @@ def test_serving_messages_round_trip_without_pickle():
         messages.DetokenizeReq(
             rid="a", sampling_params={"stop": ["x"], "skip_special_tokens": False}
         ),
-        messages.BatchTextOut(outputs=[{"rid": "a", "text": "é", "new_ids": [1]}]),
+        messages.BatchTextOut(outputs=[messages.TextOut(rid="a", text="é", new_ids=[1])]),
         messages.FlushCacheOut(success=True),
         messages.HealthCheckReq(probe_id=3),
         messages.HealthCheckOut(probe_id=3),
@@ -406,8 +406,9 @@ def test_serving_messages_round_trip_without_pickle():
         messages.ProcessFailed(name="detokenizer", error="boom"),
     ):
         data = messages.encode(msg)
-        assert json.loads(data)["type"] == type(msg).__name__  # plain JSON on the wire
-        assert dataclasses.asdict(messages.decode(data)) == dataclasses.asdict(msg)
+        # plain MessagePack on the wire, tagged with the message's name
+        assert msgspec.msgpack.decode(data)["type"] == type(msg).__name__
+        assert messages.decode(data) == msg
 
 
 def test_logit_bias_keys_are_canonical_token_ids():

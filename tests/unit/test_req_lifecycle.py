@@ -142,8 +142,6 @@ def test_the_options_reach_the_req_unchanged_through_the_wire():
     s.add_request(msg)
     (req,) = s.waiting
     assert req.options is msg.options and req.logprob_start == 1
-    with pytest.raises(TypeError, match="options"):  # intake reads them so (see below)
-        RequestOptions.from_wire({"stream": 1, "x": 2})
 
 
 @pytest.mark.parametrize(
@@ -159,14 +157,19 @@ def test_the_options_reach_the_req_unchanged_through_the_wire():
 def test_malformed_options_on_the_wire_are_refused_for_their_rid_and_the_scheduler_goes_on(
     options, field
 ):
-    """A TokenizedGenerateReq whose options are of the wrong shape still decodes, so intake can
-    answer its rid with a 400 naming the field (a decode failure would leave it unanswered)."""
-    import orjson
+    """A TokenizedGenerateReq whose options are of the wrong shape fails to decode as a
+    MalformedRequest that still names its rid, so the scheduler answers it with a 400 naming the
+    field (a bare decode failure would leave it unanswered)."""
+    import msgspec
+
+    from radixrt.runtime.messages import MalformedRequest
 
     body = {"rid": "bad", "input_ids": [1, 2, 3], "sampling_params": {}, "options": options}
-    msg = decode(orjson.dumps({"type": "TokenizedGenerateReq", "body": body}))
+    with pytest.raises(MalformedRequest) as refused:
+        decode(msgspec.msgpack.encode({"type": "TokenizedGenerateReq", **body}))
+    assert refused.value.rid == "bad" and field in str(refused.value), refused.value
     s = make()
-    s.add_request(msg)
+    s.refuse(refused.value.rid, refused.value)
     (out,) = s.take_outputs()
     assert out.rid == "bad" and out.error_status == 400 and field in out.error, out.error
     submit(s, "ok", [1, 2, 3], max_new_tokens=4, ignore_eos=True)

@@ -15,7 +15,6 @@ from radixrt.runtime.core.req import GrammarState, Req, ReqStatus
 from radixrt.runtime.messages import TokenizedGenerateReq, TokenOut
 from radixrt.runtime.request.edge import EdgeRules, check_request
 from radixrt.runtime.request.incremental_detokenizer import IncrementalDetokenizer
-from radixrt.runtime.request.options import RequestOptions
 from radixrt.runtime.request.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -70,7 +69,7 @@ def new_req(
     """The Req for msg, checked as the request edge checks it (request/edge.check_request; a
     ValueError or TypeError: refused)."""
     sampling = SamplingParams.from_dict(msg.sampling_params)
-    options = RequestOptions.from_wire(msg.options)  # TypeError naming the field: refused
+    options = msg.options  # its fields' types checked as the message was decoded (messages.py)
     check_request(msg.input_ids, sampling, options, rules)
     check_fault("intake", msg.input_ids)
     # the output may not run past the context
@@ -82,19 +81,19 @@ def new_req(
     return req
 
 
-def refusal(msg: TokenizedGenerateReq, error: Exception) -> TokenOut:
+def refusal(rid: str, prompt_tokens: int, error: Exception) -> TokenOut:
     """The answer to a request intake could not take: 400 when it was refused (ValueError,
     TypeError; 503 when the queue is full), 500 when intake itself failed."""
     refused = isinstance(error, (ValueError, TypeError))
     message = str(error) if refused else f"internal error: {type(error).__name__}: {error}"
     status = getattr(error, "status", 400) if refused else 500
     return TokenOut(
-        rid=msg.rid,
+        rid=rid,
         new_ids=[],
         finished_reason=FinishReason.abort(message).to_dict(),
         error=message,
         error_status=status,
-        prompt_tokens=len(msg.input_ids) if isinstance(msg.input_ids, list) else 0,
+        prompt_tokens=prompt_tokens,
     )
 
 

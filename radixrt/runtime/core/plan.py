@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+import msgspec
+
 from radixrt.runtime.request.sampling_params import SamplingParams
 
 if TYPE_CHECKING:  # the plan holds requests only beside the items the runner sees
@@ -37,7 +39,7 @@ class SampleRow:
 
 @dataclass(frozen=True, kw_only=True)
 class PlanItem:
-    """One request's part of a step. Built by keyword; crosses processes by field name (to_wire)."""
+    """One request's part of a step. Built by keyword; crosses processes as a ForwardItem."""
 
     row: int  # the request's row of the req->slot table
     new_ids: list[int]  # tokens fed this step: fill_ids[computed_len : computed_len + len(new_ids)]
@@ -68,27 +70,36 @@ class PlanItem:
         wants every new position's, like prompt logprobs from computed_len on."""
         return self.computed_len if self.num_draft else self.logits_start
 
-    # the fields a forward needs: what tensor parallelism sends to the other ranks (they sample
-    # nothing, so picks stay behind)
-    WIRE_FIELDS = (
-        "row",
-        "new_ids",
-        "computed_len",
-        "slots",
-        "write_start",
-        "logits_start",
-        "num_draft",
-        "page_copies",
+
+class ForwardItem(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """A PlanItem's part a forward needs: what tensor parallelism sends to the other ranks (they
+    sample nothing, so picks stay behind). Fields by PlanItem's names."""
+
+    row: int
+    new_ids: list[int]
+    computed_len: int
+    slots: list[int]
+    write_start: int
+    logits_start: int | None
+    num_draft: int
+    page_copies: tuple[tuple[int, int], ...]
+
+
+_forward_encoder = msgspec.msgpack.Encoder()
+_forward_decoder = msgspec.msgpack.Decoder(list[ForwardItem])
+
+
+def encode_forward(plan: list[PlanItem]) -> bytes:
+    """The forward's part of a step's plan, as rank 0 broadcasts it."""
+    names = ForwardItem.__struct_fields__
+    return _forward_encoder.encode(
+        [ForwardItem(*(getattr(it, name) for name in names)) for it in plan]
     )
 
-    def to_wire(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.WIRE_FIELDS}
 
-    @classmethod
-    def from_wire(cls, data: dict[str, Any]) -> PlanItem:
-        fields = {name: data[name] for name in cls.WIRE_FIELDS}
-        fields["page_copies"] = tuple(tuple(c) for c in fields["page_copies"])
-        return cls(**fields)
+def decode_forward(data: bytes) -> list[PlanItem]:
+    """The plan items a worker rank runs (each field's type checked as it is read)."""
+    return [PlanItem(**msgspec.structs.asdict(f)) for f in _forward_decoder.decode(data)]
 
 
 @dataclass

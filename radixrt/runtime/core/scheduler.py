@@ -155,8 +155,12 @@ class Scheduler:
                 log.exception("intake of %s failed", msg.rid)
             self.waiting = [r for r in self.waiting if r.rid != msg.rid]
             self.beams.groups.pop(msg.rid, None)
-            self.role.refused(getattr(msg.options, "bootstrap", None), e)  # (a malformed one: none)
-            self.outbox.put(refusal(msg, e))
+            self.role.refused(msg.options.bootstrap, e)
+            self.outbox.put(refusal(msg.rid, len(msg.input_ids), e))
+
+    def refuse(self, rid: str, error: Exception) -> None:
+        """Answer a request that could not be read (messages.MalformedRequest): refused, a 400."""
+        self.outbox.put(refusal(rid, 0, error))
 
     def grammar_backend(self, kind: str = "regex") -> GrammarBackend:
         """The grammar backend for constraints of `kind` (--grammar-backend; ebnf: llguidance)."""

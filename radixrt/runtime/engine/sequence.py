@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from radixrt.runtime.messages import TokenizedGenerateReq, TokenOut
 from radixrt.runtime.request.incremental_detokenizer import IncrementalDetokenizer
 from radixrt.runtime.request.sequence_result import SequenceResult, expand_beams, generate_output
@@ -29,7 +31,8 @@ class Sequence:
             IncrementalDetokenizer.add_beam_texts(
                 self.tokenizer, self.msg.sampling_params, out.beams
             )
-        self.result.add({**vars(out), "text": self.text.feed(out.new_ids, finished=finished)})
+        text = self.text.feed(out.new_ids, finished=finished)
+        self.result.add({**msgspec.structs.asdict(out), "text": text})
 
     @property
     def finished(self) -> bool:

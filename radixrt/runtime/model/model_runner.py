@@ -14,7 +14,7 @@ import torch
 
 from radixrt.kernels.kv_quant import KV_CACHE_DTYPES
 from radixrt.runtime.config import ServerConfig
-from radixrt.runtime.core.plan import ItemResult, PlanItem
+from radixrt.runtime.core.plan import ItemResult, PlanItem, decode_forward, encode_forward
 from radixrt.runtime.model import (
     compiled_layers,
     deterministic,
@@ -242,7 +242,7 @@ class ModelRunner:
         """Rank 0: send the forward's part of the plan to the other ranks, then run it with them."""
         if self.rank_lost:
             raise tp.TPFailure(self.rank_lost)
-        self.tp.broadcast_obj({"items": [it.to_wire() for it in plan]})
+        self.tp.broadcast_bytes(encode_forward(plan))
         try:
             return self._forward(plan)
         except tp.TPFailure:
@@ -295,8 +295,8 @@ class ModelRunner:
     @torch.inference_mode()
     def serve_worker(self) -> None:
         """A worker rank's loop: run every forward rank 0 broadcasts until it says stop."""
-        while (step := self.tp.broadcast_obj()) is not None:
-            self._forward([PlanItem.from_wire(it) for it in step["items"]])
+        while (step := self.tp.broadcast_bytes()) is not None:
+            self._forward(decode_forward(step))
         self.tp.close()
 
     def _on_rank_lost(self, reason: str) -> None:

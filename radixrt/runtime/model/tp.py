@@ -1,8 +1,9 @@
 """Tensor parallelism on torch.distributed (gloo on CPU, NCCL on CUDA): the process group, the
 collectives the model needs, the plan broadcast, and the worker ranks.
 
-One scheduler, on rank 0. Each step rank 0 broadcasts the forward's inputs as plain data (orjson
-bytes through a torch.distributed broadcast: a length, then the bytes; never pickle); every rank
+One scheduler, on rank 0. Each step rank 0 broadcasts the forward's inputs as plain data (core/
+plan.py's ForwardItem structs as MessagePack, through a torch.distributed broadcast: a length, then
+the bytes; never pickle); every rank
 builds the same forward batch (so its req->slot table stays identical), runs its shard of the model
 (models/llama.py: Megatron sharding), and the logits are gathered to rank 0, which samples. Workers
 hold no scheduler state, so ranks cannot drift apart.
@@ -26,7 +27,6 @@ import threading
 import time
 from typing import Any, Callable
 
-import orjson
 import torch
 import torch.distributed as dist
 
@@ -94,12 +94,10 @@ class TPGroup:
         self._call("gather", lambda: dist.gather(local, parts, dst=0))
         return torch.cat(parts, dim=-1) if parts is not None else None
 
-    def broadcast_obj(self, obj: Any = None) -> Any:
-        """Rank 0 sends obj (orjson-serialisable; None = STOP); every rank returns it (None on
-        STOP)."""
+    def broadcast_bytes(self, data: bytes | None = None) -> bytes | None:
+        """Rank 0 sends data (None = STOP); every rank returns it (None on STOP)."""
         if self.rank == 0:
-            data = orjson.dumps(obj) if obj is not None else b""
-            length = torch.tensor([len(data) if obj is not None else STOP], dtype=torch.int64)
+            length = torch.tensor([len(data) if data is not None else STOP], dtype=torch.int64)
         else:
             length = torch.zeros(1, dtype=torch.int64)
         self._call("broadcast", lambda: dist.broadcast(length, src=0, group=self.plan_group))
@@ -112,7 +110,7 @@ class TPGroup:
             else torch.empty(n, dtype=torch.uint8)
         )
         self._call("broadcast", lambda: dist.broadcast(buf, src=0, group=self.plan_group))
-        return obj if self.rank == 0 else orjson.loads(buf.numpy().tobytes())
+        return data if self.rank == 0 else buf.numpy().tobytes()
 
     def close(self) -> None:
         try:
@@ -174,7 +172,7 @@ def watch_workers(
 def stop_workers(group: TPGroup | None, procs: list[Any], timeout: float = 10.0) -> None:
     if group is not None:
         try:
-            group.broadcast_obj(None)
+            group.broadcast_bytes(None)
         except TPFailure:
             pass
     deadline = time.monotonic() + timeout

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import msgspec
 import zmq
 
 from radixrt.runtime import messages
@@ -15,6 +16,8 @@ from radixrt.runtime.messages import (
     DetokenizeReq,
     ProcessFailed,
     ProcessReady,
+    TextOut,
+    TokenOut,
 )
 from radixrt.runtime.request.incremental_detokenizer import IncrementalDetokenizer
 
@@ -39,35 +42,28 @@ class DetokenizerManager:
         self.params[req.rid] = req.sampling_params
 
     def handle(self, batch: BatchTokenOut) -> BatchTextOut:
-        outputs = []
+        outputs: list[TextOut] = []
         for out in batch.outputs:
             try:
                 self._handle_one(out, outputs)
             except Exception as e:
                 # this request's text failed: it alone ends (and the scheduler stops it)
-                logger.exception("detokenizing %s failed", out.get("rid"))
-                rid = out["rid"]
-                self.states.pop(rid, None)
-                self.params.pop(rid, None)
-                if out.get("finished_reason") is None:
-                    self.done_early.add(rid)
+                logger.exception("detokenizing %s failed", out.rid)
+                self.states.pop(out.rid, None)
+                self.params.pop(out.rid, None)
+                if out.finished_reason is None:
+                    self.done_early.add(out.rid)
                 message = f"internal error: detokenizing failed: {type(e).__name__}: {e}"
-                outputs.append(
-                    {
-                        **out,
-                        "new_ids": [],
-                        "text": "",
-                        "error": message,
-                        "error_status": 500,
-                        "finished_reason": {"type": "abort", "message": message},
-                        "abort_scheduler": out.get("finished_reason") is None,
-                    }
-                )
+                fields = msgspec.structs.asdict(out)
+                fields.update(new_ids=[], error=message, error_status=500)
+                fields["finished_reason"] = {"type": "abort", "message": message}
+                fields["abort_scheduler"] = out.finished_reason is None
+                outputs.append(TextOut(**fields))
         return BatchTextOut(outputs=outputs)
 
-    def _handle_one(self, out: dict, outputs: list[dict]) -> None:
-        rid = out["rid"]
-        finished = out.get("finished_reason") is not None
+    def _handle_one(self, out: TokenOut, outputs: list[TextOut]) -> None:
+        rid = out.rid
+        finished = out.finished_reason is not None
         if rid in self.done_early:
             if finished:
                 self.done_early.discard(rid)
@@ -76,22 +72,23 @@ class DetokenizerManager:
         # never registered: only an immediate rejection or a late message can get here
         if state is None:
             state = IncrementalDetokenizer(self.tokenizer)
-        out = dict(out)
-        out["text"] = state.feed(out["new_ids"], finished=finished)
-        if out.get("beams"):
+        text = TextOut(
+            **msgspec.structs.asdict(out), text=state.feed(out.new_ids, finished=finished)
+        )
+        if text.beams:
             IncrementalDetokenizer.add_beam_texts(
-                self.tokenizer, self.params.get(rid, {}), out["beams"]
+                self.tokenizer, self.params.get(rid, {}), text.beams
             )
-        reason = out.get("finished_reason")
+        reason = text.finished_reason
         if state.finished and (reason is None or reason.get("type") != "abort"):
             # The text was cut at a stop string: report that stop whatever the scheduler saw.
-            out["finished_reason"] = {"type": "stop", "matched": state.matched_stop}
+            text.finished_reason = {"type": "stop", "matched": state.matched_stop}
             if not finished:  # the scheduler will finish it on its own; drop what follows
                 self.done_early.add(rid)
-        if out.get("finished_reason") is not None:
+        if text.finished_reason is not None:
             self.states.pop(rid, None)
             self.params.pop(rid, None)
-        outputs.append(out)
+        outputs.append(text)
 
 
 def run_detokenizer_process(

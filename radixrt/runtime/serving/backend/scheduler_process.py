@@ -10,7 +10,6 @@ Admin answers (flush, server info, health) go straight back to the main process'
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import logging
 import time
@@ -33,6 +32,7 @@ from radixrt.runtime.messages import (
     HealthCheckOut,
     HealthCheckReq,
     LoraAdapterReq,
+    MalformedRequest,
     ProcessFailed,
     ProcessReady,
     ProfileOut,
@@ -81,7 +81,7 @@ class SchedulerLoop:
 
     def send_outputs(self, outs: list[TokenOut]) -> None:
         if outs:
-            batch = BatchTokenOut(outputs=[dataclasses.asdict(o) for o in outs])
+            batch = BatchTokenOut(outputs=outs)
             self.to_detokenizer.send(messages.encode(batch))
 
     def handle(self, msg: Any) -> None:
@@ -154,6 +154,9 @@ class SchedulerLoop:
             try:
                 msg = messages.decode(data)
                 self.handle(msg)
+            except MalformedRequest as e:  # its sender waits for an answer: a 400 naming the field
+                self.scheduler.refuse(e.rid, e)
+                self.send_outputs(self.scheduler.take_outputs())
             except Exception as e:  # one bad message (or a bug handling it) must not end the loop
                 logger.exception("handling a message failed; the loop goes on")
                 # admin callers are answered in order: a missing answer would shift every later one

@@ -126,7 +126,7 @@ class SchedulerClient:
         while True:
             msg = messages.decode(await self._pull.recv())
             if isinstance(msg, BatchTextOut):
-                self._dispatch(msg.outputs)
+                self._dispatch(messages.output_dicts(msg))
             elif type(msg) in self._waiters:
                 if isinstance(msg, SchedulerInfo):
                     self.last_heartbeat = time.monotonic()
