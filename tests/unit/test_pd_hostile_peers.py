@@ -4,6 +4,7 @@ and peers without the pair's secret. Truth: the decode pool's bytes (untouched u
 prefill sent them), the events each real agent reports, and both agents still serving after.
 """
 
+import contextlib
 import json
 import time
 
@@ -228,7 +229,11 @@ def test_peers_without_the_secret_are_not_heard():
     d = decode_link(dst, port, secret="another-wrong-secret")
     try:
         _register(outsider, 8)
-        raw.send(orjson.dumps({"op": "register", "room": 8}))
+        # never blocking: once its handshake has failed (the server speaks CURVE), libzmq drops the
+        # DEALER's pipe for good, and a blocking send would wait forever (a loaded machine got there
+        # before this line)
+        with contextlib.suppress(zmq.Again):
+            raw.send(orjson.dumps({"op": "register", "room": 8}), zmq.NOBLOCK)
         d.expect(Bootstrap("127.0.0.1", port, 8), [0, 1], 0)
         p.send(8, [4, 5], FIRST)
         # the room ends at the prefill side's 1 s timeout, as no registration ever reached it; the

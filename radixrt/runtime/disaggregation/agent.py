@@ -4,13 +4,17 @@ neither a slow peer nor a transfer holds up the scheduler's loop. The scheduler'
 and its events go out, over two inproc PAIR sockets (transfer.py holds their other ends); each
 socket is used by this thread alone.
 
-Wire messages (orjson dicts, "op" names them), decode -> prefill's bootstrap port:
-  register {room, layout, num_pages, start}  cancel {room}  ping {}
+Wire messages (wire.py's Structs: a JSON object, "op" names it), decode -> prefill's bootstrap port:
+  register {room, layout: {page_bytes}, num_pages, start}  cancel {room}  ping {}
 prefill -> decode:
   pages {room, count} + a frame of whole pages' bytes (in order, as many as it takes)
-  done {room, first, num_pages, num_bytes}
+  done {room, first: {id, logprob, top_logprobs}, num_pages, num_bytes}
   failed {room, error}  cancelled {room}  pong {}
-Every field that arrives is checked (peer_checks.py) before it is used.
+Each side decodes them with one decoder over the ops it takes (wire.FROM_DECODE, FROM_PREFILL): a
+field of the wrong type or out of its bounds, an unknown field or op refuses the message, and what
+no type says is checked on the decoded values (peer_checks.py) before it is used.
+The scheduler's commands (wire.Command: send, drop; expect, cancel; close) and this thread's
+events (wire.Event: sent; arrived, failed) are Structs too.
 """
 
 from __future__ import annotations
@@ -18,10 +22,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
 
-import orjson
+import msgspec
 import zmq
+
+from radixrt.runtime.disaggregation.wire import CloseCommand, Command, Event, PeerMessage, encode
 
 log = logging.getLogger(__name__)
 
@@ -63,30 +68,32 @@ class Agent(threading.Thread):
                 return
             try:
                 if sock is self.cmd:
-                    msg = orjson.loads(frames[-1])
-                    if msg["op"] == "close":
+                    cmd = self.commands.decode(frames[-1])
+                    if isinstance(cmd, CloseCommand):
                         self.stopping = True
                     else:
-                        self.on_command(msg)
+                        self.on_command(cmd)
                 else:
                     self.on_peer(sock, frames)
             except Exception:  # one bad message must not end the agent
                 log.exception("handling a KV transfer message failed")
 
-    def emit(self, kind: str, **fields: Any) -> None:
+    def emit(self, event: Event) -> None:
         """An event for the scheduler (transfer.py turns it into a kv_transfer event)."""
-        self.evt.send(orjson.dumps({"kind": kind, **fields}))
+        self.evt.send(encode(event))
 
     @staticmethod
-    def reply(sock: zmq.Socket, ident: list[bytes], op: str, flags: int = 0, **fields: Any) -> None:
-        sock.send_multipart([*ident, orjson.dumps({"op": op, **fields})], flags=flags)
+    def reply(sock: zmq.Socket, ident: list[bytes], msg: PeerMessage, flags: int = 0) -> None:
+        sock.send_multipart([*ident, encode(msg)], flags=flags)
 
     def poll_ms(self) -> int:
         """How long the loop may wait for a message before tick runs."""
         return TICK_MS
 
     # a side's own
-    def on_command(self, msg: dict[str, Any]) -> None:
+    commands: msgspec.json.Decoder  # of the commands it takes (wire.PREFILL_COMMANDS, ...)
+
+    def on_command(self, cmd: Command) -> None:
         raise NotImplementedError
 
     def on_peer(self, sock: zmq.Socket, frames: list[zmq.Frame]) -> None:

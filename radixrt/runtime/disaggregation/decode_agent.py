@@ -2,8 +2,9 @@
 prefill server it has rooms at (--disaggregation-prefill-addrs: a request only picks one of them).
 It registers each room's pages (expect), copies the `pages` messages of that room, from that peer,
 into exactly those pages in order, and reports the room `arrived` on `done` (all pages received, the
-first token in vocabulary) or `failed`. Anything else a peer sends is checked (peer_checks.py) and,
-when wrong, fails that room alone.
+first token in vocabulary) or `failed`. What a peer sends is decoded as its type (wire.py) and
+checked (peer_checks.py); a message that is wrong fails its room alone, and one that names no room
+this side can read, or an op it does not take, is dropped.
 
 Bytes land only when a `pages` message for a room still pending here arrives, so a room that ends
 here (cancelled, timed out, failed) is reported failed at once: its pages take no later bytes. A
@@ -16,21 +17,14 @@ import logging
 import time
 from typing import Any
 
-import orjson
 import zmq
 
+from radixrt.runtime.disaggregation import wire
 from radixrt.runtime.disaggregation.agent import Agent
 from radixrt.runtime.disaggregation.channel import CONTROL_MAX_BYTES, peer_socket
 from radixrt.runtime.disaggregation.kv_layout import KVLayout
 from radixrt.runtime.disaggregation.page_bytes import PageBytes
-from radixrt.runtime.disaggregation.peer_checks import (
-    PeerError,
-    check_first,
-    check_int,
-    check_room,
-    error_text,
-    header,
-)
+from radixrt.runtime.disaggregation.peer_checks import PeerError, check_first, error_text
 from radixrt.runtime.disaggregation.prefill_agent import chunk_pages
 
 log = logging.getLogger(__name__)
@@ -47,6 +41,8 @@ class Peer:
 
 
 class DecodeAgent(Agent):
+    commands = wire.DECODE_COMMANDS
+
     def __init__(
         self,
         ctx,
@@ -79,17 +75,17 @@ class DecodeAgent(Agent):
             self.peers[addr] = Peer(sock, time.monotonic())
         return self.peers[addr]
 
-    def _send(self, peer: Peer, op: str, **fields: Any) -> None:
+    def _send(self, peer: Peer, msg: wire.PeerMessage) -> None:
         peer.used = time.monotonic()
-        peer.sock.send(orjson.dumps({"op": op, **fields}))
+        peer.sock.send(wire.encode(msg))
 
-    def on_command(self, msg: dict[str, Any]) -> None:
-        room, addr = msg["room"], msg["addr"]
-        if msg["op"] == "expect":
+    def on_command(self, cmd: wire.Command) -> None:
+        if isinstance(cmd, wire.ExpectCommand):
+            room, addr = cmd.room, cmd.addr
             try:
                 peer = self._peer(addr)
             except Exception as e:  # the request fails; nothing of it is left here
-                self.emit("failed", room=room, error=f"prefill server {addr}: {e}")
+                self.emit(wire.FailedEvent(room=room, error=f"prefill server {addr}: {e}"))
                 return
             if not peer.rooms:  # its silence counts from now, not from its last room
                 peer.heard = peer.pinged = time.monotonic()
@@ -97,30 +93,31 @@ class DecodeAgent(Agent):
             self.pending[room] = {
                 "addr": addr,
                 "since": time.monotonic(),
-                "pages": msg["pages"],
+                "pages": cmd.pages,
                 "received": 0,
             }
-            fields = {"num_pages": len(msg["pages"]), "start": msg["start"]}
-            self._send(peer, "register", room=room, layout=self.layout.to_wire(), **fields)
-        elif msg["op"] == "cancel":
-            self._cancel(room, "aborted by the client")
+            fields = {"num_pages": len(cmd.pages), "start": cmd.start}
+            self._send(peer, wire.Register(room=room, layout=self.layout, **fields))
+        elif isinstance(cmd, wire.CancelCommand):
+            self._cancel(cmd.room, "aborted by the client")
 
     def _cancel(self, room: int, why: str) -> None:
         """The room ends here now; the prefill server is asked to drop it (it may be queued)."""
         entry = self.pending.get(room)
         if entry is None:
             return
-        self._send(self.peers[entry["addr"]], "cancel", room=room)
-        self._finish(room, "failed", error=why)
+        self._send(self.peers[entry["addr"]], wire.Cancel(room=room))
+        self._finish(wire.FailedEvent(room=room, error=why))
 
-    def _finish(self, room: int, kind: str, **fields: Any) -> None:
-        entry = self.pending.pop(room, None)
+    def _finish(self, event: wire.ArrivedEvent | wire.FailedEvent) -> None:
+        """The room ends here with event, if it was still pending."""
+        entry = self.pending.pop(event.room, None)
         if entry is None:
             return
         peer = self.peers.get(entry["addr"])
         if peer is not None:
-            peer.rooms.discard(room)
-        self.emit(kind, room=room, **fields)
+            peer.rooms.discard(event.room)
+        self.emit(event)
 
     def on_peer(self, sock: zmq.Socket, frames: list[zmq.Frame]) -> None:
         addr = next((a for a, p in self.peers.items() if p.sock is sock), None)
@@ -128,48 +125,59 @@ class DecodeAgent(Agent):
             return
         self.peers[addr].heard = time.monotonic()
         try:
-            msg = header(frames[0])
-            if msg["op"] == "pong":
-                return
-            room = check_room(msg.get("room"))
-        except PeerError as e:
-            log.warning("a message of prefill server %s ignored: %s", addr, e)
+            msg = wire.FROM_PREFILL.decode(frames[0].buffer)
+        except wire.BadMessage as e:
+            # one of an op this side takes, its room read: that room fails (if it is this peer's);
+            # anything else is dropped
+            if e.kind is None or e.room is None or not self._invalid(addr, e.room, e.kind, e):
+                log.warning("a message of prefill server %s ignored: %s", addr, e)
             return
-        entry = self.pending.get(room)
+        if isinstance(msg, wire.Pong):
+            return
+        # no check_room: a room past u64 was never registered here, so it is not pending
+        entry = self.pending.get(msg.room)
         if entry is None or entry["addr"] != addr:
             return  # a room ended here, or another peer's: nothing of it is taken
         try:
-            self._on_room_message(room, entry, msg, frames[1:])
+            self._on_room_message(msg.room, entry, msg, frames[1:])
         except (PeerError, ValueError) as e:
-            self._cancel(room, f"prefill server {addr} sent an invalid {msg['op']!r}: {e}")
+            self._invalid(addr, msg.room, type(msg), e)
+
+    def _invalid(self, addr: str, room: int, kind: type, e: Exception) -> bool:
+        """addr sent a message of kind for room that cannot be taken: the room fails if it is that
+        peer's and pending here (then True)."""
+        entry = self.pending.get(room)
+        if entry is None or entry["addr"] != addr:
+            return False
+        self._cancel(room, f"prefill server {addr} sent an invalid {wire.op_of(kind)!r}: {e}")
+        return True
 
     def _on_room_message(
-        self, room: int, entry: dict[str, Any], msg: dict[str, Any], data: list[zmq.Frame]
+        self, room: int, entry: dict[str, Any], msg: wire.PeerMessage, data: list[zmq.Frame]
     ) -> None:
-        op, addr = msg["op"], entry["addr"]
-        if op == "pages":
-            count = check_int(msg.get("count"), "count", 1, len(entry["pages"]))
+        addr, registered = entry["addr"], len(entry["pages"])
+        if isinstance(msg, wire.Pages):
             start = entry["received"]
-            if len(data) != 1 or start + count > len(entry["pages"]):
-                raise PeerError(f"{count} pages past the {len(entry['pages'])} registered")
-            self.pages.scatter(data[0].buffer, entry["pages"][start : start + count])
-            entry["received"] = start + count
+            if len(data) != 1 or start + msg.count > registered:
+                raise PeerError(f"{msg.count} pages past the {registered} registered")
+            self.pages.scatter(data[0].buffer, entry["pages"][start : start + msg.count])
+            entry["received"] = start + msg.count
             entry.setdefault("first_chunk_at", time.monotonic())
-        elif op == "done":
-            if entry["received"] != len(entry["pages"]):
-                raise PeerError(f"{entry['received']} of {len(entry['pages'])} pages came")
-            first = check_first(msg.get("first"), self.vocab_size)
-            num_bytes = self.pages.nbytes(len(entry["pages"]))
+        elif isinstance(msg, wire.Done):
+            if entry["received"] != registered:
+                raise PeerError(f"{entry['received']} of {registered} pages came")
+            check_first(msg.first, self.vocab_size)
+            num_bytes = self.pages.nbytes(registered)
             # on the wire from the first chunk's arrival (the wait for the prefill server to compute
             # the prompt is not the transfer's); all but the first chunk's own transit
             seconds = time.monotonic() - entry.get("first_chunk_at", time.monotonic())
-            stats = {"num_pages": len(entry["pages"]), "num_bytes": num_bytes, "seconds": seconds}
-            self._finish(room, "arrived", first=first, **stats)
-        elif op == "failed":
-            error = error_text(msg.get("error"))
-            self._finish(room, "failed", error=f"prefill server {addr}: {error}")
-        elif op == "cancelled":
-            self._finish(room, "failed", error="cancelled by the prefill server")
+            stats = {"num_pages": registered, "num_bytes": num_bytes, "seconds": seconds}
+            self._finish(wire.ArrivedEvent(room=room, first=msg.first, **stats))
+        elif isinstance(msg, wire.Failed):
+            error = f"prefill server {addr}: {error_text(msg.error)}"
+            self._finish(wire.FailedEvent(room=room, error=error))
+        elif isinstance(msg, wire.Cancelled):
+            self._finish(wire.FailedEvent(room=room, error="cancelled by the prefill server"))
 
     def tick(self, now: float) -> None:
         for room, entry in list(self.pending.items()):
@@ -191,11 +199,11 @@ class DecodeAgent(Agent):
                     "never heard)"
                 )
                 for room in list(peer.rooms):
-                    self._finish(room, "failed", error=error)
+                    self._finish(wire.FailedEvent(room=room, error=error))
                 self._forget(addr)
             elif now - peer.pinged >= PING_S:
                 peer.pinged = now
-                self._send(peer, "ping")
+                self._send(peer, wire.Ping())
 
     def _forget(self, addr: str) -> None:
         peer = self.peers.pop(addr)

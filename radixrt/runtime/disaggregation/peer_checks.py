@@ -1,75 +1,59 @@
 """Checks of what a peer server sends (trust no peer, even an authenticated one: a bug or a
-compromised server there must fail one room here, never this server's loop, memory or tree)."""
+compromised server there must fail one room here, never this server's loop, memory or tree).
+
+Most of them are the messages' types (wire.py: msgspec refuses a message of the wrong shape as it
+decodes). These are the rest, on the decoded values: what msgspec cannot express."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-import orjson
+import msgspec
 
-MAX_ROOM = 2**64 - 1
-MAX_TOP_LOGPROBS = 64
+from radixrt.runtime.disaggregation.wire import First, PeerError
+
+__all__ = ["MAX_ERROR_CHARS", "MAX_ROOM", "PeerError", "check_first", "check_room", "error_text"]
+
+MAX_ROOM = 2**64 - 1  # as the request edge takes it (request/option_checks.py)
 MAX_ERROR_CHARS = 500
 
 
-class PeerError(ValueError):
-    """A message from the peer server that cannot be taken."""
+def check_room(room: int) -> int:
+    """A decoded room (an int >= 0) within u64: msgspec bounds ints only within int64, and it
+    decodes larger ones (up to Python's 4,300 digits), which would otherwise be kept as keys."""
+    if room > MAX_ROOM:
+        raise PeerError(f"room must be at most {MAX_ROOM}, got {str(room)[:40]}...")
+    return room
 
 
-def check_int(v: Any, name: str, lo: int, hi: int) -> int:
-    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
-        raise PeerError(f"{name} must be an integer in [{lo}, {hi}], got {str(v)[:40]!r}")
-    return v
+def _check_logprob(v: float | None, name: str) -> None:
+    # JSON has no inf or nan, but a number past a float's range (1e400) decodes as inf
+    if v is not None and not (math.isfinite(v) and v <= 0):
+        raise PeerError(f"{name} must be a finite log-probability (<= 0) or null, got {v!r}")
 
 
-def check_room(v: Any) -> int:
-    return check_int(v, "room", 0, MAX_ROOM)
+def check_first(first: First | Any, vocab_size: int) -> dict[str, Any]:
+    """The prefill server's first token, its ids in the vocabulary and its log-probabilities finite
+    and <= 0; returned as the dict the scheduler takes (KVArrived.first). first: a decoded First,
+    or the same as builtins (a mapping: typed here first, as a message would be)."""
+    if not isinstance(first, First):
+        try:
+            first = msgspec.convert(first, First)
+        except msgspec.ValidationError as e:
+            raise PeerError(f"first: {e}") from None
+    if not first.id < vocab_size:
+        raise PeerError(f"first.id must be below the vocabulary's {vocab_size}, got {first.id}")
+    _check_logprob(first.logprob, "first.logprob")
+    for i, (tid, logprob) in enumerate(first.top_logprobs or ()):
+        if not tid < vocab_size:
+            name = f"first.top_logprobs[{i}] id"
+            raise PeerError(f"{name} must be below the vocabulary's {vocab_size}, got {tid}")
+        _check_logprob(logprob, f"first.top_logprobs[{i}] logprob")
+    return msgspec.to_builtins(first)
 
 
-def _logprob(v: Any, name: str) -> float | None:
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v > 0:
-        raise PeerError(f"{name} must be a finite log-probability (<= 0) or null")
-    return float(v)
-
-
-def check_first(first: Any, vocab_size: int) -> dict[str, Any]:
-    """The prefill server's first token: {"id", "logprob", "top_logprobs"}, ids in vocabulary."""
-    if not isinstance(first, dict):
-        raise PeerError("first must be an object")
-    top = first.get("top_logprobs")
-    if top is not None and (not isinstance(top, list) or len(top) > MAX_TOP_LOGPROBS):
-        raise PeerError(f"first.top_logprobs must be a list of at most {MAX_TOP_LOGPROBS} pairs")
-    pairs = []
-    for pair in top or []:
-        if not isinstance(pair, list) or len(pair) != 2:
-            raise PeerError("first.top_logprobs must hold [id, logprob] pairs")
-        pairs.append(
-            [
-                check_int(pair[0], "first.top_logprobs id", 0, vocab_size - 1),
-                _logprob(pair[1], "first.top_logprobs logprob"),
-            ]
-        )
-    return {
-        "id": check_int(first.get("id"), "first.id", 0, vocab_size - 1),
-        "logprob": _logprob(first.get("logprob"), "first.logprob"),
-        "top_logprobs": pairs if top is not None else None,
-    }
-
-
-def error_text(v: Any) -> str:
-    """A peer's error message, as text of bounded length."""
-    return (v if isinstance(v, str) else repr(v))[:MAX_ERROR_CHARS]
-
-
-def header(frame: Any) -> dict[str, Any]:
-    """A wire message's JSON header: an object with a string "op"."""
-    try:
-        msg = orjson.loads(frame.bytes if hasattr(frame, "bytes") else frame)
-    except orjson.JSONDecodeError:
-        raise PeerError("a message that is not JSON") from None
-    if not isinstance(msg, dict) or not isinstance(msg.get("op"), str):
-        raise PeerError('a message must be an object with a string "op"')
-    return msg
+def error_text(text: str) -> str:
+    """A peer's error message, cut to a bounded length (a long one is still an answer: its room
+    fails with the start of it, rather than with no reason)."""
+    return text[:MAX_ERROR_CHARS]

@@ -23,19 +23,18 @@ import time
 from collections import deque
 from typing import Any
 
-import orjson
 import zmq
 
+from radixrt.runtime.disaggregation import wire
 from radixrt.runtime.disaggregation.agent import Agent
 from radixrt.runtime.disaggregation.channel import bootstrap_socket, close_bootstrap
 from radixrt.runtime.disaggregation.kv_layout import KVLayout
 from radixrt.runtime.disaggregation.page_bytes import PageBytes
-from radixrt.runtime.disaggregation.peer_checks import PeerError, check_int, check_room, header
+from radixrt.runtime.disaggregation.peer_checks import PeerError, check_room
 
 log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 8 << 20  # the pages travel in messages of about this size (whole pages each)
-MAX_PAGES = 1 << 24
 # rooms registered and rooms remembered as ended: a decode server (even an authenticated one) names
 # them, so neither table may grow without bound; the oldest ended room is forgotten first
 MAX_ROOMS = 1 << 16
@@ -53,6 +52,8 @@ def chunk_pages(bytes_per_page: int) -> int:
 
 
 class PrefillAgent(Agent):
+    commands = wire.PREFILL_COMMANDS
+
     def __init__(
         self,
         ctx,
@@ -74,7 +75,7 @@ class PrefillAgent(Agent):
         # decode server whose queue is full raises zmq.Again (sends never block): nothing is dropped
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.poller.register(self.router, zmq.POLLIN)
-        self.sends: dict[int, dict[str, Any]] = {}  # room -> pages, first token, since
+        self.sends: dict[int, tuple[wire.SendCommand, float]] = {}  # room -> the command, since
         self.regs: dict[int, dict[str, Any]] = {}  # room -> the decode side's registration
         self.ended: dict[int, tuple[str, float]] = {}  # room -> why it will not be sent, since
         # room -> a transfer under way: its decode server, pages, the next page, the chunk that did
@@ -82,17 +83,16 @@ class PrefillAgent(Agent):
         self.outgoing: dict[int, dict[str, Any]] = {}
         self.replies: dict[bytes, deque[bytes]] = {}  # a decode server -> replies waiting for it
 
-    def on_command(self, msg: dict[str, Any]) -> None:
-        room = msg["room"]
-        if msg["op"] == "send":
-            if room in self.ended:
-                self.emit("sent", room=room, error=self.ended[room][0])
+    def on_command(self, cmd: wire.Command) -> None:
+        if isinstance(cmd, wire.SendCommand):
+            if cmd.room in self.ended:
+                self.emit(wire.SentEvent(room=cmd.room, error=self.ended[cmd.room][0]))
                 return
-            self.sends[room] = {**msg, "since": time.monotonic()}
-            self._try_transfer(room)
-        elif msg["op"] == "drop":
-            self._end(room, msg["error"])
-            self._stop_sending(room, msg["error"])
+            self.sends[cmd.room] = (cmd, time.monotonic())
+            self._try_transfer(cmd.room)
+        elif isinstance(cmd, wire.DropCommand):
+            self._end(cmd.room, cmd.error)
+            self._stop_sending(cmd.room, cmd.error)
 
     def _remember_ended(self, room: int, error: str) -> None:
         self.ended.pop(room, None)
@@ -105,22 +105,22 @@ class PrefillAgent(Agent):
         self._remember_ended(room, error)
         reg = self.regs.pop(room, None)
         if reg is not None:
-            self._tell(reg["ident"], "failed", room=room, error=error)
+            self._tell(reg["ident"], wire.Failed(room=room, error=error))
 
     def _stop_sending(self, room: int, error: str) -> None:
         """The room waits for its decode server, or is being sent: it stops (no page of it is read
         again), and the scheduler learns, so its pages may be freed."""
         if self.sends.pop(room, None) is not None:
-            self.emit("sent", room=room, error=error)
+            self.emit(wire.SentEvent(room=room, error=error))
         elif (t := self.outgoing.pop(room, None)) is not None:
-            self._tell(t["ident"], "failed", room=room, error=error)
-            self.emit("sent", room=room, error=error)
+            self._tell(t["ident"], wire.Failed(room=room, error=error))
+            self.emit(wire.SentEvent(room=room, error=error))
 
-    def _tell(self, ident: list[bytes], op: str, **fields: Any) -> None:
+    def _tell(self, ident: list[bytes], reply: wire.PeerMessage) -> None:
         """A message to one decode server, in order. One whose queue is full waits here (at most
         MAX_WAITING_REPLIES, the oldest dropped first, for at most MAX_WAITING_PEERS servers);
         one to a decode server that is gone is dropped (it learns by its timeout)."""
-        msg = orjson.dumps({"op": op, **fields})
+        msg = wire.encode(reply)
         waiting = self.replies.get(ident[0])
         if waiting is None:
             try:
@@ -152,75 +152,89 @@ class PrefillAgent(Agent):
             return
         ident = [frames[0].bytes]
         try:
-            msg = header(frames[1])
-            if msg["op"] == "ping":
-                self._tell(ident, "pong")
+            try:
+                msg = wire.FROM_DECODE.decode(frames[1].buffer)
+            except wire.BadMessage as e:
+                if e.kind is not wire.Register or e.room is None:
+                    raise
+                msg = e  # a registration with a wrong field is answered, refused (its room read)
+            if isinstance(msg, wire.Ping):
+                self._tell(ident, wire.Pong())
                 return
-            room = check_room(msg.get("room"))
+            room = check_room(msg.room)
         except PeerError as e:
             log.warning("a decode server's message ignored: %s", e)
             return
-        if msg["op"] == "register":
+        if isinstance(msg, (wire.Register, wire.BadMessage)):
             self._register(ident, room, msg)
-        elif msg["op"] == "cancel":
-            reg = self.regs.get(room)
-            if reg is not None and reg["ident"] != ident:
-                return  # only the decode server that registered a room may cancel it
-            t = self.outgoing.get(room)
-            if reg is None and t is not None and t["ident"] != ident:
-                return  # nor a room under way to another
-            self.regs.pop(room, None)
-            self._remember_ended(room, "cancelled by the decode server")
-            self._stop_sending(room, "cancelled by the decode server")
-            self._tell(ident, "cancelled", room=room)
+        elif isinstance(msg, wire.Cancel):
+            self._cancel(ident, room)
 
-    def _register(self, ident: list[bytes], room: int, msg: dict[str, Any]) -> None:
+    def _cancel(self, ident: list[bytes], room: int) -> None:
+        reg = self.regs.get(room)
+        if reg is not None and reg["ident"] != ident:
+            return  # only the decode server that registered a room may cancel it
+        t = self.outgoing.get(room)
+        if reg is None and t is not None and t["ident"] != ident:
+            return  # nor a room under way to another
+        self.regs.pop(room, None)
+        self._remember_ended(room, "cancelled by the decode server")
+        self._stop_sending(room, "cancelled by the decode server")
+        self._tell(ident, wire.Cancelled(room=room))
+
+    def _register(
+        self, ident: list[bytes], room: int, msg: wire.Register | wire.BadMessage
+    ) -> None:
+        """msg: the registration, or why it did not decode (then refused, once the room is known
+        to be free: a malformed second registration does not end the first)."""
         if room in self.ended:
-            self._tell(ident, "failed", room=room, error=self.ended[room][0])
+            self._tell(ident, wire.Failed(room=room, error=self.ended[room][0]))
             return
         if room in self.regs:  # the first registration stands; the second learns why not
-            self._tell(ident, "failed", room=room, error=f"room {room} is already registered")
+            self._tell(ident, wire.Failed(room=room, error=f"room {room} is already registered"))
             return
         if len(self.regs) >= MAX_ROOMS:
-            self._tell(ident, "failed", room=room, error=f"{MAX_ROOMS} rooms already registered")
+            self._tell(ident, wire.Failed(room=room, error=f"{MAX_ROOMS} rooms already registered"))
             return
-        try:
-            # the layout is compared now and not kept: a registration holds a few ints, however
-            # large the layout it sent (#56.3: 65,536 rooms of 4,096-int layouts were ~10 GB)
-            self.layout.check_same(KVLayout.from_wire(msg.get("layout")))
-            reg = {
-                "ident": ident,
-                "num_pages": check_int(msg.get("num_pages"), "num_pages", 0, MAX_PAGES),
-                "start": check_int(msg.get("start"), "start", 0, MAX_PAGES),
-                "since": time.monotonic(),
-            }
-        except (PeerError, ValueError) as e:
-            error = f"registration refused: {e}"
+        why = str(msg) if isinstance(msg, wire.BadMessage) else self._layout_differs(msg.layout)
+        if why is not None:
+            error = f"registration refused: {why}"
             self._remember_ended(room, error)  # the room's send fails with it, now or when it comes
             if self.sends.pop(room, None) is not None:
-                self.emit("sent", room=room, error=error)
-            self._tell(ident, "failed", room=room, error=error)
+                self.emit(wire.SentEvent(room=room, error=error))
+            self._tell(ident, wire.Failed(room=room, error=error))
             return
-        self.regs[room] = reg
+        pages = {"num_pages": msg.num_pages, "start": msg.start}
+        self.regs[room] = {"ident": ident, **pages, "since": time.monotonic()}
         self._try_transfer(room)
+
+    def _layout_differs(self, layout: KVLayout) -> str | None:
+        """Why the decode server's pages cannot take this pool's, or None. The layout is compared
+        now and not kept: a registration holds a few ints, however large the layout it sent
+        (#56.3: 65,536 rooms of 4,096-int layouts were ~10 GB)."""
+        try:
+            self.layout.check_same(layout)
+        except ValueError as e:
+            return str(e)
+        return None
 
     def _try_transfer(self, room: int) -> None:
         """Both halves are here: start sending the pages, then `done`."""
         if room not in self.sends or room not in self.regs:
             return
-        send, reg = self.sends.pop(room), self.regs.pop(room)
+        (send, _), reg = self.sends.pop(room), self.regs.pop(room)
         # a room is sent once: a later registration of it is refused
         self._remember_ended(room, f"room {room} was already sent")
-        pages = send["pages"][reg["start"] :]
+        pages = send.pages[reg["start"] :]
         if len(pages) != reg["num_pages"]:
             error = f"{reg['num_pages']} pages asked for, {len(pages)} to send"
-            self._tell(reg["ident"], "failed", room=room, error=error)
-            self.emit("sent", room=room, error=error)
+            self._tell(reg["ident"], wire.Failed(room=room, error=error))
+            self.emit(wire.SentEvent(room=room, error=error))
             return
         self.outgoing[room] = {
             "ident": reg["ident"],
             "pages": pages,
-            "first": send["first"],
+            "first": send.first,
             "next": 0,
             "waiting": None,
             "bytes": 0,
@@ -239,7 +253,7 @@ class PrefillAgent(Agent):
             while t["waiting"] is not None or t["next"] < len(t["pages"]):
                 if t["waiting"] is None:
                     chunk = t["pages"][t["next"] : t["next"] + step]
-                    head = orjson.dumps({"op": "pages", "room": room, "count": len(chunk)})
+                    head = wire.encode(wire.Pages(room=room, count=len(chunk)))
                     t["waiting"] = (head, self.pages.gather(chunk), len(chunk))
                 head, buf, count = t["waiting"]
                 frames = [*t["ident"], head, memoryview(buf.numpy())]
@@ -249,21 +263,23 @@ class PrefillAgent(Agent):
                     t["next"] + count,
                     t["bytes"] + buf.numel(),
                 )
-            done = {"room": room, "first": t["first"], "num_pages": len(t["pages"])}
-            self.reply(self.router, t["ident"], "done", zmq.NOBLOCK, **done, num_bytes=t["bytes"])
+            done = wire.Done(
+                room=room, first=t["first"], num_pages=len(t["pages"]), num_bytes=t["bytes"]
+            )
+            self.reply(self.router, t["ident"], done, zmq.NOBLOCK)
         except zmq.Again:
             return  # its queue is full: on when it has read (tick), or at the timeout
         except (ValueError, zmq.ZMQError) as e:
             del self.outgoing[room]
             error = str(e) or type(e).__name__
-            self._tell(t["ident"], "failed", room=room, error=error)
-            self.emit("sent", room=room, error=error)
+            self._tell(t["ident"], wire.Failed(room=room, error=error))
+            self.emit(wire.SentEvent(room=room, error=error))
             return
         del self.outgoing[room]
         # gathered and queued; the decode side times arrival
         seconds = time.perf_counter() - t["started"]
-        done = {"num_pages": len(t["pages"]), "num_bytes": t["bytes"], "seconds": seconds}
-        self.emit("sent", room=room, error=None, **done)
+        sent = {"num_pages": len(t["pages"]), "num_bytes": t["bytes"], "seconds": seconds}
+        self.emit(wire.SentEvent(room=room, error=None, **sent))
 
     def poll_ms(self) -> int:
         return RETRY_MS if self.outgoing or self.replies else super().poll_ms()
@@ -275,18 +291,18 @@ class PrefillAgent(Agent):
             if now - self.outgoing[room]["since"] > limit:
                 t = self.outgoing.pop(room)
                 error = f"the decode server did not read the KV within {limit:g} s"
-                self._tell(t["ident"], "failed", room=room, error=error)
-                self.emit("sent", room=room, error=error)
+                self._tell(t["ident"], wire.Failed(room=room, error=error))
+                self.emit(wire.SentEvent(room=room, error=error))
             else:
                 self._advance(room)
-        for room in [r for r, s in self.sends.items() if now - s["since"] > limit]:
+        for room in [r for r, (_, since) in self.sends.items() if now - since > limit]:
             del self.sends[room]
             error = (
                 f"the decode server did not ask for the KV within {limit:g} s "
                 "(--disaggregation-transfer-timeout)"
             )
             self._remember_ended(room, error)
-            self.emit("sent", room=room, error=error)
+            self.emit(wire.SentEvent(room=room, error=error))
         for room in [r for r, g in self.regs.items() if now - g["since"] > limit]:
             self._end(room, f"no request for this room reached the prefill server in {limit:g} s")
         for room in [r for r, (_, t) in self.ended.items() if now - t > 2 * limit]:

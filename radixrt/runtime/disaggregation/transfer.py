@@ -1,13 +1,13 @@
 """ThreadTransfer: core's KVTransfer (core/kv_transfer.py) over a transfer agent thread. Commands
-go to the agent and events come back over two inproc PAIR sockets; the scheduler loop polls
-`event_socket` beside its own, so an arrival wakes it at once."""
+go to the agent and events come back over two inproc PAIR sockets (wire.Command and wire.Event
+Structs, as JSON); the scheduler loop polls `event_socket` beside its own, so an arrival wakes it at
+once."""
 
 from __future__ import annotations
 
 import itertools
 from typing import Any
 
-import orjson
 import zmq
 
 from radixrt.runtime.core.kv_transfer import KVArrived, KVFailed, KVSent
@@ -16,6 +16,17 @@ from radixrt.runtime.disaggregation.decode_agent import DecodeAgent
 from radixrt.runtime.disaggregation.kv_layout import KVLayout
 from radixrt.runtime.disaggregation.page_bytes import PageBytes
 from radixrt.runtime.disaggregation.prefill_agent import PrefillAgent
+from radixrt.runtime.disaggregation.wire import (
+    EVENTS,
+    CancelCommand,
+    CloseCommand,
+    Command,
+    DropCommand,
+    ExpectCommand,
+    First,
+    SendCommand,
+    encode,
+)
 from radixrt.runtime.request.options import Bootstrap
 
 _names = itertools.count()
@@ -36,32 +47,31 @@ class ThreadTransfer:
         self.agent = agent
         agent.start()
 
-    def _command(self, op: str, **fields: Any) -> None:
-        self.cmd.send(orjson.dumps({"op": op, **fields}))
+    def _command(self, cmd: Command) -> None:
+        self.cmd.send(encode(cmd))
 
     def send(self, room: int, page_ids: list[int], first: dict[str, Any]) -> None:
-        self._command("send", room=room, pages=page_ids, first=first)
+        # the scheduler's own token, not checked here: the decode side checks what arrives
+        self._command(SendCommand(room=room, pages=page_ids, first=First(**first)))
 
     def drop(self, room: int, error: str) -> None:
-        self._command("drop", room=room, error=error)
+        self._command(DropCommand(room=room, error=error))
 
     def expect(self, bootstrap: Bootstrap, page_ids: list[int], start_page: int) -> None:
-        self._command(
-            "expect", room=bootstrap.room, addr=bootstrap.addr, pages=page_ids, start=start_page
-        )
+        room, addr = bootstrap.room, bootstrap.addr
+        self._command(ExpectCommand(room=room, addr=addr, pages=page_ids, start=start_page))
 
     def cancel(self, bootstrap: Bootstrap) -> None:
-        self._command("cancel", room=bootstrap.room, addr=bootstrap.addr)
+        self._command(CancelCommand(room=bootstrap.room, addr=bootstrap.addr))
 
     def events(self) -> list[KVSent | KVArrived | KVFailed]:
         out: list[KVSent | KVArrived | KVFailed] = []
         while True:
             try:
-                ev = orjson.loads(self.event_socket.recv(zmq.NOBLOCK))
+                data = self.event_socket.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return out
-            kind = ev.pop("kind")
-            out.append({"sent": KVSent, "arrived": KVArrived, "failed": KVFailed}[kind](**ev))
+            out.append(EVENTS.decode(data).core())
 
     @property
     def alive(self) -> bool:
@@ -69,7 +79,7 @@ class ThreadTransfer:
 
     def close(self) -> None:
         if self.agent is not None and self.agent.is_alive():
-            self._command("close")
+            self._command(CloseCommand())
             self.agent.join(timeout=5)
         self.cmd.close(linger=0)
         self.event_socket.close(linger=0)
