@@ -188,9 +188,11 @@ class UnpinReq(Message):
     handle: str
 
 
-_MESSAGES = Union[
-    tuple(m for m in (Message, *Message.__subclasses__(), TextOut) if m is not Message)
-]
+def _subclasses(cls: type) -> list[type]:
+    return [c for sub in cls.__subclasses__() for c in (sub, *_subclasses(sub))]
+
+
+_MESSAGES = Union[tuple(_subclasses(Message))]  # every message above (TextOut included)
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(_MESSAGES)
 
