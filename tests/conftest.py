@@ -52,7 +52,7 @@ GROUPS = {
 # left with one long file at the end while the other idles.
 LONGEST_FIRST = [
     "test_compiled_layers", "references", "test_grammar_backends", "test_sglang_client", "dsl",
-    "test_agent_api", "test_constrained", "test_tensor_parallel", "test_constrained_prefixes",
+    "test_agent_api", "test_tensor_parallel", "test_constrained_prefixes",
     "test_engine_greedy", "test_beam_search_engine", "test_deterministic_inference",
 ]  # fmt: skip
 

@@ -1,5 +1,9 @@
-"""Constrained decoding on the real default model through Engine.generate, greedy, on the outlines backend
-(llguidance and auto: test_grammar_backends.py, test_budget_steering_engine.py).
+"""Constrained decoding through Engine.generate, greedy, on the outlines backend (llguidance and auto:
+test_grammar_backends.py, test_budget_steering_engine.py), with a tiny random Llama and the default model's
+tokenizer: what these check is the grammar (every output a complete match, valid under `jsonschema`),
+not the model's choice of text. Budget steering keeps even a random model on a path that finishes within
+max_new_tokens, so every output must finish; a random model wanders into far more of each grammar than
+the real one (the real model's JSON under the same schemas: test_grammar_backends.py).
 
 Truths: `jsonschema` (format checker on) validates every JSON output; `re.fullmatch` judges
 regex outputs; choices must come back verbatim. (Jump-forward on == off: test_jump_forward.py.)
@@ -513,9 +517,14 @@ def chat(tokenizer, text: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def engine():
+def engine(tiny_model_dir):
     # outlines suite
-    eng = Engine(dtype="float32", grammar_compile_timeout=120.0, grammar_backend="outlines")
+    eng = Engine(
+        model_path=tiny_model_dir,
+        dtype="float32",
+        grammar_compile_timeout=120.0,
+        grammar_backend="outlines",
+    )
     yield eng
     eng.shutdown()
 
