@@ -1,12 +1,11 @@
 """Tensor parallelism on torch.distributed (gloo on CPU, NCCL on CUDA): the process group, the
 collectives the model needs, the plan broadcast, and the worker ranks.
 
-One scheduler, on rank 0. Each step rank 0 broadcasts the forward's inputs as plain data (core/
-plan.py's ForwardItem structs as MessagePack, through a torch.distributed broadcast: a length, then
-the bytes; never pickle); every rank
-builds the same forward batch (so its req->slot table stays identical), runs its shard of the model
-(models/llama.py: Megatron sharding), and the logits are gathered to rank 0, which samples. Workers
-hold no scheduler state, so ranks cannot drift apart.
+One scheduler, on rank 0. Each step rank 0 broadcasts the forward's inputs as plain data
+(core/plan.py's ForwardItem structs as MessagePack, through a torch.distributed broadcast: a length,
+then the bytes; never pickle); every rank builds the same forward batch (so its req->slot table
+stays identical), runs its shard of the model (models/llama.py: Megatron sharding), and the logits
+are gathered to rank 0, which samples. Workers hold no scheduler state, so ranks cannot drift apart.
 
 Failure: a rank that dies, or a collective that fails, leaves the ranks out of step for good, so it
 is never a request's error: `TPFailure` (a BaseException, so no per-request recovery catches it)
