@@ -39,6 +39,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 SERIAL = {
     "test_clean_stop", "test_compile_pool", "test_event_loop_bounds", "test_hardening",
     "test_lora_loads", "test_pd_agents", "test_pd_disaggregation", "test_pd_hostile_peers",
+    "test_pd_wire",
     "test_process_death", "test_stop_regex_bounds", "test_tenant_battery", "test_watchdog_hang",
 }  # fmt: skip
 # Files that share process-wide objects run on one worker, one after another: the DSL files' engine
