@@ -30,7 +30,7 @@ import threading
 import time
 from concurrent.futures import Future
 from multiprocessing.connection import wait
-from typing import Any
+from typing import Any, NamedTuple
 
 from radixrt.runtime.constrained.compile_worker import (
     RESULT_FD_ENV,
@@ -51,6 +51,16 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 WORKER_MODULE = "radixrt.runtime.constrained.compile_worker"
 
 
+class _Job(NamedTuple):
+    """A job a worker took."""
+
+    future: Future
+    wall_deadline: float  # monotonic seconds: ended here whatever its CPU
+    key: tuple
+    limit: float  # its CPU seconds (grammar_compile_timeout)
+    cpu_deadline: float | None  # the worker's CPU seconds at the start + limit; None: no /proc
+
+
 class _Worker:
     def __init__(self, args: tuple, module: str = WORKER_MODULE):
         # stderr (and stdout) inherited: a worker's crash report reaches the server log; its
@@ -68,8 +78,7 @@ class _Worker:
             os.close(write_fd)
         self.results = os.fdopen(read_fd, "rb")
         write_frame(self.proc.stdin, args)
-        # (future, wall deadline, key, time limit, CPU seconds at its start + the limit)
-        self.job: tuple[Future, float, tuple, float, float | None] | None = None
+        self.job: _Job | None = None
         self.fresh = True  # no job taken yet: its first may also wait out the start-up
 
     def send(self, obj: Any) -> None:
@@ -93,13 +102,13 @@ class _Worker:
     def past_limit(self, now: float) -> bool:
         """Its job used its CPU limit (or, without /proc, its wall seconds), or WALL_FACTOR
         times that in wall seconds."""
-        _, wall_deadline, _, limit, cpu_deadline = self.job
-        if now >= wall_deadline:
+        job = self.job
+        if now >= job.wall_deadline:
             return True
-        if cpu_deadline is None:
-            return now >= wall_deadline - (WALL_FACTOR - 1) * limit
+        if job.cpu_deadline is None:
+            return now >= job.wall_deadline - (WALL_FACTOR - 1) * job.limit
         used = self.cpu_seconds()
-        return used is not None and used >= cpu_deadline
+        return used is not None and used >= job.cpu_deadline
 
     def kill(self) -> None:
         self.proc.kill()
@@ -199,7 +208,7 @@ class CompilePool:
                 for w in list(self._workers):
                     if w.job is not None:
                         _settle(
-                            w.job[0], TransientGrammarError(f"the grammar compiler failed: {e}")
+                            w.job.future, TransientGrammarError(f"the grammar compiler failed: {e}")
                         )
                     w.kill()
                 self._workers = []
@@ -218,8 +227,8 @@ class CompilePool:
             if w.job is not None and w.past_limit(now):
                 self._fail(
                     w,
-                    f"compiling the {w.job[2][0]} grammar took longer than {w.job[3]:g} s of CPU "
-                    f"(grammar_compile_timeout); the compile was stopped",
+                    f"compiling the {w.job.key[0]} grammar took longer than {w.job.limit:g} s of "
+                    "CPU (grammar_compile_timeout); the compile was stopped",
                     CompileTimeout,
                 )
 
@@ -246,14 +255,14 @@ class CompilePool:
             used = idle.cpu_seconds()
             cpu_deadline = None if used is None else used + timeout + grace
             wall_deadline = time.monotonic() + WALL_FACTOR * timeout + grace
-            idle.job = (future, wall_deadline, key, timeout, cpu_deadline)
+            idle.job = _Job(future, wall_deadline, key, timeout, cpu_deadline)
             try:
                 idle.send((job, key))
             except (OSError, ValueError):
                 self._fail(idle, f"the {key[0]} grammar's worker was gone")
 
     def _collect(self, worker: _Worker) -> None:
-        future, _, key, _, _ = worker.job
+        future, key = worker.job.future, worker.job.key
         try:
             status, value, blob = worker.recv()
         except (EOFError, OSError, ValueError, struct.error):
@@ -270,7 +279,7 @@ class CompilePool:
     def _fail(self, worker: _Worker, message: str, error: type = TransientGrammarError) -> None:
         """Kill the worker (its CPU and memory come back at once) and fail its job; a replacement
         starts at once, so the next job need not wait for it."""
-        future = worker.job[0]
+        future = worker.job.future
         worker.kill()
         self.num_killed += 1
         self._workers.remove(worker)
@@ -288,5 +297,5 @@ class CompilePool:
         for w in workers:
             job = w.job
             if job is not None:
-                _settle(job[0], TransientGrammarError("the grammar compiler is shut down"))
+                _settle(job.future, TransientGrammarError("the grammar compiler is shut down"))
             w.kill()
