@@ -66,8 +66,8 @@ def compile_count() -> int:
 _LOAD_AND_RUN = """
 import os, pathlib, sys, torch
 import radixrt.runtime.model.linear  # registers the op the graphs call
-from radixrt.runtime.model.compiled_kernels import check_cpu_isa_in_inductor_cache
-check_cpu_isa_in_inductor_cache()
+from radixrt.runtime.model.compiled_kernels import pinned_vector_isa
+pinned_vector_isa()
 for path in pathlib.Path(sys.argv[1]).iterdir():
     torch._inductor.CompiledArtifact.load(path=str(path), format="unpacked")
 """

@@ -69,13 +69,27 @@ def copy_kernels(sources: list[pathlib.Path], artifact_dir: pathlib.Path) -> boo
 
 
 @functools.cache
-def check_cpu_isa_in_inductor_cache() -> None:
-    """Inductor's CPU vector-ISA probe (small C++ kernels built once, the answer kept in memory) run
-    while its cache is Inductor's own: otherwise the first graph a process loads runs it with the
-    cache pointed at that graph's folder and builds the probes there again (~10 s)."""
-    from torch._inductor import cpu_vec_isa
+def pinned_vector_isa() -> str:
+    """Inductor's CPU vector ISA for this process, probed once and pinned -> its name and width, for
+    the keys of the graphs radixrt saves.
+
+    Inductor probes the ISA per process (it builds a small kernel per ISA and has a child process
+    load it, 60 s allowed), and the key of its own graph cache does not say which ISA the code was
+    generated for. On a loaded machine the AVX-512 probe can time out: that process generates
+    8-wide AVX2 loops into the shared cache, and a process that picked AVX-512 loads them and builds
+    them 16 wide, so each vector store writes 32 bytes past its buffer (CI's abort in
+    test_step_graph). Pinning cpp.simdlen puts the width into Inductor's cache key, and graph_key
+    puts it into ours: code generated for one width is never built for another.
+
+    The probe runs while the cache is Inductor's own: otherwise the first graph a process loads runs
+    it with the cache pointed at that graph's folder and builds the probes there again (~10 s)."""
+    from torch._inductor import config, cpu_vec_isa
 
     try:
-        cpu_vec_isa.valid_vec_isa_list()
-    except Exception as e:  # the load that follows probes again and reports it
+        isa = cpu_vec_isa.pick_vec_isa()
+    except Exception as e:  # no compiler: Inductor reports it on the compile that follows
         log.debug("Inductor's ISA probe: %s: %s", type(e).__name__, e)
+        return "unprobed"
+    if isa:  # an invalid ISA (no vector code) is falsy and has no width to pin
+        config.cpp.simdlen = isa.bit_width()
+    return f"{isa}-{isa.bit_width()}"

@@ -43,8 +43,8 @@ import torch
 
 from radixrt.runtime.model import int4_weight, int8_weight, linear
 from radixrt.runtime.model.compiled_kernels import (
-    check_cpu_isa_in_inductor_cache,
     copy_kernels,
+    pinned_vector_isa,
     recording_kernel_sources,
 )
 from radixrt.runtime.model.layer_tracing import (
@@ -235,8 +235,8 @@ def load_or_compile(
     """The compiled graph saved at path, or graph() (an FX graph and example inputs) compiled by
     Inductor now and saved there with its built kernels -> (callable, whether it was compiled,
     whether a new process loading it has kernels left to build)."""
+    pinned_vector_isa()  # before any load or compile: the ISA the path's key names
     if path.exists():
-        check_cpu_isa_in_inductor_cache()
         try:
             artifact = torch._inductor.CompiledArtifact.load(path=str(path), format="unpacked")
             return artifact, False, False
@@ -273,16 +273,23 @@ if hasattr(os, "SCHED_IDLE"):
     os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 import torch
 import radixrt.runtime.model.linear  # registers torch.ops.radixrt.linear, which the graphs call
-for path in sys.argv[1:]:
+# the parent's vector width, not a probe of its own: at idle priority the probe's child could time
+# out, and the kernels would be built for a width the parent never loads
+if int(sys.argv[1]):
+    cpp = torch._inductor.config.cpp
+    cpp.vec_isa_ok, cpp.simdlen = True, int(sys.argv[1])
+for path in sys.argv[2:]:
     torch._inductor.CompiledArtifact.load(path=path, format="unpacked")
 """
 
 
 def load_in_a_new_process(paths: list[pathlib.Path]) -> subprocess.Popen | None:
     """Start the child that loads the saved graphs (its own session: it outlives a short run)."""
+    pinned_vector_isa()
+    simdlen = torch._inductor.config.cpp.simdlen
     try:
         return subprocess.Popen(
-            [sys.executable, "-c", _LOAD_ALL, *map(str, paths)],
+            [sys.executable, "-c", _LOAD_ALL, str(simdlen or 0), *map(str, paths)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,

@@ -10,6 +10,8 @@ from typing import Callable
 
 import torch
 
+from radixrt.runtime.model.compiled_kernels import pinned_vector_isa
+
 
 def tensors_of(args: tuple) -> list[torch.Tensor]:
     """The tensors of (possibly tuple-nested) args, in flatten's order: the per-call half of
@@ -119,12 +121,13 @@ def free_size(taken: set[int], lo: int, hi: int) -> int:
 
 
 def graph_key(name: str, modules: tuple, inputs: list, dims: list, *extra) -> str:
-    """A saved graph's file name: what it depends on (torch, the code of modules, each input's
-    dtype, layout and shape with its symbolic dims as -1, and extra: the constants)."""
+    """A saved graph's file name: what it depends on (torch, the CPU vector ISA its kernels are
+    generated for, the code of modules, each input's dtype, layout and shape with its symbolic dims
+    as -1, and extra: the constants)."""
     code = "".join(inspect.getsource(m) for m in modules)
     shapes = [
         (str(t.dtype), t.is_mkldnn, tuple(-1 if j in dyn else n for j, n in enumerate(t.shape)))
         for t, dyn in zip(inputs, dims)
     ]
-    text = repr((torch.__version__, code, shapes, extra))
+    text = repr((torch.__version__, pinned_vector_isa(), code, shapes, extra))
     return f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:20]}"
