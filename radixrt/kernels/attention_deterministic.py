@@ -66,6 +66,8 @@ class DeterministicMeta:
     out_rows: torch.Tensor  # [T] the row of each token in the groups' concatenated tile positions
     k_buf: torch.Tensor | None = None  # gather workspace reused by every layer
     v_buf: torch.Tensor | None = None
+    k_buf32: torch.Tensor | None = None  # the same rows in float32 (a low-precision pool)
+    v_buf32: torch.Tensor | None = None
 
 
 def plan(fb: AttentionBatch, window: int | None = None) -> DeterministicMeta:
@@ -178,6 +180,9 @@ class DeterministicAttentionBackend:
             rows = max(ch.kv_idx.shape[0] for g in meta.groups for ch in g.chunks)
             meta.k_buf = q.new_empty((rows, self.num_kv_heads, self.head_dim), dtype=dtype)
             meta.v_buf = torch.empty_like(meta.k_buf)
+            if dtype != torch.float32:  # each chunk's K/V widened into these, not new tensors
+                meta.k_buf32 = torch.empty_like(meta.k_buf, dtype=torch.float32)
+                meta.v_buf32 = torch.empty_like(meta.k_buf32)
         # the scale folded into q once per layer (not into every chunk's scores)
         q_ext = torch.cat((q.float() * scale, q.new_zeros((1, *q.shape[1:]), dtype=torch.float32)))
         outs = [self._attend(q_ext, k_cache, v_cache, meta, g, softcap) for g in meta.groups]
@@ -198,10 +203,11 @@ class DeterministicAttentionBackend:
             lo, n = ch.first, ch.num_tiles
             here = slice(lo, lo + n)
             kc, vc = (
-                cache.select(ch.kv_idx, buf[: ch.kv_idx.shape[0]])
-                .float()
-                .view(-1, KV_CHUNK, Hkv, D)
-                for cache, buf in ((k_cache, meta.k_buf), (v_cache, meta.v_buf))
+                _widened(cache, ch.kv_idx, buf, buf32).view(-1, KV_CHUNK, Hkv, D)
+                for cache, buf, buf32 in (
+                    (k_cache, meta.k_buf, meta.k_buf32),
+                    (v_cache, meta.v_buf, meta.v_buf32),
+                )
             )
             s = qt.new_empty((Hkv, n, rows, KV_CHUNK))
             for h in range(Hkv):  # one fixed-shape matmul per tile; K/V strided, never copied
@@ -223,6 +229,13 @@ class DeterministicAttentionBackend:
             m[:, here] = m_new
         out = (o / l_sum[..., None]).view(Hkv, NT, P, G, D).permute(1, 2, 0, 3, 4)
         return out.reshape(NT * P, Hkv * G, D)
+
+
+def _widened(cache: LayerKV, idx: torch.Tensor, buf: torch.Tensor, buf32) -> torch.Tensor:
+    """The rows idx of cache in float32 (exact: a bf16 or fp16 value widens without rounding)."""
+    n = idx.shape[0]
+    rows = cache.select(idx, buf[:n])
+    return rows if buf32 is None else buf32[:n].copy_(rows)
 
 
 def _finite(m: torch.Tensor) -> torch.Tensor:
