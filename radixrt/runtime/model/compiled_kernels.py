@@ -73,13 +73,14 @@ def pinned_vector_isa() -> str:
     """Inductor's CPU vector ISA for this process, probed once and pinned -> its name and width, for
     the keys of the graphs radixrt saves.
 
-    Inductor probes the ISA per process (it builds a small kernel per ISA and has a child process
-    load it, 60 s allowed), and the key of its own graph cache does not say which ISA the code was
-    generated for. On a loaded machine the AVX-512 probe can time out: that process generates
-    8-wide AVX2 loops into the shared cache, and a process that picked AVX-512 loads them and builds
-    them 16 wide, so each vector store writes 32 bytes past its buffer (CI's abort in
-    test_step_graph). Pinning cpp.simdlen puts the width into Inductor's cache key, and graph_key
-    puts it into ours: code generated for one width is never built for another.
+    Inductor picks the ISA per process (ATEN_CPU_CAPABILITY, else a probe that builds a small
+    kernel per ISA and has a child process load it, 60 s allowed), and the key of its own graph
+    cache does not say which ISA the code was generated for. A process that picked AVX2 on an
+    AVX-512 machine (an emulated AVX2 run; a probe timed out under load) leaves 8-wide loops in the
+    shared cache, and a process that picked AVX-512 loads them and builds them 16 wide, so each
+    vector store writes 32 bytes past its buffer (CI's abort in test_step_graph, after an emulated
+    run on the same machine). Pinning cpp.simdlen puts the width into Inductor's cache key, and
+    graph_key puts it into ours: code generated for one width is never built for another.
 
     The probe runs while the cache is Inductor's own: otherwise the first graph a process loads runs
     it with the cache pointed at that graph's folder and builds the probes there again (~10 s)."""
