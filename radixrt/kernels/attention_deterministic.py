@@ -231,7 +231,9 @@ class DeterministicAttentionBackend:
         return out.reshape(NT * P, Hkv * G, D)
 
 
-def _widened(cache: LayerKV, idx: torch.Tensor, buf: torch.Tensor, buf32) -> torch.Tensor:
+def _widened(
+    cache: LayerKV, idx: torch.Tensor, buf: torch.Tensor, buf32: torch.Tensor | None
+) -> torch.Tensor:
     """The rows idx of cache in float32 (exact: a bf16 or fp16 value widens without rounding)."""
     n = idx.shape[0]
     rows = cache.select(idx, buf[:n])
