@@ -13,6 +13,8 @@ base, head, ... and each figure is the median of --repeats runs. Workloads (high
   shared-16      the real default model (`Engine()`), 16 few-shot questions sharing a ~500-token prefix,
                  64 greedy tokens each: output tok/s (cache flushed before every run)
   batch-1        one short question, 64 greedy tokens: output tok/s
+  prefill-16     shared-16's prompts with one new token: requests/s (the prompt step: by default the
+                 cache-invariant prefill)
 Each subprocess warms the engine once (every case untimed; compiled graphs come from $RADIXRT_CACHE_DIR,
 shared by both trees) before timing. --quick shrinks everything (a smoke test of a minute or two).
 The table is printed and saved, with both revisions and the machine, to benchmarks/results/bench_commits.md.
@@ -142,18 +144,20 @@ def engine_rates(num_shared: int, tokens: int) -> dict[str, float]:
     }
     engine = Engine()
 
-    def run(prompts: list[str]) -> float:
+    def run(prompts: list[str], new: int) -> float:
         engine.flush_cache()
         t0 = time.perf_counter()
-        outs = engine.generate(prompts, params)
+        outs = engine.generate(prompts, {**params, "max_new_tokens": new, "min_new_tokens": new})
         seconds = time.perf_counter() - t0
-        assert [len(o["output_ids"]) for o in outs] == [tokens] * len(prompts)
-        return len(prompts) * tokens / seconds
+        assert [len(o["output_ids"]) for o in outs] == [new] * len(prompts)
+        return len(prompts) * new / seconds
 
+    cases["prefill-16"] = cases["shared-16"]
+    lengths = {name: 1 if name.startswith("prefill") else tokens for name in cases}
     try:
-        for prompts in cases.values():  # warm-up, untimed
-            run(prompts)
-        return {name: run(prompts) for name, prompts in cases.items()}
+        for name, prompts in cases.items():  # warm-up, untimed
+            run(prompts, lengths[name])
+        return {name: run(prompts, lengths[name]) for name, prompts in cases.items()}
     finally:
         engine.shutdown()
 
@@ -215,6 +219,7 @@ def table(base: list[dict], head: list[dict], size: dict) -> str:
         "scheduler": f"scheduler steps/s, fake runner ({n} req, {prefix}+{own} tok, {new} new)",
         "shared-16": f"engine shared prefix, {size['shared']} req x {size['tokens']} tok, out tok/s",
         "batch-1": f"engine batch 1, {size['tokens']} tok, out tok/s",
+        "prefill-16": f"engine prefill, {size['shared']} req sharing a prefix, 1 new tok, req/s",
     }
     rows = ["| workload | base | head | head/base |", "|---|---|---|---|"]
     for key, name in names.items():
