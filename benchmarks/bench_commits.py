@@ -13,8 +13,8 @@ base, head, ... and each figure is the median of --repeats runs. Workloads (high
   shared-16      the real default model (`Engine()`), 16 few-shot questions sharing a ~500-token prefix,
                  64 greedy tokens each: output tok/s (cache flushed before every run)
   batch-1        one short question, 64 greedy tokens: output tok/s
-  prefill-16     shared-16's prompts with one new token: requests/s (the prompt step: by default the
-                 cache-invariant prefill)
+  prefill-32     32 questions sharing shared-16's prefix, one new token: requests/s (the prompt step:
+                 by default the cache-invariant prefill)
 Each subprocess warms the engine once (every case untimed; compiled graphs come from $RADIXRT_CACHE_DIR,
 shared by both trees) before timing. --quick shrinks everything (a smoke test of a minute or two).
 The table is printed and saved, with both revisions and the machine, to benchmarks/results/bench_commits.md.
@@ -152,7 +152,7 @@ def engine_rates(num_shared: int, tokens: int) -> dict[str, float]:
         assert [len(o["output_ids"]) for o in outs] == [new] * len(prompts)
         return len(prompts) * new / seconds
 
-    cases["prefill-16"] = cases["shared-16"]
+    cases["prefill-32"] = shared_prefix_prompts(2 * num_shared)
     lengths = {name: 1 if name.startswith("prefill") else tokens for name in cases}
     try:
         for name, prompts in cases.items():  # warm-up, untimed
@@ -219,7 +219,7 @@ def table(base: list[dict], head: list[dict], size: dict) -> str:
         "scheduler": f"scheduler steps/s, fake runner ({n} req, {prefix}+{own} tok, {new} new)",
         "shared-16": f"engine shared prefix, {size['shared']} req x {size['tokens']} tok, out tok/s",
         "batch-1": f"engine batch 1, {size['tokens']} tok, out tok/s",
-        "prefill-16": f"engine prefill, {size['shared']} req sharing a prefix, 1 new tok, req/s",
+        "prefill-32": f"engine prefill, {2 * size['shared']} req sharing a prefix, 1 new tok, req/s",
     }
     rows = ["| workload | base | head | head/base |", "|---|---|---|---|"]
     for key, name in names.items():
